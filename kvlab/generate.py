@@ -109,8 +109,9 @@ class Stepper:
         self._use.__exit__(*exc)
 
     def step(self, tokens: np.ndarray, choose: Callable[[np.ndarray], int] | None = None,
-             all_logits: bool = False) -> tuple[np.ndarray, StepRecord]:
-        """Feed ``tokens`` [n]; returns the logits (last position [vocab], or all [n, vocab]) and the record."""
+             logits_out: str = "last") -> tuple[np.ndarray | None, StepRecord]:
+        """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
+        and the step's record."""
         start = time.perf_counter()
         info, n, position = self.model.info, int(tokens.shape[0]), self.cache.seq_length
         if position + n > self.needed:
@@ -123,7 +124,8 @@ class Stepper:
         b.output(info.logits_name, logits)
         result = b.run()
         alloc = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
-        out = logits[0].copy() if all_logits else logits[0, -1].copy()
+        out = {"all": logits[0], "last": logits[0, -1], "none": None}[logits_out]
+        out = None if out is None else out.copy()
         token = (choose or (lambda z: int(np.argmax(z))))(logits[0, -1])
         wall = (time.perf_counter() - start) * 1e3
         record = StepRecord(
@@ -169,7 +171,7 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     with Stepper(model, cache, dev, needed, [records.append, *_hooks(on_step)]) as stepper:
         feed = ids
         while True:
-            _, record = stepper.step(feed, choose)
+            _, record = stepper.step(feed, choose, logits_out="none")
             tokens.append(record.token)
             if stop_on_eos and record.token in model.info.eos_token_ids:
                 stop = "eos"

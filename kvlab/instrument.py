@@ -55,7 +55,16 @@ assert [f.name for f in fields(StepRecord)] == list(COLUMNS), "COLUMNS must docu
 StepHook = Callable[[StepRecord], None]
 
 
+_STATM: int | None = None
+
+
 def rss_bytes() -> int:
+    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd, ~5 us)."""
+    global _STATM
+    if _STATM is None and os.path.exists("/proc/self/statm"):
+        _STATM = os.open("/proc/self/statm", os.O_RDONLY)
+    if _STATM is not None:
+        return int(os.pread(_STATM, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
     import psutil
 
     return psutil.Process(os.getpid()).memory_info().rss

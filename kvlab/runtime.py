@@ -78,9 +78,19 @@ def configure_vulkan(choice: str | None = None) -> str:
     SwiftShader from Debian's chromium-common; "software" forces SwiftShader; "hardware" leaves the loader alone.
     An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done.
     """
+    global _VULKAN_NOTE
     choice = choice or os.environ.get("KVLAB_WEBGPU_ADAPTER", "auto")
     if choice not in ADAPTER_CHOICES:
         raise ConfigError(f"KVLAB_WEBGPU_ADAPTER={choice!r} is not valid; choose one of {ADAPTER_CHOICES}")
+    if _VULKAN_NOTE is None:  # once per process: the loader reads the environment when Dawn first starts
+        _VULKAN_NOTE = _configure_vulkan(choice)
+    return _VULKAN_NOTE
+
+
+_VULKAN_NOTE: str | None = None
+
+
+def _configure_vulkan(choice: str) -> str:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences a loader error line on headless machines
     if platform.system() != "Linux":
         return "not Linux: the platform's own WebGPU backend is used"
@@ -291,7 +301,7 @@ class Binding:
         sess.run_with_iobinding(self._io)
         seconds = time.perf_counter() - start
         self._ran = True
-        values = self._io.get_outputs()
+        values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
         result = RunResult(seconds)
         order = self._order
         for name, value in zip(order, values):
@@ -301,7 +311,7 @@ class Binding:
             owner = _Owner(self._io, len(self._new))
             for name, value in zip(order, values):
                 if name in self._new:
-                    result.new[name] = DeviceTensor(value, self.session.device, owner)
+                    result.new[name] = DeviceTensor(self.session.device._OrtValue(value), self.session.device, owner)
             self._io.clear_binding_inputs()  # drop references to inputs (e.g. the previous step's presents)
             self._keep.clear()
         return result

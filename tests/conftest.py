@@ -1,0 +1,85 @@
+"""Shared fixtures: real models (built locally on first use, cached) and real devices (CPU EP, WebGPU on
+SwiftShader when there is no GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvlab
+from kvlab.build import byte_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def toy() -> kvlab.Model:
+    return kvlab.load("toy")
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> kvlab.Model:
+    return kvlab.load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def kv_heavy() -> kvlab.Model:
+    return kvlab.load("kv-heavy")
+
+
+@pytest.fixture(scope="session")
+def long_prompt(smollm2) -> np.ndarray:
+    """A few hundred tokens of real English text through SmolLM2's tokenizer."""
+    text = (REPO / "data" / "prompts" / "long.txt").read_text()
+    ids = smollm2.encode(text)
+    assert 250 <= len(ids) <= 600, len(ids)
+    return ids
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter (WebGPU options and adapters are per process)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+def write_concat_kv_model(out: Path, vocab: int = 300, dim: int = 8) -> Path:
+    """A real (tiny) decoder whose present.* come from Concat, as a non-GQA export makes them: a DynamicCache
+    can run it, a StaticCache must refuse it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["h"]),  # [1, n, dim]
+        helper.make_node("Unsqueeze", ["h", "axis1"], ["kv_new"]),  # [1, 1, n, dim]
+        helper.make_node("Concat", ["past_key_values.0.key", "kv_new"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "kv_new"], ["present.0.value"], axis=2),
+        helper.make_node("MatMul", ["h", "head"], ["logits"]),
+    ]
+    kv = lambda name, length: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 1, length, dim])  # noqa
+    graph = helper.make_graph(
+        nodes, "concat_kv",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "n"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"]),
+         kv("past_key_values.0.key", "past"), kv("past_key_values.0.value", "past")],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", vocab]),
+         kv("present.0.key", "total"), kv("present.0.value", "total")],
+        [numpy_helper.from_array(rng.normal(size=(vocab, dim)).astype(np.float32), "emb"),
+         numpy_helper.from_array(rng.normal(size=(dim, vocab)).astype(np.float32), "head"),
+         numpy_helper.from_array(np.array([1], np.int64), "axis1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    byte_tokenizer(vocab).save(str(out / "tokenizer.json"))
+    config = {"model": {"type": "concat_toy", "context_length": 128, "vocab_size": vocab, "eos_token_id": 2,
+                        "decoder": {"filename": "model.onnx", "head_size": dim, "num_attention_heads": 1,
+                                    "num_hidden_layers": 1, "num_key_value_heads": 1}}}
+    (out / "genai_config.json").write_text(json.dumps(config))
+    return out

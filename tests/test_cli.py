@@ -1,0 +1,82 @@
+"""The kvlab command, run as a user runs it (a subprocess of the installed entry point)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KVLAB = [str(Path(sys.executable).parent / "kvlab")]
+
+
+def kvlab(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(KVLAB + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_compare_json_smollm2_cpu():
+    r = kvlab("compare", "--model", "smollm2", "--device", "cpu", "--chat", "--prompt",
+              "What is the capital of France?", "--max-new-tokens", "20", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["identical"] is True and set(out["runs"]) == {"dynamic", "static"}
+    for run in out["runs"].values():
+        assert run["text"] == "The capital of France is Paris."
+        assert len(run["records"]) == len(run["token_ids"])
+    assert out["runs"]["static"]["summary"]["tensors_per_step"] == 0
+    assert out["runs"]["dynamic"]["summary"]["tensors_per_step"] == 60
+
+
+def test_compare_table_toy_webgpu(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("kv caches on webgpu")
+    r = kvlab("compare", "--model", "toy", "--device", "webgpu", "--prompt-file", str(prompt),
+              "--max-new-tokens", "6", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert "outputs identical: True" in r.stdout and "SwiftShader" in r.stdout or "hardware" in r.stdout
+    assert "static(max_cache_len=256)" in r.stdout and "tok/s" in r.stdout
+
+
+def test_generate_and_python_dash_m():
+    r = subprocess.run([sys.executable, "-m", "kvlab", "generate", "--model", "toy", "--cache", "static",
+                        "--max-cache-len", "64", "--prompt", "hi", "--max-new-tokens", "4", "--ignore-eos", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert list(out["runs"]) == ["static"] and len(out["runs"]["static"]["token_ids"]) == 4
+    assert out["max_cache_len"] == 64
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--model", "toy", "--max-cache-len", "0"], "max_cache_len=0 must be a positive int"),
+    (["generate", "--model", "toy", "--max-cache-len", "3", "--prompt", "far too long a prompt"],
+     "positions are needed but max_cache_len is 3"),
+    (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
+    (["generate", "--model", "toy", "--prompt", ""], "the prompt is empty"),
+    (["generate", "--model", "toy", "--cache", "dynamic", "--max-cache-len", "8"], "applies to --cache static"),
+    (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
+    (["generate", "--model", "toy", "--max-cache-len", "99999"], "larger than model toy's context length 4096"),
+])
+def test_errors_exit_nonzero_with_message_on_stderr(args, message):
+    r = kvlab(*args)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("kvlab: error: ") and message in r.stderr
+
+
+def test_argparse_rejects_unknown_choices():
+    r = kvlab("generate", "--device", "tpu")
+    assert r.returncode == 2 and "invalid choice: 'tpu'" in r.stderr
+    r = kvlab("generate", "--buffer-cache-mode", "huge", "--device", "webgpu")
+    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr
+
+
+def test_doctor_json():
+    r = kvlab("doctor", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["versions"]["onnxruntime-webgpu"] == "1.27.0" and out["versions"]["onnxruntime"] == "missing"
+    assert out["runs"]["cpu"]["ok"] and out["runs"]["webgpu"]["ok"]
+    assert out["runs"]["cpu"]["tokens"] == out["runs"]["webgpu"]["tokens"]
+    assert out["adapters"]["webgpu"]["kind"] in ("hardware", "software") and out["problems"] == []

@@ -1,0 +1,119 @@
+"""Loading builder directories, graph inspection, tokenizers and chat templates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import kvlab
+from kvlab import ModelError
+from kvlab.build import RECIPES, TinyLlama, byte_tokenizer
+
+
+def test_smollm2_info(smollm2):
+    i = smollm2.info
+    assert (i.num_layers, i.num_heads, i.num_kv_heads, i.head_dim, i.vocab_size) == (30, 9, 3, 64, 49152)
+    assert i.dtype_name == "float32" and i.shares_buffers and i.eos_token_ids == (2,)
+    assert i.past_names[0] == ("past_key_values.0.key", "past_key_values.0.value")
+    assert i.present_names[-1] == ("present.29.key", "present.29.value")
+    assert i.context_length == 8192
+
+
+def test_kv_heavy_crosses_the_webgpu_buckets(kv_heavy):
+    """Each KV tensor grows 4 KiB per token: it crosses 4, 8, 12 and 16 MiB at 1024, 2048, 3072, 4096 tokens."""
+    i = kv_heavy.info
+    per_tensor = i.num_kv_heads * i.head_dim * 4
+    assert per_tensor == 4096 and 2 * i.num_layers == 24
+    assert i.context_length >= 4096 + 256
+
+
+def test_chat_template_matches_transformers(smollm2):
+    from transformers import AutoTokenizer
+
+    from kvlab.references import hf_checkpoint
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why cache keys?"}]
+    hf = AutoTokenizer.from_pretrained(hf_checkpoint(smollm2))
+    want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert smollm2.apply_chat_template(messages) == want
+    assert smollm2.encode(messages).tolist() == hf(want, add_special_tokens=False)["input_ids"]
+    assert smollm2.encode("plain text").tolist() == hf("plain text")["input_ids"]
+
+
+def test_byte_tokenizer_round_trips_any_text(toy):
+    text = "Grüße, 世界! \t tabs\nand emoji 🚀"
+    ids = toy.encode(text)
+    assert toy.decode(ids) == text and max(ids) < 259
+
+
+def _copy(model, tmp_path):
+    return shutil.copytree(model.info.path, tmp_path / "m")
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("missing_dir", "is neither a built-in name .* nor an existing directory"),
+    ("no_config", "has no genai_config.json: not an onnxruntime-genai model builder output"),
+    ("bad_json", "genai_config.json is not valid JSON"),
+    ("no_layers", "genai_config.json has no 'model.decoder.num_hidden_layers'"),
+    ("no_onnx", "the decoder file 'model.onnx' named in genai_config.json is missing"),
+    ("bad_onnx", "is not a readable ONNX model"),
+    ("encoder", "has an encoder; kvlab supports decoder-only models"),
+    ("no_tokenizer", "has no tokenizer.json"),
+])
+def test_malformed_model_dirs(toy, tmp_path, breakage, message):
+    d = _copy(toy, tmp_path)
+    cfg = json.loads((d / "genai_config.json").read_text())
+    if breakage == "missing_dir":
+        d = tmp_path / "nope"
+    elif breakage == "no_config":
+        (d / "genai_config.json").unlink()
+    elif breakage == "bad_json":
+        (d / "genai_config.json").write_text("{model: ")
+    elif breakage == "no_layers":
+        del cfg["model"]["decoder"]["num_hidden_layers"]
+        (d / "genai_config.json").write_text(json.dumps(cfg))
+    elif breakage == "no_onnx":
+        (d / "model.onnx").unlink()
+    elif breakage == "bad_onnx":
+        (d / "model.onnx").write_bytes(b"not a protobuf at all" * 10)
+    elif breakage == "encoder":
+        cfg["model"]["type"] = "whisper"
+        (d / "genai_config.json").write_text(json.dumps(cfg))
+    elif breakage == "no_tokenizer":
+        (d / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match=message):
+        kvlab.load(d)
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelError, match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2\)"):
+        kvlab.load("tiny")
+
+
+def test_user_directory_loads_like_a_builtin(toy, tmp_path):
+    model = kvlab.load(_copy(toy, tmp_path))
+    assert model.name == "m" and model.info.num_layers == toy.info.num_layers
+    assert kvlab.generate(model, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids == \
+        kvlab.generate(toy, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids
+
+
+def test_recipes_are_validated():
+    with pytest.raises(kvlab.ConfigError, match=r"TinyLlama.heads=6 must be a multiple of kv_heads=4"):
+        TinyLlama(layers=1, hidden=64, heads=6, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
+    with pytest.raises(kvlab.ConfigError, match=r"TinyLlama.layers=0 must be a positive int"):
+        TinyLlama(layers=0, hidden=64, heads=4, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
+    assert set(RECIPES) == {"toy", "kv-heavy", "smollm2"}
+    assert byte_tokenizer(300).get_vocab_size() == 259
+
+
+def test_a_missing_builtin_is_rebuilt(tmp_path, monkeypatch):
+    """Built models live in the user cache dir; a fresh cache dir rebuilds (here the toy, ~20 s)."""
+    monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path))
+    model = kvlab.load("toy", progress=False)
+    assert str(model.info.path).startswith(str(tmp_path)) and (model.info.path / "kvlab_recipe.json").is_file()
+    a = kvlab.generate(model, [1, 2, 3], max_new_tokens=5, stop_on_eos=False).token_ids
+    monkeypatch.delenv("KVLAB_CACHE_DIR")
+    assert a == kvlab.generate(kvlab.load("toy"), [1, 2, 3], max_new_tokens=5, stop_on_eos=False).token_ids

@@ -1,0 +1,143 @@
+"""Devices, adapters, EP options and device tensors, on the real ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvlab import ConfigError, DeviceError, open_device
+from kvlab.runtime import BUFFER_CACHE_MODES, find_webgpu_adapter
+
+from conftest import run_python
+
+
+def test_webgpu_adapter_is_found_and_labelled():
+    adapter = find_webgpu_adapter()
+    assert adapter is not None
+    if "SwiftShader" in adapter.name:
+        assert adapter.kind == "software"
+    dev = open_device("webgpu")
+    assert dev.adapter == adapter and adapter.label in dev.label
+
+
+def test_webgpu_sessions_run_on_webgpu(toy):
+    session = toy.session("webgpu")
+    assert session._sess.get_providers()[0] == "WebGpuExecutionProvider"
+    # only small shape/mask ops may stay on the CPU EP; GQA and MatMul run on WebGPU
+    assert session.cpu_nodes and not any(n.startswith(("GroupQueryAttention", "MatMul")) for n in session.cpu_nodes)
+
+
+def test_no_adapter_is_an_error_not_a_silent_cpu_fallback():
+    """A machine without any Vulkan driver: point the loader at a missing driver in a fresh process."""
+    r = run_python("import kvlab; kvlab.open_device('webgpu')",
+                   env={"VK_ICD_FILENAMES": "/nonexistent/icd.json", "KVLAB_WEBGPU_ADAPTER": "hardware"})
+    assert r.returncode != 0
+    assert "DeviceError: device 'webgpu' has no adapter" in r.stderr and "scripts/setup.sh" in r.stderr
+
+
+def test_unknown_device_and_modes():
+    with pytest.raises(ConfigError, match=r"device 'gpu' is not valid; choose one of \('cpu', 'webgpu'\)"):
+        open_device("gpu")
+    with pytest.raises(ConfigError, match=r"buffer cache mode 'fast' is not valid; choose one of .*'bucket'"):
+        open_device("webgpu", buffer_cache_mode="fast")
+    with pytest.raises(ConfigError, match=r"validation mode 'paranoid' is not valid"):
+        open_device("webgpu", validation_mode="paranoid")
+    with pytest.raises(ConfigError, match="apply to device 'webgpu' only"):
+        open_device("cpu", buffer_cache_mode="simple")
+
+
+def test_a_second_webgpu_mode_in_one_process_is_refused():
+    """ORT keeps one WebGPU context per process: a new mode would be silently ignored, so kvlab refuses it,
+    and accepts it once every session is closed."""
+    code = """
+import kvlab, json
+d = kvlab.open_device('webgpu', buffer_cache_mode='simple')
+try:
+    kvlab.open_device('webgpu', buffer_cache_mode='disabled'); print('accepted')
+except kvlab.DeviceError as e:
+    print('refused:', e)
+t = d.zeros((4,), 'float32')
+try:
+    d.close(); print('closed with a live tensor')
+except kvlab.DeviceError as e:
+    print('close refused:', e)
+t.release(); d.close()
+d2 = kvlab.open_device('webgpu', buffer_cache_mode='disabled')
+print('reopened', d2.ep_options)
+"""
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert "refused: the WebGPU context is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
+    assert "close refused: 1 kvlab tensors (16 bytes) are still alive" in r.stdout
+    assert "reopened {'storageBufferCacheMode': 'disabled'}" in r.stdout
+
+
+PROBE = """
+import json, sys, numpy as np, kvlab
+from kvlab.instrument import rss_bytes
+d = kvlab.open_device('webgpu', buffer_cache_mode=sys.argv[1])
+d.zeros((1024,), np.float32).release()
+base = rss_bytes()
+def one_round():
+    ts = [d.zeros((1, 1024 * 1024 + i * 65536), np.float32) for i in range(12)]  # 4.0 .. 4.7 MiB each
+    ptrs = [t.data_ptr for t in ts]
+    for t in ts:
+        t.release()
+    d.zeros((1024,), np.float32).release()  # another run: pending releases are flushed
+    return ptrs, rss_bytes() - base
+p1, r1 = one_round()
+p2, r2 = one_round()
+print(json.dumps({"reused": len(set(p1) & set(p2)), "rss1": r1, "rss2": r2, "requested": sum(4*(1024*1024 + i*65536) for i in range(12))}))
+"""
+
+
+@pytest.fixture(scope="module")
+def mode_effects():
+    out = {}
+    for mode in BUFFER_CACHE_MODES:
+        r = run_python(PROBE.replace("sys.argv[1]", repr(mode)))
+        assert r.returncode == 0, r.stderr
+        out[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_buffer_cache_modes_really_take_effect(mode_effects):
+    """Each mode leaves its own fingerprint (measured through buffer identity and process memory; on
+    SwiftShader GPU memory is host memory): 'simple' hands back every freed buffer, 'disabled' destroys
+    them so a second round needs new memory, 'bucket' rounds 4-4.7 MiB requests up to its 8 MiB bucket."""
+    simple, disabled, bucket = mode_effects["simple"], mode_effects["disabled"], mode_effects["bucket"]
+    req = simple["requested"]
+    assert simple["reused"] == 12 and simple["rss2"] < 1.15 * req
+    assert disabled["reused"] < 12 and disabled["rss2"] > 1.5 * req
+    assert bucket["rss1"] > 1.3 * req and simple["rss1"] < 1.15 * req
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_device_tensors_are_owned_and_released_once(device):
+    dev = open_device(device)
+    before = (dev.live_tensors, dev.live_bytes)
+    t = dev.zeros((2, 3, 5), np.float32)
+    assert t.shape == (2, 3, 5) and t.nbytes == 120 and (t.numpy() == 0).all()
+    assert (dev.live_tensors, dev.live_bytes) == (before[0] + 1, before[1] + 120)
+    t.release()
+    t.release()  # idempotent
+    assert (dev.live_tensors, dev.live_bytes) == before
+    with pytest.raises(DeviceError, match="was released"):
+        t.numpy()
+
+
+def test_copy_between_cpu_and_webgpu():
+    from kvlab.runtime import copy_tensor
+
+    cpu, gpu = open_device("cpu"), open_device("webgpu")
+    src = cpu.zeros((1, 2, 8, 4), np.float32)
+    src.ortvalue().update_inplace(np.arange(64, dtype=np.float32).reshape(1, 2, 8, 4))
+    dst = gpu.zeros((1, 2, 8, 4), np.float32)
+    copy_tensor(src, dst)
+    np.testing.assert_array_equal(dst.numpy(), src.numpy())
+    with pytest.raises(ConfigError, match="shapes and dtypes must match"):
+        copy_tensor(src, gpu.zeros((1, 2, 4, 4), np.float32))
+    src.release()
+    dst.release()
