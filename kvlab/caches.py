@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import CacheStateError, CapacityError, ConfigError, InPlaceError, ModelError
 from .models import ModelInfo
-from .runtime import Binding, Device, DeviceTensor, RunResult, Session
+from .runtime import Binding, Device, DeviceTensor, RunResult, Session, check_copy_path, copy_tensor
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ class Cache:
             self._lock.release()
 
     def _attach(self, info: ModelInfo, device: Device) -> None:
-        layout = (info.num_layers, info.num_kv_heads, info.head_dim, np.dtype(info.dtype))
+        layout = self._layout(info)
         if self._info is not None:
-            mine = (self._info.num_layers, self._info.num_kv_heads, self._info.head_dim, np.dtype(self._info.dtype))
+            mine = self._layout(self._info)
             if mine != layout or self._device is not device:
                 raise CacheStateError(f"this cache is bound to model {self._info.name} on {self._device.name} "
                                       f"(layers, kv heads, head dim, dtype = {mine}); it cannot serve {info.name} on "
@@ -157,6 +157,44 @@ class Cache:
         self._seen |= fresh
         return len(fresh)
 
+    # -- cross-device handoff
+    def receive(self, src: "Cache") -> tuple[CacheStep, int]:
+        """Take over the sequence ``src`` holds on another device (e.g. a CPU prefill): copy its KV into this
+        cache. Returns the step's allocations and the bytes copied. On any failure nothing is half-copied: this
+        cache stays empty (length 0) and reusable."""
+        self._check_alive()
+        if not self._lock.locked():
+            raise CacheStateError("receive() runs inside cache.use() (generate does it)")
+        if type(src) is not type(self):
+            raise ConfigError(f"a {self.kind} cache cannot receive a {src.kind} cache's KV; use the same kind")
+        if self.seq_length:
+            raise CacheStateError(f"this cache already holds a sequence of {self.seq_length} tokens; a handoff "
+                                  "needs an empty cache (reset it first)")
+        if not src.seq_length or src._info is None or src._device is None:
+            raise CacheStateError("the source cache holds no sequence to hand off")
+        assert self._info is not None and self._device is not None
+        mine, theirs = self._layout(self._info), self._layout(src._info)
+        if mine != theirs:
+            raise ConfigError(f"cannot hand off KV of {src._info.name} on {src._device.name} (layers, kv heads, head "
+                              f"dim, dtype = {theirs}) to {self._info.name} on {self._device.name} ({mine}): they "
+                              "must be equal")
+        check_copy_path(src._device, self._device)
+        self.check_capacity(src.seq_length)
+        step, copied = self._receive(src)
+        self.seq_length = src.seq_length
+        return step, copied
+
+    @staticmethod
+    def _layout(info: ModelInfo) -> tuple:
+        return (info.num_layers, info.num_kv_heads, info.head_dim, np.dtype(info.dtype).name)
+
+    def _receive(self, src: "Cache") -> tuple[CacheStep, int]:
+        raise NotImplementedError
+
+    def twin(self) -> "Cache":
+        """A new, empty cache of the same kind and size (e.g. the CPU side of a handoff)."""
+        raise NotImplementedError
+
     def _names(self) -> tuple[list[str], list[str]]:
         info = self._info
         assert info is not None
@@ -178,6 +216,9 @@ class DynamicCache(Cache):
     def __init__(self) -> None:
         super().__init__()
         self._presents: list[DeviceTensor] = []  # past for the next step, in past_names order
+
+    def twin(self) -> "DynamicCache":
+        return DynamicCache()
 
     def binding(self, session: Session, n_new: int) -> Binding:
         self._check_alive()
@@ -208,6 +249,22 @@ class DynamicCache(Cache):
     @property
     def live_bytes(self) -> int:
         return sum(t.nbytes for t in self._presents)
+
+    def _receive(self, src: Cache) -> tuple[CacheStep, int]:
+        """The copied presents become the first past on this device."""
+        assert isinstance(src, DynamicCache) and self._device is not None
+        made: list[DeviceTensor] = []
+        try:
+            for t in src._presents:
+                made.append(self._device.zeros(t.shape, t.dtype))
+                copy_tensor(t, made[-1])
+        except BaseException:
+            for t in made:
+                t.release()
+            raise
+        self._presents = made
+        return CacheStep(len(made), sum(t.nbytes for t in made), self._count_new(made), self.live_bytes), \
+            sum(t.nbytes for t in made)
 
     def _reset(self) -> None:
         self._release_all()
@@ -244,6 +301,9 @@ class StaticCache(Cache):
     @property
     def allocated(self) -> bool:
         return bool(self._buffers)
+
+    def twin(self) -> "StaticCache":
+        return StaticCache(self.max_cache_len)
 
     def memory_report(self, info: ModelInfo) -> MemoryReport:
         """Memory this cache will reserve for a model, known before allocating anything."""
@@ -311,6 +371,17 @@ class StaticCache(Cache):
     @property
     def live_bytes(self) -> int:
         return sum(t.nbytes for t in self._buffers)
+
+    def _receive(self, src: Cache) -> tuple[CacheStep, int]:
+        """One whole-tensor copy per buffer: the source is a static cache of the same max_cache_len."""
+        assert isinstance(src, StaticCache)
+        if src.max_cache_len != self.max_cache_len:
+            raise ConfigError(f"the source static cache has max_cache_len={src.max_cache_len}, this one "
+                              f"{self.max_cache_len}: whole-buffer copies need equal sizes")
+        for s_buf, d_buf in zip(src._buffers, self._buffers):
+            copy_tensor(s_buf, d_buf)  # a failure leaves seq_length 0: stale bytes are never read
+        step, self._allocated_this_use = self._allocated_this_use, None
+        return step or CacheStep(0, 0, 0, self.live_bytes), sum(t.nbytes for t in self._buffers)
 
     def _release_all(self) -> None:
         self._bindings.clear()

@@ -66,6 +66,7 @@ class Generation:
     token_ids: list[int]  # generated tokens (an EOS that stopped generation included)
     text: str
     stop_reason: str  # "eos" or "max_new_tokens"
+    prefill_device: str = ""  # set when the prefill ran on another device (a handoff)
     records: list[StepRecord] = field(default_factory=list)
 
     def frame(self):
@@ -133,11 +134,30 @@ class Stepper:
             position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=result.seconds * 1e3,
             overhead_ms=wall - result.seconds * 1e3, cache_tensors_allocated=alloc.allocated_tensors,
             cache_bytes_allocated=alloc.allocated_bytes, new_buffers=alloc.new_buffers,
-            live_cache_bytes=alloc.live_bytes, used_cache_bytes=self.cache.used_bytes, rss_bytes=rss_bytes())
+            live_cache_bytes=alloc.live_bytes, used_cache_bytes=self.cache.used_bytes, copy_bytes=0,
+            rss_bytes=rss_bytes())
         self.steps += 1
+        self._emit(record)
+        return out, record
+
+    def receive(self, src: Cache) -> StepRecord:
+        """Take over the sequence another stepper's cache holds (a prefill on another device): a 'handoff' step."""
+        start = time.perf_counter()
+        alloc, copied = self.cache.receive(src)
+        wall = (time.perf_counter() - start) * 1e3
+        record = StepRecord(
+            step=max(self.steps - 1, 0), phase="handoff", device=f"{src._device.name}->{self.device.name}",
+            position=0, n_tokens=src.seq_length, token=-1, wall_ms=wall, run_ms=0.0, overhead_ms=wall,
+            cache_tensors_allocated=alloc.allocated_tensors, cache_bytes_allocated=alloc.allocated_bytes,
+            new_buffers=alloc.new_buffers, live_cache_bytes=alloc.live_bytes, used_cache_bytes=self.cache.used_bytes,
+            copy_bytes=copied, rss_bytes=rss_bytes())
+        self.steps = max(self.steps, 1)
+        self._emit(record)
+        return record
+
+    def _emit(self, record: StepRecord) -> None:
         for hook in self.hooks:
             hook(record)
-        return out, record
 
 
 def _hooks(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
@@ -148,12 +168,21 @@ def _hooks(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
     return list(on_step)
 
 
+def _done(tokens: list[int], max_new_tokens: int, stop_on_eos: bool, model: Model) -> bool:
+    return len(tokens) >= max_new_tokens or (stop_on_eos and tokens[-1] in model.info.eos_token_ids)
+
+
 def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, device: Device | str = "cpu",
              max_new_tokens: int = 32, chat: bool = False, sampling: Sampling | None = None,
-             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None) -> Generation:
+             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
+             prefill_device: Device | str | None = None, prefill_model: Model | str | None = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
     The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
+
+    ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
+    the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there. With onnxruntime-webgpu 1.27 this
+    is also more correct than a WebGPU prefill, whose logits are wrong from query position 4 on.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
@@ -168,17 +197,29 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     tokens: list[int] = []
     records: list[StepRecord] = []
     stop = "max_new_tokens"
-    with Stepper(model, cache, dev, needed, [records.append, *_hooks(on_step)]) as stepper:
+    hooks = [records.append, *_hooks(on_step)]
+    pre_dev = None if prefill_device is None else open_device(prefill_device)
+    if pre_dev is None or pre_dev is dev:
+        if prefill_model is not None:
+            raise ConfigError("prefill_model needs a prefill_device other than the decode device")
+        pre = None
+    else:
+        pre_model = model if prefill_model is None else load(prefill_model)
+        pre = Stepper(pre_model, cache.twin(), pre_dev, len(ids), hooks)
+    with Stepper(model, cache, dev, needed, hooks) as stepper:
         feed = ids
-        while True:
+        if pre is not None:
+            with pre.cache, pre:
+                _, record = pre.step(ids, choose, logits_out="none")
+                stepper.receive(pre.cache)
+            tokens.append(record.token)
+            feed = np.array([record.token], np.int64)
+        while not tokens or not _done(tokens, max_new_tokens, stop_on_eos, model):
             _, record = stepper.step(feed, choose, logits_out="none")
             tokens.append(record.token)
-            if stop_on_eos and record.token in model.info.eos_token_ids:
-                stop = "eos"
-                break
-            if len(tokens) == max_new_tokens:
-                break
             feed = np.array([record.token], np.int64)
+    if stop_on_eos and tokens[-1] in model.info.eos_token_ids:
+        stop = "eos"
     return Generation(model=model.name, device=dev.label, cache=cache_label(cache), dtype=model.info.dtype_name,
                       prompt_ids=ids.tolist(), token_ids=tokens, text=model.decode(tokens), stop_reason=stop,
-                      records=records)
+                      prefill_device=pre.device.label if pre else "", records=records)

@@ -8,12 +8,12 @@ from typing import Callable, Iterable
 
 # column -> (meaning, "exact" | "proxy" | "label")
 COLUMNS: dict[str, tuple[str, str]] = {
-    "step": ("0 for the prefill, then 1, 2, ... per decode step", "exact"),
-    "phase": ("'prefill' or 'decode'", "label"),
-    "device": ("device that ran the step ('cpu' or 'webgpu')", "label"),
+    "step": ("0 for the prefill (and the handoff that moves it), then 1, 2, ... per decode step", "exact"),
+    "phase": ("'prefill', 'handoff' (the prefill's KV copied to the decode device) or 'decode'", "label"),
+    "device": ("device that ran the step ('cpu' or 'webgpu'; 'cpu->webgpu' for a handoff)", "label"),
     "position": ("cache length before the step: the position of the first token fed", "exact"),
     "n_tokens": ("tokens fed in this step", "exact"),
-    "token": ("the token chosen from this step's logits", "exact"),
+    "token": ("the token chosen from this step's logits (-1 for a handoff)", "exact"),
     "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
     "run_ms": ("wall time inside ONNX Runtime's run alone", "exact"),
     "overhead_ms": ("wall_ms - run_ms: Python time outside the run", "exact"),
@@ -26,6 +26,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
                     "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers", "proxy"),
     "live_cache_bytes": ("bytes of KV tensors alive after the step (as requested)", "exact"),
     "used_cache_bytes": ("bytes the tokens held need: cache length x bytes per token", "exact"),
+    "copy_bytes": ("bytes copied between devices in this step (handoff only)", "exact"),
     "rss_bytes": ("process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
                   "includes everything else the process holds", "proxy"),
 }
@@ -47,6 +48,7 @@ class StepRecord:
     new_buffers: int
     live_cache_bytes: int
     used_cache_bytes: int
+    copy_bytes: int
     rss_bytes: int
 
 

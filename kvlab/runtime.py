@@ -339,6 +339,7 @@ class Backend:
     """How kvlab reaches an ONNX Runtime build. Subclass it for another package (e.g. the plugin EP)."""
 
     name = "abstract"
+    copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs copy_tensor supports
 
     def create_session(self, path: str | bytes, device: "Device") -> Any:
         raise NotImplementedError
@@ -359,6 +360,7 @@ class OrtWebGpuBackend(Backend):
     """
 
     name = "onnxruntime-webgpu (built-in WebGPU EP)"
+    copy_paths = frozenset((a, b) for a in DEVICES for b in DEVICES)  # ort.copy_tensors, verified in tests
 
     def __init__(self) -> None:
         import onnxruntime as ort
@@ -576,11 +578,18 @@ def close_device(name: str) -> None:
         _OPEN[name].close()
 
 
+def check_copy_path(src: Device, dst: Device) -> None:
+    if (src.name, dst.name) not in dst.backend.copy_paths:
+        raise DeviceError(f"{dst.backend.name} cannot copy tensors from {src.name} to {dst.name}; supported: "
+                          f"{sorted(dst.backend.copy_paths)}")
+
+
 def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
     """Copy a whole tensor into another of the same shape and dtype (host<->device or device<->device)."""
     if src.shape != dst.shape or src.dtype != dst.dtype:
         raise ConfigError(f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}: shapes and dtypes "
                           "must match")
+    check_copy_path(src.device, dst.device)
     import onnxruntime as ort
 
     ort.copy_tensors([src.ortvalue()], [dst.ortvalue()], None)
