@@ -1,0 +1,337 @@
+"""Benchmark the PyTorch decode paths on one device: eager DynamicCache, eager StaticCache, transformers'
+``generate(cache_implementation="static")`` (with its auto-compile) and kvlab's GraphRunner (capture-only and
+compiled step + graph). Random weights, batch 1. Writes one JSON per configuration.
+
+    python -m kvlab.torch_bench --out OUT_DIR [--configs smollm2-135m:float16,llama-1b:bfloat16]
+                                [--prompt 512] [--new 256] [--modes ...] [--device cuda]
+
+Each configuration runs in its own subprocess with inductor's caches disabled, so every compile is cold and
+first-call latencies are honest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+MODES = ("eager-dynamic", "eager-static", "graph-capture", "graph-compile", "hf-static-compile", "graph-eager")
+DEFAULT_MODES = MODES[:5]  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
+DEFAULT_CONFIGS = "smollm2-135m:float16,smollm2-135m:bfloat16,llama-1b:bfloat16"
+
+
+def environment() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "cuda": torch.version.cuda, "platform": platform.platform()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count)
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return env
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _allocs(dev) -> int:
+    import torch
+
+    return int(torch.cuda.memory_stats(dev).get("allocation.all.allocated", 0)) if dev.type == "cuda" else -1
+
+
+def _segments(dev) -> int:
+    import torch
+
+    return int(torch.cuda.memory_stats(dev).get("segment.all.allocated", 0)) if dev.type == "cuda" else -1
+
+
+def _peak_reset(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def _peak(dev) -> int:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else -1
+
+
+def copy_bandwidth(dev, gib: float = 2.0) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), median of 10."""
+    import torch
+
+    if dev.type != "cuda":
+        return float("nan")
+    n = int(gib * 2**30)
+    a, b = torch.empty(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
+    a.random_(0, 255)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    times.sort()
+    return 2 * n / times[len(times) // 2]
+
+
+def kernel_profile(fn: Callable[[], None], steps: int, dev) -> dict[str, Any]:
+    """Kernels per step and summed kernel time per step (ms) from torch.profiler over ``steps`` calls of fn."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if dev.type != "cuda":
+        return {}
+    try:
+        return _kernel_profile(fn, steps, dev)
+    except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the timing
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _kernel_profile(fn: Callable[[], None], steps: int, dev) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize(dev)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names: dict[str, list[float]] = {}
+    for e in kernels:
+        names.setdefault(e.name, []).append(e.device_time if hasattr(e, "device_time") else e.cuda_time)
+    top = sorted(((sum(v), len(v), k) for k, v in names.items()), reverse=True)[:8]
+    return {"kernels_per_step": len(kernels) / steps,
+            "kernel_ms_per_step": sum(sum(v) for v in names.values()) / steps / 1e3,
+            "top_kernels": [{"name": k[:90], "calls_per_step": c / steps, "ms_per_step": t / steps / 1e3}
+                            for t, c, k in top]}
+
+
+def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[str], device: str,
+               repeats: int = 3) -> dict[str, Any]:
+    import torch
+
+    from . import torch_backend as tb
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    model = tb.random_model(shape, device=device, dtype=dtype)
+    model.hf.generation_config.eos_token_id = None  # never stop early: every mode makes exactly `new` tokens
+    info = {"shape": shape, "dtype": dtype, "prompt_tokens": prompt_len, "new_tokens": new, "batch": 1,
+            "params": sum(p.numel() for p in model.hf.parameters()),
+            "weight_bytes": sum(p.nbytes for p in model.hf.parameters()), "model_build_s": time.perf_counter() - t0}
+    L = prompt_len + new
+    info["kv_bytes_per_token"] = model.bytes_per_token
+    if dev.type == "cuda":
+        bw = copy_bandwidth(dev)
+        info["copy_bandwidth_GBps"] = bw / 1e9
+        info["roofline_ms_per_token"] = (info["weight_bytes"] + L * model.bytes_per_token) / bw * 1e3
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, model.vocab_size, (prompt_len,), generator=gen).tolist()
+    results: dict[str, Any] = {}
+    reference: list[int] | None = None
+
+    def record(name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        nonlocal reference
+        if name not in modes:
+            return
+        print(f"[{shape} {dtype}] {name} ...", flush=True)
+        try:
+            _sync(dev)
+            _peak_reset(dev)
+            res = fn()
+            res["peak_bytes"] = _peak(dev)
+            if reference is None and name == "eager-dynamic":
+                reference = res["tokens"]
+            if reference is not None:
+                res["first_divergence_vs_eager_dynamic"] = tb.first_divergence(res["tokens"], reference)
+                res["tokens_equal_eager_dynamic"] = res["first_divergence_vs_eager_dynamic"] is None
+            results[name] = res
+            print(f"[{shape} {dtype}] {name}: {res.get('ms_per_token'):.3f} ms/token, allocs/step "
+                  f"{res.get('alloc_requests_per_step')}, first call {res.get('first_call_s', float('nan')):.2f} s, "
+                  f"equal {res.get('tokens_equal_eager_dynamic')}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - one failing mode must not lose the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"[{shape} {dtype}] {name} FAILED: {exc}", flush=True)
+
+    def eager(cache: str) -> Callable[[], dict[str, Any]]:
+        def go() -> dict[str, Any]:
+            t = time.perf_counter()
+            tb.generate(model, ids[:16], cache=cache, max_new_tokens=4, stop_on_eos=False)  # warm-up
+            first = time.perf_counter() - t
+            g = tb.generate(model, ids, cache=cache, max_new_tokens=new, stop_on_eos=False)
+            f = g.frame()
+            d = f[f.phase == "decode"]
+            out = {"first_call_s": first, "ms_per_token": float(d.wall_ms.median()),
+                   "ms_per_token_mean": float(d.wall_ms.mean()), "tokens_per_s": 1e3 / float(d.wall_ms.median()),
+                   "prefill_ms": float(f.wall_ms.iloc[0]), "alloc_requests_per_step": float(d.alloc_requests.median()),
+                   "alloc_bytes_per_step": float(d.alloc_bytes.median()), "segments_decode_total": int(d.segments.sum()) if dev.type == "cuda" else None,
+                   "kv_tensors_created_per_step": float(d.cache_tensors_allocated.median()), "tokens": g.token_ids}
+            if cache == "static" and dev.type == "cuda":
+                hf_cache = tb.make_cache(model, "static", L)
+                kw = tb.cache_kwarg(model.hf)
+                with torch.inference_mode():
+                    model.hf(input_ids=torch.tensor([ids], device=dev), use_cache=True, logits_to_keep=1,
+                             **{kw: hf_cache})
+                    tok = torch.tensor([[ids[-1]]], device=dev)
+                    out["profile"] = kernel_profile(
+                        lambda: model.hf(input_ids=tok, use_cache=True, logits_to_keep=1, **{kw: hf_cache}), 10, dev)
+            return out
+        return go
+
+    def graph(mode: str) -> Callable[[], dict[str, Any]]:
+        def go() -> dict[str, Any]:
+            t = time.perf_counter()
+            runner = tb.GraphRunner(model, L, mode=mode)
+            setup = time.perf_counter() - t
+            tokens = runner.decode_greedy(ids, new)
+            first = time.perf_counter() - t
+            best = None
+            for _ in range(repeats):
+                _sync(dev)
+                logits = runner.prefill(ids)
+                runner.tok.copy_(logits.argmax().view(1, 1))
+                runner.history[len(ids)] = logits.argmax()
+                _sync(dev)
+                a0, s0, t1 = _allocs(dev), _segments(dev), time.perf_counter()
+                for _ in range(new - 1):
+                    runner._replay()
+                _sync(dev)
+                dt = (time.perf_counter() - t1) / (new - 1)
+                allocs = (_allocs(dev) - a0) / (new - 1) if dev.type == "cuda" else None
+                segs = _segments(dev) - s0 if dev.type == "cuda" else None
+                lean = runner.history[len(ids): len(ids) + new].tolist()
+                if best is None or dt < best[0]:
+                    best = (dt, allocs, segs, lean)
+            g = runner.generate(ids, max_new_tokens=new, stop_on_eos=False)  # kvlab contract: per-step sync
+            f = g.frame()
+            d = f[f.phase == "decode"]
+            out = {"setup_s": setup, **runner.setup_s, "first_call_s": first, "ms_per_token": best[0] * 1e3,
+                   "tokens_per_s": 1 / best[0], "alloc_requests_per_step": best[1], "segments_decode_total": best[2],
+                   "lean_tokens_equal_first_run": best[3] == tokens,
+                   "generate_api_ms_per_token": float(d.wall_ms.median()),
+                   "generate_api_alloc_requests_per_step": float(d.alloc_requests.median()),
+                   "generate_api_tokens_equal": g.token_ids == tokens, "tokens": tokens}
+            if dev.type == "cuda":
+                out["profile"] = kernel_profile(runner._replay, 20, dev)
+            del runner
+            return out
+        return go
+
+    def hf_static() -> dict[str, Any]:
+        x = torch.tensor([ids], device=dev)
+        kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, cache_implementation="static",
+                      pad_token_id=0, eos_token_id=None)
+
+        def call(n: int) -> tuple[float, int, Any]:
+            _sync(dev)
+            a, t = _allocs(dev), time.perf_counter()
+            with torch.inference_mode():
+                o = model.hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kwargs)
+            _sync(dev)
+            return time.perf_counter() - t, _allocs(dev) - a, o
+
+        first, _, o = call(new)
+        full = [call(new) for _ in range(repeats)]
+        one = [call(1) for _ in range(repeats)]
+        tf, af, o = min(full, key=lambda r: r[0])
+        t1, a1, _ = min(one, key=lambda r: r[0])
+        per = (tf - t1) / (new - 1)
+        return {"first_call_s": first, "ms_per_token": per * 1e3, "tokens_per_s": 1 / per,
+                "total_s_best": tf, "one_token_s_best": t1, "alloc_requests_per_step": (af - a1) / (new - 1),
+                "tokens": o[0, len(ids):].tolist()}
+
+    record("eager-dynamic", eager("dynamic"))
+    record("eager-static", eager("static"))
+    record("graph-capture", graph("capture"))
+    record("graph-compile", graph("compile"))
+    record("hf-static-compile", hf_static)
+    record("graph-eager", graph("eager"))
+    return {"config": info, "results": results, "environment": environment()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvlab.torch_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for the JSON files")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma-separated shape:dtype list")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {MODES}")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one config in this process
+    a = ap.parse_args(argv)
+    modes = a.modes.split(",")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown modes {bad}; choose from {MODES}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.one:
+        shape, dtype = a.one.split(":")
+        res = run_config(shape, dtype, a.prompt, a.new, modes, a.device, a.repeats)
+        res["command"] = " ".join([Path(sys.executable).name, "-m", "kvlab.torch_bench", *sys.argv[1:]])
+        (out / f"{shape}_{dtype}.json").write_text(json.dumps(res, indent=1))
+        return 0
+    rc = 0
+    for config in a.configs.split(","):
+        if config.count(":") != 1:
+            ap.error(f"config {config!r} must be shape:dtype, e.g. smollm2-135m:float16")
+        env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}  # cold compiles: honest first calls
+        cmd = [sys.executable, "-m", "kvlab.torch_bench", "--one", config, "--out", str(out), "--prompt",
+               str(a.prompt), "--new", str(a.new), "--modes", a.modes, "--device", a.device, "--repeats",
+               str(a.repeats)]
+        rc |= subprocess.run(cmd, env=env).returncode
+    summary = summarize(out)
+    print(summary)
+    (out / "summary.md").write_text(summary)
+    return rc
+
+
+def summarize(out: Path) -> str:
+    """A markdown table of every JSON in ``out``."""
+    lines = ["| shape | dtype | mode | ms/token | tokens/s | allocs/step | first call s | peak MiB | = eager |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted(out.glob("*.json")):
+        data = json.loads(f.read_text())
+        c = data["config"]
+        for mode, r in data["results"].items():
+            if "error" in r:
+                lines.append(f"| {c['shape']} | {c['dtype']} | {mode} | error: {r['error'][:60]} | | | | | |")
+                continue
+            lines.append(f"| {c['shape']} | {c['dtype']} | {mode} | {r['ms_per_token']:.3f} | {r['tokens_per_s']:.0f} "
+                         f"| {_num(r['alloc_requests_per_step'])} | {r.get('first_call_s', float('nan')):.2f} | "
+                         f"{r['peak_bytes'] / 2**20:.0f} | {r.get('first_divergence_vs_eager_dynamic', '-')} |")
+    return "\n".join(lines)
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None or x == -1 else f"{x:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
