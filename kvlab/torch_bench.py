@@ -22,8 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-MODES = ("eager-dynamic", "eager-static", "graph-capture", "graph-compile", "hf-static-compile", "graph-eager")
-DEFAULT_MODES = MODES[:5]  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
+MODES = ("eager-dynamic", "eager-static", "graph-capture", "graph-compile", "hf-dynamic", "hf-static-compile",
+         "graph-eager")
+DEFAULT_MODES = MODES[:6]  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
 DEFAULT_CONFIGS = "smollm2-135m:float16,smollm2-135m:bfloat16,llama-1b:bfloat16"
 
 
@@ -236,16 +237,22 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
                    "generate_api_ms_per_token": float(d.wall_ms.median()),
                    "generate_api_alloc_requests_per_step": float(d.alloc_requests.median()),
                    "generate_api_tokens_equal": g.token_ids == tokens, "tokens": tokens}
-            if dev.type == "cuda":
+            if dev.type == "cuda":  # 20 replays from the prompt: well inside max_cache_len
+                runner.prefill(ids)
                 out["profile"] = kernel_profile(runner._replay, 20, dev)
             del runner
             return out
         return go
 
-    def hf_static() -> dict[str, Any]:
+    def hf_generate(static: bool) -> Callable[[], dict[str, Any]]:
+        return lambda: hf_run(static)
+
+    def hf_run(static: bool) -> dict[str, Any]:
+        """transformers' own generate: default DynamicCache (eager), or cache_implementation="static" (auto-compile)."""
         x = torch.tensor([ids], device=dev)
-        kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, cache_implementation="static",
-                      pad_token_id=0, eos_token_id=None)
+        kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, pad_token_id=0, eos_token_id=None)
+        if static:
+            kwargs["cache_implementation"] = "static"
 
         def call(n: int) -> tuple[float, int, Any]:
             _sync(dev)
@@ -256,8 +263,8 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
             return time.perf_counter() - t, _allocs(dev) - a, o
 
         first, _, o = call(new)
-        full = [call(new) for _ in range(repeats)]
-        one = [call(1) for _ in range(repeats)]
+        full = [call(new) for _ in range(repeats if static else 1)]
+        one = [call(1) for _ in range(repeats if static else 1)]
         tf, af, o = min(full, key=lambda r: r[0])
         t1, a1, _ = min(one, key=lambda r: r[0])
         per = (tf - t1) / (new - 1)
@@ -269,7 +276,8 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     record("eager-static", eager("static"))
     record("graph-capture", graph("capture"))
     record("graph-compile", graph("compile"))
-    record("hf-static-compile", hf_static)
+    record("hf-dynamic", hf_generate(False))
+    record("hf-static-compile", hf_generate(True))
     record("graph-eager", graph("eager"))
     return {"config": info, "results": results, "environment": environment()}
 
