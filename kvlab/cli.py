@@ -50,7 +50,58 @@ def parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="run the dynamic and the static cache on one prompt, side by side")
     _shared(cmp_)
     cmp_.add_argument("--max-cache-len", type=int, help="static cache size (default as for generate)")
+    b = sub.add_parser("bench", help="paired decode benchmarks: caches, onnxruntime-genai, memory roofline")
+    b.add_argument("--quick", action="store_true", help="a small smoke run (toy model, CPU and WebGPU)")
+    b.add_argument("--models", help="comma-separated models (default: smollm2 on cpu, kv-heavy on webgpu)")
+    b.add_argument("--devices", help="comma-separated devices, crossed with --models")
+    b.add_argument("--contexts", help="comma-separated prefill lengths (all devices)")
+    b.add_argument("--new-tokens", type=int, help="new tokens per run (all devices)")
+    b.add_argument("--max-cache-lens", help="comma-separated static cache sizes (a size that fits is always added)")
+    b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
+    b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
+    b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
+    b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
+    b.add_argument("--no-charts", action="store_true")
     return ap
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r} must be comma-separated positive ints") from exc
+    if any(v <= 0 for v in values):
+        raise ConfigError(f"{flag} {text!r} must be comma-separated positive ints")
+    return values
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    plan = bench.Plan.quick() if args.quick else bench.Plan()
+    if args.models or args.devices:
+        models = (args.models or ",".join(sorted({m for m, _ in plan.targets}))).split(",")
+        devices = (args.devices or "cpu").split(",")
+        bad = [d for d in devices if d not in DEVICES]
+        if bad:
+            raise ConfigError(f"--devices {bad[0]!r} is not valid; choose from {DEVICES}")
+        plan.targets = [(m, d) for m in models for d in devices]
+    if args.contexts:
+        plan.contexts = {d: _ints(args.contexts, "--contexts") for d in DEVICES}
+    if args.new_tokens is not None:
+        plan.new_tokens = {d: _ints(str(args.new_tokens), "--new-tokens")[0] for d in DEVICES}
+    if args.max_cache_lens:
+        plan.static_lens = _ints(args.max_cache_lens, "--max-cache-lens")
+    if args.reps is not None:
+        plan.reps = _ints(str(args.reps), "--reps")[0]
+    if args.buffer_cache_modes:
+        plan.buffer_cache_modes = args.buffer_cache_modes.split(",")
+    plan.genai = plan.genai and not args.no_genai
+    result = bench.run_plan(plan)
+    files = bench.write(result, args.out, charts=not args.no_charts)
+    print("\n" + bench.report(result))
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 0
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -145,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .doctor import doctor
 
             return doctor(as_json=args.json)
+        if args.command == "bench":
+            return _bench(args)
         kinds = ("dynamic", "static") if args.command == "compare" else (args.cache,)
         if args.command == "generate" and args.cache == "dynamic" and args.max_cache_len is not None:
             raise ConfigError("--max-cache-len applies to --cache static only")

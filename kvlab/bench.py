@@ -1,0 +1,359 @@
+"""``kvlab bench``: paired, interleaved decode benchmarks of the caches, with onnxruntime-genai as a peer and the
+machine's memory bandwidth as the roofline.
+
+For every (model, device, context) row, each variant (dynamic, static at one or more max_cache_len, genai) first
+runs once to warm up, then ``reps`` times interleaved (A B C A B C ...), so slow drifts of a noisy machine hit
+every variant alike. Per run the median decode step is taken; per variant the median over runs and its min-max;
+per pair the ratio of runs i (against the row's baseline). Token ids must match between compared variants or the
+row is marked invalid. Results: JSON + CSV with the full environment, and plotly charts (HTML, PNG via kaleido).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .caches import Cache, DynamicCache, StaticCache
+from .errors import ConfigError
+from .generate import generate
+from .models import Model, load
+from .runtime import BUFFER_CACHE_MODES, close_device, describe, open_device
+
+# WebGPU buffer pool buckets a KV tensor crosses (knowledge/ort_webgpu.md, buffer_manager.cc)
+BUCKETS_MIB = (4, 8, 12, 16)
+
+
+@dataclass
+class Plan:
+    """What to sweep. The defaults are the reference run for this class of machine (see data/README.md)."""
+
+    targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
+    contexts: dict[str, list[int]] = field(default_factory=lambda: {
+        "cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]})
+    new_tokens: dict[str, int] = field(default_factory=lambda: {"cpu": 64, "webgpu": 6})
+    static_lens: list[int] = field(default_factory=lambda: [4160])  # plus "fit": the context + new tokens
+    reps: int = 3
+    genai: bool = True  # the peer row (CPU only: its WebGPU prefill would run on the device)
+    buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
+    webgpu_prefill_on_cpu: bool = True  # the handoff (kvlab.generate prefill_device="cpu")
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(targets=[("toy", "cpu"), ("toy", "webgpu")], contexts={"cpu": [64, 256], "webgpu": [64, 256]},
+                   new_tokens={"cpu": 8, "webgpu": 4}, static_lens=[512], reps=2)
+
+
+@dataclass
+class Run:
+    """One generation of one variant."""
+
+    token_ids: list[int]
+    decode_ms: float  # median wall time of the decode steps
+    overhead_ms: float  # median Python time outside session.run per decode step
+    tensors_per_step: float  # median cache tensors the runtime allocated per decode step
+    new_buffers_per_step: float
+    bytes_per_step: float
+
+
+def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str, new: int,
+              prefill_device: str | None) -> Run:
+    with make_cache() as cache:
+        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False,
+                     prefill_device=prefill_device)
+    dec = [r for r in g.records if r.phase == "decode"]
+    med = lambda key: float(np.median([getattr(r, key) for r in dec]))  # noqa: E731
+    return Run(g.token_ids, med("wall_ms"), med("overhead_ms"), med("cache_tensors_allocated"),
+               med("new_buffers"), med("cache_bytes_allocated"))
+
+
+class GenaiPeer:
+    """onnxruntime-genai on the same model directory and prompt; times each generate_next_token."""
+
+    def __init__(self, model: Model):
+        import onnxruntime_genai as og
+
+        self.og = og
+        config = og.Config(str(model.info.path))
+        config.clear_providers()  # CPU EP
+        self.model = og.Model(config)
+        self.version = og.__version__ if hasattr(og, "__version__") else "?"
+
+    def run(self, ids: np.ndarray, new: int) -> Run:
+        og = self.og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + new, min_length=len(ids) + new)
+        gen = og.Generator(self.model, params)
+        gen.append_tokens([ids.tolist()])  # the prefill runs here
+        tokens, times = [], []
+        while len(tokens) < new:
+            start = time.perf_counter()
+            gen.generate_next_token()
+            times.append((time.perf_counter() - start) * 1e3)
+            tokens.append(int(gen.get_next_tokens()[0]))
+        # the first token comes from the prefill's logits (genai samples it in the first call): decode steps are
+        # the calls after it, each of which runs one decode forward pass
+        return Run(tokens, float(np.median(times[1:])), float("nan"), float("nan"), float("nan"), float("nan"))
+
+
+def memory_bandwidth(size_mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """STREAM-like measurements on this machine (GB/s): copy (read + write bytes counted, 1 and 2 threads) and
+    read (a sum). The roofline uses the best of them: the most the memory system was seen to deliver."""
+    n = size_mib * 2**20 // 4
+    a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+
+    def best(fn: Callable[[], Any]) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    def threaded_copy(threads: int) -> None:
+        chunks = np.array_split(np.arange(0, n, 2**16), threads)
+        spans = [(c[0], min(n, c[-1] + 2**16)) for c in chunks]
+        ts = [threading.Thread(target=np.copyto, args=(b[s:e], a[s:e])) for s, e in spans]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    out = {"copy_1t": 2 * a.nbytes / best(lambda: np.copyto(b, a)) / 1e9,
+           "copy_2t": 2 * a.nbytes / best(lambda: threaded_copy(2)) / 1e9,
+           "read_1t": a.nbytes / best(lambda: a.sum()) / 1e9}
+    out["best"] = max(out.values())
+    return out
+
+
+def weight_bytes_per_token(model: Model) -> int:
+    """Bytes of weights one decode step reads: every initializer, except tables only gathered from (one row)."""
+    import onnx
+
+    m = onnx.load(str(model.onnx_path), load_external_data=False)
+    consumers: dict[str, set[str]] = {}
+    for node in m.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for init in m.graph.initializer:
+        size = int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        if consumers.get(init.name) == {"Gather"} and len(init.dims) == 2:
+            size //= int(init.dims[0])  # one row per token
+        total += size
+    return total
+
+
+def prompt_ids(model: Model, length: int) -> np.ndarray:
+    """Exactly ``length`` tokens of real English text (data/prompts/long.txt, repeated)."""
+    text = (Path(__file__).resolve().parents[1] / "data" / "prompts" / "long.txt").read_text()
+    ids = model.encode(text)
+    reps = -(-length // len(ids))
+    return np.tile(ids, reps)[:length].astype(np.int64)
+
+
+def _variants(plan: Plan, model: Model, device: str, context: int, new: int,
+              genai: GenaiPeer | None) -> dict[str, Callable[[np.ndarray], Run]]:
+    prefill = "cpu" if device == "webgpu" and plan.webgpu_prefill_on_cpu else None
+    fit = context + new - 1
+    lens = sorted({*(s for s in plan.static_lens if s >= fit and s <= model.info.context_length), fit})
+    out: dict[str, Callable[[np.ndarray], Run]] = {
+        "dynamic": lambda ids: run_kvlab(model, ids, DynamicCache, device, new, prefill)}
+    for n in lens:
+        out[f"static@{n}"] = (lambda ids, n=n: run_kvlab(model, ids, lambda: StaticCache(n), device, new, prefill))
+    if genai is not None and device == "cpu":
+        out["genai"] = lambda ids: genai.run(ids, new)
+    return out
+
+
+def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str, Any]]:
+    ref = runs[baseline]
+    out = {}
+    for name, rs in runs.items():
+        ms = [r.decode_ms for r in rs]
+        ratios = [r.decode_ms / b.decode_ms for r, b in zip(rs, ref)]
+        out[name] = {"decode_ms": float(np.median(ms)), "decode_ms_min": min(ms), "decode_ms_max": max(ms),
+                     f"ratio_to_{baseline}": float(np.median(ratios)), "ratio_min": min(ratios),
+                     "ratio_max": max(ratios), "overhead_ms": _nanmedian([r.overhead_ms for r in rs]),
+                     "tensors_per_step": rs[0].tensors_per_step, "new_buffers_per_step": rs[-1].new_buffers_per_step,
+                     "bytes_per_step": rs[0].bytes_per_step, "tokens_equal": rs[0].token_ids == ref[0].token_ids}
+    return out
+
+
+def _nanmedian(values: list[float]) -> float:
+    finite = [v for v in values if v == v]
+    return float(np.median(finite)) if finite else float("nan")
+
+
+def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    for mode in plan.buffer_cache_modes:
+        if mode not in BUFFER_CACHE_MODES:
+            raise ConfigError(f"buffer cache mode {mode!r} is not valid; choose one of {BUFFER_CACHE_MODES}")
+    bandwidth = memory_bandwidth()
+    log(f"memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items()))
+    rows: list[dict[str, Any]] = []
+    for model_name, device in plan.targets:
+        model = load(model_name)
+        genai = GenaiPeer(model) if plan.genai and device == "cpu" else None
+        weights = weight_bytes_per_token(model)
+        for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
+            if device == "webgpu":
+                close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
+                dev = open_device("webgpu", buffer_cache_mode=mode)
+            else:
+                dev = open_device("cpu")
+            new = plan.new_tokens[device]
+            for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
+                if context + new > model.info.context_length:
+                    raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
+                                      f"{model.info.context_length}")
+                ids = prompt_ids(model, context)
+                variants = _variants(plan, model, device, context, new, genai)
+                for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
+                    fn(ids)
+                runs: dict[str, list[Run]] = {name: [] for name in variants}
+                for _ in range(plan.reps):
+                    for name, fn in variants.items():
+                        runs[name].append(fn(ids))
+                summary = _summarize(runs, "dynamic")
+                valid = all(s["tokens_equal"] for s in summary.values())
+                kv_read = (context + new // 2) * model.info.bytes_per_token
+                for name, s in summary.items():
+                    roofline_ms = (weights + kv_read) / (bandwidth["best"] * 1e9) * 1e3
+                    row = {"model": model_name, "device": device, "adapter": dev.adapter.label,
+                           "buffer_cache_mode": mode or "", "dtype": model.info.dtype_name, "context": context,
+                           "kv_tensor_mib": context * model.info.bytes_per_token / (2 * model.info.num_layers) / 2**20,
+                           "new_tokens": new, "variant": name, "reps": plan.reps, "valid": valid,
+                           "weight_bytes": weights, "kv_read_bytes": kv_read, "roofline_ms": roofline_ms,
+                           "roofline_fraction": roofline_ms / s["decode_ms"],
+                           "overhead_fraction": s["overhead_ms"] / s["decode_ms"], **s}
+                    rows.append(row)
+                log(_row_line(model_name, device, mode, context, summary, valid))
+    return {"environment": environment(bandwidth), "plan": asdict(plan), "rows": rows}
+
+
+def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:
+    parts = [f"{name} {s['decode_ms']:.1f} ms (x{s['ratio_to_dynamic']:.2f})" for name, s in summary.items()]
+    return f"{model}/{device}{'/' + mode if mode else ''} ctx {context}: " + ", ".join(parts) + \
+        ("" if valid else "  INVALID: tokens differ")
+
+
+def environment(bandwidth: dict[str, float]) -> dict[str, Any]:
+    env = describe()
+    env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "cpu_count": os.cpu_count(), "machine": platform.machine(),
+                "ort_intra_op_threads": "ORT default (one per physical core)"})
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+    except OSError:
+        env["commit"] = "unknown"
+    try:
+        import onnxruntime_genai as og
+
+        env["onnxruntime_genai"] = getattr(og, "__version__", "installed")
+    except ImportError:
+        env["onnxruntime_genai"] = "missing"
+    return env
+
+
+def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
+    """results.json, results.csv and (unless disabled) one chart per (model, device) as HTML and PNG."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "results.json", out / "results.csv"]
+    files[0].write_text(json.dumps(result, indent=1, default=float))
+    with files[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
+        w.writeheader()
+        w.writerows(result["rows"])
+    if charts:
+        for (model, device) in {(r["model"], r["device"]) for r in result["rows"]}:
+            fig = figure(result, model, device)
+            stem = out / f"{model}-{device}"
+            fig.write_html(stem.with_suffix(".html"), include_plotlyjs="cdn")
+            files.append(stem.with_suffix(".html"))
+            try:
+                fig.write_image(stem.with_suffix(".png"), width=1100, height=600)
+                files.append(stem.with_suffix(".png"))
+            except Exception as exc:  # noqa: BLE001 - kaleido needs a Chromium; the HTML is still there
+                print(f"kvlab bench: no PNG for {stem.name} ({exc})")
+    return files
+
+
+def report(result: dict[str, Any]) -> str:
+    """The targets of the benchmark issue, computed from the rows (ratios come from paired runs)."""
+    rows = result["rows"]
+    lines = []
+    by = lambda **kw: [r for r in rows if all(r[k] == v for k, v in kw.items())]  # noqa: E731
+    smol = by(model="smollm2", device="cpu")
+    if smol:
+        for ctx in sorted({r["context"] for r in smol}):
+            row = {r["variant"]: r for r in smol if r["context"] == ctx}
+            static = min((r for n, r in row.items() if n.startswith("static")), key=lambda r: r["decode_ms"])
+            line = f"smollm2 cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
+            if "genai" in row:
+                g = row["genai"]
+                line += (f"; genai {g['decode_ms']:.1f} ms -> static/genai {static['decode_ms'] / g['decode_ms']:.2f} "
+                         f"(target <= 0.9; tokens equal: {g['tokens_equal'] and static['tokens_equal']})")
+            d = row["dynamic"]
+            line += f"; dynamic/static {d['decode_ms'] / static['decode_ms']:.1f}x"
+            line += f"; roofline {static['roofline_fraction']:.0%}; python overhead {static['overhead_fraction']:.1%}"
+            lines.append(line)
+    heavy = by(model="kv-heavy", device="webgpu")
+    if heavy:
+        for mode in sorted({r["buffer_cache_mode"] for r in heavy}):
+            for ctx in sorted({r["context"] for r in heavy}):
+                row = {r["variant"]: r for r in heavy if r["context"] == ctx and r["buffer_cache_mode"] == mode}
+                d = row["dynamic"]
+                statics = [r for n, r in row.items() if n.startswith("static")]
+                worst = max(statics, key=lambda r: r["ratio_to_dynamic"])
+                lines.append(f"kv-heavy webgpu/{mode} ctx {ctx}: dynamic {d['decode_ms']:.0f} ms, "
+                             + ", ".join(f"{r['variant']} {r['decode_ms']:.0f} ms" for r in statics)
+                             + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
+                             + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}")
+    return "\n".join(lines)
+
+
+def figure(result: dict[str, Any], model: str, device: str):
+    """Decode ms per step vs context for each variant (median, min-max bars), with the bucket boundaries the
+    per-tensor KV size crosses on WebGPU; labelled with backend, adapter, model, dtype and machine."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in result["rows"] if r["model"] == model and r["device"] == device]
+    env = result["environment"]
+    fig = go.Figure()
+    for (variant, mode) in sorted({(r["variant"], r["buffer_cache_mode"]) for r in rows}):
+        rs = sorted((r for r in rows if r["variant"] == variant and r["buffer_cache_mode"] == mode),
+                    key=lambda r: r["context"])
+        fig.add_scatter(x=[r["context"] for r in rs], y=[r["decode_ms"] for r in rs], mode="lines+markers",
+                        name=variant + (f" ({mode})" if mode else ""),
+                        error_y={"type": "data", "symmetric": False,
+                                 "array": [r["decode_ms_max"] - r["decode_ms"] for r in rs],
+                                 "arrayminus": [r["decode_ms"] - r["decode_ms_min"] for r in rs]})
+    if device == "webgpu" and rows:
+        per_token_mib = rows[0]["kv_tensor_mib"] / rows[0]["context"]
+        for mib in BUCKETS_MIB:
+            ctx = mib / per_token_mib
+            if ctx <= max(r["context"] for r in rows) * 1.05:
+                fig.add_vline(x=ctx, line_dash="dot", line_color="gray",
+                              annotation_text=f"KV tensor {mib} MiB", annotation_position="top left")
+    r0 = rows[0]
+    fig.update_layout(
+        title=(f"{model} ({r0['dtype']}) decode step vs context: {device} on {r0['adapter']}<br>"
+               f"<sup>{env['backend']} {env['versions'].get('onnxruntime-webgpu', '')}, {r0['new_tokens']} new tokens, "
+               f"median of {r0['reps']} paired runs (bars: min-max); {env['cpu']}; {env['date']}</sup>"),
+        xaxis_title="context (tokens already in the cache)", yaxis_title="ms per decode step",
+        template="plotly_white", legend_title="cache")
+    return fig
