@@ -25,7 +25,8 @@ import numpy as np
 
 from .caches import Cache, DynamicCache, StaticCache
 from .errors import ConfigError
-from .generate import generate
+from .generate import Stepper, generate
+from .instrument import StepRecord
 from .models import Model, load
 from .runtime import BUFFER_CACHE_MODES, close_device, describe, open_device
 
@@ -41,7 +42,8 @@ class Plan:
     contexts: dict[str, list[int]] = field(default_factory=lambda: {
         "cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]})
     new_tokens: dict[str, int] = field(default_factory=lambda: {"cpu": 64, "webgpu": 6})
-    static_lens: list[int] = field(default_factory=lambda: [4160])  # plus "fit": the context + new tokens
+    static_lens: list[int] = field(default_factory=lambda: [4160])
+    static_fit: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # + context+new
     reps: int = 3
     genai: bool = True  # the peer row (CPU only: its WebGPU prefill would run on the device)
     buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
@@ -65,15 +67,43 @@ class Run:
     bytes_per_step: float
 
 
-def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str, new: int,
-              prefill_device: str | None) -> Run:
-    with make_cache() as cache:
-        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False,
-                     prefill_device=prefill_device)
-    dec = [r for r in g.records if r.phase == "decode"]
+def _run(tokens: list[int], records: list[StepRecord]) -> Run:
+    dec = [r for r in records if r.phase == "decode"]
     med = lambda key: float(np.median([getattr(r, key) for r in dec]))  # noqa: E731
-    return Run(g.token_ids, med("wall_ms"), med("overhead_ms"), med("cache_tensors_allocated"),
-               med("new_buffers"), med("cache_bytes_allocated"))
+    return Run(tokens, med("wall_ms"), med("overhead_ms"), med("cache_tensors_allocated"), med("new_buffers"),
+               med("cache_bytes_allocated"))
+
+
+def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str, new: int) -> Run:
+    with make_cache() as cache:
+        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False)
+    return _run(g.token_ids, g.records)
+
+
+@dataclass
+class Prefilled:
+    """A CPU prefill kept for reuse: every run of a variant hands it off to the device and decodes (the same
+    path as ``generate(prefill_device="cpu")``, without recomputing a quadratic prefill per run)."""
+
+    cache: Cache
+    first_token: int
+
+
+def prefill_on_cpu(model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
+    with Stepper(model, cache, open_device("cpu"), len(ids)) as st:
+        _, record = st.step(ids, logits_out="none")
+    return Prefilled(cache, record.token)
+
+
+def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int) -> Run:
+    records: list[StepRecord] = []
+    with make_cache() as cache, Stepper(model, cache, open_device(device), pre.cache.seq_length + new - 1,
+                                        [records.append]) as st:
+        st.receive(pre.cache)
+        tokens = [pre.first_token]
+        while len(tokens) < new:
+            tokens.append(st.step(np.array([tokens[-1]], np.int64), logits_out="none")[1].token)
+    return _run(tokens, records)
 
 
 class GenaiPeer:
@@ -162,18 +192,26 @@ def prompt_ids(model: Model, length: int) -> np.ndarray:
     return np.tile(ids, reps)[:length].astype(np.int64)
 
 
-def _variants(plan: Plan, model: Model, device: str, context: int, new: int,
-              genai: GenaiPeer | None) -> dict[str, Callable[[np.ndarray], Run]]:
-    prefill = "cpu" if device == "webgpu" and plan.webgpu_prefill_on_cpu else None
-    fit = context + new - 1
-    lens = sorted({*(s for s in plan.static_lens if s >= fit and s <= model.info.context_length), fit})
-    out: dict[str, Callable[[np.ndarray], Run]] = {
-        "dynamic": lambda ids: run_kvlab(model, ids, DynamicCache, device, new, prefill)}
-    for n in lens:
-        out[f"static@{n}"] = (lambda ids, n=n: run_kvlab(model, ids, lambda: StaticCache(n), device, new, prefill))
+def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int,
+              genai: GenaiPeer | None) -> tuple[dict[str, Callable[[], Run]], list[Prefilled]]:
+    """name -> a function doing one run. With the handoff, each cache kind's CPU prefill is made once here
+    (returned too, for disposal)."""
+    fit = len(ids) + new - 1
+    lens = {s for s in plan.static_lens if fit <= s <= model.info.context_length}
+    lens = sorted(lens | {fit} if plan.static_fit.get(device, True) or not lens else lens)
+    kinds: dict[str, Callable[[], Cache]] = {"dynamic": DynamicCache}
+    kinds.update({f"static@{n}": (lambda n=n: StaticCache(n)) for n in lens})
+    out: dict[str, Callable[[], Run]] = {}
+    kept: list[Prefilled] = []
+    for name, make in kinds.items():
+        if device == "webgpu" and plan.webgpu_prefill_on_cpu:
+            kept.append(prefill_on_cpu(model, ids, make()))
+            out[name] = lambda make=make, pre=kept[-1]: run_handoff(model, pre, make, device, new)
+        else:
+            out[name] = lambda make=make: run_kvlab(model, ids, make, device, new)
     if genai is not None and device == "cpu":
-        out["genai"] = lambda ids: genai.run(ids, new)
-    return out
+        out["genai"] = lambda: genai.run(ids, new)
+    return out, kept
 
 
 def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str, Any]]:
@@ -186,7 +224,7 @@ def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str,
                      f"ratio_to_{baseline}": float(np.median(ratios)), "ratio_min": min(ratios),
                      "ratio_max": max(ratios), "overhead_ms": _nanmedian([r.overhead_ms for r in rs]),
                      "tensors_per_step": rs[0].tensors_per_step, "new_buffers_per_step": rs[-1].new_buffers_per_step,
-                     "bytes_per_step": rs[0].bytes_per_step, "tokens_equal": rs[0].token_ids == ref[0].token_ids}
+                     "bytes_per_step": rs[0].bytes_per_step, "tokens_equal": all(r.token_ids == ref[0].token_ids for r in rs)}
     return out
 
 
@@ -220,13 +258,15 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                     raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
                                       f"{model.info.context_length}")
                 ids = prompt_ids(model, context)
-                variants = _variants(plan, model, device, context, new, genai)
+                variants, kept = _variants(plan, model, device, ids, new, genai)
                 for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
-                    fn(ids)
+                    fn()
                 runs: dict[str, list[Run]] = {name: [] for name in variants}
                 for _ in range(plan.reps):
                     for name, fn in variants.items():
-                        runs[name].append(fn(ids))
+                        runs[name].append(fn())
+                for pre in kept:
+                    pre.cache.dispose()
                 summary = _summarize(runs, "dynamic")
                 valid = all(s["tokens_equal"] for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
