@@ -27,6 +27,7 @@ Per-step columns (``kvlab.instrument.COLUMNS``) keep their meaning; how they are
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -495,6 +496,117 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# fewer, larger kernels for batch-1 decode (optional: GraphRunner(fuse=True))
+
+
+def fuse_modules(model: TorchModel) -> dict[str, int]:
+    """Rewrite a Llama-family model in place for fewer kernels per decode step: q/k/v projections as one GEMM,
+    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA). Same
+    function, same weights; float rounding can differ in the last bit. Idempotent; returns what it replaced."""
+    torch = _torch()
+    nn = torch.nn
+    done = {"qkv": 0, "gate_up": 0, "rms_norm": 0}
+    for name, mod in list(model.hf.named_modules()):
+        if all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
+            owner = _FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
+            mod.q_proj, mod.k_proj, mod.v_proj = owner.head(), owner.part(1), owner.part(2)
+            done["qkv"] += 1
+        if (all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
+                and hasattr(mod, "act_fn") and type(mod).__name__.endswith("MLP")):
+            parent, _, child = name.rpartition(".")
+            setattr(model.hf.get_submodule(parent) if parent else model.hf, child, _GatedMLP(mod))
+            done["gate_up"] += 1
+        if (type(mod).__name__.endswith("RMSNorm") and isinstance(getattr(mod, "weight", None), nn.Parameter)
+                and hasattr(mod, "variance_epsilon") and mod.weight.dim() == 1):
+            parent, _, child = name.rpartition(".")
+            setattr(model.hf.get_submodule(parent) if parent else model.hf, child, _RMSNorm(mod))
+            done["rms_norm"] += 1
+    return done
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_classes():
+    torch = _torch()
+    nn, F = torch.nn, torch.nn.functional
+
+    class FusedLinear(nn.Module):
+        """Several Linears on the same input as one GEMM; the first call computes all, the others read parts."""
+
+        def __init__(self, linears: list[Any]):
+            super().__init__()
+            self.sizes = [lin.out_features for lin in linears]
+            self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
+            biases = [lin.bias for lin in linears]
+            self.bias = (None if all(b is None for b in biases) else nn.Parameter(torch.cat(
+                [b.detach() if b is not None else torch.zeros(n, dtype=self.weight.dtype, device=self.weight.device)
+                 for b, n in zip(biases, self.sizes)]), requires_grad=False))
+            self._input: Any = None
+            self._parts: Any = None
+
+        def head(self) -> nn.Module:
+            return _Part(self, 0)
+
+        def part(self, i: int) -> nn.Module:
+            return _Part(self, i)
+
+        def compute(self, x: Any, i: int) -> Any:
+            if i == 0 or self._input is not x:  # the first projection (or an unexpected order): compute all
+                self._input = x
+                self._parts = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+            out = self._parts[i]
+            if i == len(self.sizes) - 1:
+                self._input = self._parts = None  # keep nothing alive between steps
+            return out
+
+    class Part(nn.Module):
+        def __init__(self, owner: FusedLinear, i: int):
+            super().__init__()
+            self.i = i
+            self.owner = [owner]  # a list: not registered twice as a submodule
+            if i == 0:
+                self.fused = owner  # registered once, by the first part
+
+        def forward(self, x: Any) -> Any:
+            return self.owner[0].compute(x, self.i)
+
+    class GatedMLP(nn.Module):
+        def __init__(self, mlp: nn.Module):
+            super().__init__()
+            self.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj])
+            self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
+
+        def forward(self, x: Any) -> Any:
+            gate, up = F.linear(x, self.gate_up.weight, self.gate_up.bias).split(self.gate_up.sizes, dim=-1)
+            return self.down_proj(self.act_fn(gate) * up)
+
+    class RMSNorm(nn.Module):
+        def __init__(self, norm: nn.Module):
+            super().__init__()
+            self.weight, self.eps = norm.weight, float(norm.variance_epsilon)
+
+        def forward(self, x: Any) -> Any:  # as transformers: normalize in float32, cast, then scale
+            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    return FusedLinear, Part, GatedMLP, RMSNorm
+
+
+def _FusedLinear(linears: list[Any]) -> Any:
+    return _fused_classes()[0](linears)
+
+
+def _Part(owner: Any, i: int) -> Any:
+    return _fused_classes()[1](owner, i)
+
+
+def _GatedMLP(mlp: Any) -> Any:
+    return _fused_classes()[2](mlp)
+
+
+def _RMSNorm(norm: Any) -> Any:
+    return _fused_classes()[3](norm)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # the CUDA-graph decode runner
 
 
@@ -513,18 +625,19 @@ class GraphRunner:
       history at position + 1): ``decode_greedy`` replays N times with no host sync in between.
     - ``reset()`` zeroes the counters (and KV) in place: no reallocation, the graph stays valid across generations.
 
-    mode: "capture" (capture the eager step), "compile" (torch.compile the step, then capture it),
-    "eager" (no graph: the same device-side step run eagerly; the CPU path that tests use).
+    mode: "capture" (capture the eager step), "compile" (torch.compile the step, fullgraph, then capture it;
+    on CPU the compiled step runs without a graph), "eager" (no graph: the same device-side step, run eagerly).
+    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step.
     """
 
-    def __init__(self, model: TorchModel, max_cache_len: int, *, mode: str = "capture",
-                 compile_mode: str = "default", warmup: int = 3):
+    def __init__(self, model: TorchModel, max_cache_len: int, *, mode: str = "capture", fuse: bool = False,
+                 compile_mode: str = "default", compile_backend: str = "inductor", warmup: int = 3):
         torch = _torch()
         if not isinstance(model, TorchModel):
             raise ConfigError(f"model must be a TorchModel (torch_backend.load(...)), got {model!r}")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}; choose one of {MODES}")
-        if mode != "eager" and model.device.type != "cuda":
+        if mode == "capture" and model.device.type != "cuda":
             raise DeviceError(f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
                               "'cuda' or use mode='eager'")
         attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
@@ -538,6 +651,7 @@ class GraphRunner:
             raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")
         from transformers import StaticCache
 
+        self.fused = fuse_modules(model) if fuse else {}
         self.model, self.mode, self.max_cache_len, self.attn = model, mode, max_cache_len, attn
         self.kw = cache_kwarg(model.hf)
         dev = model.device
@@ -554,9 +668,14 @@ class GraphRunner:
         self._pos = self.cache.layers[0].cumulative_length  # 0-d device tensor: the position counter
         self.kv_ptrs = [t.data_ptr() for t in _KVWatch.tensors(self.cache)]
         if mode == "compile":
-            self._step = torch.compile(self._decode_step, mode=compile_mode, fullgraph=True, dynamic=False)
-        if mode != "eager":
+            options = {"mode": compile_mode} if compile_backend == "inductor" else {}
+            self._step = torch.compile(self._decode_step, backend=compile_backend, fullgraph=True, dynamic=False,
+                                       **options)
+        if mode != "eager" and model.device.type == "cuda":
             self._capture(warmup)
+        elif mode == "compile":  # CPU: the compiled step runs without a graph (tests check tracing this way)
+            with torch.inference_mode():
+                self._step()
         self.reset()
 
     # -- the step ------------------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 MODES = ("eager-dynamic", "eager-static", "graph-capture", "graph-compile", "hf-dynamic", "hf-static-compile",
-         "graph-eager")
-DEFAULT_MODES = MODES[:6]  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
+         "graph-capture-fused", "graph-compile-fused", "graph-eager")
+DEFAULT_MODES = MODES[:8]  # graph-*-fused rewrite the model (fuse_modules), so they run last  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
 DEFAULT_CONFIGS = "smollm2-135m:float16,smollm2-135m:bfloat16,llama-1b:bfloat16"
 
 
@@ -204,10 +204,10 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
             return out
         return go
 
-    def graph(mode: str) -> Callable[[], dict[str, Any]]:
+    def graph(mode: str, fuse: bool = False) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             t = time.perf_counter()
-            runner = tb.GraphRunner(model, L, mode=mode)
+            runner = tb.GraphRunner(model, L, mode=mode, fuse=fuse)
             setup = time.perf_counter() - t
             tokens = runner.decode_greedy(ids, new)
             first = time.perf_counter() - t
@@ -231,7 +231,7 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
             g = runner.generate(ids, max_new_tokens=new, stop_on_eos=False)  # kvlab contract: per-step sync
             f = g.frame()
             d = f[f.phase == "decode"]
-            out = {"setup_s": setup, **runner.setup_s, "first_call_s": first, "ms_per_token": best[0] * 1e3,
+            out = {"setup_s": setup, **runner.setup_s, "fused": runner.fused, "first_call_s": first, "ms_per_token": best[0] * 1e3,
                    "tokens_per_s": 1 / best[0], "alloc_requests_per_step": best[1], "segments_decode_total": best[2],
                    "lean_tokens_equal_first_run": best[3] == tokens,
                    "generate_api_ms_per_token": float(d.wall_ms.median()),
@@ -278,6 +278,8 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     record("graph-compile", graph("compile"))
     record("hf-dynamic", hf_generate(False))
     record("hf-static-compile", hf_generate(True))
+    record("graph-capture-fused", graph("capture", fuse=True))
+    record("graph-compile-fused", graph("compile", fuse=True))
     record("graph-eager", graph("eager"))
     return {"config": info, "results": results, "environment": environment()}
 
@@ -291,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {MODES}")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tag", default="", help="suffix for the JSON file names")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one config in this process
     a = ap.parse_args(argv)
     modes = a.modes.split(",")
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         shape, dtype = a.one.split(":")
         res = run_config(shape, dtype, a.prompt, a.new, modes, a.device, a.repeats)
         res["command"] = " ".join([Path(sys.executable).name, "-m", "kvlab.torch_bench", *sys.argv[1:]])
-        (out / f"{shape}_{dtype}.json").write_text(json.dumps(res, indent=1))
+        (out / f"{shape}_{dtype}{a.tag}.json").write_text(json.dumps(res, indent=1))
         return 0
     rc = 0
     for config in a.configs.split(","):
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}  # cold compiles: honest first calls
         cmd = [sys.executable, "-m", "kvlab.torch_bench", "--one", config, "--out", str(out), "--prompt",
                str(a.prompt), "--new", str(a.new), "--modes", a.modes, "--device", a.device, "--repeats",
-               str(a.repeats)]
+               str(a.repeats), "--tag", a.tag]
         rc |= subprocess.run(cmd, env=env).returncode
     summary = summarize(out)
     print(summary)
