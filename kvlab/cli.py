@@ -128,13 +128,14 @@ def _runs(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
             else default_max_cache_len(needed, model.info.context_length))
     sampling = Sampling(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed)
+    memory = str(make_cache("static", size).memory_report(model.info)) if "static" in kinds else ""
     runs: dict[str, Generation] = {}
     for kind in kinds:
         with make_cache(kind, size if kind == "static" else None) as cache:
             runs[kind] = generate(model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
                                   sampling=sampling, stop_on_eos=not args.ignore_eos)
     return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
-            "prompt_tokens": len(ids), "max_cache_len": size, "runs": runs}
+            "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
 
 
 def _summary(g: Generation) -> dict[str, Any]:
@@ -175,6 +176,8 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
         return
     print(f"model {result['model']} ({result['dtype']}), device {result['device']}, prompt {result['prompt_tokens']} "
           f"tokens, static max_cache_len {result['max_cache_len']}")
+    if result["static_memory"]:
+        print(result["static_memory"])
     for kind, g in runs.items():
         print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason})")
     print("\n" + _table([_summary(g) for g in runs.values()]))

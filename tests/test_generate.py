@@ -31,6 +31,15 @@ def test_kvlab_matches_onnxruntime_genai(smollm2, long_prompt, smol_runs):
     assert genai_greedy(smollm2, long_prompt, NEW) == smol_runs[0].token_ids
 
 
+def test_kvlab_matches_onnxruntime_genai_on_a_chat_prompt(smollm2, long_prompt):
+    """A second prompt: the long text as a chat turn (template applied), both caches."""
+    ids = smollm2.encode([{"role": "user", "content": "Summarize: " + smollm2.decode(long_prompt[:200])}])
+    want = genai_greedy(smollm2, ids, 16)
+    for cache in (StaticCache(512), DynamicCache()):
+        with cache:
+            assert generate(smollm2, ids, cache=cache, max_new_tokens=16, stop_on_eos=False).token_ids == want
+
+
 @pytest.mark.slow
 def test_kvlab_matches_transformers(smollm2, long_prompt, smol_runs):
     assert transformers_greedy(smollm2, long_prompt, NEW) == smol_runs[0].token_ids
