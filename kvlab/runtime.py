@@ -272,8 +272,9 @@ class Binding:
         if isinstance(target, DeviceTensor):
             ov, ptr = target.ortvalue(), target.data_ptr
         else:
-            from onnxruntime import OrtValue
-            ov = OrtValue.ortvalue_from_numpy(target)  # a host array: the runtime writes (or copies) into it
+            if not target.flags.c_contiguous or not target.flags.writeable:
+                raise ConfigError(f"output {name!r} must be bound to a writeable C-contiguous array")
+            ov = self.session.device._ortvalue_from_numpy(target)  # the runtime writes (or copies) into it
             ptr = int(ov.data_ptr())
         self._keep["out:" + name] = (target, ov)
         self._io.bind_ortvalue_output(name, ov)
@@ -316,6 +317,7 @@ class Binding:
             self._keep.clear()
         return result
 
+
 # ---------------------------------------------------------------------------------------------------- sessions
 class Session:
     """An InferenceSession on one device, checked to really run there."""
@@ -329,10 +331,6 @@ class Session:
 
     def binding(self) -> Binding:
         return Binding(self)
-
-    def run_numpy(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
-        """Plain host-in/host-out run (used by references and conformance checks)."""
-        return self._sess.run(outputs, feeds)
 
 
 class Backend:
