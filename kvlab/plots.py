@@ -55,7 +55,10 @@ def as_run(obj: Any, label: str = "") -> Run:
             obj.label = label
         return obj
     if hasattr(obj, "records") and hasattr(obj, "frame") and hasattr(obj, "cache"):  # a kvlab.Generation
-        return Run(obj.frame(), obj.model, obj.device, obj.cache, obj.dtype, label)
+        device = obj.device
+        if getattr(obj, "prefill_device", ""):
+            device += f", prefill on {obj.prefill_device.split(' [')[0]} + handoff"
+        return Run(obj.frame(), obj.model, device, obj.cache, obj.dtype, label)
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is a kvlab dependency
@@ -171,11 +174,11 @@ def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",
     if buckets is None:
         buckets = any(r.device.startswith("webgpu") for r in runs)
     if buckets and runs:
-        note = "; ".join(n for n in (note, _add_bucket_lines(fig, runs, xmax, bytes_per_tensor_token)) if n)
+        note = "<br>".join(n for n in (note, _add_bucket_lines(fig, runs, xmax, bytes_per_tensor_token)) if n)
     fig.update_layout(title=_title(f"{' + '.join(phases)} step latency ({y})", common, note),
                       xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)",
                       yaxis_rangemode="tozero", legend=_legend_below(), template="plotly_white",
-                      margin={"t": 90})
+                      margin={"t": 110})
     return fig
 
 
@@ -246,7 +249,7 @@ def memory(runs: Any) -> Any:
                                  line={"color": color, "dash": "dash"}, legendgroup=name))
     fig.update_layout(title=_title("KV memory: reserved vs used", common, _recorded_note(runs)),
                       xaxis_title="cache length after the step (tokens)", yaxis_title=unit, yaxis_rangemode="tozero",
-                      legend=_legend_below(), template="plotly_white", margin={"t": 90})
+                      legend=_legend_below(), template="plotly_white", margin={"t": 110})
     return fig
 
 
@@ -259,12 +262,13 @@ def conformance(result: Any) -> Any:
     fig.add_trace(go.Bar(x=ok["position"], y=ok["max_abs_diff"], name="same argmax", marker_color="#1f77b4"))
     fig.add_trace(go.Bar(x=bad["position"], y=bad["max_abs_diff"], name="argmax differs", marker_color="#d62728"))
     fig.add_hline(y=result.atol, line={"dash": "dot", "color": "#888"}, annotation_text=f"atol {result.atol:g}",
-                  annotation_position="top left")
+                  annotation_position="bottom right")
     first = result.first_divergence
     note = "all positions agree" if first is None else f"first divergence at position {first}"
     fig.update_layout(
-        title=_title(f"{result.mode} logits: {result.device} vs {result.reference}",
-                     f"model {result.model}", note),
+        title=_title(f"{result.mode} logits, position by position: is {result.device.split(' ')[0]} the same as "
+                     f"{result.reference.split(' ')[0]}?",
+                     f"model {result.model} \u00b7 {result.device} vs {result.reference}", note),
         xaxis_title="position", yaxis_title="max |logit difference|", yaxis_type="log", barmode="overlay",
         legend=_legend_below(), template="plotly_white", margin={"t": 100})
     return fig
@@ -301,3 +305,86 @@ def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a"
 
     caption = ("identical" if first is None else f"first divergence at generated token {first}")
     return df.style.apply(paint, axis=1).set_caption(f"{names[0]} vs {names[1]}: {caption}")
+
+
+def recorded_environment(result: dict[str, Any]) -> str:
+    """One line naming where recorded benchmark results (``kvlab bench`` JSON) were measured."""
+    env = result.get("environment", {})
+    vers = env.get("versions", {})
+    ort = vers.get("onnxruntime-webgpu") or vers.get("onnxruntime") or "?"
+    return (f"{env.get('date', 'undated')}, {env.get('cpu', 'unknown CPU')}, {env.get('backend', '?')} {ort}, "
+            f"commit {env.get('commit', '?')}")
+
+
+def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
+          bytes_per_tensor_token: float | None = None, recorded: dict[str, Any] | None = None,
+          recorded_model: str | None = None, recorded_device: str | None = None) -> Any:
+    """Median decode-step latency of each run vs its context, one line per cache (and device, when they differ);
+    for short runs at several contexts. Bucket lines as in ``latency``.
+
+    ``recorded``: a ``kvlab bench`` result (its JSON, loaded) drawn beside the live runs as dotted lines labelled
+    "recorded", for ``recorded_model``/``recorded_device`` (default: those of the live runs), with its environment
+    in the subtitle."""
+    go = _go()
+    runs = as_runs(list(runs))
+    common, _ = _common_and_labels([Run(r.frame, r.model, r.device, "", r.dtype) for r in runs])
+    groups: dict[str, list[tuple[int, float, Run]]] = {}
+    for r in runs:
+        dec = r.frame[r.frame["phase"] == "decode"]
+        if dec.empty:
+            continue
+        key = r.label or (r.cache + (" (recorded)" if r.recorded else ""))
+        if len({x.device for x in runs}) > 1:
+            key += f" \u00b7 {r.device}"
+        groups.setdefault(key, []).append((int(dec["position"].iloc[0]), float(dec[y].median()), r))
+    fig = go.Figure()
+    xmax = 0
+    for i, (name, points) in enumerate(groups.items()):
+        points.sort(key=lambda p: p[0])
+        xmax = max(xmax, points[-1][0])
+        fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name, mode="lines+markers",
+                                 marker={"size": 8, "color": _COLORS[i % len(_COLORS)]},
+                                 line={"color": _COLORS[i % len(_COLORS)],
+                                       "dash": "dot" if points[0][2].recorded else "solid"},
+                                 hovertemplate="context %{x}<br>median %{y:.1f} ms<extra>%{fullData.name}</extra>"))
+    note = _recorded_note(runs)
+    if recorded is not None:
+        model = recorded_model or (runs[0].model if runs else None)
+        device = recorded_device or (runs[0].device.split(" ")[0] if runs else None)
+        rows = [r for r in recorded.get("rows", []) if (model is None or r["model"] == model)
+                and (device is None or r["device"] == device)]
+        if not rows:
+            raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
+        for j, key in enumerate(sorted({(r["variant"], r.get("buffer_cache_mode", "")) for r in rows})):
+            pts = sorted((r for r in rows if (r["variant"], r.get("buffer_cache_mode", "")) == key),
+                         key=lambda r: r["context"])
+            color = _COLORS[(len(groups) + j) % len(_COLORS)]
+            fig.add_trace(go.Scatter(
+                x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
+                name=f"{key[0]}{' ' + key[1] if key[1] else ''} (recorded)", line={"dash": "dot", "color": color},
+                marker={"symbol": "square", "size": 7, "color": color},
+                error_y={"type": "data", "symmetric": False,
+                         "array": [r["decode_ms_max"] - r["decode_ms"] for r in pts],
+                         "arrayminus": [r["decode_ms"] - r["decode_ms_min"] for r in pts]},
+                hovertemplate="context %{x}<br>median %{y:.1f} ms (recorded)<extra>%{fullData.name}</extra>"))
+            xmax = max(xmax, pts[-1]["context"])
+        r0 = rows[0]
+        rec = (f"recorded: {r0['model']} ({r0['dtype']}) on {r0['device']} [{r0['adapter']}]"
+               f"{', buffer cache ' + r0['buffer_cache_mode'] if r0.get('buffer_cache_mode') else ''}, "
+               f"{recorded_environment(recorded)}")
+        note = "<br>".join(n for n in (note, rec) if n)
+        if not common:
+            common = f"model {r0['model']} ({r0['dtype']}) \u00b7 {r0['device']} [{r0['adapter']}]"
+        if bytes_per_tensor_token is None and r0.get("kv_tensor_mib") and r0.get("context"):
+            bytes_per_tensor_token = r0["kv_tensor_mib"] * MiB / r0["context"]
+        if buckets is None and r0["device"] == "webgpu":
+            buckets = True
+    if buckets is None:
+        buckets = any(r.device.startswith("webgpu") for r in runs)
+    if buckets and (runs or bytes_per_tensor_token):
+        note = "<br>".join(n for n in (note, _add_bucket_lines(fig, runs, xmax, bytes_per_tensor_token)) if n)
+    fig.update_layout(title=_title(f"median decode step ({y}) vs context", common, note),
+                      xaxis_title="context when decoding starts (tokens)", yaxis_title=f"median {y} (ms)",
+                      yaxis_rangemode="tozero", xaxis_rangemode="tozero", legend=_legend_below(),
+                      template="plotly_white", margin={"t": 110})
+    return fig

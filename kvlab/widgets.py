@@ -16,6 +16,7 @@ WebGPU tensors; the lab then says so and leaves the open context (and its mode) 
 from __future__ import annotations
 
 import html
+import re
 import time
 from typing import Any, Sequence
 
@@ -226,6 +227,11 @@ class CacheLab:
     def figure(self) -> Any:
         """The live plotly FigureWidget."""
         return self.plot.figure
+
+    @property
+    def status_text(self) -> str:
+        """The status line as plain text."""
+        return html.unescape(re.sub(r"<[^>]+>", "", self.status.value)).strip()
 
     # -- state
     def get_model(self) -> Model:
