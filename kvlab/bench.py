@@ -294,7 +294,8 @@ def environment(bandwidth: dict[str, float]) -> dict[str, Any]:
     env = describe()
     env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                "ort_intra_op_threads": "ORT default (one per physical core)"})
+                "cpu_ep_options": open_device("cpu").ep_options or "ORT defaults (one thread per physical core, "
+                                                                    "spinning on)"})
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"

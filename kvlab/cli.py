@@ -28,6 +28,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    _threads(p)
     p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, help="WebGPU storage buffer cache mode")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -35,6 +36,16 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+
+
+def _threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
+    p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
+
+
+def _open_cpu(args: argparse.Namespace) -> None:
+    if args.threads is not None or args.no_spinning:
+        open_device("cpu", threads=args.threads, spinning=False if args.no_spinning else None)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
+    _threads(b)
     return ap
 
 
@@ -97,6 +109,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.buffer_cache_modes:
         plan.buffer_cache_modes = args.buffer_cache_modes.split(",")
     plan.genai = plan.genai and not args.no_genai
+    _open_cpu(args)
     result = bench.run_plan(plan)
     files = bench.write(result, args.out, charts=not args.no_charts)
     print("\n" + bench.report(result))
@@ -120,6 +133,7 @@ def default_max_cache_len(needed: int, context_length: int) -> int:
 def _runs(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    _open_cpu(args)
     device = open_device(args.device, buffer_cache_mode=args.buffer_cache_mode)
     model = load(args.model, progress=not args.json)
     ids = model.encode(_prompt(args), chat=args.chat)

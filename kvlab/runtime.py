@@ -372,7 +372,12 @@ class OrtWebGpuBackend(Backend):
         so.log_severity_level = 3
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         for key, value in device.ep_options.items():
-            so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
+            if key == "threads":
+                so.intra_op_num_threads = int(value)
+            elif key == "spinning":
+                so.add_session_config_entry("session.intra_op.allow_spinning", value)
+            else:
+                so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
         return so
 
     def create_session(self, path: str | bytes, device: "Device") -> Any:
@@ -537,24 +542,43 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
     return options
 
 
+def cpu_options(threads: int | None = None, spinning: bool | None = None) -> dict[str, str]:
+    """CPU EP thread options (ORT's defaults otherwise: one thread per physical core, spinning on)."""
+    options = {}
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads={threads!r} must be a positive int")
+        options["threads"] = str(threads)
+    if spinning is not None:
+        options["spinning"] = "1" if spinning else "0"
+    return options
+
+
 def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
-                validation_mode: str | None = None) -> Device:
-    """The process's device of that name, opened on first use. Asking for WebGPU options that differ from the
-    open context's is an error (the context would silently keep its own); close the device first."""
+                validation_mode: str | None = None, threads: int | None = None,
+                spinning: bool | None = None) -> Device:
+    """The process's device of that name, opened on first use. Asking for options that differ from the open
+    device's is an error (for WebGPU the context would silently keep its own); close the device first.
+
+    WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
+    (whether idle pool threads spin; off is kinder to a machine shared with other work)."""
     if isinstance(name, Device):
         return name
     if name not in DEVICES:
         raise ConfigError(f"device {name!r} is not valid; choose one of {DEVICES}")
-    options = webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu" else {}
     if name != "webgpu" and (buffer_cache_mode or validation_mode):
         raise ConfigError("buffer_cache_mode and validation_mode apply to device 'webgpu' only, not 'cpu'")
+    if name != "cpu" and (threads is not None or spinning is not None):
+        raise ConfigError("threads and spinning apply to device 'cpu' only, not 'webgpu'")
+    options = (webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu"
+               else cpu_options(threads, spinning))
     dev = _OPEN.get(name)
     if dev is not None:
         differing = {k: v for k, v in options.items() if dev.ep_options.get(k, v) != v or k not in dev.ep_options}
         if differing:
-            raise DeviceError(f"the WebGPU context is already open with {dev.ep_options or 'default options'}; "
-                              f"{differing} would be silently ignored by ONNX Runtime. Dispose your caches and call "
-                              "kvlab.close_device('webgpu') first (or use a new process).")
+            raise DeviceError(f"the {name} device is already open with {dev.ep_options or 'default options'}; "
+                              f"{differing} would not take effect on its sessions. Dispose your caches and call "
+                              f"kvlab.close_device({name!r}) first (or use a new process).")
         return dev
     if name == "webgpu":
         adapter = find_webgpu_adapter()

@@ -46,6 +46,21 @@ def test_unknown_device_and_modes():
         open_device("webgpu", validation_mode="paranoid")
     with pytest.raises(ConfigError, match="apply to device 'webgpu' only"):
         open_device("cpu", buffer_cache_mode="simple")
+    with pytest.raises(ConfigError, match="apply to device 'cpu' only"):
+        open_device("webgpu", threads=1)
+    with pytest.raises(ConfigError, match="threads=0 must be a positive int"):
+        open_device("cpu", threads=0)
+
+
+def test_cpu_thread_options_reach_the_session(toy):
+    r = run_python("""
+import kvlab
+d = kvlab.open_device('cpu', threads=1, spinning=False)
+s = kvlab.load('toy').session(d)._sess.get_session_options()
+print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow_spinning'))
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "0"]
 
 
 def test_a_second_webgpu_mode_in_one_process_is_refused():
@@ -69,7 +84,7 @@ print('reopened', d2.ep_options)
 """
     r = run_python(code)
     assert r.returncode == 0, r.stderr
-    assert "refused: the WebGPU context is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
+    assert "refused: the webgpu device is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
     assert "close refused: 1 kvlab tensors (16 bytes) are still alive" in r.stdout
     assert "reopened {'storageBufferCacheMode': 'disabled'}" in r.stdout
 
