@@ -114,6 +114,9 @@ class Stepper:
         """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
         and the step's record."""
         start = time.perf_counter()
+        if logits_out not in ("last", "all", "none"):
+            raise ConfigError(f"logits_out={logits_out!r} is not valid; choose 'last', 'all' or 'none'")
+        tokens = np.asarray(tokens, np.int64).reshape(-1)
         info, n, position = self.model.info, int(tokens.shape[0]), self.cache.seq_length
         if position + n > self.needed:
             raise ConfigError(f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
@@ -146,12 +149,12 @@ class Stepper:
         alloc, copied = self.cache.receive(src)
         wall = (time.perf_counter() - start) * 1e3
         record = StepRecord(
-            step=max(self.steps - 1, 0), phase="handoff", device=f"{src._device.name}->{self.device.name}",
+            step=0, phase="handoff", device=f"{src._device.name}->{self.device.name}",
             position=0, n_tokens=src.seq_length, token=-1, wall_ms=wall, run_ms=0.0, overhead_ms=wall,
             cache_tensors_allocated=alloc.allocated_tensors, cache_bytes_allocated=alloc.allocated_bytes,
             new_buffers=alloc.new_buffers, live_cache_bytes=alloc.live_bytes, used_cache_bytes=self.cache.used_bytes,
             copy_bytes=copied, rss_bytes=rss_bytes())
-        self.steps = max(self.steps, 1)
+        self.steps = 1  # the next step is the first decode step
         self._emit(record)
         return record
 
