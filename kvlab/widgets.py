@@ -193,7 +193,8 @@ class CacheLab:
         self.plan = w.HTML()
         self.status = w.HTML()
         self.table = w.HTML()
-        self.out = w.Output()  # progress bars
+        self.progress_bar = w.IntProgress(value=0, min=0, max=1, description="tokens",
+                                          layout=w.Layout(width="200px", visibility="hidden"))
         self.plot = LivePlot(throttle_s, max_runs)
         for widget, cls in ((self.model, "model"), (self.cache_type, "cache-type"),
                             (self.max_cache_len, "max-cache-len"), (self.prompt_tokens, "prompt-tokens"),
@@ -210,7 +211,7 @@ class CacheLab:
             control.observe(self._update_plan, names="value")
         self.run_button.on_click(lambda _: self.run())
         controls = w.VBox([self.model, self.cache_type, self.max_cache_len, self.prompt_tokens, self.new_tokens,
-                           self.device, self.buffer_cache_mode, w.HBox([self.run_button, self.out])],
+                           self.device, self.buffer_cache_mode, w.HBox([self.run_button, self.progress_bar])],
                           layout=w.Layout(min_width="360px"))
         self.widget = w.VBox([
             w.HBox([controls, w.VBox([self.plan, self.status], layout=w.Layout(flex="1", padding="0 0 0 12px"))]),
@@ -321,7 +322,7 @@ class CacheLab:
                  f"{row['run']}: {cache_type} cache, prompt {len(ids)} + {new} new tokens</sup>")
         self.plot.start(label, _COLORS[(row["run"] - 1) % len(_COLORS)], title)
         bar = self._progress(new, label)
-        hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None else None]
+        hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None and r.phase != "handoff" else None]
         try:
             with cache:
                 try:
@@ -352,12 +353,22 @@ class CacheLab:
         return g
 
     def _progress(self, total: int, label: str) -> Any:
+        """The dashboard's own progress bar (a widget in the layout: it adds no cell output, so it behaves the
+        same in JupyterLab, under nbval and in pytest)."""
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
+        bar = self.progress_bar
+        bar.max, bar.value, bar.description = total, 0, "tokens"
+        bar.layout.visibility = "visible"
 
-        with self.out:
-            return tqdm(total=total, desc="tokens", leave=False, postfix=label)
+        class _Bar:
+            def update(self, n: int) -> None:
+                bar.value = min(bar.max, bar.value + n)
+
+            def close(self) -> None:
+                bar.layout.visibility = "hidden"
+
+        return _Bar()
 
     def _show_error(self, exc: Exception, row: dict[str, Any] | None = None) -> None:
         self.last_error = exc
@@ -378,6 +389,6 @@ class CacheLab:
         if not self.rows:
             self.table.value = "<p><i>No runs yet: set the controls and press Run.</i></p>"
             return
-        df = self.results.fillna("")
+        df = self.results.astype(object).where(self.results.notna(), "")
         self.table.value = ("<div style='overflow-x:auto'>" +
                             df.to_html(index=False, classes="kvlab-results-table", border=0) + "</div>")

@@ -1,0 +1,56 @@
+"""Every notebook runs top to bottom under nbval, in this environment, with a per-cell timeout.
+
+``--nbval-lax`` only requires cells to run, except those marked ``# NBVAL_CHECK_OUTPUT`` (greedy token ids,
+"outputs identical: True", error messages), whose outputs must match the committed ones after the sanitizers in
+``nbval_sanitize.cfg``. nbval runs in a subprocess so that each notebook gets its own kernel and the WebGPU
+context of this pytest process is not shared with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+SANITIZE = REPO / "tests" / "nbval_sanitize.cfg"
+CELL_TIMEOUT_S = 240
+NOTEBOOK_TIMEOUT_S = 600
+
+
+def nbval_command(notebook: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--nbval-lax",
+            "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "--nbval-sanitize-with", str(SANITIZE),
+            str(notebook.relative_to(REPO))]
+
+
+@pytest.mark.webgpu
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_under_nbval(notebook: Path) -> None:
+    proc = subprocess.run(nbval_command(notebook), cwd=REPO, capture_output=True, text=True,
+                          timeout=NOTEBOOK_TIMEOUT_S)
+    assert proc.returncode == 0, f"nbval failed on {notebook.name}:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_executed(notebook: Path) -> None:
+    """Teaching material is committed with outputs: every code cell ran, in order, on the 'kvlab' kernel, and no
+    multi-megabyte widget state (a FigureWidget's state embeds plotly.js) is stored."""
+    nb = json.loads(notebook.read_text())
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "kvlab", f"{notebook.name}: kernelspec is not 'kvlab'"
+    counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert counts and None not in counts, f"{notebook.name}: has unexecuted code cells {counts}"
+    assert counts == sorted(counts), f"{notebook.name}: cells were not run top to bottom: {counts}"
+    assert notebook.stat().st_size < 2_000_000, f"{notebook.name} is {notebook.stat().st_size:,} bytes"
+
+
+def test_there_are_notebooks_and_check_marks() -> None:
+    mine = [p for p in NOTEBOOKS if p.name[:2] in ("00", "01", "02", "03", "04")]
+    assert len(mine) == 5, [p.name for p in NOTEBOOKS]
+    for nb in mine:
+        assert "NBVAL_CHECK_OUTPUT" in nb.read_text(), f"{nb.name} checks no deterministic output"

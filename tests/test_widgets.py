@@ -1,0 +1,197 @@
+"""kvlab.widgets and kvlab.plots without a browser: widget values set from code fire the same callbacks a user's
+clicks do (real generations on the CPU EP; WebGPU context switching in a subprocess)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kvlab
+from kvlab import plots
+from kvlab.runtime import open_device
+from kvlab.widgets import CacheLab
+
+from conftest import run_python
+
+
+@pytest.fixture
+def lab(toy) -> CacheLab:
+    return CacheLab(toy, device="cpu", cache_type="static", max_cache_len=64, prompt_tokens=16, new_tokens=8,
+                    throttle_s=0.0)
+
+
+def test_run_button_runs_and_fills_chart_and_table(lab):
+    lab.run_button.click()
+    assert lab.last_error is None, lab.last_error
+    row = lab.results.iloc[-1]
+    assert row["cache"] == "static" and row["max_cache_len"] == 64 and row["result"] == "ok: 8 tokens"
+    lat, reserved, used = lab.figure.data
+    assert len(lat.x) == 7 and list(lat.x) == list(range(17, 24))  # 7 decode steps, cache length after each
+    assert reserved.y[-1] == pytest.approx(64 * lab.get_model().info.bytes_per_token / 1024)  # reserved up front
+    assert used.y[-1] == pytest.approx(23 * lab.get_model().info.bytes_per_token / 1024)
+    title = lab.figure.layout.title.text
+    assert "toy (float32)" in title and "cpu [" in title and "(hardware)" in title
+    assert "run #1 done" in lab.status_text and lab.running is False and lab.run_button.disabled is False
+
+
+def test_cache_type_and_max_cache_len_change_the_next_run(lab):
+    lab.run_button.click()
+    lab.cache_type.value = "dynamic"
+    assert lab.max_cache_len.disabled  # meaningless for a dynamic cache
+    lab.run_button.click()
+    static, dynamic = lab.results.iloc[0], lab.results.iloc[1]
+    assert dynamic["cache"] == "dynamic" and dynamic["max_cache_len"] == "-"
+    assert lab.runs[0].token_ids == lab.runs[1].token_ids
+    assert dynamic["allocated KiB (all steps)"] > static["allocated KiB (all steps)"]
+    assert len(lab.figure.data) == 6 and lab.figure.data[3].name.startswith("#2 dynamic")
+    lab.cache_type.value = "static"
+    lab.max_cache_len.value = 200
+    lab.run_button.click()
+    assert lab.results.iloc[-1]["max_cache_len"] == 200
+    assert lab.figure.data[-3].name.startswith("#3 static(200)")
+
+
+def test_capacity_error_is_shown_and_nothing_is_allocated(lab):
+    cpu = open_device("cpu")
+    before = cpu.live_tensors
+    lab.max_cache_len.value = 10
+    assert "does not fit" in lab.plan.value and "23</b> positions" in lab.plan.value
+    result = lab.run()  # kvlab errors are shown, not raised
+    assert result is None and isinstance(lab.last_error, kvlab.CapacityError)
+    assert "23 positions are needed but max_cache_len is 10" in lab.status_text
+    assert "Nothing was allocated" in lab.status_text
+    assert cpu.live_tensors == before
+    assert lab.results.iloc[-1]["result"] == "CapacityError"
+    lab.max_cache_len.value = 23  # exactly enough
+    lab.run()
+    assert lab.last_error is None and lab.results.iloc[-1]["result"] == "ok: 8 tokens"
+
+
+def test_live_plot_is_throttled(toy):
+    slow = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=12, throttle_s=60.0)
+    slow.run()
+    assert slow.plot.redraws <= 2  # the first step and the final flush, not one per token
+    assert len(slow.figure.data[0].x) == 11  # yet every decode step is in the chart at the end
+    fast = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=12, throttle_s=0.0)
+    fast.run()
+    assert fast.plot.redraws >= 12
+
+
+def test_only_the_last_runs_stay_in_the_chart(toy):
+    lab = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=3, max_runs=2)
+    for _ in range(3):
+        lab.run()
+    assert len(lab.figure.data) == 6 and lab.figure.data[0].name.startswith("#2")
+    assert len(lab.results) == 3
+
+
+def test_bad_arguments_name_the_valid_choices(toy):
+    with pytest.raises(ValueError, match=r"cache_type='paged' is not valid; choose one of \('dynamic', 'static'\)"):
+        CacheLab(toy, cache_type="paged")
+    with pytest.raises(ValueError, match="buffer_cache_mode='huge' is not valid"):
+        CacheLab(toy, buffer_cache_mode="huge")
+    with pytest.raises(ValueError, match="device='tpu' is not valid"):
+        CacheLab(toy, device="tpu")
+
+
+@pytest.mark.webgpu
+def test_buffer_cache_mode_switch_needs_every_webgpu_cache_disposed():
+    """In a fresh process (one WebGPU context per process): the lab reopens the context with the new mode, refuses
+    while a user's cache still holds WebGPU tensors, and succeeds once it is disposed."""
+    code = """
+import kvlab
+from kvlab.widgets import CacheLab
+lab = CacheLab("toy", device="webgpu", buffer_cache_mode="simple", prompt_tokens=8, new_tokens=3)
+lab.run()
+assert lab.last_error is None, lab.last_error
+assert kvlab.open_device("webgpu").label.endswith("buffer cache simple")
+held = kvlab.StaticCache(16)
+kvlab.generate("toy", [1, 2, 3], cache=held, device="webgpu", max_new_tokens=2)
+lab.buffer_cache_mode.value = "disabled"
+assert "Run closes it" in lab.plan.value
+lab.run()
+assert isinstance(lab.last_error, kvlab.DeviceError), lab.last_error
+assert "open with buffer cache mode 'simple'" in str(lab.last_error) and "still alive" in str(lab.last_error)
+assert kvlab.open_device("webgpu").label.endswith("buffer cache simple")
+held.dispose()
+lab.run()
+assert lab.last_error is None, lab.last_error
+assert kvlab.open_device("webgpu").label.endswith("buffer cache disabled")
+assert list(lab.results["buffer cache"]) == ["simple", "disabled", "disabled"]
+print("ok")
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------ kvlab.plots
+def _frame(device: str, positions: range, tensors: int = 24, per_tensor_token: int = 4096) -> pd.DataFrame:
+    """Synthetic records shaped like a dynamic-cache run (for plot labelling only; no model involved)."""
+    rows = []
+    for i, p in enumerate(positions):
+        length = p + 1
+        rows.append({c: 0 for c in kvlab.COLUMNS} | {
+            "step": i + 1, "phase": "decode", "device": device, "position": p, "n_tokens": 1, "wall_ms": 1.0 + i,
+            "cache_tensors_allocated": tensors, "cache_bytes_allocated": tensors * length * per_tensor_token,
+            "live_cache_bytes": tensors * length * per_tensor_token, "used_cache_bytes": tensors * length * per_tensor_token})
+    df = pd.DataFrame(rows, columns=list(kvlab.COLUMNS))
+    df.attrs = {"model": "kv-heavy", "device": f"{device} [SwiftShader Device (Subzero) (software)]",
+                "cache": "dynamic", "dtype": "float32"}
+    return df
+
+
+def test_latency_plot_says_what_produced_it_and_draws_buckets_where_the_staircase_is():
+    fig = plots.latency(_frame("webgpu", range(900, 2200, 50)))
+    title = fig.layout.title.text
+    for part in ("kv-heavy (float32)", "webgpu", "(software)", "context"):
+        assert part in title
+    lines = sorted(s.x0 for s in fig.layout.shapes)
+    assert lines == [1024, 2048]  # 4 and 8 MiB per KV tensor at 4 KiB per token; 12/16 MiB beyond the range
+    assert "12 MiB at 3,072" in title
+    assert plots.bucket_positions(4096) == {4: 1024, 8: 2048, 12: 3072, 16: 4096}
+
+
+def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy):
+    with kvlab.StaticCache(64) as c:
+        a = kvlab.generate(toy, [1, 2, 3], cache=c, device="cpu", max_new_tokens=4)
+    web = _frame("webgpu", range(3, 6), tensors=4, per_tensor_token=128)
+    web.attrs["model"] = "toy"
+    fig = plots.latency([a, web])
+    names = [t.name for t in fig.data]
+    assert "cpu [" in names[0] and "webgpu [" in names[1]
+    assert plots.latency(a).layout.shapes == ()
+
+
+def test_sweep_labels_recorded_results_with_their_environment():
+    recorded = {"environment": {"date": "2026-11-29 08:00:00 UTC", "cpu": "AMD EPYC", "backend": "onnxruntime-webgpu",
+                                "versions": {"onnxruntime-webgpu": "1.27.0"}, "commit": "abc1234"},
+                "rows": [{"model": "kv-heavy", "device": "webgpu", "adapter": "SwiftShader (software)",
+                          "buffer_cache_mode": "bucket", "dtype": "float32", "context": c, "kv_tensor_mib": c / 256,
+                          "variant": v, "decode_ms": 100.0, "decode_ms_min": 90.0, "decode_ms_max": 110.0}
+                         for c in (256, 1024, 2048) for v in ("dynamic", "static@4160")]}
+    fig = plots.sweep(recorded=recorded, recorded_model="kv-heavy", recorded_device="webgpu")
+    assert all("(recorded)" in t.name and t.line.dash == "dot" for t in fig.data)
+    title = fig.layout.title.text
+    assert "recorded: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
+    assert sorted(s.x0 for s in fig.layout.shapes) == [1024, 2048]
+    with pytest.raises(ValueError, match="no rows for model 'toy'"):
+        plots.sweep(recorded=recorded, recorded_model="toy", recorded_device="webgpu")
+
+
+def test_token_diff_highlights_the_first_divergence():
+    assert plots.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert plots.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert plots.first_divergence([1, 2], [1, 2, 3]) == 2
+    styled = plots.token_diff([1, 2, 3], [1, 5, 3], names=("cpu", "webgpu"))
+    html = styled.to_html()
+    assert "first divergence at generated token 1" in html and "#f8c9c9" in html
+
+
+def test_plots_refuse_what_they_cannot_label():
+    with pytest.raises(ValueError, match=r"needs attrs \['model', 'device', 'cache', 'dtype'\]"):
+        plots.latency(pd.DataFrame(columns=list(kvlab.COLUMNS)))
+    with pytest.raises(TypeError, match="cannot plot list"):
+        plots.as_run([1, 2])
+    with pytest.raises(ValueError, match="y='tokens' is not valid"):
+        plots.latency(_frame("webgpu", range(3)), y="tokens")
