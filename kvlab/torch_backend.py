@@ -501,11 +501,16 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
 
 def fuse_modules(model: TorchModel) -> dict[str, int]:
     """Rewrite a Llama-family model in place for fewer kernels per decode step: q/k/v projections as one GEMM,
-    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA). Same
-    function, same weights; float rounding can differ in the last bit. Idempotent; returns what it replaced."""
+    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA), and
+    sdpa replaced by ``PACKED_GQA`` attention (decode without copying K/V per query head). Same function, same
+    weights; float rounding can differ in the last bit. Idempotent; returns what it replaced."""
     torch = _torch()
     nn = torch.nn
-    done = {"qkv": 0, "gate_up": 0, "rms_norm": 0}
+    done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "packed_gqa_attention": 0}
+    if getattr(model.hf.config, "_attn_implementation", None) == "sdpa":
+        register_packed_gqa()
+        model.hf.config._attn_implementation = PACKED_GQA
+        done["packed_gqa_attention"] = 1
     for name, mod in list(model.hf.named_modules()):
         if all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
             owner = _FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
@@ -522,6 +527,39 @@ def fuse_modules(model: TorchModel) -> dict[str, int]:
             setattr(model.hf.get_submodule(parent) if parent else model.hf, child, _RMSNorm(mod))
             done["rms_norm"] += 1
     return done
+
+
+PACKED_GQA = "kvlab_packed_gqa"  # an attention implementation name registered with transformers
+
+
+def packed_gqa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                         scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """sdpa for one decode token with grouped KV heads, without repeating K/V per query head.
+
+    With a mask, transformers' sdpa path copies K and V to every query head (repeat_kv): [B, KVH, L, D] ->
+    [B, H, L, D] per layer and step. For a single query token the G = H / KVH query heads of a group are
+    instead laid out as G query rows of one KV head: query [B, H, 1, D] -> [B, KVH, G, D], one sdpa call, no
+    copy. Everything else (prefill, no mask, no groups) goes to transformers' sdpa unchanged."""
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    b, h, q, d = query.shape
+    if q != 1 or groups == 1 or attention_mask is None or dropout or attention_mask.shape[-2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    packed = query.reshape(b, h // groups, groups, d)  # head kv * G + g -> (kv, g): repeat_kv's head order
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None  # [B, 1, H, D] as transformers returns
+
+
+def register_packed_gqa() -> None:
+    """Register PACKED_GQA with transformers' attention and mask interfaces (masks as for sdpa)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
+    AttentionMaskInterface.register(PACKED_GQA, sdpa_mask)
 
 
 @functools.lru_cache(maxsize=None)
@@ -627,11 +665,13 @@ class GraphRunner:
 
     mode: "capture" (capture the eager step), "compile" (torch.compile the step, fullgraph, then capture it;
     on CPU the compiled step runs without a graph), "eager" (no graph: the same device-side step, run eagerly).
-    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step.
+    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm, packed-GQA attention):
+    fewer kernels per step. keep_logits=False: the step keeps only its argmax (greedy only; a little faster).
     """
 
     def __init__(self, model: TorchModel, max_cache_len: int, *, mode: str = "capture", fuse: bool = False,
-                 compile_mode: str = "default", compile_backend: str = "inductor", warmup: int = 3):
+                 compile_mode: str = "default", compile_backend: str = "inductor", keep_logits: bool = True,
+                 warmup: int = 3):
         torch = _torch()
         if not isinstance(model, TorchModel):
             raise ConfigError(f"model must be a TorchModel (torch_backend.load(...)), got {model!r}")
@@ -641,7 +681,7 @@ class GraphRunner:
             raise DeviceError(f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
                               "'cuda' or use mode='eager'")
         attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
-        if attn not in ATTENTION:
+        if attn not in (*ATTENTION, PACKED_GQA):
             raise ConfigError(f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
                               "with a 4-D mask (load(..., attn_implementation='sdpa'))")
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
@@ -652,7 +692,10 @@ class GraphRunner:
         from transformers import StaticCache
 
         self.fused = fuse_modules(model) if fuse else {}
-        self.model, self.mode, self.max_cache_len, self.attn = model, mode, max_cache_len, attn
+        self.model, self.mode, self.max_cache_len = model, mode, max_cache_len
+        self.attn = "eager" if model.hf.config._attn_implementation == "eager" else "sdpa"  # the mask's format
+        self.keep_logits = keep_logits
+        self._cols = argmax_cols(model.vocab_size)
         self.kw = cache_kwarg(model.hf)
         dev = model.device
         self.cache = StaticCache(config=model.hf.config, max_cache_len=max_cache_len)
@@ -708,8 +751,9 @@ class GraphRunner:
         """One decode token: feeds self.tok at the position, writes logits, argmax into tok and history."""
         pos = self._pos.clone()
         logits = self._forward(self.tok)  # [V]
-        nxt = logits.argmax()
-        self.logits.copy_(logits)
+        nxt = _argmax(logits, self._cols)
+        if self.keep_logits:
+            self.logits.copy_(logits)
         self.tok.copy_(nxt.view(1, 1))
         self.history.index_copy_(0, (pos + 1).view(1), nxt.view(1))
 
@@ -791,6 +835,8 @@ class GraphRunner:
         ids = model.encode(prompt, chat=chat)
         _capacity(self.max_cache_len, len(ids) + n_new - 1)
         sampling = sampling or Sampling()
+        if sampling.do_sample and not self.keep_logits:
+            raise ConfigError("sampling needs the step's logits: build the GraphRunner with keep_logits=True")
         choose = sampling.chooser()
         hooks, records, tokens, stop = _hooks(on_step), [], [], "max_new_tokens"
         host_tok = torch.zeros((1, 1), dtype=torch.long, pin_memory=dev.type == "cuda")
@@ -840,6 +886,22 @@ class GraphRunner:
                                f"{self.max_cache_len})", dtype=str(model.dtype).replace("torch.", ""),
                                prompt_ids=list(ids), token_ids=tokens, text=model.decode(tokens), stop_reason=stop,
                                records=records)
+
+
+def argmax_cols(n: int) -> int:
+    """Row length for the two-stage argmax of n values: the largest divisor of n in [64, 1024], else 0."""
+    return max([c for c in range(64, min(n, 1024) + 1) if n % c == 0] or [0])
+
+
+def _argmax(x: "torch.Tensor", cols: int) -> "torch.Tensor":
+    """argmax of a 1-D tensor in two stages (rows of ``cols``, then the rows' maxima): a parallel reduction where a
+    single-block one takes ~30 us on a 128k vocabulary. Ties resolve to the first index, as argmax does."""
+    n = x.shape[0]
+    if not cols or n % cols or n // cols < 2:
+        return x.argmax()
+    vals, idx = x.view(n // cols, cols).max(dim=1)  # [R], [R]
+    row = vals.argmax()
+    return row * cols + idx[row]
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

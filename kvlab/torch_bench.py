@@ -155,6 +155,16 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     ids = torch.randint(3, model.vocab_size, (prompt_len,), generator=gen).tolist()
     results: dict[str, Any] = {}
     reference: list[int] | None = None
+    margins: list[float] = []
+
+    def top2_margins(tokens: list[int]) -> list[float]:
+        """Logit gap between the best and second-best token at each generated position (teacher-forced, one
+        forward over prompt + tokens): near-ties (tiny gaps) are where rounding can flip a greedy choice."""
+        x = torch.tensor([ids + tokens[:-1]], device=dev)
+        with torch.inference_mode():
+            logits = model.hf(input_ids=x, use_cache=False).logits[0, len(ids) - 1:].float()  # [new, V]
+        top = logits.topk(2, dim=-1).values
+        return (top[:, 0] - top[:, 1]).tolist()
 
     def record(name: str, fn: Callable[[], dict[str, Any]]) -> None:
         nonlocal reference
@@ -171,6 +181,17 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
             if reference is not None:
                 res["first_divergence_vs_eager_dynamic"] = tb.first_divergence(res["tokens"], reference)
                 res["tokens_equal_eager_dynamic"] = res["first_divergence_vs_eager_dynamic"] is None
+                i = res["first_divergence_vs_eager_dynamic"]
+                if i is not None and margins and i < len(margins):
+                    res["eager_dynamic_top2_margin_at_divergence"] = margins[i]
+            if "eager-static" in results and name != "eager-static":
+                res["first_divergence_vs_eager_static"] = tb.first_divergence(res["tokens"],
+                                                                              results["eager-static"]["tokens"])
+            if name == "eager-dynamic":
+                margins[:] = top2_margins(res["tokens"])
+                res["top2_margin"] = {"min": min(margins), "median": sorted(margins)[len(margins) // 2],
+                                      "steps_below_0.05": sum(m < 0.05 for m in margins),
+                                      "first_20": [round(m, 4) for m in margins[:20]]}
             results[name] = res
             print(f"[{shape} {dtype}] {name}: {res.get('ms_per_token'):.3f} ms/token, allocs/step "
                   f"{res.get('alloc_requests_per_step')}, first call {res.get('first_call_s', float('nan')):.2f} s, "
@@ -207,7 +228,7 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     def graph(mode: str, fuse: bool = False) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             t = time.perf_counter()
-            runner = tb.GraphRunner(model, L, mode=mode, fuse=fuse)
+            runner = tb.GraphRunner(model, L, mode=mode, fuse=fuse, keep_logits=not fuse)  # fused: the lean step
             setup = time.perf_counter() - t
             tokens = runner.decode_greedy(ids, new)
             first = time.perf_counter() - t
