@@ -901,7 +901,7 @@ def _argmax(x: "torch.Tensor", cols: int) -> "torch.Tensor":
         return x.argmax()
     vals, idx = x.view(n // cols, cols).max(dim=1)  # [R], [R]
     row = vals.argmax()
-    return row * cols + idx[row]
+    return row * cols + idx.gather(0, row.view(1)).squeeze(0)  # gather: no host sync (capturable)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
