@@ -681,9 +681,6 @@ class GraphRunner:
             raise ConfigError(f"model must be a TorchModel (torch_backend.load(...)), got {model!r}")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}; choose one of {MODES}")
-        if mode == "capture" and model.device.type != "cuda":
-            raise DeviceError(f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
-                              "'cuda' or use mode='eager'")
         attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
         if attn not in (*ATTENTION, PACKED_GQA):
             raise ConfigError(f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
@@ -693,6 +690,9 @@ class GraphRunner:
         ctx = getattr(model.config, "max_position_embeddings", None)
         if ctx and max_cache_len > ctx:
             raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")
+        if mode == "capture" and model.device.type != "cuda":
+            raise DeviceError(f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
+                              "'cuda' or use mode='eager'")
         from transformers import StaticCache
 
         self.fused = fuse_modules(model) if fuse else {}
