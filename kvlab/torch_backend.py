@@ -21,8 +21,8 @@ Per-step columns (``kvlab.instrument.COLUMNS``) keep their meaning; how they are
   (``allocated_bytes.all.allocated``) and ``segments`` (``segment.all.allocated``: cudaMalloc calls);
 - on CPU there is no allocator statistic: ``alloc_requests``/``alloc_bytes`` count the tensors (and bytes) the
   step's aten operators returned that are not views or in-place results of their inputs (a
-  ``TorchDispatchMode`` counter; a proxy for malloc calls, costs a few ms per step, on by default with
-  ``count_cpu_allocs=True``), and ``segments`` is -1 (not measurable).
+  ``TorchDispatchMode`` counter; a proxy for malloc calls; opt in with ``count_cpu_allocs=True``: it runs every
+  op through Python and slows a CPU step ~10x, so wall_ms is then not a timing), else -1; ``segments`` is -1.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ ATTENTION = ("sdpa", "eager")  # the attention implementations a 4-D mask can dr
 CACHES = ("dynamic", "static")
 ALLOC_COLUMNS: dict[str, tuple[str, str]] = {
     "alloc_requests": ("CUDA: caching-allocator requests during the step (memory_stats allocation.all.allocated "
-                       "delta); CPU: non-view, non-in-place tensors returned by aten ops", "exact on CUDA, proxy on CPU"),
+                       "delta); CPU: non-view, non-in-place tensors returned by aten ops (opt-in, else -1)",
+                       "exact on CUDA, proxy on CPU"),
     "alloc_bytes": ("bytes of those requests", "exact on CUDA, proxy on CPU"),
     "segments": ("CUDA: new cudaMalloc segments during the step (segment.all.allocated delta); CPU: -1",
                  "exact on CUDA"),
@@ -440,7 +441,7 @@ def _check_new_tokens(max_new_tokens: Any) -> int:
 def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_tokens: int = 32,
              max_cache_len: int | None = None, chat: bool = False, sampling: Sampling | None = None,
              stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
-             count_cpu_allocs: bool = True) -> TorchGeneration:
+             count_cpu_allocs: bool = False) -> TorchGeneration:
     """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
 
     ``cache``: "dynamic" | "static" | kvlab.DynamicCache() | kvlab.StaticCache(n) | a transformers Cache.

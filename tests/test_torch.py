@@ -28,7 +28,7 @@ def ttoy() -> tb.TorchModel:
 
 @pytest.fixture(scope="module")
 def toy_dynamic(ttoy) -> kvlab.Generation:
-    return tb.generate(ttoy, PROMPT, cache="dynamic", max_new_tokens=16, stop_on_eos=False)
+    return tb.generate(ttoy, PROMPT, cache="dynamic", max_new_tokens=16, stop_on_eos=False, count_cpu_allocs=True)
 
 
 def test_import_pulls_neither_onnxruntime_nor_tokenizers():
@@ -58,6 +58,7 @@ def test_generation_and_records_keep_kvlabs_contract(ttoy, toy_dynamic):
 
 def test_static_cache_gives_identical_tokens_and_allocates_once(ttoy, toy_dynamic):
     s = tb.generate(ttoy, PROMPT, cache="static", max_new_tokens=16, stop_on_eos=False)
+    assert (s.frame().alloc_requests == -1).all()  # the CPU proxy is opt-in
     assert s.token_ids == toy_dynamic.token_ids
     assert s.cache == f"static(max_cache_len={len(PROMPT) + 15})"
     f = s.frame()
@@ -73,13 +74,12 @@ def test_static_cache_gives_identical_tokens_and_allocates_once(ttoy, toy_dynami
 def test_hooks_see_every_step_and_seeded_sampling_is_reproducible(ttoy, toy_dynamic):
     seen = []
     rec = kvlab.Recorder()
-    g = tb.generate(ttoy, PROMPT, max_new_tokens=5, stop_on_eos=False, on_step=[seen.append, rec],
-                    count_cpu_allocs=False)
+    g = tb.generate(ttoy, PROMPT, max_new_tokens=5, stop_on_eos=False, on_step=[seen.append, rec])
     assert [r.step for r in seen] == [0, 1, 2, 3, 4] and len(rec.records) == 5
     assert g.token_ids == toy_dynamic.token_ids[:5]
     sampling = kvlab.Sampling(do_sample=True, temperature=1.5, seed=7)
-    a = tb.generate(ttoy, PROMPT, max_new_tokens=12, sampling=sampling, stop_on_eos=False, count_cpu_allocs=False)
-    b = tb.generate(ttoy, PROMPT, max_new_tokens=12, sampling=sampling, stop_on_eos=False, count_cpu_allocs=False)
+    a = tb.generate(ttoy, PROMPT, max_new_tokens=12, sampling=sampling, stop_on_eos=False)
+    b = tb.generate(ttoy, PROMPT, max_new_tokens=12, sampling=sampling, stop_on_eos=False)
     assert a.token_ids == b.token_ids != toy_dynamic.token_ids[:12]
 
 
@@ -93,11 +93,9 @@ def test_graph_runner_step_matches_eager_and_survives_reset(ttoy, toy_dynamic):
     f = g.frame()
     assert list(f.columns) == [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS] and (f.cache_tensors_allocated == 0).all()
     other = list(range(100, 120))
-    assert runner.decode_greedy(other, 8) == tb.generate(ttoy, other, max_new_tokens=8, stop_on_eos=False,
-                                                         count_cpu_allocs=False).token_ids
+    assert runner.decode_greedy(other, 8) == tb.generate(ttoy, other, max_new_tokens=8, stop_on_eos=False).token_ids
     s = runner.generate(PROMPT, max_new_tokens=6, stop_on_eos=False, sampling=kvlab.Sampling(do_sample=True, seed=3))
-    e = tb.generate(ttoy, PROMPT, max_new_tokens=6, stop_on_eos=False, sampling=kvlab.Sampling(do_sample=True, seed=3),
-                    count_cpu_allocs=False)
+    e = tb.generate(ttoy, PROMPT, max_new_tokens=6, stop_on_eos=False, sampling=kvlab.Sampling(do_sample=True, seed=3))
     assert s.token_ids == e.token_ids
 
 
@@ -136,10 +134,8 @@ def test_smollm2_torch_matches_ort_static_cache(smollm2):
                              max_new_tokens=12, stop_on_eos=False)
     model = tb.load("smollm2")
     assert model.encode("What is the capital of France?", chat=True) == ort.prompt_ids
-    dyn = tb.generate(model, ort.prompt_ids, cache="dynamic", max_new_tokens=12, stop_on_eos=False,
-                      count_cpu_allocs=False)
-    sta = tb.generate(model, ort.prompt_ids, cache="static", max_new_tokens=12, stop_on_eos=False,
-                      count_cpu_allocs=False)
+    dyn = tb.generate(model, ort.prompt_ids, cache="dynamic", max_new_tokens=12, stop_on_eos=False)
+    sta = tb.generate(model, ort.prompt_ids, cache="static", max_new_tokens=12, stop_on_eos=False)
     run = tb.GraphRunner(model, 64, mode="eager").decode_greedy(ort.prompt_ids, 12)
     assert dyn.token_ids == sta.token_ids == run == ort.token_ids
     assert "Paris" in dyn.text
