@@ -80,19 +80,30 @@ def prompt_ids(model: Model, n_tokens: int, text: str = LAB_TEXT) -> np.ndarray:
 
 class LivePlot:
     """A FigureWidget with two panels (decode latency; KV memory reserved vs used) that grows while a run goes,
-    redrawn at most every ``throttle_s`` seconds. Keeps the last ``max_runs`` runs for comparison."""
+    redrawn at most every ``throttle_s`` seconds. Keeps the last ``max_runs`` runs for comparison.
+
+    A FigureWidget sends its updates as transient messages; a browser view that was still loading plotly.js
+    when they came (e.g. a notebook run with "Run All") misses them for good. So at the end of every run the
+    widget is replaced, inside ``box``, by a fresh one holding the complete figure: the final chart is always
+    right, and the live updates of later runs go to a view that is already loaded."""
 
     def __init__(self, throttle_s: float = 0.25, max_runs: int = 4):
+        import ipywidgets as w
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
         base = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                             subplot_titles=("decode step latency (ms)", "KV memory: reserved vs used (KiB)"))
+                             subplot_titles=("decode step latency (ms, log scale)",
+                                             "KV memory: reserved (solid) vs used (dashed), KiB"))
         self.figure = go.FigureWidget(base)
-        self.figure.update_layout(height=380, template="plotly_white", margin={"t": 90, "b": 40, "l": 50, "r": 20},
+        self.figure.update_layout(height=420, width=1000, template="plotly_white",
+                                  margin={"t": 95, "b": 40, "l": 55, "r": 20},
                                   legend={"orientation": "h", "y": -0.2, "x": 0},
                                   title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01})
         self.figure.update_xaxes(title_text="cache length (tokens)")
+        self.figure.update_yaxes(type="log", dtick=1, row=1, col=1)  # first steps of a new context compile shaders
+        self.figure.update_yaxes(rangemode="tozero", row=1, col=2)
+        self.box = w.Box([self.figure])
         self.throttle_s, self.max_runs = throttle_s, max_runs
         self.redraws = 0
         self._xs: list[int] = []
@@ -143,8 +154,13 @@ class LivePlot:
         self._last = time.perf_counter()
 
     def finish(self) -> None:
+        import plotly.graph_objects as go
+
         self.flush()
         self._traces, self._mem_x = None, []
+        old, self.figure = self.figure, go.FigureWidget(self.figure)
+        self.box.children = (self.figure,)
+        old.close()
 
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
@@ -215,7 +231,7 @@ class CacheLab:
                           layout=w.Layout(min_width="360px"))
         self.widget = w.VBox([
             w.HBox([controls, w.VBox([self.plan, self.status], layout=w.Layout(flex="1", padding="0 0 0 12px"))]),
-            self.plot.figure, self.table])
+            self.plot.box, self.table])
         self.widget.add_class("kvlab-cachelab")
         self._render_table()
         self._update_plan()
@@ -318,8 +334,11 @@ class CacheLab:
         before = dev.live_tensors
         label = f"#{row['run']} {cache_type}" + (f"({self.max_cache_len.value})" if cache_type == "static" else "")
         label += f" \u00b7 {dev.name}" + (f" {mode}" if dev.name == "webgpu" else "")
-        title = (f"<b>{model.name} ({model.info.dtype_name}) \u00b7 {html.escape(dev.label)}</b><br><sup>run #"
-                 f"{row['run']}: {cache_type} cache, prompt {len(ids)} + {new} new tokens</sup>")
+        mode_note = f" \u00b7 buffer cache {mode}" if dev.name == "webgpu" else ""
+        title = (f"<b>{model.name} ({model.info.dtype_name}) on {dev.name}: {html.escape(dev.adapter.label)}</b>"
+                 f"<br><sup>run #{row['run']}: {cache_type} cache"
+                 f"{f' (max_cache_len={self.max_cache_len.value})' if cache_type == 'static' else ''}, prompt "
+                 f"{len(ids)} + {new} new tokens{mode_note}</sup>")
         self.plot.start(label, _COLORS[(row["run"] - 1) % len(_COLORS)], title)
         bar = self._progress(new, label)
         hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None and r.phase != "handoff" else None]
@@ -389,6 +408,24 @@ class CacheLab:
         if not self.rows:
             self.table.value = "<p><i>No runs yet: set the controls and press Run.</i></p>"
             return
-        df = self.results.astype(object).where(self.results.notna(), "")
-        self.table.value = ("<div style='overflow-x:auto'>" +
-                            df.to_html(index=False, classes="kvlab-results-table", border=0) + "</div>")
+        df = self.results.astype(object).map(_cell)
+        self.table.value = (_TABLE_CSS + "<div style='overflow-x:auto'>" +
+                            df.to_html(index=False, classes="kvlab-results-table", border=0, escape=True) + "</div>")
+
+
+_TABLE_CSS = """<style>
+.kvlab-results-table {border-collapse: collapse; font-size: 12px; margin-top: 6px}
+.kvlab-results-table th {background: #f3f5f7; padding: 3px 8px; max-width: 90px; white-space: normal;
+  text-align: center; font-weight: 600; border-bottom: 1px solid #ccc}
+.kvlab-results-table td {padding: 3px 8px; white-space: nowrap; text-align: right; border-bottom: 1px solid #eee}
+.kvlab-results-table tr:last-child td {background: #eef6ff}
+</style>"""
+
+
+def _cell(value: Any) -> Any:
+    """Table cells: blanks for missing values, integers without '.0'."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return int(value)
+    return value

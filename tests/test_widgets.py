@@ -31,7 +31,7 @@ def test_run_button_runs_and_fills_chart_and_table(lab):
     assert reserved.y[-1] == pytest.approx(64 * lab.get_model().info.bytes_per_token / 1024)  # reserved up front
     assert used.y[-1] == pytest.approx(23 * lab.get_model().info.bytes_per_token / 1024)
     title = lab.figure.layout.title.text
-    assert "toy (float32)" in title and "cpu [" in title and "(hardware)" in title
+    assert "toy (float32) on cpu: " in title and "(hardware)" in title and "max_cache_len=64" in title
     assert "run #1 done" in lab.status_text and lab.running is False and lab.run_button.disabled is False
 
 
