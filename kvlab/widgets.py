@@ -23,11 +23,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from .caches import CACHE_TYPES, StaticCache, make_cache
-from .errors import CapacityError, DeviceError, KvlabError
+from .errors import CapacityError, ConfigError, DeviceError, KvlabError
 from .generate import Generation, generate
 from .instrument import StepRecord
 from .models import BUILTIN_NAMES, Model, load
 from .runtime import BUFFER_CACHE_MODES, DEVICES, Device, close_device, open_device
+
+# Models too big for a software WebGPU adapter (SwiftShader decodes SmolLM2-135M at ~4 s per token).
+SLOW_ON_SOFTWARE = frozenset({"smollm2"})
 
 LAB_TEXT = (
     "A language model writes one token at a time. For every token it has already seen it keeps a key and a value "
@@ -53,7 +56,9 @@ def open_webgpu(mode: str) -> Device:
     some cache still holds WebGPU tensors."""
     if mode not in BUFFER_CACHE_MODES:
         raise DeviceError(f"buffer cache mode {mode!r} is not valid; choose one of {BUFFER_CACHE_MODES}")
-    current = open_device("webgpu")
+    current = _open_webgpu_device()
+    if current is None:
+        return open_device("webgpu", buffer_cache_mode=mode)
     if webgpu_mode(current) == mode:
         return current
     try:
@@ -173,7 +178,7 @@ class CacheLab:
     def __init__(self, model: str | Model = "toy", *, models: Sequence[str] | None = None, device: str = "webgpu",
                  cache_type: str = "static", max_cache_len: int = 128, prompt_tokens: int = 32,
                  new_tokens: int = 24, buffer_cache_mode: str = "bucket", throttle_s: float = 0.25,
-                 max_runs: int = 4, progress: bool = True):
+                 max_runs: int = 4, progress: bool = True, allow_slow: bool = False):
         import ipywidgets as w
 
         if cache_type not in CACHE_TYPES:
@@ -189,7 +194,7 @@ class CacheLab:
         unknown = [n for n in names if n not in BUILTIN_NAMES and n not in self._models]
         if unknown:
             raise ValueError(f"models {unknown} are not valid; choose from {BUILTIN_NAMES}")
-        self.progress = progress
+        self.progress, self.allow_slow = progress, allow_slow
         style = {"description_width": "110px"}
         lay = w.Layout(width="330px")
         self.model = w.Dropdown(options=names, value=first, description="model", style=style, layout=lay)
@@ -330,6 +335,11 @@ class CacheLab:
                     "max_cache_len": self.max_cache_len.value if cache_type == "static" else "-",
                     "prompt": len(ids), "new": new, "needed": self.needed()})
         dev = open_webgpu(mode) if self.device.value == "webgpu" else open_device("cpu")
+        if dev.name == "webgpu" and dev.adapter.kind == "software" and model.name in SLOW_ON_SOFTWARE \
+                and not self.allow_slow:
+            raise ConfigError(f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes at "
+                              "seconds per token; choose device 'cpu' or the toy model here "
+                              "(CacheLab(..., allow_slow=True) to run it anyway)")
         cache = make_cache(cache_type, self.max_cache_len.value if cache_type == "static" else None)
         before = dev.live_tensors
         label = f"#{row['run']} {cache_type}" + (f"({self.max_cache_len.value})" if cache_type == "static" else "")

@@ -119,6 +119,10 @@ lab.run()
 assert lab.last_error is None, lab.last_error
 assert kvlab.open_device("webgpu").label.endswith("buffer cache disabled")
 assert list(lab.results["buffer cache"]) == ["simple", "disabled", "disabled"]
+lab.model.value = "smollm2"  # never decoded on SwiftShader: refused before any step, with the way out
+lab.run()
+if kvlab.open_device("webgpu").adapter.kind == "software":
+    assert isinstance(lab.last_error, kvlab.ConfigError) and "choose device 'cpu'" in str(lab.last_error)
 print("ok")
 """
     proc = run_python(code)
