@@ -102,7 +102,7 @@ def test_buffer_cache_mode_switch_needs_every_webgpu_cache_disposed():
     code = """
 import kvlab
 from kvlab.widgets import CacheLab
-lab = CacheLab("toy", device="webgpu", buffer_cache_mode="simple", prompt_tokens=8, new_tokens=3)
+lab = CacheLab("toy", models=["smollm2"], device="webgpu", buffer_cache_mode="simple", prompt_tokens=8, new_tokens=3)
 lab.run()
 assert lab.last_error is None, lab.last_error
 assert kvlab.open_device("webgpu").label.endswith("buffer cache simple")
