@@ -316,6 +316,19 @@ def recorded_environment(result: dict[str, Any]) -> str:
             f"commit {env.get('commit', '?')}")
 
 
+def _variant(row: dict[str, Any]) -> str:
+    """A recorded variant's name, with a static cache sized to fit each context named 'static@fit' (so that
+    it makes one line across contexts)."""
+    name = str(row["variant"])
+    if name.startswith("static@") and "new_tokens" in row:
+        try:
+            if int(name.split("@", 1)[1]) == int(row["context"]) + int(row["new_tokens"]) - 1:
+                return "static@fit"
+        except ValueError:
+            pass
+    return name
+
+
 def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
           bytes_per_tensor_token: float | None = None, recorded: dict[str, Any] | None = None,
           recorded_model: str | None = None, recorded_device: str | None = None) -> Any:
@@ -355,8 +368,8 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
                 and (device is None or r["device"] == device)]
         if not rows:
             raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
-        for j, key in enumerate(sorted({(r["variant"], r.get("buffer_cache_mode", "")) for r in rows})):
-            pts = sorted((r for r in rows if (r["variant"], r.get("buffer_cache_mode", "")) == key),
+        for j, key in enumerate(sorted({(_variant(r), r.get("buffer_cache_mode", "")) for r in rows})):
+            pts = sorted((r for r in rows if (_variant(r), r.get("buffer_cache_mode", "")) == key),
                          key=lambda r: r["context"])
             color = _COLORS[(len(groups) + j) % len(_COLORS)]
             fig.add_trace(go.Scatter(

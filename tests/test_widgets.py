@@ -172,10 +172,14 @@ def test_sweep_labels_recorded_results_with_their_environment():
                                 "versions": {"onnxruntime-webgpu": "1.27.0"}, "commit": "abc1234"},
                 "rows": [{"model": "kv-heavy", "device": "webgpu", "adapter": "SwiftShader (software)",
                           "buffer_cache_mode": "bucket", "dtype": "float32", "context": c, "kv_tensor_mib": c / 256,
-                          "variant": v, "decode_ms": 100.0, "decode_ms_min": 90.0, "decode_ms_max": 110.0}
-                         for c in (256, 1024, 2048) for v in ("dynamic", "static@4160")]}
+                          "variant": v, "new_tokens": 6, "decode_ms": 100.0, "decode_ms_min": 90.0,
+                          "decode_ms_max": 110.0}
+                         for c in (256, 1024, 2048) for v in ("dynamic", "static@4160", f"static@{c + 5}")]}
     fig = plots.sweep(recorded=recorded, recorded_model="kv-heavy", recorded_device="webgpu")
     assert all("(recorded)" in t.name and t.line.dash == "dot" for t in fig.data)
+    assert sorted(t.name for t in fig.data) == ["dynamic bucket (recorded)", "static@4160 bucket (recorded)",
+                                                "static@fit bucket (recorded)"]  # one line per variant
+    assert all(len(t.x) == 3 for t in fig.data)
     title = fig.layout.title.text
     assert "recorded: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
     assert sorted(s.x0 for s in fig.layout.shapes) == [1024, 2048]
