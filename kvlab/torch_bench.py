@@ -136,6 +136,7 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     import torch
 
     from . import torch_backend as tb
+    from . import torch_graphs as tg
 
     dev = torch.device(device)
     torch.manual_seed(0)
@@ -228,7 +229,7 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     def graph(mode: str, fuse: bool = False) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             t = time.perf_counter()
-            runner = tb.GraphRunner(model, L, mode=mode, fuse=fuse, keep_logits=not fuse)  # fused: the lean step
+            runner = tg.GraphRunner(model, L, mode=mode, fuse=fuse, keep_logits=not fuse)  # fused: the lean step
             setup = time.perf_counter() - t
             tokens = runner.decode_greedy(ids, new)
             first = time.perf_counter() - t

@@ -11,6 +11,7 @@ pytest.importorskip("transformers", reason="the PyTorch backend needs transforme
 
 import kvlab  # noqa: E402
 from kvlab import torch_backend as tb  # noqa: E402
+from kvlab import torch_graphs as tg  # noqa: E402
 from kvlab.errors import CapacityError, ConfigError, DeviceError  # noqa: E402
 
 from conftest import run_python  # noqa: E402
@@ -29,6 +30,12 @@ def ttoy() -> tb.TorchModel:
 @pytest.fixture(scope="module")
 def toy_dynamic(ttoy) -> kvlab.Generation:
     return tb.generate(ttoy, PROMPT, cache="dynamic", max_new_tokens=16, stop_on_eos=False, count_cpu_allocs=True)
+
+
+def test_backend_reexports_the_graph_runner():
+    assert tb.GraphRunner is tg.GraphRunner and tb.fuse_modules is tg.fuse_modules
+    with pytest.raises(AttributeError, match="no attribute 'Graph'"):
+        tb.Graph  # noqa: B018
 
 
 def test_import_pulls_neither_onnxruntime_nor_tokenizers():
@@ -84,7 +91,7 @@ def test_hooks_see_every_step_and_seeded_sampling_is_reproducible(ttoy, toy_dyna
 
 
 def test_graph_runner_step_matches_eager_and_survives_reset(ttoy, toy_dynamic):
-    runner = tb.GraphRunner(ttoy, 64, mode="eager")
+    runner = tg.GraphRunner(ttoy, 64, mode="eager")
     ptrs = list(runner.kv_ptrs)
     assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
     g = runner.generate(PROMPT, max_new_tokens=16, stop_on_eos=False)  # second generation, same buffers
@@ -103,26 +110,26 @@ def test_traced_fused_step_matches_eager(toy_dynamic):
     """torch.compile(fullgraph=True) must trace the whole step (no graph break, no host sync); backend "eager"
     checks exactly that on CPU, quickly. fuse_modules must not change the tokens."""
     model = tb.load("toy")  # fuse_modules rewrites the model: a fresh copy
-    runner = tb.GraphRunner(model, 64, mode="compile", compile_backend="eager", fuse=True, keep_logits=False)
+    runner = tg.GraphRunner(model, 64, mode="compile", compile_backend="eager", fuse=True, keep_logits=False)
     assert runner.fused == {"qkv": 2, "gate_up": 2, "rms_norm": 5, "packed_gqa_attention": 0}
     assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
-    assert tb.fuse_modules(model)["qkv"] == 0  # idempotent
+    assert tg.fuse_modules(model)["qkv"] == 0  # idempotent
     packed = tb.load("toy")
-    assert tb.fuse_modules(packed, packed_gqa=True)["packed_gqa_attention"] == 1
-    assert tb.GraphRunner(packed, 64, mode="eager").decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
+    assert tg.fuse_modules(packed, packed_gqa=True)["packed_gqa_attention"] == 1
+    assert tg.GraphRunner(packed, 64, mode="eager").decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
 
 
 @pytest.mark.parametrize("n", [49152, 128256, 512, 97])
 def test_two_stage_argmax_traces_and_matches_argmax(n):
-    cols = tb.argmax_cols(n)
-    traced = torch.compile(lambda x: tb._argmax(x, cols), backend="eager", fullgraph=True)
+    cols = tg.argmax_cols(n)
+    traced = torch.compile(lambda x: tg._argmax(x, cols), backend="eager", fullgraph=True)
     gen = torch.Generator().manual_seed(n)
     for _ in range(3):
         x = torch.randn(n, generator=gen)
         assert int(traced(x)) == int(x.argmax())
     x = torch.zeros(n)
     x[n // 2] = x[n - 1] = 1.0  # a tie: the first index wins, as argmax
-    assert int(tb._argmax(x, cols)) == n // 2
+    assert int(tg._argmax(x, cols)) == n // 2
 
 
 @pytest.mark.slow
@@ -136,7 +143,7 @@ def test_smollm2_torch_matches_ort_static_cache(smollm2):
     assert model.encode("What is the capital of France?", chat=True) == ort.prompt_ids
     dyn = tb.generate(model, ort.prompt_ids, cache="dynamic", max_new_tokens=12, stop_on_eos=False)
     sta = tb.generate(model, ort.prompt_ids, cache="static", max_new_tokens=12, stop_on_eos=False)
-    run = tb.GraphRunner(model, 64, mode="eager").decode_greedy(ort.prompt_ids, 12)
+    run = tg.GraphRunner(model, 64, mode="eager").decode_greedy(ort.prompt_ids, 12)
     assert dyn.token_ids == sta.token_ids == run == ort.token_ids
     assert "Paris" in dyn.text
 
@@ -160,11 +167,11 @@ def test_bench_runs_on_cpu(tmp_path):
     (lambda m: tb.generate(m, PROMPT, cache=kvlab.StaticCache(max_cache_len=8)), CapacityError, "max_cache_len=8"),
     (lambda m: tb.generate(m, [3, 999999]), ConfigError, "outside the vocabulary"),
     (lambda m: tb.generate("toy", PROMPT), ConfigError, "TorchModel"),
-    (lambda m: tb.GraphRunner(m, 64, mode="turbo"), ConfigError, "mode='turbo'"),
-    (lambda m: tb.GraphRunner(m, 1, mode="eager"), ConfigError, "max_cache_len=1"),
-    (lambda m: tb.GraphRunner(m, 10**6, mode="eager"), ConfigError, "max_position_embeddings"),
-    (lambda m: tb.GraphRunner(m, 16, mode="eager").decode_greedy(PROMPT, 4), CapacityError, "max_cache_len=16"),
-    (lambda m: tb.GraphRunner(m, 64, mode="eager", keep_logits=False).generate(
+    (lambda m: tg.GraphRunner(m, 64, mode="turbo"), ConfigError, "mode='turbo'"),
+    (lambda m: tg.GraphRunner(m, 1, mode="eager"), ConfigError, "max_cache_len=1"),
+    (lambda m: tg.GraphRunner(m, 10**6, mode="eager"), ConfigError, "max_position_embeddings"),
+    (lambda m: tg.GraphRunner(m, 16, mode="eager").decode_greedy(PROMPT, 4), CapacityError, "max_cache_len=16"),
+    (lambda m: tg.GraphRunner(m, 64, mode="eager", keep_logits=False).generate(
         PROMPT, max_new_tokens=4, sampling=kvlab.Sampling(do_sample=True)), ConfigError, "keep_logits=True"),
 ])
 def test_bad_inputs_are_named(ttoy, call, error, message):
@@ -175,7 +182,7 @@ def test_bad_inputs_are_named(ttoy, call, error, message):
 @pytest.mark.skipif(CUDA, reason="checks the CPU refusal of graph capture")
 def test_capture_on_cpu_is_refused(ttoy):
     with pytest.raises(DeviceError, match="mode='capture'"):
-        tb.GraphRunner(ttoy, 64, mode="capture")
+        tg.GraphRunner(ttoy, 64, mode="capture")
 
 
 def test_bad_load_arguments():
@@ -198,7 +205,7 @@ def test_cuda_graph_runner_matches_eager_with_zero_allocations():
     model = tb.random_model("tiny", device="cuda", dtype="float32", std=0.08)
     ref = tb.generate(model, PROMPT, max_new_tokens=24, stop_on_eos=False)
     for mode in ("capture", "compile"):
-        runner = tb.GraphRunner(model, 96, mode=mode)
+        runner = tg.GraphRunner(model, 96, mode=mode)
         assert runner.decode_greedy(PROMPT, 24) == ref.token_ids
         g = runner.generate(PROMPT, max_new_tokens=24, stop_on_eos=False)  # after reset: the same graph
         assert g.token_ids == ref.token_ids
