@@ -34,6 +34,7 @@ class Run:
     dtype: str
     label: str = ""  # legend name; derived from the fields that differ between runs when empty
     recorded: str = ""  # non-empty for recorded results: where and on what they were measured
+    backend: str = ""  # the runtime that produced the records, e.g. "onnxruntime-webgpu 1.27.0"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,7 +59,7 @@ def as_run(obj: Any, label: str = "") -> Run:
         device = obj.device
         if getattr(obj, "prefill_device", ""):
             device += f", prefill on {obj.prefill_device.split(' [')[0]} + handoff"
-        return Run(obj.frame(), obj.model, device, obj.cache, obj.dtype, label)
+        return Run(obj.frame(), obj.model, device, obj.cache, obj.dtype, label, backend=_backend_of(obj))
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is a kvlab dependency
@@ -75,6 +76,22 @@ def as_run(obj: Any, label: str = "") -> Run:
                     "or DataFrames with attrs model/device/cache/dtype")
 
 
+def _backend_of(generation: Any) -> str:
+    """The runtime behind a live Generation: its own ``backend`` attribute if it has one, else this process's
+    ONNX Runtime backend for kvlab's ORT device labels ("cpu [...]", "webgpu [...]")."""
+    own = getattr(generation, "backend", "")
+    if isinstance(own, str) and own:
+        return own
+    if " [" not in str(generation.device):
+        return ""
+    from .runtime import backend, versions
+
+    vers = versions()
+    package = next((p for p in ("onnxruntime-webgpu", "onnxruntime") if vers.get(p, "missing") != "missing"), "")
+    name = backend().name
+    return name.replace(package, f"{package} {vers[package]}", 1) if package and package in name else name
+
+
 def as_runs(objs: Any) -> list[Run]:
     if isinstance(objs, dict):
         return [as_run(v, str(k)) for k, v in objs.items()]
@@ -84,13 +101,13 @@ def as_runs(objs: Any) -> list[Run]:
 
 
 def _common_and_labels(runs: Sequence[Run]) -> tuple[str, list[str]]:
-    """Title part shared by all runs, and one legend label per run naming what differs (the cache always)."""
-    fields = [("model", lambda r: f"model {r.model} ({r.dtype})"), ("device", lambda r: r.device),
-              ("context", lambda r: r.context)]
-    common, differing = [], []
-    for name, get in fields:
-        values = {get(r) for r in runs}
-        (common if len(values) == 1 else differing).append(get)
+    """Title part shared by all runs, and one legend label per run naming what differs (the cache always).
+    The runtime backend, when known, goes on its own line of the title (or into the labels when it differs)."""
+    fields = [lambda r: f"model {r.model} ({r.dtype})", lambda r: r.device, lambda r: r.context]
+    if any(r.backend for r in runs):
+        fields.append(lambda r: r.backend or "backend not recorded")
+    common = [get for get in fields if len({get(r) for r in runs}) == 1]
+    differing = [get for get in fields if get not in common]
     labels = []
     for r in runs:
         if r.label:
@@ -98,8 +115,12 @@ def _common_and_labels(runs: Sequence[Run]) -> tuple[str, list[str]]:
             continue
         parts = [r.cache] + [get(r) for get in differing]
         labels.append(" \u00b7 ".join(parts) + (" (recorded)" if r.recorded else ""))
-    title = " \u00b7 ".join(get(runs[0]) for get in common) if runs else ""
-    return title, labels
+    if not runs:
+        return "", labels
+    shared = [get(runs[0]) for get in common]
+    if len(fields) == 4 and fields[3] in common:  # the backend: on a line of its own
+        return " \u00b7 ".join(shared[:-1]) + "<br>" + shared[-1], labels
+    return " \u00b7 ".join(shared), labels
 
 
 def kv_bytes_per_tensor_token(frame: Any) -> float | None:

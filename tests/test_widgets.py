@@ -165,6 +165,7 @@ def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy
     names = [t.name for t in fig.data]
     assert "cpu [" in names[0] and "webgpu [" in names[1]
     assert plots.latency(a).layout.shapes == ()
+    assert "onnxruntime" in plots.latency(a).layout.title.text  # the runtime that produced a live run
 
 
 def test_sweep_labels_recorded_results_with_their_environment():
