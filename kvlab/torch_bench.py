@@ -358,7 +358,7 @@ def summarize(out: Path) -> str:
                 continue
             lines.append(f"| {c['shape']} | {c['dtype']} | {mode} | {r['ms_per_token']:.3f} | {r['tokens_per_s']:.0f} "
                          f"| {_num(r['alloc_requests_per_step'])} | {r.get('first_call_s', float('nan')):.2f} | "
-                         f"{r['peak_bytes'] / 2**20:.0f} | {r.get('first_divergence_vs_eager_dynamic', '-')} |")
+                         f"{_num(r['peak_bytes'] / 2**20 if r['peak_bytes'] >= 0 else None)} | {r.get('first_divergence_vs_eager_dynamic', '-')} |")
     return "\n".join(lines)
 
 
