@@ -150,7 +150,13 @@ def _unit(max_bytes: float) -> tuple[float, str]:
 
 def _title(what: str, common: str, note: str = "") -> dict[str, Any]:
     text = f"<b>{what}</b><br><sup>{common}{'<br>' + note if note else ''}</sup>"
-    return {"text": text, "x": 0.01, "xanchor": "left"}
+    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top",
+            "pad": {"t": 30}}
+
+
+def _top(title: dict[str, Any], extra: int = 0) -> dict[str, int]:
+    """A top margin that fits the title's lines (and ``extra`` pixels, e.g. for subplot titles)."""
+    return {"t": 75 + 17 * title["text"].count("<br>") + extra}
 
 
 def _legend_below() -> dict[str, Any]:
@@ -196,10 +202,11 @@ def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",
         buckets = any(r.device.startswith("webgpu") for r in runs)
     if buckets and runs:
         note = "<br>".join(n for n in (note, _add_bucket_lines(fig, runs, xmax, bytes_per_tensor_token)) if n)
-    fig.update_layout(title=_title(f"{' + '.join(phases)} step latency ({y})", common, note),
+    title = _title(f"{' + '.join(phases)} step latency ({y})", common, note)
+    fig.update_layout(title=title,
                       xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)",
                       yaxis_rangemode="tozero", legend=_legend_below(), template="plotly_white",
-                      margin={"t": 110})
+                      margin=_top(title))
     return fig
 
 
@@ -246,8 +253,9 @@ def allocations(runs: Any) -> Any:
         fig.add_trace(go.Scatter(x=x, y=f["cache_bytes_allocated"].cumsum() / scale, name=name, mode="lines",
                                  showlegend=False, **common_kw), row=3, col=1)
     fig.update_xaxes(title_text="cache length after the step (tokens)", row=3, col=1)
-    fig.update_layout(title=_title("KV cache allocations per step", common, _recorded_note(runs)), height=620,
-                      legend=_legend_below(), template="plotly_white", margin={"t": 100})
+    title = _title("KV cache allocations per step", common, _recorded_note(runs))
+    fig.update_layout(title=title, height=660, legend=_legend_below(), template="plotly_white",
+                      margin=_top(title, extra=20))
     fig.update_layout(legend={"y": -0.1})
     return fig
 
@@ -268,9 +276,10 @@ def memory(runs: Any) -> Any:
                                  line={"color": color, "width": 3}, legendgroup=name))
         fig.add_trace(go.Scatter(x=x, y=f["used_cache_bytes"] / scale, name=f"{name}: used", mode="lines",
                                  line={"color": color, "dash": "dash"}, legendgroup=name))
-    fig.update_layout(title=_title("KV memory: reserved vs used", common, _recorded_note(runs)),
+    title = _title("KV memory: reserved vs used", common, _recorded_note(runs))
+    fig.update_layout(title=title,
                       xaxis_title="cache length after the step (tokens)", yaxis_title=unit, yaxis_rangemode="tozero",
-                      legend=_legend_below(), template="plotly_white", margin={"t": 110})
+                      legend=_legend_below(), template="plotly_white", margin=_top(title))
     return fig
 
 
@@ -286,12 +295,13 @@ def conformance(result: Any) -> Any:
                   annotation_position="bottom right")
     first = result.first_divergence
     note = "all positions agree" if first is None else f"first divergence at position {first}"
+    title = _title(f"{result.mode} logits, position by position: is {result.device.split(' ')[0]} the same as "
+                   f"{result.reference.split(' ')[0]}?", f"model {result.model} \u00b7 {result.device} vs "
+                   f"{result.reference}", note)
     fig.update_layout(
-        title=_title(f"{result.mode} logits, position by position: is {result.device.split(' ')[0]} the same as "
-                     f"{result.reference.split(' ')[0]}?",
-                     f"model {result.model} \u00b7 {result.device} vs {result.reference}", note),
+        title=title,
         xaxis_title="position", yaxis_title="max |logit difference|", yaxis_type="log", barmode="overlay",
-        legend=_legend_below(), template="plotly_white", margin={"t": 100})
+        legend=_legend_below(), template="plotly_white", margin=_top(title))
     return fig
 
 
@@ -417,8 +427,9 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
         buckets = any(r.device.startswith("webgpu") for r in runs)
     if buckets and (runs or bytes_per_tensor_token):
         note = "<br>".join(n for n in (note, _add_bucket_lines(fig, runs, xmax, bytes_per_tensor_token)) if n)
-    fig.update_layout(title=_title(f"median decode step ({y}) vs context", common, note),
+    title = _title(f"median decode step ({y}) vs context", common, note)
+    fig.update_layout(title=title,
                       xaxis_title="context when decoding starts (tokens)", yaxis_title=f"median {y} (ms)",
                       yaxis_rangemode="tozero", xaxis_rangemode="tozero", legend=_legend_below(),
-                      template="plotly_white", margin={"t": 110})
+                      template="plotly_white", margin=_top(title))
     return fig
