@@ -199,7 +199,8 @@ class CacheLab:
         lay = w.Layout(width="330px")
         self.model = w.Dropdown(options=names, value=first, description="model", style=style, layout=lay)
         self.cache_type = w.ToggleButtons(options=list(CACHE_TYPES), value=cache_type, description="cache",
-                                          style={**style, "button_width": "90px"})
+                                          style={**style, "button_width": "104px"},
+                                          layout=w.Layout(width="340px", display="flex", flex_flow="row"))
         self.max_cache_len = w.BoundedIntText(value=max_cache_len, min=1, max=1 << 16, description="max_cache_len",
                                               style=style, layout=lay)
         self.prompt_tokens = w.IntSlider(value=prompt_tokens, min=1, max=2048, description="prompt tokens",
