@@ -76,20 +76,23 @@ def as_run(obj: Any, label: str = "") -> Run:
                     "or DataFrames with attrs model/device/cache/dtype")
 
 
-def _backend_of(generation: Any) -> str:
-    """The runtime behind a live Generation: its own ``backend`` attribute if it has one, else this process's
-    ONNX Runtime backend for kvlab's ORT device labels ("cpu [...]", "webgpu [...]")."""
-    own = getattr(generation, "backend", "")
-    if isinstance(own, str) and own:
-        return own
-    if " [" not in str(generation.device):
-        return ""
+def ort_backend_label() -> str:
+    """This process's ONNX Runtime backend with its version, e.g. 'onnxruntime-webgpu 1.27.0 (built-in WebGPU EP)'."""
     from .runtime import backend, versions
 
     vers = versions()
     package = next((p for p in ("onnxruntime-webgpu", "onnxruntime") if vers.get(p, "missing") != "missing"), "")
     name = backend().name
     return name.replace(package, f"{package} {vers[package]}", 1) if package and package in name else name
+
+
+def _backend_of(generation: Any) -> str:
+    """The runtime behind a live Generation: its own ``backend`` attribute if it has one, else this process's
+    ONNX Runtime backend for kvlab's ORT device labels ("cpu [...]", "webgpu [...]")."""
+    own = getattr(generation, "backend", "")
+    if isinstance(own, str) and own:
+        return own
+    return ort_backend_label() if " [" in str(generation.device) else ""
 
 
 def as_runs(objs: Any) -> list[Run]:

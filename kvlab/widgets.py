@@ -27,6 +27,7 @@ from .errors import CapacityError, ConfigError, DeviceError, KvlabError
 from .generate import Generation, generate
 from .instrument import StepRecord
 from .models import BUILTIN_NAMES, Model, load
+from .plots import ort_backend_label
 from .runtime import BUFFER_CACHE_MODES, DEVICES, Device, close_device, open_device
 
 # Models too big for a software WebGPU adapter (SwiftShader decodes SmolLM2-135M at ~4 s per token).
@@ -349,7 +350,7 @@ class CacheLab:
         title = (f"<b>{model.name} ({model.info.dtype_name}) on {dev.name}: {html.escape(dev.adapter.label)}</b>"
                  f"<br><sup>run #{row['run']}: {cache_type} cache"
                  f"{f' (max_cache_len={self.max_cache_len.value})' if cache_type == 'static' else ''}, prompt "
-                 f"{len(ids)} + {new} new tokens{mode_note}</sup>")
+                 f"{len(ids)} + {new} new tokens{mode_note} \u00b7 {ort_backend_label()}</sup>")
         self.plot.start(label, _COLORS[(row["run"] - 1) % len(_COLORS)], title)
         bar = self._progress(new, label)
         hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None and r.phase != "handoff" else None]
