@@ -416,12 +416,13 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
                 hovertemplate="context %{x}<br>median %{y:.1f} ms (recorded)<extra>%{fullData.name}</extra>"))
             xmax = max(xmax, pts[-1]["context"])
         r0 = rows[0]
-        rec = (f"recorded: {r0['model']} ({r0['dtype']}) on {r0['device']} [{r0['adapter']}]"
-               f"{', buffer cache ' + r0['buffer_cache_mode'] if r0.get('buffer_cache_mode') else ''}, "
-               f"{recorded_environment(recorded)}")
+        where = (f"{r0['model']} ({r0['dtype']}) on {r0['device']} [{r0['adapter']}]"
+                 f"{', buffer cache ' + r0['buffer_cache_mode'] if r0.get('buffer_cache_mode') else ''}")
+        rec = f"dotted: RECORDED, not live: {where}<br>measured {recorded_environment(recorded)}"
         note = "<br>".join(n for n in (note, rec) if n)
-        if not common:
-            common = f"model {r0['model']} ({r0['dtype']}) \u00b7 {r0['device']} [{r0['adapter']}]"
+        if not runs:
+            common = f"kvlab bench results, {r0.get('new_tokens', '?')} new tokens per run, median over paired runs " \
+                     "(bars: min-max)"
         if bytes_per_tensor_token is None and r0.get("kv_tensor_mib") and r0.get("context"):
             bytes_per_tensor_token = r0["kv_tensor_mib"] * MiB / r0["context"]
         if buckets is None and r0["device"] == "webgpu":

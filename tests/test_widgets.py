@@ -182,7 +182,7 @@ def test_sweep_labels_recorded_results_with_their_environment():
                                                 "static@fit bucket (recorded)"]  # one line per variant
     assert all(len(t.x) == 3 for t in fig.data)
     title = fig.layout.title.text
-    assert "recorded: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
+    assert "RECORDED, not live: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
     assert sorted(s.x0 for s in fig.layout.shapes) == [1024, 2048]
     with pytest.raises(ValueError, match="no rows for model 'toy'"):
         plots.sweep(recorded=recorded, recorded_model="toy", recorded_device="webgpu")
