@@ -375,8 +375,13 @@ def figure(result: dict[str, Any], model: str, device: str):
     rows = [r for r in result["rows"] if r["model"] == model and r["device"] == device]
     env = result["environment"]
     fig = go.Figure()
-    for (variant, mode) in sorted({(r["variant"], r["buffer_cache_mode"]) for r in rows}):
-        rs = sorted((r for r in rows if r["variant"] == variant and r["buffer_cache_mode"] == mode),
+
+    def series(r: dict[str, Any]) -> str:  # a static cache sized to each run is one series across contexts
+        fit = r["variant"] == f"static@{r['context'] + r['new_tokens'] - 1}"
+        return "static@fit (context + new tokens)" if fit else r["variant"]
+
+    for (variant, mode) in sorted({(series(r), r["buffer_cache_mode"]) for r in rows}):
+        rs = sorted((r for r in rows if series(r) == variant and r["buffer_cache_mode"] == mode),
                     key=lambda r: r["context"])
         fig.add_scatter(x=[r["context"] for r in rs], y=[r["decode_ms"] for r in rs], mode="lines+markers",
                         name=variant + (f" ({mode})" if mode else ""),
