@@ -103,10 +103,23 @@ def as_runs(objs: Any) -> list[Run]:
     return [as_run(objs)]
 
 
-def _common_and_labels(runs: Sequence[Run]) -> tuple[str, list[str]]:
+def _color_for(name: str, index: int) -> str:
+    """One colour per kind of cache, live or recorded: dynamic blue, static red (a second static size orange)."""
+    if name.startswith("dynamic"):
+        return "#1f77b4"
+    if name.startswith(("static@fit", "static(")):
+        return "#d62728"
+    if name.startswith("static"):
+        return "#ff7f0e"
+    if name.startswith("genai"):
+        return "#2ca02c"
+    return _COLORS[index % len(_COLORS)]
+
+
+def _common_and_labels(runs: Sequence[Run], context: bool = True) -> tuple[str, list[str]]:
     """Title part shared by all runs, and one legend label per run naming what differs (the cache always).
     The runtime backend, when known, goes on its own line of the title (or into the labels when it differs)."""
-    fields = [lambda r: f"model {r.model} ({r.dtype})", lambda r: r.device, lambda r: r.context]
+    fields = [lambda r: f"model {r.model} ({r.dtype})", lambda r: r.device] + ([lambda r: r.context] if context else [])
     if any(r.backend for r in runs):
         fields.append(lambda r: r.backend or "backend not recorded")
     common = [get for get in fields if len({get(r) for r in runs}) == 1]
@@ -121,7 +134,7 @@ def _common_and_labels(runs: Sequence[Run]) -> tuple[str, list[str]]:
     if not runs:
         return "", labels
     shared = [get(runs[0]) for get in common]
-    if len(fields) == 4 and fields[3] in common:  # the backend: on a line of its own
+    if any(r.backend for r in runs) and fields[-1] in common:  # the backend: on a line of its own
         return " \u00b7 ".join(shared[:-1]) + "<br>" + shared[-1], labels
     return " \u00b7 ".join(shared), labels
 
@@ -374,13 +387,14 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
     in the subtitle."""
     go = _go()
     runs = as_runs(list(runs))
-    common, _ = _common_and_labels([Run(r.frame, r.model, r.device, "", r.dtype) for r in runs])
+    common, _ = _common_and_labels([Run(r.frame, r.model, r.device, "", r.dtype, backend=r.backend) for r in runs],
+                                   context=False)
     groups: dict[str, list[tuple[int, float, Run]]] = {}
     for r in runs:
         dec = r.frame[r.frame["phase"] == "decode"]
         if dec.empty:
             continue
-        key = r.label or (r.cache + (" (recorded)" if r.recorded else ""))
+        key = r.label or (r.cache + (" (recorded)" if r.recorded else " (live)"))
         if len({x.device for x in runs}) > 1:
             key += f" \u00b7 {r.device}"
         groups.setdefault(key, []).append((int(dec["position"].iloc[0]), float(dec[y].median()), r))
@@ -389,10 +403,11 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
     for i, (name, points) in enumerate(groups.items()):
         points.sort(key=lambda p: p[0])
         xmax = max(xmax, points[-1][0])
+        color = _color_for(name, i)
         fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name, mode="lines+markers",
-                                 marker={"size": 8, "color": _COLORS[i % len(_COLORS)]},
-                                 line={"color": _COLORS[i % len(_COLORS)],
-                                       "dash": "dot" if points[0][2].recorded else "solid"},
+                                 marker={"size": 11, "color": color, "symbol": "diamond",
+                                         "line": {"width": 1, "color": "#333"}},
+                                 line={"color": color, "dash": "dot" if points[0][2].recorded else "solid"},
                                  hovertemplate="context %{x}<br>median %{y:.1f} ms<extra>%{fullData.name}</extra>"))
     note = _recorded_note(runs)
     if recorded is not None:
@@ -405,7 +420,7 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
         for j, key in enumerate(sorted({(_variant(r), r.get("buffer_cache_mode", "")) for r in rows})):
             pts = sorted((r for r in rows if (_variant(r), r.get("buffer_cache_mode", "")) == key),
                          key=lambda r: r["context"])
-            color = _COLORS[(len(groups) + j) % len(_COLORS)]
+            color = _color_for(key[0], len(groups) + j)
             fig.add_trace(go.Scatter(
                 x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
                 name=f"{key[0]}{' ' + key[1] if key[1] else ''} (recorded)", line={"dash": "dot", "color": color},
