@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -192,7 +193,8 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     model = load(model)
     dev = open_device(device)
     ids = model.encode(prompt, chat=chat)
-    cache = DynamicCache() if cache is None else cache
+    own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
+    cache = DynamicCache() if own_cache else cache
     if not isinstance(cache, Cache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
     choose = (sampling or Sampling()).chooser()
@@ -209,7 +211,7 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     else:
         pre_model = model if prefill_model is None else load(prefill_model)
         pre = Stepper(pre_model, cache.twin(), pre_dev, len(ids), hooks)
-    with Stepper(model, cache, dev, needed, hooks) as stepper:
+    with cache if own_cache else nullcontext(), Stepper(model, cache, dev, needed, hooks) as stepper:
         feed = ids
         if pre is not None:
             with pre.cache, pre:
