@@ -594,6 +594,11 @@ def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = N
     return dev
 
 
+def opened(name: str) -> Device | None:
+    """The open device of that name, or None (never opens one: a WebGPU context fixes its options)."""
+    return _OPEN.get(name)
+
+
 def close_device(name: str) -> None:
     """Close the open device of that name, if any (see ``Device.close``)."""
     if name in _OPEN:

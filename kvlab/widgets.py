@@ -74,7 +74,7 @@ def _open_webgpu_device() -> Device | None:
     """The open WebGPU device, if any, without opening one."""
     from . import runtime
 
-    return runtime._OPEN.get("webgpu")
+    return runtime.opened("webgpu")
 
 
 def prompt_ids(model: Model, n_tokens: int, text: str = LAB_TEXT) -> np.ndarray:

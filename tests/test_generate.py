@@ -76,6 +76,16 @@ def test_records_have_every_documented_column(smol_runs):
     assert (f.overhead_ms >= 0).all() and (f.run_ms > 0).all() and (f.rss_bytes > 0).all()
 
 
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_the_default_cache_is_disposed_when_generation_ends(toy, device):
+    from kvlab import open_device
+
+    dev = open_device(device)
+    before = dev.live_tensors
+    generate(toy, [1, 2, 3], device=device, max_new_tokens=3)
+    assert dev.live_tensors == before
+
+
 def test_hooks_and_recorder_see_every_step(toy):
     rec, seen = Recorder(), []
     g = generate(toy, [1, 2, 3], max_new_tokens=5, stop_on_eos=False, on_step=[rec, lambda r: seen.append(r.step)])
