@@ -240,7 +240,7 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
         if mode not in BUFFER_CACHE_MODES:
             raise ConfigError(f"buffer cache mode {mode!r} is not valid; choose one of {BUFFER_CACHE_MODES}")
     bandwidth = memory_bandwidth()
-    log(f"memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items()))
+    log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items()))
     rows: list[dict[str, Any]] = []
     for model_name, device in plan.targets:
         model = load(model_name)

@@ -275,6 +275,23 @@ def _record(**values: Any) -> TorchStepRecord:
     return TorchStepRecord(**{n: values.get(n, 0) for n in names})
 
 
+def _emit_step(records: list, hooks: Sequence[StepHook], model: "TorchModel", dev: Any, counter: "AllocCounter", *,
+               position: int, n: int, token: int, wall: float, run: float, live: int, created: int = 0,
+               created_bytes: int = 0, fresh: int = 0) -> TorchStepRecord:
+    """Record one step (wall and run in ms and s), append it and call every hook: shared by both loops."""
+    rec = _record(
+        step=len(records), phase="prefill" if position == 0 else "decode", device=dev.type,
+        position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=run * 1e3,
+        overhead_ms=wall - run * 1e3, cache_tensors_allocated=created, cache_bytes_allocated=created_bytes,
+        new_buffers=fresh, live_cache_bytes=live, used_cache_bytes=(position + n) * model.bytes_per_token,
+        rss_bytes=rss_bytes(), alloc_requests=counter.result[0], alloc_bytes=counter.result[1],
+        segments=counter.result[2])
+    records.append(rec)
+    for hook in hooks:
+        hook(rec)
+    return rec
+
+
 def frame(records: Iterable[StepRecord]):
     """Records as a DataFrame with kvlab's COLUMNS plus ALLOC_COLUMNS."""
     import pandas as pd
@@ -474,16 +491,8 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
             token = choose(logits)
             created, created_bytes, fresh, live = watch.diff(hf_cache)
             wall = (time.perf_counter() - start) * 1e3
-            rec = _record(
-                step=len(records), phase="prefill" if position == 0 else "decode", device=dev.type,
-                position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=run * 1e3,
-                overhead_ms=wall - run * 1e3, cache_tensors_allocated=created, cache_bytes_allocated=created_bytes,
-                new_buffers=fresh, live_cache_bytes=live, used_cache_bytes=(position + n) * model.bytes_per_token,
-                rss_bytes=rss_bytes(), alloc_requests=counter.result[0], alloc_bytes=counter.result[1],
-                segments=counter.result[2])
-            records.append(rec)
-            for hook in hooks:
-                hook(rec)
+            _emit_step(records, hooks, model, dev, counter, position=position, n=n, token=token, wall=wall,
+                       run=run, live=live, created=created, created_bytes=created_bytes, fresh=fresh)
             position += n
             tokens.append(token)
             if stop_on_eos and token in model.eos_token_ids:

@@ -20,9 +20,9 @@ from torch import nn
 
 from .errors import CapacityError, ConfigError, DeviceError
 from .generate import Sampling
-from .instrument import StepHook, rss_bytes
+from .instrument import StepHook
 from .torch_backend import (ATTENTION, AllocCounter, TorchGeneration, TorchModel, _capacity, _check_new_tokens,
-                            _hooks, _KVWatch, _record, _sync, cache_kwarg)
+                            _emit_step, _hooks, _KVWatch, _sync, cache_kwarg)
 
 MODES = ("eager", "capture", "compile")
 
@@ -374,16 +374,8 @@ class GraphRunner:
                     host_tok[0, 0] = token
                     self.tok.copy_(host_tok, non_blocking=True)
             wall = (time.perf_counter() - start) * 1e3
-            rec = _record(
-                step=len(records), phase="prefill" if position == 0 else "decode", device=dev.type,
-                position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=run * 1e3,
-                overhead_ms=wall - run * 1e3, cache_tensors_allocated=0, cache_bytes_allocated=0, new_buffers=0,
-                live_cache_bytes=live, used_cache_bytes=(position + n) * model.bytes_per_token,
-                rss_bytes=rss_bytes(), alloc_requests=counter.result[0], alloc_bytes=counter.result[1],
-                segments=counter.result[2])
-            records.append(rec)
-            for hook in hooks:
-                hook(rec)
+            _emit_step(records, hooks, model, dev, counter, position=position, n=n, token=token, wall=wall, run=run,
+                       live=live)
             position += n
             tokens.append(token)
             if stop_on_eos and token in model.eos_token_ids:
