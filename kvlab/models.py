@@ -44,10 +44,6 @@ class ModelInfo:
     sharing_problem: str = ""  # why not, when shares_buffers is False
 
     @property
-    def kv_shape_per_token(self) -> tuple[int, int, int, int]:
-        return (1, self.num_kv_heads, 1, self.head_dim)
-
-    @property
     def bytes_per_token(self) -> int:
         """KV cache bytes one token occupies across all layers (keys and values)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize

@@ -326,8 +326,6 @@ class Session:
         self.device, self.label = device, label
         self._sess = device.backend.create_session(path, device)
         self.cpu_nodes = device.backend.check_placement(self._sess, device, label)
-        self.input_names = [i.name for i in self._sess.get_inputs()]
-        self.output_names = [o.name for o in self._sess.get_outputs()]
 
     def binding(self) -> Binding:
         return Binding(self)
