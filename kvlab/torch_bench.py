@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 MODES = ("eager-dynamic", "eager-static", "graph-capture", "graph-compile", "hf-dynamic", "hf-static-compile",
          "graph-capture-fused", "graph-compile-fused", "graph-eager")
-DEFAULT_MODES = MODES[:8]  # graph-*-fused rewrite the model (fuse_modules), so they run last  # graph-eager: the runner's device-side step without a graph (CPU plumbing check)
+DEFAULT_MODES = MODES[:8]  # graph-*-fused rewrite the model, so they run last; graph-eager: a CPU plumbing check
 DEFAULT_CONFIGS = "smollm2-135m:float16,smollm2-135m:bfloat16,llama-1b:bfloat16"
 
 
@@ -131,8 +131,23 @@ def _kernel_profile(fn: Callable[[], None], steps: int, dev) -> dict[str, Any]:
                             for t, c, k in top]}
 
 
+def set_inductor(options: dict[str, Any]) -> None:
+    """Set torch._inductor.config entries by (dotted) name, e.g. {"coordinate_descent_tuning": True}."""
+    import torch._inductor.config as config
+
+    for key, value in options.items():
+        *path, leaf = key.split(".")
+        owner = config
+        for part in path:
+            owner = getattr(owner, part)
+        if not hasattr(owner, leaf):
+            raise ValueError(f"torch._inductor.config has no entry {key!r}")
+        setattr(owner, leaf, value)
+
+
 def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[str], device: str,
-               repeats: int = 3) -> dict[str, Any]:
+               repeats: int = 3, attention: str = "sdpa", compile_mode: str = "default",
+               inductor: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     from . import torch_backend as tb
@@ -145,7 +160,9 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     model.hf.generation_config.eos_token_id = None  # never stop early: every mode makes exactly `new` tokens
     info = {"shape": shape, "dtype": dtype, "prompt_tokens": prompt_len, "new_tokens": new, "batch": 1,
             "params": sum(p.numel() for p in model.hf.parameters()),
-            "weight_bytes": sum(p.nbytes for p in model.hf.parameters()), "model_build_s": time.perf_counter() - t0}
+            "weight_bytes": sum(p.nbytes for p in model.hf.parameters()), "model_build_s": time.perf_counter() - t0,
+            "fused_attention": attention, "compile_mode": compile_mode, "inductor": inductor or {}}
+    set_inductor(inductor or {})
     L = prompt_len + new
     info["kv_bytes_per_token"] = model.bytes_per_token
     if dev.type == "cuda":
@@ -229,7 +246,8 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
     def graph(mode: str, fuse: bool = False) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             t = time.perf_counter()
-            runner = tg.GraphRunner(model, L, mode=mode, fuse=fuse, keep_logits=not fuse)  # fused: the lean step
+            runner = tg.GraphRunner(model, L, mode=mode, fuse=fuse, keep_logits=not fuse,  # fused: the lean step
+                                    attention=attention if fuse else "sdpa", compile_mode=compile_mode)
             setup = time.perf_counter() - t
             tokens = runner.decode_greedy(ids, new)
             first = time.perf_counter() - t
@@ -259,12 +277,27 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
                    "generate_api_ms_per_token": float(d.wall_ms.median()),
                    "generate_api_alloc_requests_per_step": float(d.alloc_requests.median()),
                    "generate_api_tokens_equal": g.token_ids == tokens, "tokens": tokens}
+            if reference is not None:
+                out["teacher_forced"] = teacher_forced(runner, reference)
             if dev.type == "cuda":  # 20 replays from the prompt: well inside max_cache_len
                 runner.prefill(ids)
                 out["profile"] = kernel_profile(runner._replay, 20, dev)
             del runner
             return out
         return go
+
+    def teacher_forced(runner: Any, ref: list[int]) -> dict[str, Any]:
+        """Feed eager DynamicCache's tokens instead of the runner's own and compare each step's argmax with
+        eager's next token: agreement per step, without one early flip changing everything after it."""
+        logits = runner.prefill(ids)
+        own = [int(logits.argmax())]
+        for i in range(new - 1):
+            runner.tok.fill_(ref[i])
+            runner._replay()
+            own.append(int(runner.history[len(ids) + i + 1]))  # this step's argmax (a host sync)
+        differ = [i for i, (a, b) in enumerate(zip(own, ref)) if a != b]
+        return {"steps": len(own), "agree": len(own) - len(differ), "differ_at": differ,
+                "eager_top2_margin_at_differ": [round(margins[i], 4) for i in differ if i < len(margins)]}
 
     def hf_generate(static: bool) -> Callable[[], dict[str, Any]]:
         return lambda: hf_run(static)
@@ -316,17 +349,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix for the JSON file names")
+    ap.add_argument("--attention", default="sdpa", help="decode attention of the fused graph modes "
+                    "(torch_graphs.ATTENTIONS)")
+    ap.add_argument("--compile-mode", default="default", help="torch.compile mode of graph-compile*")
+    ap.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                    help="a torch._inductor.config entry for this run, e.g. coordinate_descent_tuning=True")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one config in this process
     a = ap.parse_args(argv)
     modes = a.modes.split(",")
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"unknown modes {bad}; choose from {MODES}")
+    bad = [kv for kv in a.inductor if "=" not in kv]
+    if bad:
+        ap.error(f"--inductor takes KEY=VALUE, got {bad}")
+    inductor = {k: _literal(v) for k, v in (kv.split("=", 1) for kv in a.inductor)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.one:
         shape, dtype = a.one.split(":")
-        res = run_config(shape, dtype, a.prompt, a.new, modes, a.device, a.repeats)
+        res = run_config(shape, dtype, a.prompt, a.new, modes, a.device, a.repeats, a.attention, a.compile_mode,
+                         inductor)
         res["command"] = " ".join([Path(sys.executable).name, "-m", "kvlab.torch_bench", *sys.argv[1:]])
         (out / f"{shape}_{dtype}{a.tag}.json").write_text(json.dumps(res, indent=1))
         return 0
@@ -337,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}  # cold compiles: honest first calls
         cmd = [sys.executable, "-m", "kvlab.torch_bench", "--one", config, "--out", str(out), "--prompt",
                str(a.prompt), "--new", str(a.new), "--modes", a.modes, "--device", a.device, "--repeats",
-               str(a.repeats), "--tag", a.tag]
+               str(a.repeats), "--tag", a.tag, "--attention", a.attention, "--compile-mode", a.compile_mode,
+               *(f"--inductor={kv}" for kv in a.inductor)]
         rc |= subprocess.run(cmd, env=env).returncode
     summary = summarize(out)
     print(summary)
@@ -345,20 +389,32 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _literal(text: str) -> Any:
+    """A Python literal (True, 3, 'x') where the text is one, else the text itself."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def summarize(out: Path) -> str:
     """A markdown table of every JSON in ``out``."""
-    lines = ["| shape | dtype | mode | ms/token | tokens/s | allocs/step | first call s | peak MiB | = eager |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| file | mode | ms/token | tokens/s | allocs/step | first call s | peak MiB | first divergence from "
+             "eager | teacher-forced agreement |", "|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(out.glob("*.json")):
-        data = json.loads(f.read_text())
-        c = data["config"]
-        for mode, r in data["results"].items():
+        for mode, r in json.loads(f.read_text())["results"].items():
             if "error" in r:
-                lines.append(f"| {c['shape']} | {c['dtype']} | {mode} | error: {r['error'][:60]} | | | | | |")
+                lines.append(f"| {f.stem} | {mode} | error: {r['error'][:60]} | | | | | | |")
                 continue
-            lines.append(f"| {c['shape']} | {c['dtype']} | {mode} | {r['ms_per_token']:.3f} | {r['tokens_per_s']:.0f} "
+            tf = r.get("teacher_forced")
+            agree = f"{tf['agree']}/{tf['steps']}" if tf else "-"
+            lines.append(f"| {f.stem} | {mode} | {r['ms_per_token']:.3f} | {r['tokens_per_s']:.0f} "
                          f"| {_num(r['alloc_requests_per_step'])} | {r.get('first_call_s', float('nan')):.2f} | "
-                         f"{_num(r['peak_bytes'] / 2**20 if r['peak_bytes'] >= 0 else None)} | {r.get('first_divergence_vs_eager_dynamic', '-')} |")
+                         f"{_num(r['peak_bytes'] / 2**20 if r['peak_bytes'] >= 0 else None)} | "
+                         f"{r.get('first_divergence_vs_eager_dynamic', '-')} | "
+                         f"{agree} |")
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 - ``GraphRunner``: prefill uncaptured, then one captured decode step replayed per token (``mode="capture"``),
   optionally ``torch.compile``d first (``mode="compile"``); ``mode="eager"`` runs the same device-side step
   without a graph (CPU, tests). Records, hooks and sampling follow ``kvlab.torch_backend``'s contract.
-- ``fuse_modules``: q/k/v and gate/up as single GEMMs, RMSNorm as ``F.rms_norm`` (optionally packed-GQA attention).
+- ``fuse_modules``: q/k/v and gate/up as single GEMMs, RMSNorm as ``F.rms_norm``, a choice of decode attention.
 - A two-stage argmax that stays on the device (captured with the step).
 
 Measured on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_pytorch_cuda_graphs.ipynb``.
@@ -12,7 +12,7 @@ Measured on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,20 +31,32 @@ MODES = ("eager", "capture", "compile")
 # fewer, larger kernels for batch-1 decode (GraphRunner(fuse=True))
 
 
-def fuse_modules(model: TorchModel, packed_gqa: bool = False) -> dict[str, int]:
-    """Rewrite a Llama-family model in place for fewer kernels per decode step: q/k/v projections as one GEMM,
-    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA), and with
-    ``packed_gqa=True`` sdpa replaced by ``PACKED_GQA`` attention (decode without copying K/V per query head).
-    Same function, same weights; float rounding can differ in the last bit. Idempotent; returns what it replaced.
+ATTENTIONS = ("sdpa", "packed-gqa", "reduce", "triton")  # fuse_modules(attention=...): how a decode step attends
 
-    Measured on the H200 (data/h200): packed GQA removes 2 copy kernels per layer, but with G query rows cuDNN
-    picks a prefill kernel (13.8 us vs 5 us per call at 768 positions) and memory-efficient SDPA is worse still
-    (46 us): a loss on SmolLM2-135M, a wash on Llama-1B. Hence off by default."""
-    done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "packed_gqa_attention": 0}
-    if packed_gqa and getattr(model.hf.config, "_attn_implementation", None) == "sdpa":
-        register_packed_gqa()
-        model.hf.config._attn_implementation = PACKED_GQA
-        done["packed_gqa_attention"] = 1
+
+def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
+    """Rewrite a Llama-family model in place for fewer kernels per decode step: q/k/v projections as one GEMM,
+    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA), and the
+    attention of one decode token (``attention``, one of ``ATTENTIONS``):
+
+    - "sdpa": transformers' sdpa, unchanged (K/V copied to every query head, then one sdpa call).
+    - "packed-gqa": ``packed_gqa_attention``: sdpa with the query heads of a group as rows (no K/V copies).
+    - "reduce": ``reduce_attention``: plain float32 arithmetic that ``torch.compile`` fuses into a few
+      reduction kernels reading the cache in place (no K/V copies, no library attention call).
+    - "triton": ``triton_attention``: the same arithmetic as two hand-written Triton kernels (CUDA; elsewhere
+      it is "reduce").
+
+    Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced.
+    Measured on the H200 (data/h200/README.md): "packed-gqa" lost on SmolLM2-135M (cuDNN picks a prefill kernel
+    for G query rows) and was a wash on Llama-1B."""
+    if attention not in ATTENTIONS:
+        raise ConfigError(f"attention={attention!r}; choose one of {ATTENTIONS}")
+    done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "attention": 0}
+    if attention != "sdpa" and getattr(model.hf.config, "_attn_implementation", None) == "sdpa":
+        name, fn = DECODE_ATTENTION[attention]
+        register_attention(name, fn)
+        model.hf.config._attn_implementation = name
+        done["attention"] = 1
     for name, mod in list(model.hf.named_modules()):
         if all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
             owner = FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
@@ -63,7 +75,10 @@ def fuse_modules(model: TorchModel, packed_gqa: bool = False) -> dict[str, int]:
     return done
 
 
-PACKED_GQA = "kvlab_packed_gqa"  # an attention implementation name registered with transformers
+def _one_decode_token(query: Any, attention_mask: Any, dropout: float) -> bool:
+    """True for the case the decode attentions handle: batch 1, one query token, a [1, 1, 1, L] bool mask."""
+    return (query.shape[0] == 1 and query.shape[2] == 1 and not dropout and attention_mask is not None
+            and attention_mask.dtype == torch.bool and attention_mask.shape[-2] == 1)
 
 
 def packed_gqa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
@@ -73,27 +88,67 @@ def packed_gqa_attention(module: Any, query: Any, key: Any, value: Any, attentio
     With a mask, transformers' sdpa path copies K and V to every query head (repeat_kv): [B, KVH, L, D] ->
     [B, H, L, D] per layer and step. For a single query token the G = H / KVH query heads of a group are
     instead laid out as G query rows of one KV head: query [B, H, 1, D] -> [B, KVH, G, D], one sdpa call, no
-    copy. Everything else (prefill, no mask, no groups) goes to transformers' sdpa unchanged. Off by default: see
-    ``fuse_modules`` for what it measured."""
+    copy. Everything else (prefill, no mask) goes to transformers' sdpa unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    b, h, q, d = query.shape
-    if q != 1 or groups == 1 or attention_mask is None or dropout or attention_mask.shape[-2] != 1:
+    b, h, _, d = query.shape
+    kvh = key.shape[1]
+    if not _one_decode_token(query, attention_mask, dropout) or kvh == h:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    packed = query.reshape(b, h // groups, groups, d)  # head kv * G + g -> (kv, g): repeat_kv's head order
+    packed = query.reshape(b, kvh, h // kvh, d)  # head kv * G + g -> (kv, g): repeat_kv's head order
     out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None  # [B, 1, H, D] as transformers returns
 
 
-def register_packed_gqa() -> None:
-    """Register PACKED_GQA with transformers' attention and mask interfaces (masks as for sdpa)."""
+def reduce_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                     scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """Attention of one decode token written as broadcast products and sums, in float32.
+
+    Under ``torch.compile`` each line becomes (part of) one generated reduction kernel that reads the static
+    cache where it lies: scores (a sum over D), softmax (over L), output (a sum over L). No K/V copy per query
+    head, no library call with its own setup kernels. Run eagerly it materializes [KVH, G, L, D] products: fine
+    for tests, slow for real use. Anything but one decode token goes to transformers' sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if not _one_decode_token(query, attention_mask, dropout):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    _, h, _, d = query.shape
+    kvh, L = key.shape[1], key.shape[2]
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query.view(kvh, h // kvh, 1, d).float()  # [KVH, G, 1, D]: query head kv * G + g, as repeat_kv orders them
+    scores = (q * key[0, :, None].float()).sum(-1) * scale  # [KVH, G, L]
+    scores = scores.masked_fill(~attention_mask.view(1, 1, L), float("-inf"))
+    probs = scores.softmax(-1)  # [KVH, G, L]
+    out = (probs[..., None] * value[0, :, None].float()).sum(-2)  # [KVH, G, D]
+    return out.to(query.dtype).view(1, 1, h, d), None  # [B, 1, H, D] as transformers returns
+
+
+def triton_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                     scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """``reduce_attention``'s arithmetic as one hand-written pair of Triton kernels (``kvlab.torch_kernels``):
+    two launches per layer. Where Triton cannot run (not installed, not CUDA) it is ``reduce_attention``."""
+    from . import torch_kernels
+
+    if not (_one_decode_token(query, attention_mask, dropout) and torch_kernels.available(query)):
+        return reduce_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                is_causal=is_causal, **kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return torch_kernels.decode_attention(query, key, value, attention_mask, scale), None
+
+
+DECODE_ATTENTION = {"packed-gqa": ("kvlab_packed_gqa", packed_gqa_attention),  # name registered with transformers
+                    "reduce": ("kvlab_reduce", reduce_attention), "triton": ("kvlab_triton", triton_attention)}
+
+
+def register_attention(name: str, fn: Callable[..., Any]) -> None:
+    """Register an attention function with transformers' attention and mask interfaces (masks as for sdpa)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
-    AttentionMaskInterface.register(PACKED_GQA, sdpa_mask)
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
 
 
 class FusedLinear(nn.Module):
@@ -182,19 +237,20 @@ class GraphRunner:
 
     mode: "capture" (capture the eager step), "compile" (torch.compile the step, fullgraph, then capture it;
     on CPU the compiled step runs without a graph), "eager" (no graph: the same device-side step, run eagerly).
-    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step.
+    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step;
+    attention: its decode attention (``ATTENTIONS``; "reduce" pays off only compiled).
     keep_logits=False: the step keeps only its argmax (greedy only; a little faster).
     """
 
     def __init__(self, model: TorchModel, max_cache_len: int, *, mode: str = "capture", fuse: bool = False,
-                 compile_mode: str = "default", compile_backend: str = "inductor", keep_logits: bool = True,
-                 warmup: int = 3):
+                 attention: str = "sdpa", compile_mode: str = "default", compile_backend: str = "inductor",
+                 keep_logits: bool = True, warmup: int = 3):
         if not isinstance(model, TorchModel):
             raise ConfigError(f"model must be a TorchModel (torch_backend.load(...)), got {model!r}")
         if mode not in MODES:
             raise ConfigError(f"mode={mode!r}; choose one of {MODES}")
         attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
-        if attn not in (*ATTENTION, PACKED_GQA):
+        if attn not in (*ATTENTION, *(name for name, _ in DECODE_ATTENTION.values())):
             raise ConfigError(f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
                               "with a 4-D mask (load(..., attn_implementation='sdpa'))")
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
@@ -207,7 +263,9 @@ class GraphRunner:
                               "'cuda' or use mode='eager'")
         from transformers import StaticCache
 
-        self.fused = fuse_modules(model) if fuse else {}
+        if attention != "sdpa" and not fuse:
+            raise ConfigError(f"attention={attention!r} is one of fuse_modules' rewrites: pass fuse=True with it")
+        self.fused = fuse_modules(model, attention=attention) if fuse else {}
         self.model, self.mode, self.max_cache_len = model, mode, max_cache_len
         self.attn = "eager" if model.hf.config._attn_implementation == "eager" else "sdpa"  # the mask's format
         self.keep_logits = keep_logits
