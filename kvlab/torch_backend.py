@@ -292,6 +292,13 @@ def _emit_step(records: list, hooks: Sequence[StepHook], model: "TorchModel", de
     return rec
 
 
+def _stop_reason(model: "TorchModel", tokens: Sequence[int], n_new: int, stop_on_eos: bool) -> str | None:
+    """Why generation stops after ``tokens`` ("eos", "max_new_tokens"), or None to go on: shared by both loops."""
+    if stop_on_eos and tokens[-1] in model.eos_token_ids:
+        return "eos"
+    return "max_new_tokens" if len(tokens) == n_new else None
+
+
 def frame(records: Iterable[StepRecord]):
     """Records as a DataFrame with kvlab's COLUMNS plus ALLOC_COLUMNS."""
     import pandas as pd
@@ -495,10 +502,8 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
                        run=run, live=live, created=created, created_bytes=created_bytes, fresh=fresh)
             position += n
             tokens.append(token)
-            if stop_on_eos and token in model.eos_token_ids:
-                stop = "eos"
-                break
-            if len(tokens) == n_new:
+            stop = _stop_reason(model, tokens, n_new, stop_on_eos)
+            if stop:
                 break
             feed = torch.tensor([[token]], dtype=torch.long, device=dev)
     return TorchGeneration(model=model.name, device=str(dev), cache=label, dtype=str(model.dtype).replace("torch.", ""),

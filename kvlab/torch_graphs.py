@@ -22,7 +22,7 @@ from .errors import CapacityError, ConfigError, DeviceError
 from .generate import Sampling
 from .instrument import StepHook
 from .torch_backend import (ATTENTION, AllocCounter, TorchGeneration, TorchModel, _capacity, _check_new_tokens,
-                            _emit_step, _hooks, _KVWatch, _sync, cache_kwarg)
+                            _emit_step, _hooks, _KVWatch, _stop_reason, _sync, cache_kwarg)
 
 MODES = ("eager", "capture", "compile")
 
@@ -31,7 +31,7 @@ MODES = ("eager", "capture", "compile")
 # fewer, larger kernels for batch-1 decode (GraphRunner(fuse=True))
 
 
-ATTENTIONS = ("sdpa", "packed-gqa", "reduce", "triton")  # fuse_modules(attention=...): how a decode step attends
+ATTENTIONS = ("sdpa", "packed-gqa", "reduce")  # fuse_modules(attention=...): how a decode step attends
 
 
 def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
@@ -43,8 +43,6 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
     - "packed-gqa": ``packed_gqa_attention``: sdpa with the query heads of a group as rows (no K/V copies).
     - "reduce": ``reduce_attention``: plain float32 arithmetic that ``torch.compile`` fuses into a few
       reduction kernels reading the cache in place (no K/V copies, no library attention call).
-    - "triton": ``triton_attention``: the same arithmetic as two hand-written Triton kernels (CUDA; elsewhere
-      it is "reduce").
 
     Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced.
     Measured on the H200 (data/h200/README.md): "packed-gqa" lost on SmolLM2-135M (cuDNN picks a prefill kernel
@@ -125,21 +123,8 @@ def reduce_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     return out.to(query.dtype).view(1, 1, h, d), None  # [B, 1, H, D] as transformers returns
 
 
-def triton_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                     scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
-    """``reduce_attention``'s arithmetic as one hand-written pair of Triton kernels (``kvlab.torch_kernels``):
-    two launches per layer. Where Triton cannot run (not installed, not CUDA) it is ``reduce_attention``."""
-    from . import torch_kernels
-
-    if not (_one_decode_token(query, attention_mask, dropout) and torch_kernels.available(query)):
-        return reduce_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                is_causal=is_causal, **kwargs)
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return torch_kernels.decode_attention(query, key, value, attention_mask, scale), None
-
-
 DECODE_ATTENTION = {"packed-gqa": ("kvlab_packed_gqa", packed_gqa_attention),  # name registered with transformers
-                    "reduce": ("kvlab_reduce", reduce_attention), "triton": ("kvlab_triton", triton_attention)}
+                    "reduce": ("kvlab_reduce", reduce_attention)}
 
 
 def register_attention(name: str, fn: Callable[..., Any]) -> None:
@@ -436,10 +421,8 @@ class GraphRunner:
                        live=live)
             position += n
             tokens.append(token)
-            if stop_on_eos and token in model.eos_token_ids:
-                stop = "eos"
-                break
-            if len(tokens) == n_new:
+            stop = _stop_reason(model, tokens, n_new, stop_on_eos)
+            if stop:
                 break
         _sync(dev)
         return TorchGeneration(model=model.name, device=str(dev), cache=f"graph-{self.mode}(max_cache_len="
