@@ -374,6 +374,9 @@ class OrtWebGpuBackend(Backend):
                 so.intra_op_num_threads = int(value)
             elif key == "spinning":
                 so.add_session_config_entry("session.intra_op.allow_spinning", value)
+            elif key == "profile":  # ONNX Runtime's own profiler: one JSON trace per session, written at close
+                so.enable_profiling = True
+                so.profile_file_prefix = value
             else:
                 so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
         return so
@@ -441,6 +444,7 @@ class Device:
     def __init__(self, name: str, backend: Backend, adapter: Adapter, ep_options: dict[str, str]):
         self.name, self.backend, self.adapter, self.ep_options = name, backend, adapter, ep_options
         self._sessions: dict[str, Session] = {}
+        self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
         self._live: dict[int, int] = {}  # id(tensor) -> nbytes of live kvlab-owned tensors
         self._lock = threading.Lock()
         self.closed = False
@@ -508,6 +512,8 @@ class Device:
         if self._live:
             raise DeviceError(f"{len(self._live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
                               f"{self.name}; dispose the caches that hold them before closing the device")
+        if "profile" in self.ep_options:
+            self.profiles = {key: s._sess.end_profiling() for key, s in self._sessions.items()}
         self._sessions.clear()
         self.backend.drop_helpers(self)
         self.closed = True
@@ -554,12 +560,13 @@ def cpu_options(threads: int | None = None, spinning: bool | None = None) -> dic
 
 def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
                 validation_mode: str | None = None, threads: int | None = None,
-                spinning: bool | None = None) -> Device:
+                spinning: bool | None = None, profile: str | os.PathLike | None = None) -> Device:
     """The process's device of that name, opened on first use. Asking for options that differ from the open
     device's is an error (for WebGPU the context would silently keep its own); close the device first.
 
     WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
-    (whether idle pool threads spin; off is kinder to a machine shared with other work)."""
+    (whether idle pool threads spin; off is kinder to a machine shared with other work). ``profile``: a file
+    prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
     if isinstance(name, Device):
         return name
     if name not in DEVICES:
@@ -570,6 +577,8 @@ def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = N
         raise ConfigError("threads and spinning apply to device 'cpu' only, not 'webgpu'")
     options = (webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu"
                else cpu_options(threads, spinning))
+    if profile is not None:
+        options["profile"] = str(profile)
     dev = _OPEN.get(name)
     if dev is not None:
         differing = {k: v for k, v in options.items() if dev.ep_options.get(k, v) != v or k not in dev.ep_options}

@@ -46,3 +46,29 @@ def test_weight_bytes_count_gathered_tables_by_row(smollm2):
     # the embedding lookup one row, so about every parameter is read once.
     b = weight_bytes_per_token(smollm2)
     assert np.isclose(b, 134_515_008 * 4, rtol=0.01)
+
+
+def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
+    """ONNX Runtime's own profiler, read back: every op type of the toy graph, the time between nodes, and the
+    run, whose parts add up to it. The profiled device is closed afterwards; a plain one opens again."""
+    from kvlab import bench, runtime
+
+    rows = bench.op_profile(toy, "cpu", context=32, new_tokens=5)
+    ops = {r["op"]: r for r in rows}
+    assert {"MatMul", "GroupQueryAttention", "(between nodes)", "(run)"} <= set(ops)
+    import onnx
+
+    graph = onnx.load(str(toy.onnx_path), load_external_data=False).graph
+    for op in ("MatMul", "GroupQueryAttention"):  # kept as they are by ORT's graph optimizations on the CPU EP
+        assert ops[op]["nodes_per_step"] == sum(n.op_type == op for n in graph.node)
+    parts = sum(r["ms_per_step"] for r in rows if r["op"] != "(run)")
+    assert abs(parts - ops["(run)"]["ms_per_step"]) < 1e-6 and ops["(run)"]["share"] == 1.0
+    assert runtime.opened("cpu") is None and "profile" not in runtime.open_device("cpu").ep_options
+    proc = subprocess.run([KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "new_tokens=2 leaves no decode run to profile" in proc.stderr
+    out = tmp_path / "ops.csv"
+    proc = subprocess.run([KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "4", "--csv",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "GroupQueryAttention" in proc.stdout and out.read_text().startswith("op,ms_per_step,nodes_per_step,share")
