@@ -332,9 +332,25 @@ def _row_line(model: str, device: str, mode: str | None, context: int, summary: 
         ("" if valid else "  INVALID: tokens differ")
 
 
+def huge_pages() -> dict[str, Any]:
+    """Whether this process's memory sits in transparent huge pages: glibc's tunable (set at process start, e.g.
+    by ``kvlab bench --huge-pages``), the kernel's THP mode, and the anonymous huge-page MiB now mapped."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return ""
+
+    mode = read("/sys/kernel/mm/transparent_hugepage/enabled").strip()
+    rollup = [line.split()[1] for line in read("/proc/self/smaps_rollup").splitlines()
+              if line.startswith("AnonHugePages:")]
+    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "thp_mode": mode or None,
+            "anon_huge_mib": int(rollup[0]) // 1024 if rollup else None}
+
+
 def environment(bandwidth: dict[str, float]) -> dict[str, Any]:
     env = describe()
-    env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge_pages(),
                 "cpu_count": os.cpu_count(), "machine": platform.machine(),
                 "cpu_ep_options": open_device("cpu").ep_options or "ORT defaults (one thread per physical core, "
                                                                     "spinning on)"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,6 +45,30 @@ def _threads(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
 
 
+def _huge(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--huge-pages", action="store_true", help="re-run this command with glibc's malloc asking for "
+                   "transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1): weights in 2 MiB pages")
+
+
+HUGE = "glibc.malloc.hugetlb=1"
+
+
+def _reexec_with_huge_pages(argv: list[str]) -> None:
+    """Run the same command again in a process whose malloc madvises transparent huge pages (a glibc tunable is
+    read at process start only). Returns when this process already has it."""
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    if HUGE in current.split(":"):
+        return
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    thp = mode.read_text().strip() if mode.is_file() else "absent"
+    libc = platform.libc_ver()[0]
+    if libc != "glibc" or thp == "absent" or "[never]" in thp:
+        raise ConfigError(f"--huge-pages needs Linux with glibc and transparent huge pages not set to never; here: "
+                          f"libc {libc or 'unknown'}, THP {thp}")
+    env = {**os.environ, "GLIBC_TUNABLES": ":".join(filter(None, [current, HUGE]))}
+    os.execve(sys.executable, [sys.executable, "-m", "kvlab", *argv], env)
+
+
 def _open_cpu(args: argparse.Namespace) -> None:
     if args.threads is not None or args.no_spinning:
         open_device("cpu", threads=args.threads, spinning=False if args.no_spinning else None)
@@ -74,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _threads(b)
+    _huge(b)
     pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
                                         "(ONNX Runtime's own profiler)")
     pr.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
@@ -82,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
     pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
     _threads(pr)
+    _huge(pr)
     return ap
 
 
@@ -244,8 +272,11 @@ def _identical(runs: dict[str, Generation]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
+        if getattr(args, "huge_pages", False):
+            _reexec_with_huge_pages(argv)
         if args.command == "doctor":
             from .doctor import doctor
 

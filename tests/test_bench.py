@@ -1,6 +1,7 @@
 """kvlab bench --quick, as CI's smoke run: it measures, pairs, checks tokens and writes its files."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,16 @@ KVLAB = str(Path(sys.executable).parent / "kvlab")
 
 
 def test_bench_quick_writes_valid_paired_results(tmp_path):
-    proc = subprocess.run([KVLAB, "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600)
+    """(With --huge-pages: the command re-runs itself with glibc's huge-page tunable, and records that it did.)"""
+    proc = subprocess.run([KVLAB, "bench", "--quick", "--huge-pages", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
+    if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        assert proc.returncode == 1 and "transparent huge pages not set to never" in proc.stderr
+        return
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "results.json").read_text())
     env, rows = result["environment"], result["rows"]
+    assert env["huge_pages"]["glibc_tunables"] == "glibc.malloc.hugetlb=1" and env["huge_pages"]["anon_huge_mib"] > 0
     assert env["versions"]["onnxruntime-webgpu"] == "1.27.0" and env["bandwidth_gbps"]["best"] > 0
     assert env["commit"] and env["cpu"]
     assert {(r["device"], r["variant"].split("@")[0]) for r in rows} >= {
