@@ -46,7 +46,8 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
 
     Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced.
     Measured on the H200 (data/h200/README.md): "packed-gqa" lost on SmolLM2-135M (cuDNN picks a prefill kernel
-    for G query rows) and was a wash on Llama-1B."""
+    for G query rows) and was a wash on Llama-1B; "reduce", compiled, is the fastest (Llama-1B bf16: 1.30 ->
+    1.25 ms per token, 1.12-1.20 with ``compile_mode="max-autotune-no-cudagraphs"``)."""
     if attention not in ATTENTIONS:
         raise ConfigError(f"attention={attention!r}; choose one of {ATTENTIONS}")
     done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "attention": 0}
