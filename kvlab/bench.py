@@ -430,13 +430,15 @@ def figure(result: dict[str, Any], model: str, device: str):
     per-tensor KV size crosses on WebGPU; labelled with backend, adapter, model, dtype and machine."""
     import plotly.graph_objects as go
 
+    from .plots import recorded_variant
+
     rows = [r for r in result["rows"] if r["model"] == model and r["device"] == device]
     env = result["environment"]
     fig = go.Figure()
 
     def series(r: dict[str, Any]) -> str:  # a static cache sized to each run is one series across contexts
-        fit = r["variant"] == f"static@{r['context'] + r['new_tokens'] - 1}"
-        return "static@fit (context + new tokens)" if fit else r["variant"]
+        name = recorded_variant(r)
+        return "static@fit (context + new tokens)" if name == "static@fit" else name
 
     for (variant, mode) in sorted({(series(r), r["buffer_cache_mode"]) for r in rows}):
         rs = sorted((r for r in rows if series(r) == variant and r["buffer_cache_mode"] == mode),

@@ -59,8 +59,9 @@ def _reexec_with_huge_pages(argv: list[str]) -> None:
     current = os.environ.get("GLIBC_TUNABLES", "")
     if HUGE in current.split(":"):
         return
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    thp = mode.read_text().strip() if mode.is_file() else "absent"
+    from .bench import huge_pages
+
+    thp = huge_pages()["thp_mode"] or "absent"
     libc = platform.libc_ver()[0]
     if libc != "glibc" or thp == "absent" or "[never]" in thp:
         raise ConfigError(f"--huge-pages needs Linux with glibc and transparent huge pages not set to never; here: "
@@ -69,9 +70,20 @@ def _reexec_with_huge_pages(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "kvlab", *argv], env)
 
 
+def _cpu_options(args: argparse.Namespace) -> dict[str, Any]:
+    """open_device keyword arguments for --threads / --no-spinning (only those given)."""
+    options: dict[str, Any] = {}
+    if args.threads is not None:
+        options["threads"] = args.threads
+    if args.no_spinning:
+        options["spinning"] = False
+    return options
+
+
 def _open_cpu(args: argparse.Namespace) -> None:
-    if args.threads is not None or args.no_spinning:
-        open_device("cpu", threads=args.threads, spinning=False if args.no_spinning else None)
+    options = _cpu_options(args)
+    if options:
+        open_device("cpu", **options)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -158,12 +170,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     context = _ints(str(args.context), "--context")[0]
     new_tokens = _ints(str(args.new_tokens), "--new-tokens")[0]
-    options: dict[str, Any] = {}
-    if args.threads is not None:
-        options["threads"] = args.threads
-    if args.no_spinning:
-        options["spinning"] = False
-    rows = bench.op_profile(args.model, args.device, context, new_tokens, **options)
+    rows = bench.op_profile(args.model, args.device, context, new_tokens, **_cpu_options(args))
     lines = [["op", "ms/step", "nodes/step", "share"]] + [
         [r["op"], f"{r['ms_per_step']:.3f}", f"{r['nodes_per_step']:g}", f"{100 * r['share']:.1f}%"] for r in rows]
     widths = [max(len(row[i]) for row in lines) for i in range(4)]

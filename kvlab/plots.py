@@ -363,7 +363,7 @@ def recorded_environment(result: dict[str, Any]) -> str:
             f"commit {env.get('commit', '?')}")
 
 
-def _variant(row: dict[str, Any]) -> str:
+def recorded_variant(row: dict[str, Any]) -> str:
     """A recorded variant's name, with a static cache sized to fit each context named 'static@fit' (so that
     it makes one line across contexts)."""
     name = str(row["variant"])
@@ -417,8 +417,8 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
                 and (device is None or r["device"] == device)]
         if not rows:
             raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
-        for j, key in enumerate(sorted({(_variant(r), r.get("buffer_cache_mode", "")) for r in rows})):
-            pts = sorted((r for r in rows if (_variant(r), r.get("buffer_cache_mode", "")) == key),
+        for j, key in enumerate(sorted({(recorded_variant(r), r.get("buffer_cache_mode", "")) for r in rows})):
+            pts = sorted((r for r in rows if (recorded_variant(r), r.get("buffer_cache_mode", "")) == key),
                          key=lambda r: r["context"])
             color = _color_for(key[0], len(groups) + j)
             fig.add_trace(go.Scatter(

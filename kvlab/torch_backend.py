@@ -482,7 +482,7 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
              else "dynamic")
     choose = (sampling or Sampling()).chooser()
     kw, dev, hooks = cache_kwarg(model.hf), model.device, _hooks(on_step)
-    watch, records, tokens, stop = _KVWatch(), [], [], "max_new_tokens"
+    watch, records, tokens = _KVWatch(), [], []
     feed = torch.tensor([ids], dtype=torch.long, device=dev)
     position = 0
     with torch.inference_mode():

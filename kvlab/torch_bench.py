@@ -254,9 +254,7 @@ def run_config(shape: str, dtype: str, prompt_len: int, new: int, modes: list[st
             best = None
             for _ in range(repeats):
                 _sync(dev)
-                logits = runner.prefill(ids)
-                runner.tok.copy_(logits.argmax().view(1, 1))
-                runner.history[len(ids)] = logits.argmax()
+                runner.start(ids)
                 _sync(dev)
                 a0, s0, t1 = _allocs(dev), _segments(dev), time.perf_counter()
                 for _ in range(new - 1):

@@ -366,14 +366,17 @@ class GraphRunner:
             logits = self._forward(torch.tensor([list(ids)], dtype=torch.long, device=self.model.device))
         return logits
 
-    def decode_greedy(self, ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """The lean loop: prefill, then replay max_new_tokens - 1 steps with no host sync in between."""
-        n_new = _check_new_tokens(max_new_tokens)
-        _capacity(self.max_cache_len, len(ids) + n_new - 1)
-        logits = self.prefill(ids)
-        first = logits.argmax()
+    def start(self, ids: Sequence[int]) -> None:
+        """prefill(ids), then feed its greedy token to the step: each replay from here decodes one more token."""
+        first = self.prefill(ids).argmax()
         self.tok.copy_(first.view(1, 1))
         self.history[len(ids)] = first
+
+    def decode_greedy(self, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """The lean loop: start, then replay max_new_tokens - 1 steps with no host sync in between."""
+        n_new = _check_new_tokens(max_new_tokens)
+        _capacity(self.max_cache_len, len(ids) + n_new - 1)
+        self.start(ids)
         for _ in range(n_new - 1):
             self._replay()
         out = self.history[len(ids): len(ids) + n_new].tolist()  # one sync
@@ -392,7 +395,7 @@ class GraphRunner:
         if sampling.do_sample and not self.keep_logits:
             raise ConfigError("sampling needs the step's logits: build the GraphRunner with keep_logits=True")
         choose = sampling.chooser()
-        hooks, records, tokens, stop = _hooks(on_step), [], [], "max_new_tokens"
+        hooks, records, tokens = _hooks(on_step), [], []
         host_tok = torch.zeros((1, 1), dtype=torch.long, pin_memory=dev.type == "cuda")
         live = sum(t.nbytes for t in _KVWatch.tensors(self.cache))
         position = 0
