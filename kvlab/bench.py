@@ -28,7 +28,8 @@ from .errors import ConfigError
 from .generate import Stepper, generate
 from .instrument import StepRecord
 from .models import Model, load
-from .runtime import BUFFER_CACHE_MODES, close_device, describe, open_device
+from . import memory
+from .runtime import BUFFER_CACHE_MODES, close_device, describe, open_device, opened
 
 # WebGPU buffer pool buckets a KV tensor crosses (knowledge/ort_webgpu.md, buffer_manager.cc)
 BUCKETS_MIB = (4, 8, 12, 16)
@@ -136,10 +137,12 @@ class GenaiPeer:
 
 
 def memory_bandwidth(size_mib: int = 256, repeats: int = 5) -> dict[str, float]:
-    """STREAM-like measurements on this machine (GB/s): copy (read + write bytes counted, 1 and 2 threads) and
-    read (a sum). The roofline uses the best of them: the most the memory system was seen to deliver."""
+    """STREAM-like measurements on this machine (GB/s), each the best of ``repeats``: copy (read + write bytes
+    counted) and read (a dot product of an array with itself), on 1 and 2 threads. numpy puts arrays this large in
+    transparent huge pages. ``best`` is the most the memory system was seen to deliver: the roofline uses it."""
     n = size_mib * 2**20 // 4
     a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+    halves = (slice(0, n // 2), slice(n // 2, n))
 
     def best(fn: Callable[[], Any]) -> float:
         fn()
@@ -150,18 +153,17 @@ def memory_bandwidth(size_mib: int = 256, repeats: int = 5) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         return min(times)
 
-    def threaded_copy(threads: int) -> None:
-        chunks = np.array_split(np.arange(0, n, 2**16), threads)
-        spans = [(c[0], min(n, c[-1] + 2**16)) for c in chunks]
-        ts = [threading.Thread(target=np.copyto, args=(b[s:e], a[s:e])) for s, e in spans]
+    def on_two_threads(fn: Callable[[slice], Any]) -> None:
+        ts = [threading.Thread(target=fn, args=(half,)) for half in halves]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
 
     out = {"copy_1t": 2 * a.nbytes / best(lambda: np.copyto(b, a)) / 1e9,
-           "copy_2t": 2 * a.nbytes / best(lambda: threaded_copy(2)) / 1e9,
-           "read_1t": a.nbytes / best(lambda: a.sum()) / 1e9}
+           "copy_2t": 2 * a.nbytes / best(lambda: on_two_threads(lambda h: np.copyto(b[h], a[h]))) / 1e9,
+           "read_1t": a.nbytes / best(lambda: np.dot(a, a)) / 1e9,
+           "read_2t": a.nbytes / best(lambda: on_two_threads(lambda h: np.dot(a[h], a[h]))) / 1e9}
     out["best"] = max(out.values())
     return out
 
@@ -281,8 +283,8 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     for mode in plan.buffer_cache_modes:
         if mode not in BUFFER_CACHE_MODES:
             raise ConfigError(f"buffer cache mode {mode!r} is not valid; choose one of {BUFFER_CACHE_MODES}")
-    bandwidth = memory_bandwidth()
-    log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items()))
+    bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
+    log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
     for model_name, device in plan.targets:
         model = load(model_name)
@@ -304,25 +306,36 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
                     fn()
                 runs: dict[str, list[Run]] = {name: [] for name in variants}
+                measured: list[float] = []  # the memory bandwidth, measured before each round of runs and after the last
                 for _ in range(plan.reps):
+                    measured.append(memory_bandwidth(repeats=3)["best"])
                     for name, fn in variants.items():
                         runs[name].append(fn())
+                measured.append(memory_bandwidth(repeats=3)["best"])
+                bws = [max(pair) for pair in zip(measured, measured[1:])]  # each round's: the higher of its two
                 for pre in kept:
                     pre.cache.dispose()
                 summary = _summarize(runs, "dynamic")
                 valid = all(s["tokens_equal"] for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
+                roofline = lambda gbps: (weights + kv_read) / (gbps * 1e9) * 1e3  # noqa: E731 - ms per step
                 for name, s in summary.items():
-                    roofline_ms = (weights + kv_read) / (bandwidth["best"] * 1e9) * 1e3
+                    paired = [roofline(bw) / r.decode_ms for bw, r in zip(bws, runs[name])]
                     row = {"model": model_name, "device": device, "adapter": dev.adapter.label,
                            "buffer_cache_mode": mode or "", "dtype": model.info.dtype_name, "context": context,
                            "kv_tensor_mib": context * model.info.bytes_per_token / (2 * model.info.num_layers) / 2**20,
                            "new_tokens": new, "variant": name, "reps": plan.reps, "valid": valid,
-                           "weight_bytes": weights, "kv_read_bytes": kv_read, "roofline_ms": roofline_ms,
-                           "roofline_fraction": roofline_ms / s["decode_ms"],
+                           "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": float(np.median(bws)),
+                           "roofline_ms": roofline(float(np.median(bws))), "roofline_fraction": float(np.median(paired)),
+                           "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"], **s}
                     rows.append(row)
+                bandwidth["paired"].extend(measured)
                 log(_row_line(model_name, device, mode, context, summary, valid))
+    bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
+    for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
+        row["roofline_fraction_at_run_best"] = row["roofline_ms"] * row["bandwidth_gbps"] / bandwidth["best"] / \
+            row["decode_ms"]
     return {"environment": environment(bandwidth), "plan": asdict(plan), "rows": rows}
 
 
@@ -332,28 +345,13 @@ def _row_line(model: str, device: str, mode: str | None, context: int, summary: 
         ("" if valid else "  INVALID: tokens differ")
 
 
-def huge_pages() -> dict[str, Any]:
-    """Whether this process's memory sits in transparent huge pages: glibc's tunable (set at process start, e.g.
-    by ``kvlab bench --huge-pages``), the kernel's THP mode, and the anonymous huge-page MiB now mapped."""
-    def read(path: str) -> str:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return ""
-
-    mode = read("/sys/kernel/mm/transparent_hugepage/enabled").strip()
-    rollup = [line.split()[1] for line in read("/proc/self/smaps_rollup").splitlines()
-              if line.startswith("AnonHugePages:")]
-    return {"glibc_tunables": os.environ.get("GLIBC_TUNABLES"), "thp_mode": mode or None,
-            "anon_huge_mib": int(rollup[0]) // 1024 if rollup else None}
-
-
-def environment(bandwidth: dict[str, float]) -> dict[str, Any]:
+def environment(bandwidth: dict[str, Any]) -> dict[str, Any]:
     env = describe()
-    env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge_pages(),
+    huge = {**memory.state(), "cpu_session_bytes": opened("cpu").huge_page_bytes if opened("cpu") else 0}
+    env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge,
                 "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                "cpu_ep_options": open_device("cpu").ep_options or "ORT defaults (one thread per physical core, "
-                                                                    "spinning on)"})
+                "cpu_ep_options": open_device("cpu").ep_options or "defaults (ORT: one thread per physical core, "
+                                                                    "spinning on; kvlab: huge pages on)"})
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,7 +28,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
-    _threads(p)
+    _cpu_flags(p)
     p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, help="WebGPU storage buffer cache mode")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -40,34 +38,11 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _threads(p: argparse.ArgumentParser) -> None:
+def _cpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
     p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
-
-
-def _huge(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--huge-pages", action="store_true", help="re-run this command with glibc's malloc asking for "
-                   "transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1): weights in 2 MiB pages")
-
-
-HUGE = "glibc.malloc.hugetlb=1"
-
-
-def _reexec_with_huge_pages(argv: list[str]) -> None:
-    """Run the same command again in a process whose malloc madvises transparent huge pages (a glibc tunable is
-    read at process start only). Returns when this process already has it."""
-    current = os.environ.get("GLIBC_TUNABLES", "")
-    if HUGE in current.split(":"):
-        return
-    from .bench import huge_pages
-
-    thp = huge_pages()["thp_mode"] or "absent"
-    libc = platform.libc_ver()[0]
-    if libc != "glibc" or thp == "absent" or "[never]" in thp:
-        raise ConfigError(f"--huge-pages needs Linux with glibc and transparent huge pages not set to never; here: "
-                          f"libc {libc or 'unknown'}, THP {thp}")
-    env = {**os.environ, "GLIBC_TUNABLES": ":".join(filter(None, [current, HUGE]))}
-    os.execve(sys.executable, [sys.executable, "-m", "kvlab", *argv], env)
+    p.add_argument("--no-huge-pages", action="store_true", help="leave the CPU sessions' weights in 4 KiB pages "
+                   "(default: collapsed into 2 MiB transparent huge pages, see kvlab.memory)")
 
 
 def _cpu_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -77,6 +52,8 @@ def _cpu_options(args: argparse.Namespace) -> dict[str, Any]:
         options["threads"] = args.threads
     if args.no_spinning:
         options["spinning"] = False
+    if args.no_huge_pages:
+        options["huge_pages"] = False
     return options
 
 
@@ -111,8 +88,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
-    _threads(b)
-    _huge(b)
+    _cpu_flags(b)
     pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
                                         "(ONNX Runtime's own profiler)")
     pr.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
@@ -120,8 +96,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
     pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
-    _threads(pr)
-    _huge(pr)
+    _cpu_flags(pr)
     return ap
 
 
@@ -282,8 +257,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
-        if getattr(args, "huge_pages", False):
-            _reexec_with_huge_pages(argv)
         if args.command == "doctor":
             from .doctor import doctor
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from . import memory
 from .errors import ConfigError, DeviceError
 
 DEVICES = ("cpu", "webgpu")
@@ -324,8 +325,11 @@ class Session:
 
     def __init__(self, device: "Device", path: str | bytes, label: str):
         self.device, self.label = device, label
+        before = memory.anonymous_ranges() if device.huge_pages else set()
         self._sess = device.backend.create_session(path, device)
         self.cpu_nodes = device.backend.check_placement(self._sess, device, label)
+        # the weights ORT just allocated, in 2 MiB pages: fewer TLB misses while a decode step streams them
+        self.huge_pages = memory.collapse_new(before) if device.huge_pages else {"bytes": 0, "refused": {}}
 
     def binding(self) -> Binding:
         return Binding(self)
@@ -372,6 +376,8 @@ class OrtWebGpuBackend(Backend):
         for key, value in device.ep_options.items():
             if key == "threads":
                 so.intra_op_num_threads = int(value)
+            elif key == "huge_pages":
+                continue  # kvlab's own (Session.__init__), not an ORT setting
             elif key == "spinning":
                 so.add_session_config_entry("session.intra_op.allow_spinning", value)
             elif key == "profile":  # ONNX Runtime's own profiler: one JSON trace per session, written at close
@@ -491,6 +497,16 @@ class Device:
         return sum(self._live.values())
 
     @property
+    def huge_pages(self) -> bool:
+        """Whether sessions' new memory is collapsed into transparent huge pages (CPU device, on by default)."""
+        return self.name == "cpu" and self.ep_options.get("huge_pages", "1") == "1"
+
+    @property
+    def huge_page_bytes(self) -> int:
+        """Bytes of this device's sessions' memory the kernel confirmed collapsed into huge pages (exact)."""
+        return sum(s.huge_pages["bytes"] for s in self._sessions.values())
+
+    @property
     def label(self) -> str:
         mode = self.ep_options.get("storageBufferCacheMode", "bucket") if self.name == "webgpu" else ""
         return f"{self.name} [{self.adapter.label}]" + (f", buffer cache {mode}" if mode else "")
@@ -546,9 +562,15 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
     return options
 
 
-def cpu_options(threads: int | None = None, spinning: bool | None = None) -> dict[str, str]:
-    """CPU EP thread options (ORT's defaults otherwise: one thread per physical core, spinning on)."""
+def cpu_options(threads: int | None = None, spinning: bool | None = None,
+                huge_pages: bool | None = None) -> dict[str, str]:
+    """CPU EP options (ORT's defaults otherwise: one thread per physical core, spinning on; kvlab's: huge pages
+    on)."""
     options = {}
+    if huge_pages is not None:
+        if not isinstance(huge_pages, bool):
+            raise ConfigError(f"huge_pages={huge_pages!r} must be True or False")
+        options["huge_pages"] = "1" if huge_pages else "0"
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ConfigError(f"threads={threads!r} must be a positive int")
@@ -560,12 +582,14 @@ def cpu_options(threads: int | None = None, spinning: bool | None = None) -> dic
 
 def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
                 validation_mode: str | None = None, threads: int | None = None,
-                spinning: bool | None = None, profile: str | os.PathLike | None = None) -> Device:
+                spinning: bool | None = None, huge_pages: bool | None = None, profile: str | os.PathLike | None = None) -> Device:
     """The process's device of that name, opened on first use. Asking for options that differ from the open
     device's is an error (for WebGPU the context would silently keep its own); close the device first.
 
     WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
-    (whether idle pool threads spin; off is kinder to a machine shared with other work). ``profile``: a file
+    (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
+    each session's new memory, i.e. its weights, into 2 MiB transparent huge pages; default on, see
+    kvlab.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
     prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
     if isinstance(name, Device):
         return name
@@ -573,10 +597,10 @@ def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = N
         raise ConfigError(f"device {name!r} is not valid; choose one of {DEVICES}")
     if name != "webgpu" and (buffer_cache_mode or validation_mode):
         raise ConfigError("buffer_cache_mode and validation_mode apply to device 'webgpu' only, not 'cpu'")
-    if name != "cpu" and (threads is not None or spinning is not None):
-        raise ConfigError("threads and spinning apply to device 'cpu' only, not 'webgpu'")
+    if name != "cpu" and (threads is not None or spinning is not None or huge_pages is not None):
+        raise ConfigError("threads, spinning and huge_pages apply to device 'cpu' only, not 'webgpu'")
     options = (webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu"
-               else cpu_options(threads, spinning))
+               else cpu_options(threads, spinning, huge_pages))
     if profile is not None:
         options["profile"] = str(profile)
     dev = _OPEN.get(name)
