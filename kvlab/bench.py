@@ -116,7 +116,11 @@ class GenaiPeer:
         self.og = og
         config = og.Config(str(model.info.path))
         config.clear_providers()  # CPU EP
+        before = memory.anonymous_ranges()
         self.model = og.Model(config)
+        # like for like: its weights in huge pages too, when kvlab's CPU device puts its own there
+        huge = open_device("cpu").huge_pages
+        self.huge_pages = memory.collapse_new(before) if huge else {"bytes": 0, "refused": {}}
         self.version = og.__version__ if hasattr(og, "__version__") else "?"
 
     def run(self, ids: np.ndarray, new: int) -> Run:
@@ -286,9 +290,11 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
     log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
+    genai_huge = 0  # bytes of the peer's memory collapsed into huge pages
     for model_name, device in plan.targets:
         model = load(model_name)
         genai = GenaiPeer(model) if plan.genai and device == "cpu" else None
+        genai_huge += genai.huge_pages["bytes"] if genai else 0
         weights = weight_bytes_per_token(model)
         for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
             if device == "webgpu":
@@ -336,7 +342,7 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = row["roofline_ms"] * row["bandwidth_gbps"] / bandwidth["best"] / \
             row["decode_ms"]
-    return {"environment": environment(bandwidth), "plan": asdict(plan), "rows": rows}
+    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows}
 
 
 def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:
@@ -345,9 +351,10 @@ def _row_line(model: str, device: str, mode: str | None, context: int, summary: 
         ("" if valid else "  INVALID: tokens differ")
 
 
-def environment(bandwidth: dict[str, Any]) -> dict[str, Any]:
+def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[str, Any]:
     env = describe()
-    huge = {**memory.state(), "cpu_session_bytes": opened("cpu").huge_page_bytes if opened("cpu") else 0}
+    huge = {**memory.state(), "cpu_session_bytes": opened("cpu").huge_page_bytes if opened("cpu") else 0,
+            "genai_bytes": genai_huge_bytes}
     env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge,
                 "cpu_count": os.cpu_count(), "machine": platform.machine(),
                 "cpu_ep_options": open_device("cpu").ep_options or "defaults (ORT: one thread per physical core, "

@@ -582,7 +582,8 @@ def cpu_options(threads: int | None = None, spinning: bool | None = None,
 
 def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
                 validation_mode: str | None = None, threads: int | None = None,
-                spinning: bool | None = None, huge_pages: bool | None = None, profile: str | os.PathLike | None = None) -> Device:
+                spinning: bool | None = None, huge_pages: bool | None = None,
+                profile: str | os.PathLike | None = None) -> Device:
     """The process's device of that name, opened on first use. Asking for options that differ from the open
     device's is an error (for WebGPU the context would silently keep its own); close the device first.
 
