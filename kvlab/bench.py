@@ -29,7 +29,8 @@ from .generate import Stepper, generate
 from .instrument import StepRecord
 from .models import Model, load
 from . import memory
-from .runtime import BUFFER_CACHE_MODES, close_device, describe, open_device, opened
+from .runtime import (BUFFER_CACHE_MODES, Device, backend, close_device, cpu_adapter, cpu_options, describe,
+                      open_device, opened)
 
 # WebGPU buffer pool buckets a KV tensor crosses (knowledge/ort_webgpu.md, buffer_manager.cc)
 BUCKETS_MIB = (4, 8, 12, 16)
@@ -49,11 +50,12 @@ class Plan:
     genai: bool = True  # the peer row (CPU only: its WebGPU prefill would run on the device)
     buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
     webgpu_prefill_on_cpu: bool = True  # the handoff (kvlab.generate prefill_device="cpu")
+    small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
 
     @classmethod
     def quick(cls) -> "Plan":
         return cls(targets=[("toy", "cpu"), ("toy", "webgpu")], contexts={"cpu": [64, 256], "webgpu": [64, 256]},
-                   new_tokens={"cpu": 8, "webgpu": 4}, static_lens=[512], reps=2)
+                   new_tokens={"cpu": 8, "webgpu": 4}, static_lens=[512], reps=2, small_pages_twin=False)
 
 
 @dataclass
@@ -75,7 +77,17 @@ def _run(tokens: list[int], records: list[StepRecord]) -> Run:
                med("cache_bytes_allocated"))
 
 
-def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str, new: int) -> Run:
+SMALL_PAGES = " 4KiB-pages"  # suffix of the twin variant
+
+
+def small_pages_device() -> Device:
+    """A private CPU device whose sessions' weights stay in 4 KiB pages, beside the open (huge-page) one: the
+    same model and cache decoded from both, interleaved in one process, measure what huge pages change."""
+    return Device("cpu", backend(), cpu_adapter(), cpu_options(huge_pages=False))
+
+
+def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device,
+              new: int) -> Run:
     with make_cache() as cache:
         g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False)
     return _run(g.token_ids, g.records)
@@ -240,8 +252,8 @@ def op_profile(model: Model | str, device: str = "cpu", context: int = 256, new_
     return rows
 
 
-def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int,
-              genai: GenaiPeer | None) -> tuple[dict[str, Callable[[], Run]], list[Prefilled]]:
+def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int, genai: GenaiPeer | None,
+              small: Device | None) -> tuple[dict[str, Callable[[], Run]], list[Prefilled]]:
     """name -> a function doing one run. With the handoff, each cache kind's CPU prefill is made once here
     (returned too, for disposal)."""
     fit = len(ids) + new - 1
@@ -257,6 +269,8 @@ def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int,
             out[name] = lambda make=make, pre=kept[-1]: run_handoff(model, pre, make, device, new)
         else:
             out[name] = lambda make=make: run_kvlab(model, ids, make, device, new)
+    if small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory
+        out[f"static@{fit}{SMALL_PAGES}"] = lambda: run_kvlab(model, ids, lambda: StaticCache(fit), small, new)
     if genai is not None and device == "cpu":
         out["genai"] = lambda: genai.run(ids, new)
     return out, kept
@@ -269,6 +283,7 @@ def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str,
         ms = [r.decode_ms for r in rs]
         ratios = [r.decode_ms / b.decode_ms for r, b in zip(rs, ref)]
         out[name] = {"decode_ms": float(np.median(ms)), "decode_ms_min": min(ms), "decode_ms_max": max(ms),
+                     "decode_ms_runs": ms,  # per round, in order: pairs any two variants
                      f"ratio_to_{baseline}": float(np.median(ratios)), "ratio_min": min(ratios),
                      "ratio_max": max(ratios), "overhead_ms": _nanmedian([r.overhead_ms for r in rs]),
                      "tensors_per_step": rs[0].tensors_per_step, "new_buffers_per_step": rs[-1].new_buffers_per_step,
@@ -302,13 +317,17 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 dev = open_device("webgpu", buffer_cache_mode=mode)
             else:
                 dev = open_device("cpu")
+            small = None
+            if device == "cpu" and plan.small_pages_twin and dev.huge_pages:
+                dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
+                small = small_pages_device()
             new = plan.new_tokens[device]
             for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
                 if context + new > model.info.context_length:
                     raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
                                       f"{model.info.context_length}")
                 ids = prompt_ids(model, context)
-                variants, kept = _variants(plan, model, device, ids, new, genai)
+                variants, kept = _variants(plan, model, device, ids, new, genai, small)
                 for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
                     fn()
                 runs: dict[str, list[Run]] = {name: [] for name in variants}
@@ -338,6 +357,8 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                     rows.append(row)
                 bandwidth["paired"].extend(measured)
                 log(_row_line(model_name, device, mode, context, summary, valid))
+            if small is not None:
+                small.close()
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = row["roofline_ms"] * row["bandwidth_gbps"] / bandwidth["best"] / \
@@ -381,7 +402,8 @@ def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
     with files[1].open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
         w.writeheader()
-        w.writerows(result["rows"])
+        w.writerows({k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
+                    for r in result["rows"])
     if charts:
         for (model, device) in {(r["model"], r["device"]) for r in result["rows"]}:
             fig = figure(result, model, device)
@@ -401,19 +423,27 @@ def report(result: dict[str, Any]) -> str:
     rows = result["rows"]
     lines = []
     by = lambda **kw: [r for r in rows if all(r[k] == v for k, v in kw.items())]  # noqa: E731
-    smol = by(model="smollm2", device="cpu")
-    if smol:
-        for ctx in sorted({r["context"] for r in smol}):
-            row = {r["variant"]: r for r in smol if r["context"] == ctx}
-            static = min((r for n, r in row.items() if n.startswith("static")), key=lambda r: r["decode_ms"])
-            line = f"smollm2 cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
+    for model in sorted({r["model"] for r in rows if r["device"] == "cpu"}):
+        cpu = by(model=model, device="cpu")
+        for ctx in sorted({r["context"] for r in cpu}):
+            row = {r["variant"]: r for r in cpu if r["context"] == ctx}
+            static = min((r for n, r in row.items() if n.startswith("static") and not n.endswith(SMALL_PAGES)),
+                         key=lambda r: r["decode_ms"])
+            line = f"{model} cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
             if "genai" in row:
                 g = row["genai"]
                 line += (f"; genai {g['decode_ms']:.1f} ms -> static/genai {static['decode_ms'] / g['decode_ms']:.2f} "
                          f"(target <= 0.9; tokens equal: {g['tokens_equal'] and static['tokens_equal']})")
             d = row["dynamic"]
             line += f"; dynamic/static {d['decode_ms'] / static['decode_ms']:.1f}x"
-            line += f"; roofline {static['roofline_fraction']:.0%}; python overhead {static['overhead_fraction']:.1%}"
+            line += (f"; roofline {static['roofline_fraction']:.0%} (paired; {static['roofline_fraction_at_run_best']:.0%}"
+                     f" at the run's best bandwidth); python overhead {static['overhead_fraction']:.1%}")
+            twin = [r for n, r in row.items() if n.endswith(SMALL_PAGES)]
+            if twin:
+                huge = row[twin[0]["variant"].removesuffix(SMALL_PAGES)]
+                ratios = [a / b for a, b in zip(huge["decode_ms_runs"], twin[0]["decode_ms_runs"])]
+                line += (f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({huge['variant']}, paired, faster in "
+                         f"{sum(x < 1 for x in ratios)}/{len(ratios)})")
             lines.append(line)
     heavy = by(model="kv-heavy", device="webgpu")
     if heavy:

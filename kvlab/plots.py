@@ -366,14 +366,14 @@ def recorded_environment(result: dict[str, Any]) -> str:
 def recorded_variant(row: dict[str, Any]) -> str:
     """A recorded variant's name, with a static cache sized to fit each context named 'static@fit' (so that
     it makes one line across contexts)."""
-    name = str(row["variant"])
+    name, space, suffix = str(row["variant"]).partition(" ")
     if name.startswith("static@") and "new_tokens" in row:
         try:
             if int(name.split("@", 1)[1]) == int(row["context"]) + int(row["new_tokens"]) - 1:
-                return "static@fit"
+                name = "static@fit"
         except ValueError:
             pass
-    return name
+    return name + space + suffix
 
 
 def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,

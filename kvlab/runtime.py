@@ -503,7 +503,8 @@ class Device:
 
     @property
     def huge_page_bytes(self) -> int:
-        """Bytes of this device's sessions' memory the kernel confirmed collapsed into huge pages (exact)."""
+        """Bytes by which the process's huge-page memory grew while collapsing this device's sessions (exact
+        kernel counter, AnonHugePages)."""
         return sum(s.huge_pages["bytes"] for s in self._sessions.values())
 
     @property
@@ -533,7 +534,8 @@ class Device:
         self._sessions.clear()
         self.backend.drop_helpers(self)
         self.closed = True
-        _OPEN.pop(self.name, None)
+        if _OPEN.get(self.name) is self:  # a private device (e.g. bench's 4 KiB-page twin) is not the open one
+            del _OPEN[self.name]
 
 
 _OPEN: dict[str, Device] = {}

@@ -80,3 +80,20 @@ def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
                            str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "GroupQueryAttention" in proc.stdout and out.read_text().startswith("op,ms_per_step,nodes_per_step,share")
+
+
+def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
+    """The CPU rows carry the fitted static cache a second time, decoded on a private device whose weights stay in
+    4 KiB pages; the report pairs the two round by round. Closing that private device leaves the open one open."""
+    from kvlab.bench import Plan, report, run_plan
+    from kvlab.runtime import opened
+
+    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 4}, static_lens=[], reps=2,
+                genai=False)
+    result = run_plan(plan, log=lambda line: None)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"dynamic", "static@35", "static@35 4KiB-pages"}
+    assert all(r["tokens_equal"] and len(r["decode_ms_runs"]) == 2 for r in rows.values())
+    assert rows["static@35 4KiB-pages"]["tensors_per_step"] == 0
+    assert "huge pages x" in report(result) and "(static@35, paired, faster in " in report(result)
+    assert opened("cpu") is not None and not opened("cpu").closed
