@@ -184,6 +184,16 @@ def memory_bandwidth(size_mib: int = 256, repeats: int = 5) -> dict[str, float]:
     return out
 
 
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) CPU time of the whole machine since boot, in clock ticks (/proc/stat; (0, 0) elsewhere):
+    steal is time the hypervisor gave this VM's vCPUs to someone else."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def weight_bytes_per_token(model: Model) -> int:
     """Bytes of weights one decode step reads: every initializer, except tables only gathered from (one row)."""
     import onnx
@@ -331,6 +341,7 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
                     fn()
                 runs: dict[str, list[Run]] = {name: [] for name in variants}
+                steal_start = cpu_times()
                 measured: list[float] = []  # the memory bandwidth, measured before each round of runs and after the last
                 for _ in range(plan.reps):
                     measured.append(memory_bandwidth(repeats=3)["best"])
@@ -338,6 +349,7 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                         runs[name].append(fn())
                 measured.append(memory_bandwidth(repeats=3)["best"])
                 bws = [max(pair) for pair in zip(measured, measured[1:])]  # each round's: the higher of its two
+                steal = [b - a for a, b in zip(steal_start, cpu_times())]
                 for pre in kept:
                     pre.cache.dispose()
                 summary = _summarize(runs, "dynamic")
@@ -353,7 +365,8 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                            "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": float(np.median(bws)),
                            "roofline_ms": roofline(float(np.median(bws))), "roofline_fraction": float(np.median(paired)),
                            "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
-                           "overhead_fraction": s["overhead_ms"] / s["decode_ms"], **s}
+                           "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
+                           "cpu_steal_fraction": steal[0] / steal[1] if steal[1] else float("nan"), **s}
                     rows.append(row)
                 bandwidth["paired"].extend(measured)
                 log(_row_line(model_name, device, mode, context, summary, valid))
@@ -437,7 +450,8 @@ def report(result: dict[str, Any]) -> str:
             d = row["dynamic"]
             line += f"; dynamic/static {d['decode_ms'] / static['decode_ms']:.1f}x"
             line += (f"; roofline {static['roofline_fraction']:.0%} (paired; {static['roofline_fraction_at_run_best']:.0%}"
-                     f" at the run's best bandwidth); python overhead {static['overhead_fraction']:.1%}")
+                     f" at the run's best bandwidth); python overhead {static['overhead_fraction']:.1%}; "
+                     f"cpu steal {static['cpu_steal_fraction']:.1%}")
             twin = [r for n, r in row.items() if n.endswith(SMALL_PAGES)]
             if twin:
                 huge = row[twin[0]["variant"].removesuffix(SMALL_PAGES)]

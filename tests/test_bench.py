@@ -26,6 +26,7 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
     for r in rows:
         assert r["roofline_fraction_min"] <= r["roofline_fraction"] <= r["roofline_fraction_max"]
         assert 0 < r["roofline_fraction_at_run_best"] and r["bandwidth_gbps"] <= bw["best"]
+        assert 0 <= r["cpu_steal_fraction"] < 1  # the hypervisor's share of this VM's CPU time during the row
     assert env["versions"]["onnxruntime-webgpu"] == "1.27.0" and env["bandwidth_gbps"]["best"] > 0
     assert env["commit"] and env["cpu"]
     assert {(r["device"], r["variant"].split("@")[0]) for r in rows} >= {
