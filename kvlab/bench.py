@@ -286,6 +286,32 @@ def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int, 
     return out, kept
 
 
+@dataclass
+class Rounds:
+    """Every variant run ``reps`` times, interleaved round by round, with the machine measured around them."""
+
+    runs: dict[str, list[Run]]
+    bandwidth: list[float]  # GB/s per round: the higher of the measurements just before and just after it
+    measured: list[float]  # every measurement: before each round, and after the last
+    steal_fraction: float  # the hypervisor's share of this VM's CPU time meanwhile (nan where unknown)
+
+
+def _rounds(variants: dict[str, Callable[[], Run]], reps: int) -> Rounds:
+    for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
+        fn()
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    measured: list[float] = []
+    steal_start = cpu_times()
+    for _ in range(reps):
+        measured.append(memory_bandwidth(repeats=3)["best"])
+        for name, fn in variants.items():
+            runs[name].append(fn())
+    measured.append(memory_bandwidth(repeats=3)["best"])
+    steal, total = (b - a for a, b in zip(steal_start, cpu_times()))
+    return Rounds(runs, [max(pair) for pair in zip(measured, measured[1:])], measured,
+                  steal / total if total else float("nan"))
+
+
 def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str, Any]]:
     ref = runs[baseline]
     out = {}
@@ -338,37 +364,29 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                                       f"{model.info.context_length}")
                 ids = prompt_ids(model, context)
                 variants, kept = _variants(plan, model, device, ids, new, genai, small)
-                for fn in variants.values():  # warm-up: shader compilation, allocator pools, page faults
-                    fn()
-                runs: dict[str, list[Run]] = {name: [] for name in variants}
-                steal_start = cpu_times()
-                measured: list[float] = []  # the memory bandwidth, measured before each round of runs and after the last
-                for _ in range(plan.reps):
-                    measured.append(memory_bandwidth(repeats=3)["best"])
-                    for name, fn in variants.items():
-                        runs[name].append(fn())
-                measured.append(memory_bandwidth(repeats=3)["best"])
-                bws = [max(pair) for pair in zip(measured, measured[1:])]  # each round's: the higher of its two
-                steal = [b - a for a, b in zip(steal_start, cpu_times())]
-                for pre in kept:
-                    pre.cache.dispose()
-                summary = _summarize(runs, "dynamic")
+                try:
+                    rounds = _rounds(variants, plan.reps)
+                finally:
+                    for pre in kept:
+                        pre.cache.dispose()
+                summary = _summarize(rounds.runs, "dynamic")
                 valid = all(s["tokens_equal"] for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
                 roofline = lambda gbps: (weights + kv_read) / (gbps * 1e9) * 1e3  # noqa: E731 - ms per step
+                bw = float(np.median(rounds.bandwidth))
                 for name, s in summary.items():
-                    paired = [roofline(bw) / r.decode_ms for bw, r in zip(bws, runs[name])]
+                    paired = [roofline(b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[name])]
                     row = {"model": model_name, "device": device, "adapter": dev.adapter.label,
                            "buffer_cache_mode": mode or "", "dtype": model.info.dtype_name, "context": context,
                            "kv_tensor_mib": context * model.info.bytes_per_token / (2 * model.info.num_layers) / 2**20,
                            "new_tokens": new, "variant": name, "reps": plan.reps, "valid": valid,
-                           "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": float(np.median(bws)),
-                           "roofline_ms": roofline(float(np.median(bws))), "roofline_fraction": float(np.median(paired)),
+                           "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": bw,
+                           "roofline_ms": roofline(bw), "roofline_fraction": float(np.median(paired)),
                            "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
-                           "cpu_steal_fraction": steal[0] / steal[1] if steal[1] else float("nan"), **s}
+                           "cpu_steal_fraction": rounds.steal_fraction, **s}
                     rows.append(row)
-                bandwidth["paired"].extend(measured)
+                bandwidth["paired"].extend(rounds.measured)
                 log(_row_line(model_name, device, mode, context, summary, valid))
             if small is not None:
                 small.close()
@@ -449,9 +467,9 @@ def report(result: dict[str, Any]) -> str:
                          f"(target <= 0.9; tokens equal: {g['tokens_equal'] and static['tokens_equal']})")
             d = row["dynamic"]
             line += f"; dynamic/static {d['decode_ms'] / static['decode_ms']:.1f}x"
-            line += (f"; roofline {static['roofline_fraction']:.0%} (paired; {static['roofline_fraction_at_run_best']:.0%}"
-                     f" at the run's best bandwidth); python overhead {static['overhead_fraction']:.1%}; "
-                     f"cpu steal {static['cpu_steal_fraction']:.1%}")
+            line += (f"; roofline {static['roofline_fraction']:.0%} (paired; "
+                     f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); python overhead "
+                     f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}")
             twin = [r for n, r in row.items() if n.endswith(SMALL_PAGES)]
             if twin:
                 huge = row[twin[0]["variant"].removesuffix(SMALL_PAGES)]

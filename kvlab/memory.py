@@ -2,10 +2,11 @@
 
 A decode step on the CPU reads every weight once (~540 MB for SmolLM2-135M fp32). ONNX Runtime allocates its
 (prepacked) weight buffers with plain malloc, in 4 KiB pages; numpy, which the bandwidth roofline is measured with,
-asks the kernel for 2 MiB transparent huge pages for its large arrays. Measured on the 2-core development machine
-(data/README.md): decode steps of SmolLM2 from huge-page weights take ~0.94x as long as from 4 KiB pages (a paired,
-interleaved A/B in one process, ``kvlab bench``'s "4KiB-pages" twin of the static cache). ``collapse_new`` does that collapse (Linux ``madvise(MADV_COLLAPSE)``,
-kernel >= 6.1) for the memory a session allocated in new mappings; memory that reuses ranges mapped before (after
+asks the kernel for 2 MiB transparent huge pages for its large arrays. On the 2-core development machine, SmolLM2
+decode steps from huge-page weights took 0.94-1.03x as long as from 4 KiB pages (paired, interleaved in one process:
+``kvlab bench``'s "4KiB-pages" twin of the static cache; data/README.md): a few percent, within that machine's noise.
+``collapse_new`` does the collapse (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for the memory a session
+allocated in new mappings; memory that reuses ranges mapped before (after
 an earlier session in the same process was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how
 much was collapsed. Elsewhere than Linux it does nothing and says so.
 """
