@@ -128,11 +128,9 @@ class GenaiPeer:
         self.og = og
         config = og.Config(str(model.info.path))
         config.clear_providers()  # CPU EP
-        before = memory.anonymous_ranges()
-        self.model = og.Model(config)
         # like for like: its weights in huge pages too, when kvlab's CPU device puts its own there
-        huge = open_device("cpu").huge_pages
-        self.huge_pages = memory.collapse_new(before) if huge else {"bytes": 0, "refused": {}}
+        with memory.collapsing(open_device("cpu").huge_pages) as self.huge_pages:
+            self.model = og.Model(config)
         self.version = og.__version__ if hasattr(og, "__version__") else "?"
 
     def run(self, ids: np.ndarray, new: int) -> Run:
@@ -192,6 +190,11 @@ def cpu_times() -> tuple[int, int]:
     except (OSError, ValueError):
         return 0, 0
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def roofline_ms(bytes_read: float, gbps: float) -> float:
+    """The shortest a step reading ``bytes_read`` can take at ``gbps`` of memory bandwidth (ms)."""
+    return bytes_read / (gbps * 1e9) * 1e3
 
 
 def weight_bytes_per_token(model: Model) -> int:
@@ -372,16 +375,17 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 summary = _summarize(rounds.runs, "dynamic")
                 valid = all(s["tokens_equal"] for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
-                roofline = lambda gbps: (weights + kv_read) / (gbps * 1e9) * 1e3  # noqa: E731 - ms per step
                 bw = float(np.median(rounds.bandwidth))
                 for name, s in summary.items():
-                    paired = [roofline(b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[name])]
+                    paired = [roofline_ms(weights + kv_read, b) / r.decode_ms
+                              for b, r in zip(rounds.bandwidth, rounds.runs[name])]
                     row = {"model": model_name, "device": device, "adapter": dev.adapter.label,
                            "buffer_cache_mode": mode or "", "dtype": model.info.dtype_name, "context": context,
                            "kv_tensor_mib": context * model.info.bytes_per_token / (2 * model.info.num_layers) / 2**20,
                            "new_tokens": new, "variant": name, "reps": plan.reps, "valid": valid,
                            "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": bw,
-                           "roofline_ms": roofline(bw), "roofline_fraction": float(np.median(paired)),
+                           "roofline_ms": roofline_ms(weights + kv_read, bw),
+                           "roofline_fraction": float(np.median(paired)),
                            "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
                            "cpu_steal_fraction": rounds.steal_fraction, **s}
@@ -392,8 +396,8 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 small.close()
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
-        row["roofline_fraction_at_run_best"] = row["roofline_ms"] * row["bandwidth_gbps"] / bandwidth["best"] / \
-            row["decode_ms"]
+        row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],
+                                                           bandwidth["best"]) / row["decode_ms"]
     return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows}
 
 
@@ -405,8 +409,8 @@ def _row_line(model: str, device: str, mode: str | None, context: int, summary: 
 
 def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[str, Any]:
     env = describe()
-    huge = {**memory.state(), "cpu_session_bytes": opened("cpu").huge_page_bytes if opened("cpu") else 0,
-            "genai_bytes": genai_huge_bytes}
+    cpu = opened("cpu")
+    huge = {**memory.state(), "cpu_session_bytes": cpu.huge_page_bytes if cpu else 0, "genai_bytes": genai_huge_bytes}
     env.update({"bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge,
                 "cpu_count": os.cpu_count(), "machine": platform.machine(),
                 "cpu_ep_options": open_device("cpu").ep_options or "defaults (ORT: one thread per physical core, "

@@ -46,7 +46,7 @@ def _cpu_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cpu_options(args: argparse.Namespace) -> dict[str, Any]:
-    """open_device keyword arguments for --threads / --no-spinning (only those given)."""
+    """open_device keyword arguments for --threads / --no-spinning / --no-huge-pages (only those given)."""
     options: dict[str, Any] = {}
     if args.threads is not None:
         options["threads"] = args.threads
@@ -254,7 +254,6 @@ def _identical(runs: dict[str, Generation]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
         if args.command == "doctor":

@@ -6,9 +6,9 @@ asks the kernel for 2 MiB transparent huge pages for its large arrays. On the 2-
 decode steps from huge-page weights took 0.94-1.03x as long as from 4 KiB pages (paired, interleaved in one process:
 ``kvlab bench``'s "4KiB-pages" twin of the static cache; data/README.md): a few percent, within that machine's noise.
 ``collapse_new`` does the collapse (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for the memory a session
-allocated in new mappings; memory that reuses ranges mapped before (after
-an earlier session in the same process was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how
-much was collapsed. Elsewhere than Linux it does nothing and says so.
+allocated in new mappings; memory that reuses ranges mapped before (after an earlier session in the same process
+was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed. Elsewhere than Linux it
+does nothing and says so.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size
@@ -63,6 +64,17 @@ def collapse_new(before: set[Range]) -> dict[str, Any]:
     huge_after = state()["anon_huge_mib"]
     grown = round((huge_after - huge_before) * 2**20) if huge_before is not None and huge_after is not None else 0
     return {"bytes": max(grown, 0), "refused": refused}
+
+
+@contextmanager
+def collapsing(enabled: bool = True) -> Iterator[dict[str, Any]]:
+    """``with collapsing() as report: <create a session>``: the memory the block mapped is collapsed on the way
+    out, and ``report`` filled as ``collapse_new`` returns it ({"bytes": 0, "refused": {}} when not enabled)."""
+    report: dict[str, Any] = {"bytes": 0, "refused": {}}
+    before = anonymous_ranges() if enabled else set()
+    yield report
+    if enabled:
+        report.update(collapse_new(before))
 
 
 def state() -> dict[str, Any]:

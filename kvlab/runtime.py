@@ -325,11 +325,10 @@ class Session:
 
     def __init__(self, device: "Device", path: str | bytes, label: str):
         self.device, self.label = device, label
-        before = memory.anonymous_ranges() if device.huge_pages else set()
-        self._sess = device.backend.create_session(path, device)
+        # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
+        with memory.collapsing(device.huge_pages) as self.huge_pages:
+            self._sess = device.backend.create_session(path, device)
         self.cpu_nodes = device.backend.check_placement(self._sess, device, label)
-        # the weights ORT just allocated, in 2 MiB pages: fewer TLB misses while a decode step streams them
-        self.huge_pages = memory.collapse_new(before) if device.huge_pages else {"bytes": 0, "refused": {}}
 
     def binding(self) -> Binding:
         return Binding(self)
