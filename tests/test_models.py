@@ -9,7 +9,7 @@ import pytest
 
 import kvlab
 from kvlab import ModelError
-from kvlab.build import RECIPES, TinyLlama, byte_tokenizer
+from kvlab.build import RECIPES, TinyLlama, byte_tokenizer, fold_attention_scale
 
 
 def test_smollm2_info(smollm2):
@@ -19,6 +19,7 @@ def test_smollm2_info(smollm2):
     assert i.past_names[0] == ("past_key_values.0.key", "past_key_values.0.value")
     assert i.present_names[-1] == ("present.29.key", "present.29.value")
     assert i.context_length == 8192
+    assert json.loads((i.path / "kvlab_recipe.json").read_text())["attention_scale_folded_layers"] == 30
 
 
 def test_kv_heavy_crosses_the_webgpu_buckets(kv_heavy):
@@ -117,3 +118,66 @@ def test_a_missing_builtin_is_rebuilt(tmp_path, monkeypatch):
     a = kvlab.generate(model, [1, 2, 3], max_new_tokens=5, stop_on_eos=False).token_ids
     monkeypatch.delenv("KVLAB_CACHE_DIR")
     assert a == kvlab.generate(kvlab.load("toy"), [1, 2, 3], max_new_tokens=5, stop_on_eos=False).token_ids
+
+
+def _write_attention_graph(out, head_dim: int, q_norm: bool = False):
+    """One real GroupQueryAttention layer fed by a packed QKV MatMul (weights in an external file, as the
+    builder writes them), with rotary embedding and a 20-token past in a shared buffer; optionally a q-norm-like
+    LayerNormalization between them, where a folded scale would be normalized away."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper
+
+    heads, kv_heads, hidden, past, length = 4, 2, 32, 20, 32
+    rng = np.random.default_rng(head_dim)
+    width = (heads + 2 * kv_heads) * head_dim
+    nodes = [h.make_node("MatMul", ["x", "w"], ["qkv"])]
+    if q_norm:
+        nodes.append(h.make_node("LayerNormalization", ["qkv", "g"], ["qkv_n"], axis=-1))
+    nodes.append(h.make_node("GroupQueryAttention", ["qkv_n" if q_norm else "qkv", "", "", "pk", "pv", "seqlens_k",
+                                                     "total", "cos", "sin"], ["out", "pk_out", "pv_out"],
+                             domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, do_rotary=1))
+    kv = lambda name: h.make_tensor_value_info(name, T.FLOAT, [1, kv_heads, length, head_dim])  # noqa: E731
+    # q and k of unit scale, so no one score saturates the softmax and a wrongly scaled query shows
+    inits = [numpy_helper.from_array(rng.normal(0, hidden ** -0.5, size=(hidden, width)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "cos"),
+             numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "sin")]
+    if q_norm:
+        inits.append(numpy_helper.from_array(np.ones(width, np.float32), "g"))
+    graph = h.make_graph(nodes, "gqa", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, hidden]), kv("pk"), kv("pv"),
+                                        h.make_tensor_value_info("seqlens_k", T.INT32, [1]),
+                                        h.make_tensor_value_info("total", T.INT32, [])],
+                         [h.make_tensor_value_info("out", T.FLOAT, [1, 1, heads * head_dim]), kv("pk_out"),
+                          kv("pv_out")], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    onnx.save(model, out, save_as_external_data=True, location="weights.data", size_threshold=0)
+    feeds = {"x": rng.normal(size=(1, 1, hidden)).astype(np.float32),
+             "pk": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
+             "pv": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
+             "seqlens_k": np.array([past], np.int32), "total": np.array(past + 1, np.int32)}
+    return feeds
+
+
+@pytest.mark.parametrize("head_dim, q_norm, folds", [(64, False, 1), (16, False, 1), (32, False, 0), (64, True, 0)])
+def test_attention_scale_folding_is_exact_and_only_where_exact(tmp_path, head_dim, q_norm, folds):
+    """Folding 1/sqrt(head_dim) into the query weights keeps the attention output (compared with ONNX Runtime
+    on the graph as built); it is done only for power-of-two scales (64, 16) and a MatMul feeding GQA directly."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    path = tmp_path / "model.onnx"
+    feeds = _write_attention_graph(path, head_dim, q_norm)
+    run = lambda: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa
+    before, weights = run(), (tmp_path / "weights.data").read_bytes()
+    assert fold_attention_scale(path) == folds
+    after = run()
+    scale = [a.f for a in next(n for n in onnx.load(str(path)).graph.node if n.op_type == "GroupQueryAttention")
+             .attribute if a.name == "scale"]
+    if folds:
+        assert scale == [1.0] and (tmp_path / "weights.data").read_bytes() != weights
+    else:
+        assert scale == [] and (tmp_path / "weights.data").read_bytes() == weights
+    for b, a in zip(before, after):  # the output and the updated KV (rotated keys)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
