@@ -198,18 +198,20 @@ def roofline_ms(bytes_read: float, gbps: float) -> float:
 
 
 def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights one decode step reads: every initializer, except tables only gathered from (one row)."""
+    """Bytes of weights one decode step reads: every initializer, except tables a step reads one row of
+    (embeddings only gathered from; GroupQueryAttention's rotary cos/sin caches, inputs 7 and 8)."""
     import onnx
 
     m = onnx.load(str(model.onnx_path), load_external_data=False)
-    consumers: dict[str, set[str]] = {}
+    uses: dict[str, set[tuple[str, int]]] = {}  # initializer -> (op type, input index) of each use
     for node in m.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
+        for i, name in enumerate(node.input):
+            uses.setdefault(name, set()).add((node.op_type, i))
+    one_row = lambda use: use[0] == "Gather" and use[1] == 0 or use[0] == "GroupQueryAttention" and use[1] in (7, 8)  # noqa: E731
     total = 0
     for init in m.graph.initializer:
         size = int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        if consumers.get(init.name) == {"Gather"} and len(init.dims) == 2:
+        if len(init.dims) == 2 and uses.get(init.name) and all(one_row(u) for u in uses[init.name]):
             size //= int(init.dims[0])  # one row per token
         total += size
     return total
