@@ -513,14 +513,18 @@ def figure(result: dict[str, Any], model: str, device: str):
         name = recorded_variant(r)
         return "static@fit (context + new tokens)" if name == "static@fit" else name
 
+    contexts = sorted({r["context"] for r in rows})
     for (variant, mode) in sorted({(series(r), r["buffer_cache_mode"]) for r in rows}):
         rs = sorted((r for r in rows if series(r) == variant and r["buffer_cache_mode"] == mode),
                     key=lambda r: r["context"])
-        fig.add_scatter(x=[r["context"] for r in rs], y=[r["decode_ms"] for r in rs], mode="lines+markers",
-                        name=variant + (f" ({mode})" if mode else ""),
-                        error_y={"type": "data", "symmetric": False,
-                                 "array": [r["decode_ms_max"] - r["decode_ms"] for r in rs],
-                                 "arrayminus": [r["decode_ms"] - r["decode_ms_min"] for r in rs]})
+        bars = {"type": "data", "symmetric": False, "array": [r["decode_ms_max"] - r["decode_ms"] for r in rs],
+                "arrayminus": [r["decode_ms"] - r["decode_ms_min"] for r in rs]}
+        name = variant + (f" ({mode})" if mode else "")
+        if len(contexts) == 1:  # one context: a bar per variant reads better than points stacked on one x
+            fig.add_bar(x=[name], y=[r["decode_ms"] for r in rs], name=name, error_y=bars)
+        else:
+            fig.add_scatter(x=[r["context"] for r in rs], y=[r["decode_ms"] for r in rs], mode="lines+markers",
+                            name=name, error_y=bars)
     if device == "webgpu" and rows:
         per_token_mib = rows[0]["kv_tensor_mib"] / rows[0]["context"]
         for mib in BUCKETS_MIB:
@@ -535,4 +539,8 @@ def figure(result: dict[str, Any], model: str, device: str):
                f"median of {r0['reps']} paired runs (bars: min-max); {env['cpu']}; {env['date']}</sup>"),
         xaxis_title="context (tokens already in the cache)", yaxis_title="ms per decode step",
         template="plotly_white", legend_title="cache")
+    if len(contexts) == 1:
+        fig.update_layout(xaxis_title=f"cache, at a context of {contexts[0]} tokens", showlegend=False)
+    else:
+        fig.update_xaxes(tickvals=contexts)  # ticks where measured
     return fig

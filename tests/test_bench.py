@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.bench import memory_bandwidth, weight_bytes_per_token
+from kvlab.bench import figure, memory_bandwidth, weight_bytes_per_token
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
 
@@ -42,6 +42,13 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
     for name in ("toy-cpu", "toy-webgpu"):
         assert (tmp_path / f"{name}.html").is_file() and (tmp_path / f"{name}.png").stat().st_size > 10_000
     assert "toy/webgpu/bucket ctx 256: dynamic" in proc.stdout and "wrote " in proc.stdout
+    # the chart: lines over the measured contexts (ticks there); with one context, a bar per variant
+    fig = figure(result, "toy", "cpu")
+    assert {t.type for t in fig.data} == {"scatter"} and list(fig.layout.xaxis.tickvals) == [64, 256]
+    one = {**result, "rows": [r for r in rows if r["context"] == 256]}
+    bars = figure(one, "toy", "cpu").data
+    assert {t.type for t in bars} == {"bar"}
+    assert len(bars) == len({r["variant"] for r in one["rows"] if r["device"] == "cpu"})
 
 
 def test_memory_bandwidth_is_measured():
