@@ -207,11 +207,11 @@ def weight_bytes_per_token(model: Model) -> int:
     for node in m.graph.node:
         for i, name in enumerate(node.input):
             uses.setdefault(name, set()).add((node.op_type, i))
-    one_row = lambda use: use[0] == "Gather" and use[1] == 0 or use[0] == "GroupQueryAttention" and use[1] in (7, 8)  # noqa: E731
+    one_row = {("Gather", 0), ("GroupQueryAttention", 7), ("GroupQueryAttention", 8)}
     total = 0
     for init in m.graph.initializer:
         size = int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        if len(init.dims) == 2 and uses.get(init.name) and all(one_row(u) for u in uses[init.name]):
+        if len(init.dims) == 2 and uses.get(init.name) and uses[init.name] <= one_row:
             size //= int(init.dims[0])  # one row per token
         total += size
     return total
