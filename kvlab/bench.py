@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import platform
+import shutil
 import subprocess
 import threading
 import time
@@ -51,6 +52,7 @@ class Plan:
     buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
     webgpu_prefill_on_cpu: bool = True  # the handoff (kvlab.generate prefill_device="cpu")
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
+    matmuls_only: bool = True  # CPU: the model's matrix products alone, each round (MATMULS_ONLY)
 
     @classmethod
     def quick(cls) -> "Plan":
@@ -62,7 +64,7 @@ class Plan:
 class Run:
     """One generation of one variant."""
 
-    token_ids: list[int]
+    token_ids: list[int] | None  # None: a run that makes no tokens (the matmuls-only floor)
     decode_ms: float  # median wall time of the decode steps
     overhead_ms: float  # median Python time outside session.run per decode step
     tensors_per_step: float  # median cache tensors the runtime allocated per decode step
@@ -84,6 +86,66 @@ def small_pages_device() -> Device:
     """A private CPU device whose sessions' weights stay in 4 KiB pages, beside the open (huge-page) one: the
     same model and cache decoded from both, interleaved in one process, measure what huge pages change."""
     return Device("cpu", backend(), cpu_adapter(), cpu_options(huge_pages=False))
+
+
+MATMULS_ONLY = "matmuls only"  # the variant: the model's own matrix products, nothing else
+
+
+def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
+    """A graph of the model's MatMuls alone: the same weight tensors (read from the model's own external data
+    file, linked into ``out``), each fed a constant row. Running it once costs what one decode step's matrix
+    products cost with nothing around them: the floor ONNX Runtime's MatMul kernel sets, which the rest of a
+    step (attention, norms, scheduling, Python) adds to. Returns its path and the weight bytes one run reads."""
+    import onnx
+    from onnx import TensorProto, external_data_helper, helper
+
+    src = onnx.load(str(model.onnx_path), load_external_data=False)
+    inits = {t.name: t for t in src.graph.initializer}
+    nodes, weights, rows, outputs, nbytes = [], [], set(), [], 0
+    for node in src.graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or len(w.dims) != 2 or w.data_type != TensorProto.FLOAT:
+            continue
+        k, n = w.dims
+        rows.add(k)
+        weights.append(w)
+        nodes.append(helper.make_node("MatMul", [f"x{k}", w.name], [f"y{len(nodes)}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{len(outputs)}", TensorProto.FLOAT, [1, n]))
+        nbytes += k * n * 4
+    if not nodes:
+        raise ConfigError(f"{model.name} has no fp32 MatMul with a weight initializer: no matmuls-only floor")
+    graph = helper.make_graph(nodes, "matmuls_only",
+                              [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(rows)],
+                              outputs, weights)
+    floor = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=src.ir_version)
+    out.mkdir(parents=True, exist_ok=True)
+    for w in weights:  # ORT reads external data only from the model file's own directory (no symlinks out)
+        if external_data_helper.uses_external_data(w):
+            name = external_data_helper.ExternalDataInfo(w).location
+            if not (out / name).exists():
+                try:
+                    os.link(Path(model.onnx_path).parent / name, out / name)
+                except OSError:  # another file system
+                    shutil.copyfile(Path(model.onnx_path).parent / name, out / name)
+    path = out / "matmuls_only.onnx"
+    onnx.save(floor, str(path))
+    return path, nbytes
+
+
+def run_matmuls_only(path: Path, device: str | Device, steps: int) -> Run:
+    """``steps`` runs of the matmuls-only graph, bound once like a static cache's decode step; the median wall."""
+    session = (open_device(device) if isinstance(device, str) else device).session(path, "the matmuls-only floor")
+    b = session.binding()
+    for i in session._sess.get_inputs():
+        b.input(i.name, np.full(i.shape, 0.01, np.float32))
+    for o in session._sess.get_outputs():
+        b.output(o.name, np.empty(o.shape, np.float32))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        b.run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return Run(None, float(np.median(times[1:])), float("nan"), float("nan"), float("nan"), float("nan"))
 
 
 def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device,
@@ -268,7 +330,7 @@ def op_profile(model: Model | str, device: str = "cpu", context: int = 256, new_
 
 
 def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int, genai: GenaiPeer | None,
-              small: Device | None) -> tuple[dict[str, Callable[[], Run]], list[Prefilled]]:
+              small: Device | None, floor: Path | None) -> tuple[dict[str, Callable[[], Run]], list[Prefilled]]:
     """name -> a function doing one run. With the handoff, each cache kind's CPU prefill is made once here
     (returned too, for disposal)."""
     fit = len(ids) + new - 1
@@ -288,6 +350,10 @@ def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int, 
         out[f"static@{fit}{SMALL_PAGES}"] = lambda: run_kvlab(model, ids, lambda: StaticCache(fit), small, new)
     if genai is not None and device == "cpu":
         out["genai"] = lambda: genai.run(ids, new)
+    if floor is not None:  # right after the fitted static cache: pairs close in time
+        at = list(out).index(f"static@{fit}") + 1 if f"static@{fit}" in out else len(out)
+        items = list(out.items())
+        out = dict(items[:at] + [(MATMULS_ONLY, lambda: run_matmuls_only(floor, device, new))] + items[at:])
     return out, kept
 
 
@@ -328,7 +394,9 @@ def _summarize(runs: dict[str, list[Run]], baseline: str) -> dict[str, dict[str,
                      f"ratio_to_{baseline}": float(np.median(ratios)), "ratio_min": min(ratios),
                      "ratio_max": max(ratios), "overhead_ms": _nanmedian([r.overhead_ms for r in rs]),
                      "tensors_per_step": rs[0].tensors_per_step, "new_buffers_per_step": rs[-1].new_buffers_per_step,
-                     "bytes_per_step": rs[0].bytes_per_step, "tokens_equal": all(r.token_ids == ref[0].token_ids for r in rs)}
+                     "bytes_per_step": rs[0].bytes_per_step,
+                     "tokens_equal": None if rs[0].token_ids is None else all(r.token_ids == ref[0].token_ids
+                                                                               for r in rs)}
     return out
 
 
@@ -338,6 +406,13 @@ def _nanmedian(values: list[float]) -> float:
 
 
 def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
+        return _run_plan(plan, log, Path(tmp))
+
+
+def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     for mode in plan.buffer_cache_modes:
@@ -362,31 +437,33 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
             if device == "cpu" and plan.small_pages_twin and dev.huge_pages:
                 dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
                 small = small_pages_device()
+            floor, floor_bytes = (matmuls_only_model(model, tmp / model_name) if device == "cpu" and plan.matmuls_only
+                                  else (None, 0))
             new = plan.new_tokens[device]
             for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
                 if context + new > model.info.context_length:
                     raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
                                       f"{model.info.context_length}")
                 ids = prompt_ids(model, context)
-                variants, kept = _variants(plan, model, device, ids, new, genai, small)
+                variants, kept = _variants(plan, model, device, ids, new, genai, small, floor)
                 try:
                     rounds = _rounds(variants, plan.reps)
                 finally:
                     for pre in kept:
                         pre.cache.dispose()
                 summary = _summarize(rounds.runs, "dynamic")
-                valid = all(s["tokens_equal"] for s in summary.values())
+                valid = all(s["tokens_equal"] is not False for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
                 bw = float(np.median(rounds.bandwidth))
                 for name, s in summary.items():
-                    paired = [roofline_ms(weights + kv_read, b) / r.decode_ms
-                              for b, r in zip(rounds.bandwidth, rounds.runs[name])]
+                    w, kv = (floor_bytes, 0) if name == MATMULS_ONLY else (weights, kv_read)
+                    paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[name])]
                     row = {"model": model_name, "device": device, "adapter": dev.adapter.label,
                            "buffer_cache_mode": mode or "", "dtype": model.info.dtype_name, "context": context,
                            "kv_tensor_mib": context * model.info.bytes_per_token / (2 * model.info.num_layers) / 2**20,
                            "new_tokens": new, "variant": name, "reps": plan.reps, "valid": valid,
-                           "weight_bytes": weights, "kv_read_bytes": kv_read, "bandwidth_gbps": bw,
-                           "roofline_ms": roofline_ms(weights + kv_read, bw),
+                           "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
+                           "roofline_ms": roofline_ms(w + kv, bw),
                            "roofline_fraction": float(np.median(paired)),
                            "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
@@ -476,6 +553,13 @@ def report(result: dict[str, Any]) -> str:
             line += (f"; roofline {static['roofline_fraction']:.0%} (paired; "
                      f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); python overhead "
                      f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}")
+            fit = row.get(f"static@{ctx + static['new_tokens'] - 1}")
+            if MATMULS_ONLY in row and fit:  # how far the matrix products alone get; what the rest of a step adds
+                f = row[MATMULS_ONLY]
+                rest = [a - b for a, b in zip(fit["decode_ms_runs"], f["decode_ms_runs"])]
+                line += (f"; matmuls alone {f['decode_ms']:.1f} ms = {f['roofline_fraction']:.0%} of their roofline "
+                         f"(paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
+                         f"(per round {min(rest):.1f} to {max(rest):.1f})")
             twin = [r for n, r in row.items() if n.endswith(SMALL_PAGES)]
             if twin:
                 huge = row[twin[0]["variant"].removesuffix(SMALL_PAGES)]

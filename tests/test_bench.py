@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.bench import figure, memory_bandwidth, weight_bytes_per_token
+from kvlab.build import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
 
@@ -31,7 +32,15 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
     assert env["commit"] and env["cpu"]
     assert {(r["device"], r["variant"].split("@")[0]) for r in rows} >= {
         ("cpu", "dynamic"), ("cpu", "static"), ("cpu", "genai"), ("webgpu", "dynamic"), ("webgpu", "static")}
-    assert all(r["valid"] and r["tokens_equal"] for r in rows)  # every variant produced the same tokens
+    # every variant produced the same tokens; the matmuls-only floor makes none
+    assert all(r["valid"] and r["tokens_equal"] is (None if r["variant"] == "matmuls only" else True) for r in rows)
+    floor = [r for r in rows if r["variant"] == "matmuls only"]
+    assert {r["device"] for r in floor} == {"cpu"} and all(r["kv_read_bytes"] == 0 for r in floor)
+    t = RECIPES["toy"]  # the floor reads the projections and the lm_head, nothing else
+    per_layer = t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim + t.heads * t.head_dim * t.hidden \
+        + 3 * t.hidden * t.intermediate
+    assert all(r["weight_bytes"] == 4 * (t.layers * per_layer + t.hidden * t.vocab) for r in floor)
+    assert "matmuls alone" in proc.stdout
     for r in rows:
         assert r["decode_ms_min"] <= r["decode_ms"] <= r["decode_ms_max"] and r["reps"] == 2
         if r["variant"].startswith("static"):
@@ -98,7 +107,7 @@ def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
     from kvlab.runtime import opened
 
     plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 4}, static_lens=[], reps=2,
-                genai=False)
+                genai=False, matmuls_only=False)
     result = run_plan(plan, log=lambda line: None)
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"dynamic", "static@35", "static@35 4KiB-pages"}
