@@ -92,8 +92,8 @@ MATMULS_ONLY = "matmuls only"  # the variant: the model's own matrix products, n
 
 
 def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
-    """A graph of the model's MatMuls alone: the same weight tensors (read from the model's own external data
-    file, linked into ``out``), each fed a constant row. Running it once costs what one decode step's matrix
+    """A graph of the model's MatMuls alone: the same weight tensors (read from a copy of the model's external
+    data file in ``out``), each fed a constant row. Running it once costs what one decode step's matrix
     products cost with nothing around them: the floor ONNX Runtime's MatMul kernel sets, which the rest of a
     step (attention, norms, scheduling, Python) adds to. Returns its path and the weight bytes one run reads."""
     import onnx
@@ -119,14 +119,11 @@ def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
                               outputs, weights)
     floor = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=src.ir_version)
     out.mkdir(parents=True, exist_ok=True)
-    for w in weights:  # ORT reads external data only from the model file's own directory (no symlinks out)
-        if external_data_helper.uses_external_data(w):
+    for w in weights:  # ORT reads external data only from the model file's own directory: no links out of it,
+        if external_data_helper.uses_external_data(w):  # and onnx refuses a data file with several hard links
             name = external_data_helper.ExternalDataInfo(w).location
             if not (out / name).exists():
-                try:
-                    os.link(Path(model.onnx_path).parent / name, out / name)
-                except OSError:  # another file system
-                    shutil.copyfile(Path(model.onnx_path).parent / name, out / name)
+                shutil.copyfile(Path(model.onnx_path).parent / name, out / name)
     path = out / "matmuls_only.onnx"
     onnx.save(floor, str(path))
     return path, nbytes
@@ -473,6 +470,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                 log(_row_line(model_name, device, mode, context, summary, valid))
             if small is not None:
                 small.close()
+            if floor is not None:
+                dev.forget(floor)  # its weights (a model's worth) go with the run
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],

@@ -467,6 +467,10 @@ class Device:
             self._sessions[key] = Session(self, key, label or key)
         return self._sessions[key]
 
+    def forget(self, model_path: str | os.PathLike) -> None:
+        """Drop the cached session of an .onnx file (ONNX Runtime frees it once nothing else holds it)."""
+        self._sessions.pop(str(Path(model_path).resolve()), None)
+
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
         """A zero-filled tensor owned by kvlab on this device."""
         self._check_open()

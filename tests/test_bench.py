@@ -115,3 +115,27 @@ def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
     assert rows["static@35 4KiB-pages"]["tensors_per_step"] == 0
     assert "huge pages x" in report(result) and "(static@35, paired, faster in " in report(result)
     assert opened("cpu") is not None and not opened("cpu").closed
+
+
+def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy, tmp_path):
+    """The floor graph holds every fp32 MatMul of the model with the same weight tensors (so the same bytes), and
+    run_plan drops its session from the open device when the run ends."""
+    import onnx
+
+    from kvlab.bench import Plan, matmuls_only_model, run_matmuls_only, run_plan
+    from kvlab.runtime import open_device
+
+    path, nbytes = matmuls_only_model(toy, tmp_path)
+    src = onnx.load(str(toy.onnx_path))
+    weights = {n.input[1] for n in src.graph.node if n.op_type == "MatMul"}
+    floor = onnx.load(str(path))
+    assert {t.name for t in floor.graph.initializer} == weights and len(floor.graph.node) == len(weights)
+    got = {t.name: onnx.numpy_helper.to_array(t) for t in floor.graph.initializer}
+    assert all((got[t.name] == onnx.numpy_helper.to_array(t)).all() for t in src.graph.initializer if t.name in weights)
+    assert nbytes == sum(a.nbytes for a in got.values())
+    assert run_matmuls_only(path, "cpu", 4).decode_ms > 0
+    open_device("cpu").forget(path)
+    before = len(open_device("cpu")._sessions)
+    run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 3}, static_lens=[], reps=1,
+                  genai=False, small_pages_twin=False), log=lambda line: None)
+    assert len(open_device("cpu")._sessions) == before  # the toy model's session was there already
