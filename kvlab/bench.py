@@ -107,10 +107,11 @@ def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
         if w is None or len(w.dims) != 2 or w.data_type != TensorProto.FLOAT:
             continue
         k, n = w.dims
+        y = f"y{len(nodes)}"
         rows.add(k)
         weights.append(w)
-        nodes.append(helper.make_node("MatMul", [f"x{k}", w.name], [f"y{len(nodes)}"]))
-        outputs.append(helper.make_tensor_value_info(f"y{len(outputs)}", TensorProto.FLOAT, [1, n]))
+        nodes.append(helper.make_node("MatMul", [f"x{k}", w.name], [y]))
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, n]))
         nbytes += k * n * 4
     if not nodes:
         raise ConfigError(f"{model.name} has no fp32 MatMul with a weight initializer: no matmuls-only floor")
@@ -337,20 +338,21 @@ def _variants(plan: Plan, model: Model, device: str, ids: np.ndarray, new: int, 
     kinds.update({f"static@{n}": (lambda n=n: StaticCache(n)) for n in lens})
     out: dict[str, Callable[[], Run]] = {}
     kept: list[Prefilled] = []
+    floor_run = (lambda: run_matmuls_only(floor, device, new)) if floor is not None else None
     for name, make in kinds.items():
         if device == "webgpu" and plan.webgpu_prefill_on_cpu:
             kept.append(prefill_on_cpu(model, ids, make()))
             out[name] = lambda make=make, pre=kept[-1]: run_handoff(model, pre, make, device, new)
         else:
             out[name] = lambda make=make: run_kvlab(model, ids, make, device, new)
+        if floor_run and name == f"static@{fit}":  # right after the fitted static cache: pairs close in time
+            out[MATMULS_ONLY] = floor_run
     if small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory
         out[f"static@{fit}{SMALL_PAGES}"] = lambda: run_kvlab(model, ids, lambda: StaticCache(fit), small, new)
     if genai is not None and device == "cpu":
         out["genai"] = lambda: genai.run(ids, new)
-    if floor is not None:  # right after the fitted static cache: pairs close in time
-        at = list(out).index(f"static@{fit}") + 1 if f"static@{fit}" in out else len(out)
-        items = list(out.items())
-        out = dict(items[:at] + [(MATMULS_ONLY, lambda: run_matmuls_only(floor, device, new))] + items[at:])
+    if floor_run:
+        out.setdefault(MATMULS_ONLY, floor_run)  # last, when no static cache is sized to fit
     return out, kept
 
 
