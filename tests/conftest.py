@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.build import byte_tokenizer
+from kvlab.presets import byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.bench import figure, memory_bandwidth, weight_bytes_per_token
-from kvlab.build import RECIPES
+from kvlab.bench import memory_bandwidth, weight_bytes_per_token
+from kvlab.lab.recorded import bench_figure as figure
+from kvlab.presets import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
 
@@ -30,7 +31,7 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
         assert 0 <= r["cpu_steal_fraction"] < 1  # the hypervisor's share of this VM's CPU time during the row
     assert env["versions"]["onnxruntime-webgpu"] == "1.27.0" and env["bandwidth_gbps"]["best"] > 0
     assert env["commit"] and env["cpu"]
-    assert {(r["device"], r["variant"].split("@")[0]) for r in rows} >= {
+    assert {(r["device"], r["cache_kind"] or r["runner"]) for r in rows} >= {
         ("cpu", "dynamic"), ("cpu", "static"), ("cpu", "genai"), ("webgpu", "dynamic"), ("webgpu", "static")}
     # every variant produced the same tokens; the matmuls-only floor makes none
     assert all(r["valid"] and r["tokens_equal"] is (None if r["variant"] == "matmuls only" else True) for r in rows)
@@ -43,7 +44,7 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
     assert "matmuls alone" in proc.stdout
     for r in rows:
         assert r["decode_ms_min"] <= r["decode_ms"] <= r["decode_ms_max"] and r["reps"] == 2
-        if r["variant"].startswith("static"):
+        if r["cache_kind"] == "static":
             assert r["tensors_per_step"] == 0 and r["new_buffers_per_step"] == 0
         if r["variant"] == "dynamic":
             assert r["tensors_per_step"] == 4 and r["ratio_to_dynamic"] == 1.0
@@ -77,7 +78,7 @@ def test_weight_bytes_count_gathered_tables_by_row(smollm2):
 def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
     """ONNX Runtime's own profiler, read back: every op type of the toy graph, the time between nodes, and the
     run, whose parts add up to it. The profiled device is closed afterwards; a plain one opens again."""
-    from kvlab import bench, runtime
+    from kvlab import bench, ort
 
     rows = bench.op_profile(toy, "cpu", context=32, new_tokens=5)
     ops = {r["op"]: r for r in rows}
@@ -89,7 +90,7 @@ def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
         assert ops[op]["nodes_per_step"] == sum(n.op_type == op for n in graph.node)
     parts = sum(r["ms_per_step"] for r in rows if r["op"] != "(run)")
     assert abs(parts - ops["(run)"]["ms_per_step"]) < 1e-6 and ops["(run)"]["share"] == 1.0
-    assert runtime.opened("cpu") is None and "profile" not in runtime.open_device("cpu").ep_options
+    assert ort.opened("cpu") is None and "profile" not in ort.open_device("cpu").ep_options
     proc = subprocess.run([KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "new_tokens=2 leaves no decode run to profile" in proc.stderr
@@ -104,7 +105,7 @@ def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
     """The CPU rows carry the fitted static cache a second time, decoded on a private device whose weights stay in
     4 KiB pages; the report pairs the two round by round. Closing that private device leaves the open one open."""
     from kvlab.bench import Plan, report, run_plan
-    from kvlab.runtime import opened
+    from kvlab.ort import opened
 
     plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 4}, static_lens=[], reps=2,
                 genai=False, matmuls_only=False)
@@ -123,7 +124,7 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
     import onnx
 
     from kvlab.bench import Plan, matmuls_only_model, run_matmuls_only, run_plan
-    from kvlab.runtime import open_device
+    from kvlab.ort import open_device
 
     path, nbytes = matmuls_only_model(toy, tmp_path)
     src = onnx.load(str(toy.onnx_path))
@@ -133,9 +134,9 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
     got = {t.name: onnx.numpy_helper.to_array(t) for t in floor.graph.initializer}
     assert all((got[t.name] == onnx.numpy_helper.to_array(t)).all() for t in src.graph.initializer if t.name in weights)
     assert nbytes == sum(a.nbytes for a in got.values())
-    assert run_matmuls_only(path, "cpu", 4).decode_ms > 0
+    assert run_matmuls_only(path, "cpu", 4) > 0
     open_device("cpu").forget(path)
-    before = len(open_device("cpu")._sessions)
+    before = len(open_device("cpu").sessions)
     run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 3}, static_lens=[], reps=1,
                   genai=False, small_pages_twin=False), log=lambda line: None)
-    assert len(open_device("cpu")._sessions) == before  # the toy model's session was there already
+    assert len(open_device("cpu").sessions) == before  # the toy model's session was there already

@@ -10,7 +10,8 @@ import pytest
 import kvlab
 from kvlab import (CacheStateError, CapacityError, ConfigError, DynamicCache, InPlaceError, ModelError,
                    StaticCache, Stepper, generate)
-from kvlab.runtime import Binding, open_device
+from kvlab import open_device
+from kvlab.ort.session import Binding
 
 CACHES = {"dynamic": lambda: DynamicCache(), "static": lambda: StaticCache(64)}
 
@@ -158,12 +159,11 @@ def test_prompt_longer_than_cache(toy):
 def test_static_binds_one_buffer_as_past_and_present(toy):
     with StaticCache(16) as c, Stepper(toy, c, open_device("cpu"), 8) as s:
         b = c.binding(s.session, 1)
-        past, present = c._names()
-        assert b._prebound == {name: buf.data_ptr for name, buf in zip(present, c._buffers)}
-        ptrs = [buf.data_ptr for buf in c._buffers]
+        assert b.bound_outputs == {name: buf.data_ptr for name, buf in zip(toy.info.kv_outputs, c.tensors)}
+        ptrs = [buf.data_ptr for buf in c.tensors]
         s.step(np.array([1, 2, 3]))
         s.step(np.array([4]))
-        assert [buf.data_ptr for buf in c._buffers] == ptrs
+        assert [buf.data_ptr for buf in c.tensors] == ptrs
 
 
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
@@ -175,8 +175,8 @@ def test_static_writes_in_place_on_device(toy, device):
             for toks in ([3, 4, 5], [6], [7]):
                 a.step(np.array(toks))
                 b.step(np.array(toks))
-            static_k = s._buffers[0].numpy()[:, :, :5]
-            dynamic_k = d._presents[0].numpy()
+            static_k = s.tensors[0].numpy()[:, :, :5]
+            dynamic_k = d.tensors[0].numpy()
     np.testing.assert_allclose(static_k, dynamic_k, atol=1e-5)
 
 

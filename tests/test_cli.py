@@ -36,7 +36,7 @@ def test_compare_table_toy_webgpu(tmp_path):
               "--max-new-tokens", "6", "--ignore-eos")
     assert r.returncode == 0, r.stderr
     assert "outputs identical: True" in r.stdout and "SwiftShader" in r.stdout or "hardware" in r.stdout
-    assert "static(max_cache_len=256)" in r.stdout and "tok/s" in r.stdout
+    assert "static@256" in r.stdout and "tok/s" in r.stdout
 
 
 def test_generate_and_python_dash_m():

@@ -1,11 +1,11 @@
 """WebGPU vs CPU EP logits, position by position, on the same tokens."""
 
-from kvlab.conformance import check
+from kvlab.ort.conformance import check
 
 
 def test_detects_the_known_webgpu_prefill_divergence(smollm2):
     """onnxruntime-webgpu 1.27 on SwiftShader: prefill logits are right for query positions 0-3 and wrong from
-    position 4 on (knowledge/measured.md). Four layers of SmolLM2 would be enough, but the real model is used."""
+    position 4 on (measured there: max |diff| 2.6-10 from position 4). Four layers of SmolLM2 would be enough, but the real model is used."""
     report = check(smollm2, "The capital of France is Paris, and the capital of Italy is", device="webgpu",
                    mode="prefill")
     assert report.first_divergence == 4, report.summary()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvlab import COLUMNS, ConfigError, DynamicCache, Recorder, Sampling, StaticCache, generate
-from kvlab.references import genai_greedy, transformers_greedy
+from kvlab.ort.references import genai_greedy, transformers_greedy
 
 NEW = 24
 
@@ -59,7 +59,7 @@ def test_toy_on_webgpu_both_caches_identical(toy):
         a = generate(toy, ids, cache=s, device="webgpu", max_new_tokens=12, stop_on_eos=False)
         b = generate(toy, ids, cache=d, device="webgpu", max_new_tokens=12, stop_on_eos=False)
     assert a.token_ids == b.token_ids
-    assert "webgpu" in a.device and "SwiftShader" in a.device or "hardware" in a.device
+    assert a.device.name == "webgpu" and ("SwiftShader" in a.device.adapter.name or a.device.adapter.kind == "hardware")
 
 
 def test_records_have_every_documented_column(smol_runs):

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab import CacheStateError, ConfigError, DeviceError, DynamicCache, StaticCache, Stepper, generate
-from kvlab.runtime import open_device
+from kvlab import CacheStateError, ConfigError, DeviceError, DynamicCache, StaticCache, Stepper, generate, open_device
 
 KINDS = {"static": lambda: StaticCache(512), "dynamic": DynamicCache}
 
@@ -28,13 +27,14 @@ def test_handoff_tokens_equal_an_all_cpu_run(name, n_prompt, new, kind):
     assert dev.live_tensors == before  # the device cache was disposed, the CPU twin too
     f = g.frame()
     assert list(f.phase) == ["prefill", "handoff"] + ["decode"] * (new - 1)
-    assert list(f.device) == ["cpu", "cpu->webgpu"] + ["webgpu"] * (new - 1)
+    assert list(f.device) == ["cpu", "webgpu"] + ["webgpu"] * (new - 1)
+    assert list(f.copied_from) == ["", "cpu"] + [""] * (new - 1)
     hand = f.iloc[1]
     per_token = model.info.bytes_per_token
     expected = per_token * (512 if kind == "static" else n_prompt)  # whole static buffers vs exact presents
     assert hand.copy_bytes == expected and hand.n_tokens == n_prompt and hand.token == -1
     assert list(f.position[2:]) == list(range(n_prompt, n_prompt + new - 1))
-    assert g.prefill_device.startswith("cpu") and g.device.startswith("webgpu")
+    assert g.prefill_device.name == "cpu" and g.device.name == "webgpu"
 
 
 @pytest.mark.slow
@@ -97,7 +97,7 @@ def test_a_device_without_the_copy_path(toy, monkeypatch):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_failed_copy_leaves_the_device_cache_empty_and_reusable(toy, kind, monkeypatch):
     """Fault injection (labelled): the third tensor copy fails (as a device loss would)."""
-    import kvlab.caches as caches
+    import kvlab.ort.caches as caches
 
     gpu = open_device("webgpu")
     before = gpu.live_tensors

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvlab import ConfigError, open_device
-from kvlab import memory
+from kvlab.ort import memory
 
 from conftest import run_python
 
@@ -39,9 +39,8 @@ def test_cpu_sessions_put_their_weights_in_huge_pages(smollm2):
     """SmolLM2's ~540 MB of fp32 weights: collapsed by default, left alone with huge_pages=False."""
     code = """
 import json, sys, kvlab
-from kvlab.runtime import open_device
-d = open_device('cpu', **json.loads(sys.argv[1]))
-kvlab.load('smollm2').session(d)
+d = kvlab.open_device('cpu', **json.loads(sys.argv[1]))
+d.session(kvlab.load('smollm2').onnx_path)
 print(d.huge_page_bytes)
 """
     default = run_python(code.replace("sys.argv[1]", "'{}'"))

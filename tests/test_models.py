@@ -9,7 +9,8 @@ import pytest
 
 import kvlab
 from kvlab import ModelError
-from kvlab.build import RECIPES, TinyLlama, byte_tokenizer, fold_attention_scale
+from kvlab.ort.build import fold_attention_scale
+from kvlab.presets import RECIPES, TinyLlama, byte_tokenizer
 
 
 def test_smollm2_info(smollm2):
@@ -33,7 +34,7 @@ def test_kv_heavy_crosses_the_webgpu_buckets(kv_heavy):
 def test_chat_template_matches_transformers(smollm2):
     from transformers import AutoTokenizer
 
-    from kvlab.references import hf_checkpoint
+    from kvlab.ort.references import hf_checkpoint
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why cache keys?"}]
@@ -181,3 +182,22 @@ def test_attention_scale_folding_is_exact_and_only_where_exact(tmp_path, head_di
         assert scale == [] and (tmp_path / "weights.data").read_bytes() == weights
     for b, a in zip(before, after):  # the output and the updated KV (rotated keys)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_decoder_file_genai_config_names_is_the_one_inspected_and_run(toy, tmp_path):
+    """genai_config.json may name its decoder anything: kvlab must inspect and run that file, even when a
+    model.onnx of another model lies beside it (it once inspected one and ran the other)."""
+    from conftest import write_concat_kv_model
+
+    d = _copy(toy, tmp_path)
+    (d / "model.onnx").rename(d / "decoder.onnx")
+    shutil.copy(write_concat_kv_model(tmp_path / "other") / "model.onnx", d / "model.onnx")  # a decoy
+    cfg = json.loads((d / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["filename"] = "decoder.onnx"
+    (d / "genai_config.json").write_text(json.dumps(cfg))
+    model = kvlab.load(d)
+    assert model.onnx_path == d / "decoder.onnx" and model.info.shares_buffers
+    with kvlab.StaticCache(16) as cache:
+        got = kvlab.generate(model, [1, 2, 3], cache=cache, max_new_tokens=4, stop_on_eos=False).token_ids
+    assert got == kvlab.generate(toy, [1, 2, 3], max_new_tokens=4, stop_on_eos=False).token_ids
+    assert str(d / "decoder.onnx") in kvlab.open_device("cpu").sessions

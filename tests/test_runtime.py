@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from kvlab import ConfigError, DeviceError, open_device
-from kvlab.runtime import BUFFER_CACHE_MODES, find_webgpu_adapter
+from kvlab.ort.adapters import find_webgpu_adapter
+from kvlab.ort.device import BUFFER_CACHE_MODES
 
 from conftest import run_python
 
@@ -19,12 +20,12 @@ def test_webgpu_adapter_is_found_and_labelled():
     if "SwiftShader" in adapter.name:
         assert adapter.kind == "software"
     dev = open_device("webgpu")
-    assert dev.adapter == adapter and adapter.label in dev.label
+    assert dev.adapter == adapter and dev.label.adapter == adapter
 
 
 def test_webgpu_sessions_run_on_webgpu(toy):
-    session = toy.session("webgpu")
-    assert session._sess.get_providers()[0] == "WebGpuExecutionProvider"
+    session = open_device("webgpu").session(toy.onnx_path)
+    assert session.providers[0] == "WebGpuExecutionProvider"
     # only small shape/mask ops may stay on the CPU EP; GQA and MatMul run on WebGPU
     assert session.cpu_nodes and not any(n.startswith(("GroupQueryAttention", "MatMul")) for n in session.cpu_nodes)
 
@@ -56,7 +57,7 @@ def test_cpu_thread_options_reach_the_session(toy):
     r = run_python("""
 import kvlab
 d = kvlab.open_device('cpu', threads=1, spinning=False)
-s = kvlab.load('toy').session(d)._sess.get_session_options()
+s = d.session(kvlab.load('toy').onnx_path).ort.get_session_options()
 print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow_spinning'))
 """)
     assert r.returncode == 0, r.stderr
@@ -91,7 +92,7 @@ print('reopened', d2.ep_options)
 
 PROBE = """
 import json, sys, numpy as np, kvlab
-from kvlab.instrument import rss_bytes
+from kvlab.core.records import rss_bytes
 d = kvlab.open_device('webgpu', buffer_cache_mode=sys.argv[1])
 d.zeros((1024,), np.float32).release()
 base = rss_bytes()
@@ -145,7 +146,7 @@ def test_device_tensors_are_owned_and_released_once(device):
 
 
 def test_copy_between_cpu_and_webgpu():
-    from kvlab.runtime import copy_tensor
+    from kvlab.ort.device import copy_tensor
 
     cpu, gpu = open_device("cpu"), open_device("webgpu")
     src = cpu.zeros((1, 2, 8, 4), np.float32)

@@ -10,9 +10,10 @@ torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch (kv
 pytest.importorskip("transformers", reason="the PyTorch backend needs transformers (kvlab[build])")
 
 import kvlab  # noqa: E402
-from kvlab import torch_backend as tb  # noqa: E402
-from kvlab import torch_graphs as tg  # noqa: E402
-from kvlab.errors import CapacityError, ConfigError, DeviceError  # noqa: E402
+from kvlab import pytorch as tb  # noqa: E402
+from kvlab.core.labels import CacheSpec  # noqa: E402
+from kvlab.pytorch import fuse, graphs as tg  # noqa: E402
+from kvlab import CapacityError, ConfigError, DeviceError  # noqa: E402
 
 from conftest import run_python  # noqa: E402
 
@@ -33,13 +34,13 @@ def toy_dynamic(ttoy) -> kvlab.Generation:
 
 
 def test_backend_reexports_the_graph_runner():
-    assert tb.GraphRunner is tg.GraphRunner and tb.fuse_modules is tg.fuse_modules
+    assert tb.GraphRunner is tg.GraphRunner and tb.fuse_modules is fuse.fuse_modules
     with pytest.raises(AttributeError, match="no attribute 'Graph'"):
         tb.Graph  # noqa: B018
 
 
 def test_import_pulls_neither_onnxruntime_nor_tokenizers():
-    out = run_python("import sys, kvlab.torch_backend, kvlab.torch_bench; "
+    out = run_python("import sys, kvlab.pytorch, kvlab.bench.pytorch; "
                      "print(sorted(m for m in ('onnxruntime', 'onnxruntime_genai', 'tokenizers', 'torch') "
                      "if m in sys.modules))")
     assert out.returncode == 0, out.stderr
@@ -48,7 +49,7 @@ def test_import_pulls_neither_onnxruntime_nor_tokenizers():
 
 def test_generation_and_records_keep_kvlabs_contract(ttoy, toy_dynamic):
     g = toy_dynamic
-    assert isinstance(g, kvlab.Generation) and g.cache == "dynamic" and g.device == "cpu"
+    assert isinstance(g, kvlab.Generation) and g.cache == CacheSpec("dynamic") and g.device.name == "cpu"
     assert len(g.token_ids) == 16 and g.stop_reason == "max_new_tokens" and g.prompt_ids == PROMPT
     f = g.frame()
     assert list(f.columns) == [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS]
@@ -67,13 +68,13 @@ def test_static_cache_gives_identical_tokens_and_allocates_once(ttoy, toy_dynami
     s = tb.generate(ttoy, PROMPT, cache="static", max_new_tokens=16, stop_on_eos=False)
     assert (s.frame().alloc_requests == -1).all()  # the CPU proxy is opt-in
     assert s.token_ids == toy_dynamic.token_ids
-    assert s.cache == f"static(max_cache_len={len(PROMPT) + 15})"
+    assert s.cache == CacheSpec("static", len(PROMPT) + 15)
     f = s.frame()
     assert f.cache_tensors_allocated.iloc[0] == 2 * ttoy.config.num_hidden_layers
     assert (f.cache_tensors_allocated.iloc[1:] == 0).all() and (f.new_buffers.iloc[1:] == 0).all()
     assert f.live_cache_bytes.nunique() == 1  # the whole buffer, from the first step on
     k = tb.generate(ttoy, PROMPT, cache=kvlab.StaticCache(max_cache_len=64), max_new_tokens=16, stop_on_eos=False)
-    assert k.token_ids == toy_dynamic.token_ids and k.cache == "static(max_cache_len=64)"
+    assert k.token_ids == toy_dynamic.token_ids and k.cache == CacheSpec("static", 64)
     d = tb.generate(ttoy, PROMPT, cache=kvlab.DynamicCache(), max_new_tokens=4, stop_on_eos=False)
     assert d.token_ids == toy_dynamic.token_ids[:4]
 
@@ -95,8 +96,8 @@ def test_graph_runner_step_matches_eager_and_survives_reset(ttoy, toy_dynamic):
     ptrs = list(runner.kv_ptrs)
     assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
     g = runner.generate(PROMPT, max_new_tokens=16, stop_on_eos=False)  # second generation, same buffers
-    assert g.token_ids == toy_dynamic.token_ids and g.cache == "graph-eager(max_cache_len=64)"
-    assert [t.data_ptr() for t in tb._KVWatch.tensors(runner.cache)] == ptrs
+    assert g.token_ids == toy_dynamic.token_ids and g.cache == CacheSpec("static", 64, "graph-eager")
+    assert [t.data_ptr() for t in runner.kv_tensors()] == ptrs
     f = g.frame()
     assert list(f.columns) == [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS] and (f.cache_tensors_allocated == 0).all()
     other = list(range(100, 120))
@@ -113,15 +114,15 @@ def test_traced_fused_step_matches_eager(toy_dynamic):
     runner = tg.GraphRunner(model, 64, mode="compile", compile_backend="eager", fuse=True, keep_logits=False)
     assert runner.fused == {"qkv": 2, "gate_up": 2, "rms_norm": 5, "attention": 0}
     assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
-    assert tg.fuse_modules(model)["qkv"] == 0  # idempotent
+    assert fuse.fuse_modules(model)["qkv"] == 0  # idempotent
     for attention in ("packed-gqa", "reduce"):  # the decode attentions: the same tokens, eager and traced
         for mode, backend in (("eager", "inductor"), ("compile", "eager")):
             runner = tg.GraphRunner(tb.load("toy"), 64, mode=mode, compile_backend=backend, fuse=True,
                                     attention=attention)
             assert runner.fused["attention"] == 1
             assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids, (attention, mode)
-    with pytest.raises(ConfigError, match="attention='flash'; choose one of"):
-        tg.fuse_modules(tb.load("toy"), attention="flash")
+    with pytest.raises(ConfigError, match="attention='flash' is not valid; choose one of"):
+        fuse.fuse_modules(tb.load("toy"), attention="flash")
     with pytest.raises(ConfigError, match="pass fuse=True with it"):
         tg.GraphRunner(tb.load("toy"), 64, mode="eager", attention="reduce")
 
@@ -132,7 +133,7 @@ def test_decode_attentions_match_sdpa(attention):
     reference), for grouped heads (GQA) and plain multi-head attention; on CUDA where there is one."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    name, fn = tg.DECODE_ATTENTION[attention]
+    name, fn = fuse.DECODE_ATTENTION[attention]
     gen = torch.Generator().manual_seed(0)
     dev = "cuda" if CUDA else "cpu"
     for heads, kv_heads in ((8, 2), (4, 4), (9, 3)):
@@ -152,14 +153,14 @@ def test_decode_attentions_match_sdpa(attention):
 @pytest.mark.parametrize("n", [49152, 128256, 512, 97])
 def test_two_stage_argmax_traces_and_matches_argmax(n):
     cols = tg.argmax_cols(n)
-    traced = torch.compile(lambda x: tg._argmax(x, cols), backend="eager", fullgraph=True)
+    traced = torch.compile(lambda x: tg.two_stage_argmax(x, cols), backend="eager", fullgraph=True)
     gen = torch.Generator().manual_seed(n)
     for _ in range(3):
         x = torch.randn(n, generator=gen)
         assert int(traced(x)) == int(x.argmax())
     x = torch.zeros(n)
     x[n // 2] = x[n - 1] = 1.0  # a tie: the first index wins, as argmax
-    assert int(tg._argmax(x, cols)) == n // 2
+    assert int(tg.two_stage_argmax(x, cols)) == n // 2
 
 
 @pytest.mark.slow
@@ -179,7 +180,7 @@ def test_smollm2_torch_matches_ort_static_cache(smollm2):
 
 
 def test_bench_runs_on_cpu(tmp_path):
-    from kvlab import torch_bench
+    from kvlab.bench import pytorch as torch_bench
 
     res = torch_bench.run_config("tiny", "float32", 16, 6, ["eager-dynamic", "graph-eager"], "cpu", repeats=1)
     r = res["results"]

@@ -1,16 +1,22 @@
-"""kvlab.widgets and kvlab.plots without a browser: widget values set from code fire the same callbacks a user's
+"""kvlab.lab.widgets and kvlab.lab.plots without a browser: widget values set from code fire the same callbacks a user's
 clicks do (real generations on the CPU EP; WebGPU context switching in a subprocess)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 import kvlab
-from kvlab import plots
-from kvlab.runtime import open_device
-from kvlab.widgets import CacheLab
+from kvlab import CacheSpec, DeviceLabel, open_device
+from kvlab.core.generation import first_divergence
+from kvlab.core.labels import Adapter, RunLabel
+from kvlab.lab import plots, recorded
+from kvlab.lab.runs import as_run
+from kvlab.lab.widgets import CacheLab
+from kvlab.ort.buffer_pool import bucket_positions
 
 from conftest import run_python
 
@@ -101,11 +107,11 @@ def test_buffer_cache_mode_switch_needs_every_webgpu_cache_disposed():
     while a user's cache still holds WebGPU tensors, and succeeds once it is disposed."""
     code = """
 import kvlab
-from kvlab.widgets import CacheLab
+from kvlab.lab.widgets import CacheLab
 lab = CacheLab("toy", models=["smollm2"], device="webgpu", buffer_cache_mode="simple", prompt_tokens=8, new_tokens=3)
 lab.run()
 assert lab.last_error is None, lab.last_error
-assert kvlab.open_device("webgpu").label.endswith("buffer cache simple")
+assert kvlab.open_device("webgpu").label.buffer_cache_mode == "simple"
 held = kvlab.StaticCache(16)
 kvlab.generate("toy", [1, 2, 3], cache=held, device="webgpu", max_new_tokens=2)
 lab.buffer_cache_mode.value = "disabled"
@@ -113,11 +119,11 @@ assert "Run closes it" in lab.plan.value
 lab.run()
 assert isinstance(lab.last_error, kvlab.DeviceError), lab.last_error
 assert "open with buffer cache mode 'simple'" in str(lab.last_error) and "still alive" in str(lab.last_error)
-assert kvlab.open_device("webgpu").label.endswith("buffer cache simple")
+assert kvlab.open_device("webgpu").label.buffer_cache_mode == "simple"
 held.dispose()
 lab.run()
 assert lab.last_error is None, lab.last_error
-assert kvlab.open_device("webgpu").label.endswith("buffer cache disabled")
+assert kvlab.open_device("webgpu").label.buffer_cache_mode == "disabled"
 assert list(lab.results["buffer cache"]) == ["simple", "disabled", "disabled"]
 lab.model.value = "smollm2"  # never decoded on SwiftShader: refused before any step, with the way out
 lab.run()
@@ -129,7 +135,7 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
-# ------------------------------------------------------------------------------------------------ kvlab.plots
+# ---------------------------------------------------------------------------------------------- kvlab.lab.plots
 def _frame(device: str, positions: range, tensors: int = 24, per_tensor_token: int = 4096) -> pd.DataFrame:
     """Synthetic records shaped like a dynamic-cache run (for plot labelling only; no model involved)."""
     rows = []
@@ -140,8 +146,8 @@ def _frame(device: str, positions: range, tensors: int = 24, per_tensor_token: i
             "cache_tensors_allocated": tensors, "cache_bytes_allocated": tensors * length * per_tensor_token,
             "live_cache_bytes": tensors * length * per_tensor_token, "used_cache_bytes": tensors * length * per_tensor_token})
     df = pd.DataFrame(rows, columns=list(kvlab.COLUMNS))
-    df.attrs = {"model": "kv-heavy", "device": f"{device} [SwiftShader Device (Subzero) (software)]",
-                "cache": "dynamic", "dtype": "float32"}
+    adapter = Adapter("SwiftShader Device (Subzero)", "software", "vulkan")
+    df.attrs = {"label": RunLabel("kv-heavy", "float32", DeviceLabel(device, adapter), CacheSpec("dynamic"))}
     return df
 
 
@@ -153,14 +159,14 @@ def test_latency_plot_says_what_produced_it_and_draws_buckets_where_the_staircas
     lines = sorted(s.x0 for s in fig.layout.shapes)
     assert lines == [1024, 2048]  # 4 and 8 MiB per KV tensor at 4 KiB per token; 12/16 MiB beyond the range
     assert "12 MiB at 3,072" in title
-    assert plots.bucket_positions(4096) == {4: 1024, 8: 2048, 12: 3072, 16: 4096}
+    assert bucket_positions(4096) == {4: 1024, 8: 2048, 12: 3072, 16: 4096}
 
 
 def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy):
     with kvlab.StaticCache(64) as c:
         a = kvlab.generate(toy, [1, 2, 3], cache=c, device="cpu", max_new_tokens=4)
     web = _frame("webgpu", range(3, 6), tensors=4, per_tensor_token=128)
-    web.attrs["model"] = "toy"
+    web.attrs["label"] = replace(web.attrs["label"], model="toy")
     fig = plots.latency([a, web])
     names = [t.name for t in fig.data]
     assert "cpu [" in names[0] and "webgpu [" in names[1]
@@ -169,14 +175,16 @@ def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy
 
 
 def test_sweep_labels_recorded_results_with_their_environment():
-    recorded = {"environment": {"date": "2026-11-29 08:00:00 UTC", "cpu": "AMD EPYC", "backend": "onnxruntime-webgpu",
-                                "versions": {"onnxruntime-webgpu": "1.27.0"}, "commit": "abc1234"},
-                "rows": [{"model": "kv-heavy", "device": "webgpu", "adapter": "SwiftShader (software)",
-                          "buffer_cache_mode": "bucket", "dtype": "float32", "context": c, "kv_tensor_mib": c / 256,
-                          "variant": v, "new_tokens": 6, "decode_ms": 100.0, "decode_ms_min": 90.0,
-                          "decode_ms_max": 110.0}
-                         for c in (256, 1024, 2048) for v in ("dynamic", "static@4160", f"static@{c + 5}")]}
-    fig = plots.sweep(recorded=recorded, recorded_model="kv-heavy", recorded_device="webgpu")
+    variants = lambda c: [("dynamic", None, False), ("static", 4160, False), ("static", c + 5, True)]  # noqa: E731
+    result = {"environment": {"date": "2026-11-29 08:00:00 UTC", "cpu": "AMD EPYC", "backend_package": "onnxruntime-webgpu",
+                              "backend_version": "1.27.0", "commit": "abc1234"},
+              "rows": [{"model": "kv-heavy", "device": "webgpu", "adapter": "SwiftShader (software)",
+                        "buffer_cache_mode": "bucket", "dtype": "float32", "context": c, "kv_tensor_mib": c / 256,
+                        "variant": f"{kind}@{n}" if n else kind, "runner": "kvlab", "cache_kind": kind,
+                        "max_cache_len": n, "fitted": fitted, "cache_variant": "", "new_tokens": 6,
+                        "decode_ms": 100.0, "decode_ms_min": 90.0, "decode_ms_max": 110.0}
+                       for c in (256, 1024, 2048) for kind, n, fitted in variants(c)]}
+    fig = recorded.sweep(recorded=result, recorded_model="kv-heavy", recorded_device="webgpu")
     assert all("(recorded)" in t.name and t.line.dash == "dot" for t in fig.data)
     assert sorted(t.name for t in fig.data) == ["dynamic bucket (recorded)", "static@4160 bucket (recorded)",
                                                 "static@fit bucket (recorded)"]  # one line per variant
@@ -185,22 +193,22 @@ def test_sweep_labels_recorded_results_with_their_environment():
     assert "RECORDED, not live: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
     assert sorted(s.x0 for s in fig.layout.shapes) == [1024, 2048]
     with pytest.raises(ValueError, match="no rows for model 'toy'"):
-        plots.sweep(recorded=recorded, recorded_model="toy", recorded_device="webgpu")
+        recorded.sweep(recorded=result, recorded_model="toy", recorded_device="webgpu")
 
 
 def test_token_diff_highlights_the_first_divergence():
-    assert plots.first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert plots.first_divergence([1, 2, 3], [1, 5, 3]) == 1
-    assert plots.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
     styled = plots.token_diff([1, 2, 3], [1, 5, 3], names=("cpu", "webgpu"))
     html = styled.to_html()
     assert "first divergence at generated token 1" in html and "#f8c9c9" in html
 
 
 def test_plots_refuse_what_they_cannot_label():
-    with pytest.raises(ValueError, match=r"needs attrs \['model', 'device', 'cache', 'dtype'\]"):
+    with pytest.raises(ValueError, match=r"needs attrs\['label'\], a kvlab RunLabel \(what produced it\)"):
         plots.latency(pd.DataFrame(columns=list(kvlab.COLUMNS)))
     with pytest.raises(TypeError, match="cannot plot list"):
-        plots.as_run([1, 2])
+        as_run([1, 2])
     with pytest.raises(ValueError, match="y='tokens' is not valid"):
         plots.latency(_frame("webgpu", range(3)), y="tokens")

@@ -1,0 +1,181 @@
+"""``kvlab bench``'s plan and its paired, interleaved rounds.
+
+For every (model, device, context) row, each variant first runs once to warm up, then ``reps`` times interleaved
+(A B C A B C ...), so slow drifts of a noisy machine hit every variant alike. Per run the median decode step is
+taken; per variant the median over runs and its min-max; per pair the ratio of runs i (against the dynamic cache).
+Token ids must match between compared variants or the row is marked invalid. The machine's memory bandwidth is
+measured before every round and after the last: each round's roofline uses the higher of the two around it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.errors import ConfigError, check_choice
+from ..ort import close_device, load, open_device
+from ..ort.device import BUFFER_CACHE_MODES
+from .machine import cpu_times, memory_bandwidth, roofline_ms
+from .results import environment
+from .variants import MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
+from .weights import matmuls_only_model, weight_bytes_per_token
+
+
+@dataclass
+class Plan:
+    """What to sweep. The defaults are the reference run for this class of machine (see data/README.md)."""
+
+    targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
+    contexts: dict[str, list[int]] = field(default_factory=lambda: {
+        "cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]})
+    new_tokens: dict[str, int] = field(default_factory=lambda: {"cpu": 64, "webgpu": 6})
+    static_lens: list[int] = field(default_factory=lambda: [4160])
+    static_fit: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # + context+new
+    reps: int = 3
+    genai: bool = True  # the peer row (CPU only: its WebGPU prefill would run on the device)
+    buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
+    webgpu_prefill_on_cpu: bool = True  # the handoff (kvlab.generate prefill_device="cpu")
+    small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
+    matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(targets=[("toy", "cpu"), ("toy", "webgpu")], contexts={"cpu": [64, 256], "webgpu": [64, 256]},
+                   new_tokens={"cpu": 8, "webgpu": 4}, static_lens=[512], reps=2, small_pages_twin=False)
+
+
+@dataclass
+class Rounds:
+    """Every variant run ``reps`` times, interleaved round by round, with the machine measured around them."""
+
+    runs: dict[Variant, list[Run]]
+    bandwidth: list[float]  # GB/s per round: the higher of the measurements just before and just after it
+    measured: list[float]  # every measurement: before each round, and after the last
+    steal_fraction: float  # the hypervisor's share of this VM's CPU time meanwhile (nan where unknown)
+
+
+def interleaved(runners: dict[Variant, Callable[[], Run]], reps: int) -> Rounds:
+    for fn in runners.values():  # warm-up: shader compilation, allocator pools, page faults
+        fn()
+    runs: dict[Variant, list[Run]] = {v: [] for v in runners}
+    measured: list[float] = []
+    steal_start = cpu_times()
+    for _ in range(reps):
+        measured.append(memory_bandwidth(repeats=3)["best"])
+        for v, fn in runners.items():
+            runs[v].append(fn())
+    measured.append(memory_bandwidth(repeats=3)["best"])
+    steal, total = (b - a for a, b in zip(steal_start, cpu_times()))
+    return Rounds(runs, [max(pair) for pair in zip(measured, measured[1:])], measured,
+                  steal / total if total else float("nan"))
+
+
+def _nanmedian(values: list[float]) -> float:
+    finite = [v for v in values if v == v]
+    return float(np.median(finite)) if finite else float("nan")
+
+
+def summarize(runs: dict[Variant, list[Run]], baseline: Variant) -> dict[Variant, dict[str, Any]]:
+    ref = runs[baseline]
+    out = {}
+    for v, rs in runs.items():
+        ms = [r.decode_ms for r in rs]
+        ratios = [r.decode_ms / b.decode_ms for r, b in zip(rs, ref)]
+        out[v] = {"decode_ms": float(np.median(ms)), "decode_ms_min": min(ms), "decode_ms_max": max(ms),
+                  "decode_ms_runs": ms,  # per round, in order: pairs any two variants
+                  "ratio_to_dynamic": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                  "overhead_ms": _nanmedian([r.overhead_ms for r in rs]), "tensors_per_step": rs[0].tensors_per_step,
+                  "new_buffers_per_step": rs[-1].new_buffers_per_step, "bytes_per_step": rs[0].bytes_per_step,
+                  "tokens_equal": None if rs[0].token_ids is None else all(r.token_ids == ref[0].token_ids
+                                                                           for r in rs)}
+    return out
+
+
+def prompt_ids(model: Any, length: int) -> np.ndarray:
+    """Exactly ``length`` tokens of real English text (data/prompts/long.txt, repeated)."""
+    text = (Path(__file__).resolve().parents[2] / "data" / "prompts" / "long.txt").read_text()
+    return model.tokens_of(text, length)
+
+
+def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
+        return _run_plan(plan, log, Path(tmp))
+
+
+def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    for mode in plan.buffer_cache_modes:
+        check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
+    bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
+    log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
+    rows: list[dict[str, Any]] = []
+    genai_huge = 0  # bytes of the peer's memory collapsed into huge pages
+    for model_name, device in plan.targets:
+        model = load(model_name)
+        genai = GenaiPeer(model) if plan.genai and device == "cpu" else None
+        genai_huge += genai.huge_pages["bytes"] if genai else 0
+        weights = weight_bytes_per_token(model)
+        for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
+            if device == "webgpu":
+                close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
+                dev = open_device("webgpu", buffer_cache_mode=mode)
+            else:
+                dev = open_device("cpu")
+            small = None
+            if device == "cpu" and plan.small_pages_twin and dev.huge_pages:
+                dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
+                small = small_pages_device()
+            floor, floor_bytes = (matmuls_only_model(model, tmp / model_name) if device == "cpu" and plan.matmuls_only
+                                  else (None, 0))
+            new = plan.new_tokens[device]
+            for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
+                if context + new > model.info.context_length:
+                    raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
+                                      f"{model.info.context_length}")
+                setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
+                                  handoff=device == "webgpu" and plan.webgpu_prefill_on_cpu)
+                runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True))
+                try:
+                    rounds = interleaved(runners, plan.reps)
+                finally:
+                    for pre in kept:
+                        pre.cache.dispose()
+                summary = summarize(rounds.runs, next(iter(runners)))
+                valid = all(s["tokens_equal"] is not False for s in summary.values())
+                kv_read = (context + new // 2) * model.info.bytes_per_token
+                bw = float(np.median(rounds.bandwidth))
+                for v, s in summary.items():
+                    w, kv = (floor_bytes, 0) if v.runner == MATMULS_ONLY else (weights, kv_read)
+                    paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[v])]
+                    rows.append({"model": model_name, "device": device, "adapter": str(dev.adapter),
+                                 "adapter_kind": dev.adapter.kind, "buffer_cache_mode": mode or "",
+                                 "dtype": model.info.dtype_name, "context": context,
+                                 "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
+                                 "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,
+                                 "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
+                                 "roofline_ms": roofline_ms(w + kv, bw), "roofline_fraction": float(np.median(paired)),
+                                 "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
+                                 "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
+                                 "cpu_steal_fraction": rounds.steal_fraction, **s})
+                bandwidth["paired"].extend(rounds.measured)
+                log(_row_line(model_name, device, mode, context, summary, valid))
+            if small is not None:
+                small.close()
+            if floor is not None:
+                dev.forget(floor)  # its weights (a model's worth) go with the run
+    bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
+    for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
+        row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],
+                                                           bandwidth["best"]) / row["decode_ms"]
+    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows}
+
+
+def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:
+    parts = [f"{v.name} {s['decode_ms']:.1f} ms (x{s['ratio_to_dynamic']:.2f})" for v, s in summary.items()]
+    return f"{model}/{device}{'/' + mode if mode else ''} ctx {context}: " + ", ".join(parts) + \
+        ("" if valid else "  INVALID: tokens differ")

@@ -1,0 +1,114 @@
+"""A benchmark's results: the environment they were measured in, the files they are written to (JSON, CSV,
+charts) and the report of the targets, computed from the rows' fields (ratios come from paired runs)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..lab.recorded import bench_figure
+from ..ort import memory, open_device, opened
+from ..ort.device import backend, describe
+from .variants import GENAI, KVLAB, MATMULS_ONLY, SMALL_PAGES
+
+
+def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[str, Any]:
+    env = describe()
+    cpu = opened("cpu")
+    huge = {**memory.state(), "cpu_session_bytes": cpu.huge_page_bytes if cpu else 0, "genai_bytes": genai_huge_bytes}
+    env.update({"backend_package": backend().package, "backend_version": backend().version,
+                "bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge,
+                "cpu_count": os.cpu_count(), "machine": platform.machine(),
+                "cpu_ep_options": open_device("cpu").ep_options or "defaults (ORT: one thread per physical core, "
+                                                                    "spinning on; kvlab: huge pages on)"})
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
+    except OSError:
+        env["commit"] = "unknown"
+    env["onnxruntime_genai"] = env["versions"].get("onnxruntime-genai", "missing")
+    return env
+
+
+def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
+    """results.json, results.csv and (unless disabled) one chart per (model, device) as HTML and PNG."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "results.json", out / "results.csv"]
+    files[0].write_text(json.dumps(result, indent=1, default=float))
+    with files[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
+        w.writeheader()
+        w.writerows({k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
+                    for r in result["rows"])
+    if charts:
+        for (model, device) in sorted({(r["model"], r["device"]) for r in result["rows"]}):
+            fig = bench_figure(result, model, device)
+            stem = out / f"{model}-{device}"
+            fig.write_html(stem.with_suffix(".html"), include_plotlyjs="cdn")
+            files.append(stem.with_suffix(".html"))
+            try:
+                fig.write_image(stem.with_suffix(".png"), width=1100, height=600)
+                files.append(stem.with_suffix(".png"))
+            except Exception as exc:  # noqa: BLE001 - kaleido needs a Chromium; the HTML is still there
+                print(f"kvlab bench: no PNG for {stem.name} ({exc})")
+    return files
+
+
+def _is(row: dict[str, Any], runner: str, kind: str = "", variant: str = "") -> bool:
+    return row["runner"] == runner and (not kind or row["cache_kind"] == kind) and row["cache_variant"] == variant
+
+
+def report(result: dict[str, Any]) -> str:
+    """The targets of the benchmark issue, computed from the rows (ratios come from paired runs)."""
+    rows = result["rows"]
+    lines = []
+    for model in sorted({r["model"] for r in rows if r["device"] == "cpu"}):
+        cpu = [r for r in rows if r["model"] == model and r["device"] == "cpu"]
+        for ctx in sorted({r["context"] for r in cpu}):
+            row = [r for r in cpu if r["context"] == ctx]
+            static = min((r for r in row if _is(r, KVLAB, "static")), key=lambda r: r["decode_ms"])
+            dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
+            line = f"{model} cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
+            genai = next((r for r in row if _is(r, GENAI)), None)
+            if genai:
+                line += (f"; genai {genai['decode_ms']:.1f} ms -> static/genai "
+                         f"{static['decode_ms'] / genai['decode_ms']:.2f} (target <= 0.9; tokens equal: "
+                         f"{genai['tokens_equal'] and static['tokens_equal']})")
+            line += f"; dynamic/static {dynamic['decode_ms'] / static['decode_ms']:.1f}x"
+            line += (f"; roofline {static['roofline_fraction']:.0%} (paired; "
+                     f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); python overhead "
+                     f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}")
+            fit = next((r for r in row if _is(r, KVLAB, "static") and r["fitted"]), None)
+            floor = next((r for r in row if _is(r, MATMULS_ONLY)), None)
+            if floor and fit:  # how far the matrix products alone get; what the rest of a step adds
+                rest = [a - b for a, b in zip(fit["decode_ms_runs"], floor["decode_ms_runs"])]
+                line += (f"; matmuls alone {floor['decode_ms']:.1f} ms = {floor['roofline_fraction']:.0%} of their "
+                         f"roofline (paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
+                         f"(per round {min(rest):.1f} to {max(rest):.1f})")
+            twin = next((r for r in row if _is(r, KVLAB, "static", SMALL_PAGES)), None)
+            if twin and fit:
+                ratios = [a / b for a, b in zip(fit["decode_ms_runs"], twin["decode_ms_runs"])]
+                line += (f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({fit['variant']}, paired, faster in "
+                         f"{sum(x < 1 for x in ratios)}/{len(ratios)})")
+            lines.append(line)
+    for model in sorted({r["model"] for r in rows if r["device"] == "webgpu"}):
+        gpu = [r for r in rows if r["model"] == model and r["device"] == "webgpu"]
+        for mode in sorted({r["buffer_cache_mode"] for r in gpu}):
+            for ctx in sorted({r["context"] for r in gpu}):
+                row = [r for r in gpu if r["context"] == ctx and r["buffer_cache_mode"] == mode]
+                dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
+                statics = [r for r in row if _is(r, KVLAB, "static")]
+                worst = max(statics, key=lambda r: r["ratio_to_dynamic"])
+                lines.append(f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
+                             + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
+                             + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
+                             + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}")
+    return "\n".join(lines)

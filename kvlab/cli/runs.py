@@ -1,0 +1,109 @@
+"""``kvlab generate`` and ``kvlab compare``: generations with each cache, as a table or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.layout import check_max_cache_len
+from ..core.errors import ConfigError
+from ..core.generation import Generation, Sampling, positions_needed
+from ..ort import generate, load, make_cache, open_device
+from .args import open_cpu
+
+DEFAULT_PROMPT = "Explain in two sentences why a language model keeps a cache of keys and values."
+
+
+def prompt_text(args: argparse.Namespace) -> str:
+    if args.prompt_file is not None:
+        try:
+            return args.prompt_file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"--prompt-file {str(args.prompt_file)!r}: {exc.strerror}") from exc
+    return DEFAULT_PROMPT if args.prompt is None else args.prompt
+
+
+def default_max_cache_len(needed: int, context_length: int) -> int:
+    return min(context_length, -(-needed // 256) * 256)
+
+
+def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    open_cpu(args)
+    device = open_device(args.device, buffer_cache_mode=args.buffer_cache_mode)
+    model = load(args.model, progress=not args.json)
+    ids = model.encode(prompt_text(args), chat=args.chat)
+    needed = positions_needed(len(ids), args.max_new_tokens)
+    size = (check_max_cache_len(args.max_cache_len) if args.max_cache_len is not None
+            else default_max_cache_len(needed, model.info.context_length))
+    sampling = Sampling(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed)
+    memory = str(make_cache("static", size).memory_report(model.info)) if "static" in kinds else ""
+    runs: dict[str, Generation] = {}
+    for kind in kinds:
+        with make_cache(kind, size if kind == "static" else None) as cache:
+            runs[kind] = generate(model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
+                                  sampling=sampling, stop_on_eos=not args.ignore_eos)
+    return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
+            "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
+
+
+def _summary(g: Generation) -> dict[str, Any]:
+    dec = [r for r in g.records if r.phase == "decode"]
+    edge = max(1, min(3, len(dec) // 2))
+    median = lambda rs, key: float(np.median([getattr(r, key) for r in rs])) if rs else float("nan")  # noqa: E731
+    return {
+        "cache": str(g.cache), "new_tokens": len(g.token_ids),
+        "tokens_per_s": 1e3 / median(dec, "wall_ms") if dec else float("nan"),
+        "first_steps_ms": median(dec[:edge], "wall_ms"), "last_steps_ms": median(dec[-edge:], "wall_ms"),
+        "tensors_per_step": median(dec, "cache_tensors_allocated"),
+        "bytes_per_step": median(dec, "cache_bytes_allocated"),
+        "new_buffers_per_step": median(dec, "new_buffers"),
+        "overhead_ms": median(dec, "overhead_ms"),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ["cache", "tok/s", "first ms", "last ms", "tensors/step", "MiB/step", "new bufs/step", "py ms/step"]
+    lines = [head]
+    for r in rows:
+        lines.append([r["cache"], f"{r['tokens_per_s']:.1f}", f"{r['first_steps_ms']:.1f}", f"{r['last_steps_ms']:.1f}",
+                      f"{r['tensors_per_step']:g}", f"{r['bytes_per_step'] / 2**20:.3f}",
+                      f"{r['new_buffers_per_step']:g}", f"{r['overhead_ms']:.2f}"])
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in lines)
+
+
+def emit(result: dict[str, Any], as_json: bool) -> None:
+    runs: dict[str, Generation] = result["runs"]
+    if as_json:
+        out = {k: v for k, v in result.items() if k != "runs"}
+        out["device"] = asdict(result["device"])
+        out["runs"] = {k: {**g.to_dict(), "summary": _summary(g)} for k, g in runs.items()}
+        if len(runs) == 2:
+            out["identical"] = _identical(runs)
+        json.dump(out, sys.stdout, indent=1, default=float)
+        print()
+        return
+    print(f"model {result['model']} ({result['dtype']}), device {result['device']}, prompt {result['prompt_tokens']} "
+          f"tokens, static max_cache_len {result['max_cache_len']}")
+    if result["static_memory"]:
+        print(result["static_memory"])
+    for kind, g in runs.items():
+        print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason})")
+    print("\n" + _table([_summary(g) for g in runs.values()]))
+    print("(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
+          "bufs counts never-seen buffer identities, a proxy)")
+    if len(runs) == 2:
+        print(f"\noutputs identical: {_identical(runs)}")
+
+
+def _identical(runs: dict[str, Generation]) -> bool:
+    a, b = runs.values()
+    return a.token_ids == b.token_ids

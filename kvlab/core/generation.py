@@ -1,0 +1,131 @@
+"""A generation's settings and result, shared by every backend: ``Sampling``, ``Generation`` and the small facts
+each loop needs (positions a generation needs, when it stops, where two token sequences part)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .labels import RunLabel
+from .frames import decode_median, frame
+from .records import COLUMNS, StepRecord
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy by default; ``do_sample=True`` draws from the softmax (temperature, top-k, top-p), seeded."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    top_p: float = 1.0  # 1.0 = no nucleus cut
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature={self.temperature!r} must be > 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k={self.top_k!r} must be an int >= 0 (0 disables it)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
+
+    def chooser(self) -> Callable[[np.ndarray], int]:
+        """A function from one position's logits [vocab] to the next token."""
+        if not self.do_sample:
+            return greedy
+        rng = np.random.default_rng(self.seed)
+
+        def sample(logits: np.ndarray) -> int:
+            z = logits.astype(np.float64) / self.temperature
+            if self.top_k:
+                z[z < np.partition(z, -self.top_k)[-self.top_k]] = -np.inf
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            if self.top_p < 1:
+                order = np.argsort(-p)
+                keep = np.cumsum(p[order]) - p[order] < self.top_p  # smallest set reaching top_p
+                p[order[~keep]] = 0
+                p /= p.sum()
+            return int(rng.choice(p.size, p=p))
+
+        return sample
+
+
+def greedy(logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
+
+
+@dataclass
+class Generation:
+    """The result of a generation: text, token ids, one record per step, and what produced them (``label``)."""
+
+    label: RunLabel
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated tokens (an EOS that stopped generation included)
+    text: str
+    stop_reason: str  # "eos" or "max_new_tokens"
+    records: list[StepRecord] = field(default_factory=list)
+
+    model = property(lambda self: self.label.model)
+    dtype = property(lambda self: self.label.dtype)
+    device = property(lambda self: self.label.device)
+    cache = property(lambda self: self.label.cache)
+    prefill_device = property(lambda self: self.label.prefill_device)
+
+    def frame(self):
+        """Per-step records as a pandas DataFrame (columns: kvlab.COLUMNS and a backend's own), with the run's
+        ``label`` in ``frame.attrs``."""
+        columns = [f.name for f in fields(type(self.records[0]))] if self.records else list(COLUMNS)
+        return frame(self.records, columns, label=self.label)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def decode_ms(self) -> float:
+        """Median wall time of the decode steps (ms); NaN with no decode step."""
+        return decode_median(self.records)
+
+
+def positions_needed(prompt_tokens: int, new_tokens: int) -> int:
+    """Cache positions a generation needs: the prompt and every new token but the last, which is never fed back."""
+    return prompt_tokens + new_tokens - 1
+
+
+def check_new_tokens(max_new_tokens: Any) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
+    return int(max_new_tokens)
+
+
+def stop_reason(tokens: Sequence[int], max_new_tokens: int, stop_on_eos: bool,
+                eos_token_ids: Sequence[int]) -> str | None:
+    """Why generation stops after ``tokens`` ("eos", "max_new_tokens"), or None to go on."""
+    if stop_on_eos and tokens and tokens[-1] in eos_token_ids:
+        return "eos"
+    return "max_new_tokens" if len(tokens) >= max_new_tokens else None
+
+
+def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
+    ids = np.asarray(ids)
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise ConfigError(f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a "
+                          "time (batch size 1)")
+    ids = ids.reshape(-1) if ids.ndim == 2 else ids
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(f"token ids must be a 1-D list of ints, got shape {ids.shape} dtype {ids.dtype}")
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ConfigError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int64)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """First index where two token sequences differ (a length difference counts); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

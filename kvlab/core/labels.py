@@ -1,0 +1,80 @@
+"""What produced a number, kept as data: the device (adapter, backend and version, buffer cache mode) and the cache
+(kind and size). Plots, tables and widgets format these fields; nothing builds a label as a string to read it back.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What executes a device's kernels."""
+
+    name: str  # e.g. "SwiftShader Device (Subzero)", "NVIDIA H200", or the CPU model
+    kind: str  # "hardware" or "software" (a CPU-emulated GPU such as SwiftShader counts as software)
+    api: str  # "vulkan", "metal", "d3d12", "cpu" or "cuda"
+    source: str = ""  # how it was found (the Vulkan driver manifest, ...)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+@dataclass(frozen=True)
+class DeviceLabel:
+    """The device a run used, as fields."""
+
+    name: str  # "cpu", "webgpu" or "cuda"
+    adapter: Adapter
+    backend: str = ""  # the runtime package, e.g. "onnxruntime-webgpu", "torch"
+    version: str = ""  # its version
+    buffer_cache_mode: str = ""  # WebGPU storage buffer cache mode in force ("" elsewhere)
+
+    @property
+    def runtime(self) -> str:
+        """Backend and version, e.g. 'onnxruntime-webgpu 1.27.0'."""
+        return f"{self.backend} {self.version}".strip()
+
+    def __str__(self) -> str:
+        mode = f", buffer cache {self.buffer_cache_mode}" if self.buffer_cache_mode else ""
+        return f"{self.name} [{self.adapter}]{mode}"
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A cache's kind and size: the one naming scheme of kvlab ("dynamic", "static@512", "static@512 graph")."""
+
+    kind: str  # "dynamic" or "static"
+    max_cache_len: int | None = None  # static caches only
+    variant: str = ""  # how it runs, where that differs (e.g. "graph-capture", "4KiB-pages")
+
+    @property
+    def name(self) -> str:
+        size = f"@{self.max_cache_len}" if self.max_cache_len is not None else ""
+        return f"{self.kind}{size}" + (f" {self.variant}" if self.variant else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class RunLabel:
+    """What produced a run's numbers: every figure and table of a run is labelled from these fields."""
+
+    model: str
+    dtype: str  # of the KV cache, e.g. "float32"
+    device: DeviceLabel
+    cache: CacheSpec
+    prefill_device: DeviceLabel | None = None  # set when the prefill ran on another device (a handoff)
+
+
+def cpu_adapter() -> Adapter:
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return Adapter(f"{name}, {os.cpu_count()} cores", "hardware", "cpu")

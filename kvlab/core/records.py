@@ -1,0 +1,104 @@
+"""Per-step records, the hooks that receive them, and their column docs (exact counter, proxy or label)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable
+
+# column -> (meaning, "exact" | "proxy" | "label")
+COLUMNS: dict[str, tuple[str, str]] = {
+    "step": ("0 for the prefill (and the handoff that moves it), then 1, 2, ... per decode step", "exact"),
+    "phase": ("'prefill', 'handoff' (the prefill's KV copied to the decode device) or 'decode'", "label"),
+    "device": ("device that ran the step ('cpu', 'webgpu' or 'cuda'; for a handoff, the one copied to)", "label"),
+    "copied_from": ("for a handoff, the device the KV was copied from; '' otherwise", "label"),
+    "position": ("cache length before the step: the position of the first token fed", "exact"),
+    "n_tokens": ("tokens fed in this step", "exact"),
+    "token": ("the token chosen from this step's logits (-1 for a handoff)", "exact"),
+    "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
+    "run_ms": ("wall time inside the runtime's run alone", "exact"),
+    "overhead_ms": ("wall_ms - run_ms: Python time outside the run", "exact"),
+    "cache_tensors_allocated": ("KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
+                                "one-time lazy allocation (static); 0 means every present was written in place",
+                                "exact"),
+    "cache_bytes_allocated": ("bytes of those tensors as requested (the WebGPU pool rounds up to its buckets)",
+                              "exact"),
+    "new_buffers": ("of those, buffers whose identity (data_ptr) this cache had never seen: identity-based; a "
+                    "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers", "proxy"),
+    "live_cache_bytes": ("bytes of KV tensors alive after the step (as requested)", "exact"),
+    "used_cache_bytes": ("bytes the tokens held need: cache length x bytes per token", "exact"),
+    "copy_bytes": ("bytes copied between devices in this step (handoff only)", "exact"),
+    "rss_bytes": ("process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
+                  "includes everything else the process holds", "proxy"),
+}
+
+
+@dataclass
+class StepRecord:
+    step: int
+    phase: str
+    device: str
+    copied_from: str
+    position: int
+    n_tokens: int
+    token: int
+    wall_ms: float
+    run_ms: float
+    overhead_ms: float
+    cache_tensors_allocated: int
+    cache_bytes_allocated: int
+    new_buffers: int
+    live_cache_bytes: int
+    used_cache_bytes: int
+    copy_bytes: int
+    rss_bytes: int
+
+
+assert [f.name for f in fields(StepRecord)] == list(COLUMNS), "COLUMNS must document every StepRecord field"
+
+StepHook = Callable[[StepRecord], None]
+
+
+@dataclass(frozen=True)
+class CacheStep:
+    """What one step did to the cache's memory (see COLUMNS for exactness)."""
+
+    allocated_tensors: int = 0  # cache tensors created this step (by the runtime, or by kvlab's lazy allocation)
+    allocated_bytes: int = 0  # their bytes, as requested
+    new_buffers: int = 0  # of those, buffers whose identity (data_ptr) this cache had never seen
+    live_bytes: int = 0  # bytes of cache tensors alive after the step
+
+
+def step_record(*, step: int, phase: str, device: str, position: int, n_tokens: int, token: int, wall_ms: float,
+                run_ms: float, memory: CacheStep, used_cache_bytes: int, copy_bytes: int = 0, copied_from: str = "",
+                kind: type[StepRecord] = StepRecord, **extra: Any) -> StepRecord:
+    """The one way a record is made: overhead and RSS derived here; ``extra`` fills a subclass's own columns."""
+    return kind(step=step, phase=phase, device=device, copied_from=copied_from, position=position,
+                n_tokens=n_tokens, token=token, wall_ms=wall_ms, run_ms=run_ms, overhead_ms=wall_ms - run_ms,
+                cache_tensors_allocated=memory.allocated_tensors, cache_bytes_allocated=memory.allocated_bytes,
+                new_buffers=memory.new_buffers, live_cache_bytes=memory.live_bytes,
+                used_cache_bytes=used_cache_bytes, copy_bytes=copy_bytes, rss_bytes=rss_bytes(), **extra)
+
+
+def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
+    """``on_step`` as a list of hooks (one hook, several, or none)."""
+    if on_step is None:
+        return []
+    if callable(on_step):
+        return [on_step]
+    return list(on_step)
+
+
+_STATM: int | None = None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd, ~5 us)."""
+    global _STATM
+    if _STATM is None and os.path.exists("/proc/self/statm"):
+        _STATM = os.open("/proc/self/statm", os.O_RDONLY)
+    if _STATM is not None:
+        return int(os.pread(_STATM, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss

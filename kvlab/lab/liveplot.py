@@ -1,0 +1,93 @@
+"""A live chart for notebook dashboards: decode latency and KV memory reserved vs used, growing while a run goes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..core.records import StepRecord
+
+
+class LivePlot:
+    """A FigureWidget with two panels (decode latency; KV memory reserved vs used) that grows while a run goes,
+    redrawn at most every ``throttle_s`` seconds. Keeps the last ``max_runs`` runs for comparison.
+
+    A FigureWidget sends its updates as transient messages; a browser view that was still loading plotly.js
+    when they came (e.g. a notebook run with "Run All") misses them for good. So at the end of every run the
+    widget is replaced, inside ``box``, by a fresh one holding the complete figure: the final chart is always
+    right, and the live updates of later runs go to a view that is already loaded."""
+
+    def __init__(self, throttle_s: float = 0.25, max_runs: int = 4):
+        import ipywidgets as w
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        base = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                             subplot_titles=("decode step latency (ms, log scale)",
+                                             "KV memory: reserved (solid) vs used (dashed), KiB"))
+        self.figure = go.FigureWidget(base)
+        self.figure.update_layout(height=420, width=1000, template="plotly_white",
+                                  margin={"t": 95, "b": 40, "l": 55, "r": 20},
+                                  legend={"orientation": "h", "y": -0.2, "x": 0},
+                                  title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01})
+        self.figure.update_xaxes(title_text="cache length (tokens)")
+        self.figure.update_yaxes(type="log", dtick=1, row=1, col=1)  # first steps of a new context compile shaders
+        self.figure.update_yaxes(rangemode="tozero", row=1, col=2)
+        self.box = w.Box([self.figure])
+        self.throttle_s, self.max_runs = throttle_s, max_runs
+        self.redraws = 0
+        self._xs: list[int] = []
+        self._lat: list[float] = []
+        self._res: list[float] = []
+        self._used: list[float] = []
+        self._mem_x: list[int] = []
+        self._last = 0.0
+        self._traces: tuple[Any, Any, Any] | None = None
+
+    def start(self, name: str, color: str, title: str) -> None:
+        import plotly.graph_objects as go
+
+        with self.figure.batch_update():
+            if len(self.figure.data) >= 3 * self.max_runs:
+                self.figure.data = self.figure.data[3:]
+            self.figure.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers", legendgroup=name,
+                                             line={"color": color}, marker={"size": 4}), row=1, col=1)
+            self.figure.add_trace(go.Scatter(x=[], y=[], name=f"{name}: reserved", mode="lines", legendgroup=name,
+                                             line={"color": color, "width": 3}, showlegend=False), row=1, col=2)
+            self.figure.add_trace(go.Scatter(x=[], y=[], name=f"{name}: used", mode="lines", legendgroup=name,
+                                             line={"color": color, "dash": "dash"}, showlegend=False), row=1, col=2)
+            self.figure.layout.title.text = title
+        self._traces = tuple(self.figure.data[-3:])  # type: ignore[assignment]
+        self._xs, self._lat, self._mem_x, self._res, self._used = [], [], [], [], []
+        self._last = 0.0
+
+    def add(self, record: StepRecord) -> None:
+        x = record.position + record.n_tokens
+        if record.phase == "decode":
+            self._xs.append(x)
+            self._lat.append(record.wall_ms)
+        self._res.append(record.live_cache_bytes / 1024)
+        self._used.append(record.used_cache_bytes / 1024)
+        self._mem_x.append(x)
+        if time.perf_counter() - self._last >= self.throttle_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._traces is None:
+            return
+        lat, res, used = self._traces
+        with self.figure.batch_update():
+            lat.x, lat.y = list(self._xs), list(self._lat)
+            res.x, res.y = list(self._mem_x), list(self._res)
+            used.x, used.y = list(self._mem_x), list(self._used)
+        self.redraws += 1
+        self._last = time.perf_counter()
+
+    def finish(self) -> None:
+        import plotly.graph_objects as go
+
+        self.flush()
+        self._traces, self._mem_x = None, []
+        old, self.figure = self.figure, go.FigureWidget(self.figure)
+        self.box.children = (self.figure,)
+        old.close()

@@ -1,0 +1,164 @@
+"""Plotly figures of kvlab's per-step records. This module reads records and their labels; it never runs a model.
+
+Every figure says what produced its numbers: model, dtype, device (adapter hardware/software, WebGPU buffer cache
+mode), the runtime (EP and package version), cache and context; in the title when all runs share them, in the
+legend otherwise. Recorded results are marked "recorded" in the legend, with their environment.
+
+The WebGPU buffer pool rounds each request up to a bucket (4, 8, 12, 16 MiB, ...) and keeps only a few freed
+buffers per bucket; a DynamicCache whose KV tensors cross those sizes shows a latency staircase. ``latency`` draws
+a dotted line where each KV tensor reaches a bucket size, so you can see whether the staircase appears there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..core.errors import check_choice
+from ..core.generation import first_divergence
+from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
+from .style import add_bucket_lines, cache_colors, go, legend_below, title, top_margin, unit
+
+
+Y_COLUMNS = ("wall_ms", "run_ms", "overhead_ms")  # the timings a latency plot can draw
+
+
+def _recorded_note(runs: Sequence[Run]) -> str:
+    notes = sorted({r.recorded for r in runs if r.recorded})
+    return ("recorded: " + "; ".join(notes)) if notes else ""
+
+
+def _buckets_default(runs: Sequence[Run]) -> bool:
+    return any(r.label.device.name == "webgpu" for r in runs)
+
+
+def lines(runs: Sequence[Run], labels: Sequence[str], phases: Sequence[str] | None = None) -> Iterator[tuple]:
+    """Per run: (run, its records (of ``phases``), cache length after each step, legend name, colour)."""
+    for r, name, color in zip(runs, labels, cache_colors(r.label.cache for r in runs)):
+        f = r.frame if phases is None else r.frame[r.frame["phase"].isin(phases)]
+        yield r, f, f["position"] + f["n_tokens"], name, color
+
+
+def _scaled(runs: Any, top: Callable[[Any], float]) -> tuple[list[Run], str, list[str], float, str]:
+    """The runs, their shared title and legend labels, and the byte unit that fits ``top`` of every run's frame."""
+    runs = as_runs(runs)
+    common, labels = common_and_labels(runs)
+    scale, units = unit(max((float(top(r.frame)) for r in runs if not r.frame.empty), default=0.0))
+    return runs, common, labels, scale, units
+
+
+def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_token: float | None) -> str:
+    bpt = bytes_per_tensor_token or next((b for b in map(kv_bytes_per_tensor_token, runs) if b), None)
+    return add_bucket_lines(fig, bpt, xmax)
+
+
+def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",), buckets: bool | None = None,
+            bytes_per_tensor_token: float | None = None) -> Any:
+    """Per-step latency vs cache length, one line per run; dotted lines where a KV tensor reaches 4/8/12/16 MiB.
+
+    ``buckets``: draw the WebGPU bucket lines (default: when any run is on WebGPU; the CPU EP has no such pool)."""
+    check_choice(y, Y_COLUMNS, "y=")
+    runs = as_runs(runs)
+    common, labels = common_and_labels(runs)
+    fig = go().Figure()
+    xmax = 0
+    for r, f, x, name, color in lines(runs, labels, phases):
+        xmax = max(xmax, int(x.max()) if len(x) else 0)
+        fig.add_trace(go().Scatter(
+            x=x, y=f[y], name=name, mode="lines+markers", marker={"size": 4, "color": color},
+            line={"dash": "dot" if r.recorded else "solid", "color": color},
+            customdata=np.stack([f["step"], f["phase"], f["cache_tensors_allocated"], f["new_buffers"]], axis=-1),
+            hovertemplate=("cache length %{x}<br>%{y:.1f} ms<br>step %{customdata[0]} (%{customdata[1]})<br>"
+                           "KV tensors allocated %{customdata[2]}, new buffers %{customdata[3]}<extra>%{fullData.name}"
+                           "</extra>")))
+    note = _recorded_note(runs)
+    if (_buckets_default(runs) if buckets is None else buckets) and runs:
+        note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
+    t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
+    fig.update_layout(title=t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)",
+                      yaxis_rangemode="tozero", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    return fig
+
+
+def allocations(runs: Any) -> Any:
+    """Three panels vs cache length: KV tensors allocated per step, bytes allocated per step, cumulative bytes."""
+    from plotly.subplots import make_subplots
+
+    runs, common, labels, scale, units = _scaled(runs, lambda f: f["cache_bytes_allocated"].sum())
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("KV tensors allocated in the step", f"KV {units} allocated in the step",
+                                        f"cumulative KV {units} allocated"))
+    for r, f, x, name, color in lines(runs, labels):
+        style = {"color": color, "dash": "dot" if r.recorded else "solid"}
+        kw = {"legendgroup": name, "line": style, "marker": {"size": 4, "color": color}}
+        fig.add_trace(go().Scatter(x=x, y=f["cache_tensors_allocated"], name=name, mode="lines+markers", **kw),
+                      row=1, col=1)
+        fig.add_trace(go().Scatter(x=x, y=f["cache_bytes_allocated"] / scale, name=name, mode="lines+markers",
+                                   showlegend=False, **kw), row=2, col=1)
+        fig.add_trace(go().Scatter(x=x, y=f["cache_bytes_allocated"].cumsum() / scale, name=name, mode="lines",
+                                   showlegend=False, **kw), row=3, col=1)
+    fig.update_xaxes(title_text="cache length after the step (tokens)", row=3, col=1)
+    fig.update_yaxes(tickformat="d", rangemode="tozero", row=1, col=1)  # counts: no decimals
+    t = title("KV cache allocations per step", common, _recorded_note(runs))
+    fig.update_layout(title=t, height=660, legend=legend_below(-0.1), template="plotly_white",
+                      margin=top_margin(t, extra=20))
+    return fig
+
+
+def memory(runs: Any) -> Any:
+    """KV memory reserved (live cache tensors) vs used (tokens held x bytes per token) vs cache length."""
+    runs, common, labels, scale, units = _scaled(runs, lambda f: f["live_cache_bytes"].max())
+    fig = go().Figure()
+    for r, f, x, name, color in lines(runs, labels):
+        fig.add_trace(go().Scatter(x=x, y=f["live_cache_bytes"] / scale, name=f"{name}: reserved", mode="lines",
+                                   line={"color": color, "width": 3}, legendgroup=name))
+        fig.add_trace(go().Scatter(x=x, y=f["used_cache_bytes"] / scale, name=f"{name}: used", mode="lines",
+                                   line={"color": color, "dash": "dash"}, legendgroup=name))
+    t = title("KV memory: reserved vs used", common, _recorded_note(runs))
+    fig.update_layout(title=t, xaxis_title="cache length after the step (tokens)", yaxis_title=units,
+                      yaxis_rangemode="tozero", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    return fig
+
+
+def conformance(result: Any) -> Any:
+    """Per-position max |logit difference| of a ``kvlab.ort.conformance.Conformance``; argmax changes in red."""
+    f = result.frame()
+    ok, bad = f[f["argmax_equal"]], f[~f["argmax_equal"]]
+    fig = go().Figure()
+    fig.add_trace(go().Bar(x=ok["position"], y=ok["max_abs_diff"], name="same argmax", marker_color="#1f77b4"))
+    fig.add_trace(go().Bar(x=bad["position"], y=bad["max_abs_diff"], name="argmax differs", marker_color="#d62728"))
+    fig.add_hline(y=result.atol, line={"dash": "dot", "color": "#888"}, annotation_text=f"atol {result.atol:g}",
+                  annotation_position="bottom right")
+    first = result.first_divergence
+    note = "all positions agree" if first is None else f"first divergence at position {first}"
+    t = title(f"{result.mode} logits, position by position: is {result.device.name} the same as "
+              f"{result.reference.name}?", f"model {result.model} \u00b7 {result.device} vs {result.reference}", note)
+    fig.update_layout(title=t, xaxis_title="position", yaxis_title="max |logit difference|", yaxis_type="log",
+                      barmode="overlay", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    return fig
+
+
+def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a", "b"),
+               decode: Any = None) -> Any:
+    """Token-by-token comparison as a styled table; the first divergence is highlighted in red."""
+    import pandas as pd
+
+    n = max(len(a), len(b))
+    col = lambda seq: [int(seq[i]) if i < len(seq) else None for i in range(n)]  # noqa: E731
+    df = pd.DataFrame({f"{names[0]} id": col(a), f"{names[1]} id": col(b)})
+    if decode is not None:
+        df.insert(1, f"{names[0]} text", [repr(decode([t])) if t is not None else "" for t in col(a)])
+        df[f"{names[1]} text"] = [repr(decode([t])) if t is not None else "" for t in col(b)]
+    df["same"] = [x == y for x, y in zip(col(a), col(b))]
+    first = first_divergence(a, b)
+
+    def paint(row: Any) -> list[str]:
+        if first is not None and row.name == first:
+            return ["background-color: #f8c9c9; font-weight: bold"] * len(row)
+        if not row["same"]:
+            return ["background-color: #fdeaea"] * len(row)
+        return [""] * len(row)
+
+    caption = ("identical" if first is None else f"first divergence at generated token {first}")
+    return df.style.apply(paint, axis=1).set_caption(f"{names[0]} vs {names[1]}: {caption}")

@@ -1,0 +1,155 @@
+"""Recorded ``kvlab bench`` results drawn beside live runs: median decode step vs context, one line per cache, with
+the environment they were measured in. A bench row names its cache as fields (``runner``, ``cache_kind``,
+``max_cache_len``, ``fitted``: sized to its own context, ``cache_variant``), so one line can follow a static cache
+sized to fit every context."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .plots import bucket_note
+from .runs import Run, as_runs, common_and_labels
+from .style import MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
+
+
+def recorded_environment(result: dict[str, Any]) -> str:
+    """One line naming where recorded benchmark results were measured."""
+    env = result.get("environment", {})
+    return (f"{env.get('date', 'undated')}, {env.get('cpu', 'unknown CPU')}, {env.get('backend_package', '?')} "
+            f"{env.get('backend_version', '?')}, commit {env.get('commit', '?')}")
+
+
+def series_key(row: dict[str, Any]) -> tuple[str, Any]:
+    """(kind, size) of a bench row: what its colour and its line follow ("fit" for a static cache sized to fit)."""
+    if row["runner"] != "kvlab":
+        return row["runner"], None
+    return row["cache_kind"], ("fit" if row["fitted"] else row["max_cache_len"], row.get("cache_variant", ""))
+
+
+def series_name(row: dict[str, Any]) -> str:
+    """A bench row's line name: "dynamic", "static@4160", "static@fit", "static@fit 4KiB-pages", "genai", ..."""
+    kind, size = series_key(row)
+    if size is None:
+        return kind
+    length, variant = size
+    return f"{kind}{'@' + str(length) if length is not None else ''}" + (f" {variant}" if variant else "")
+
+
+def rows_of(result: dict[str, Any], model: str | None, device: str | None) -> list[dict[str, Any]]:
+    return [r for r in result.get("rows", []) if (model is None or r["model"] == model)
+            and (device is None or r["device"] == device)]
+
+
+def _where(row: dict[str, Any]) -> str:
+    mode = f", buffer cache {row['buffer_cache_mode']}" if row.get("buffer_cache_mode") else ""
+    return f"{row['model']} ({row['dtype']}) on {row['device']} [{row['adapter']}]{mode}"
+
+
+def _error_bars(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "data", "symmetric": False, "array": [r["decode_ms_max"] - r["decode_ms"] for r in rows],
+            "arrayminus": [r["decode_ms"] - r["decode_ms_min"] for r in rows]}
+
+
+def _series(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(line name, buffer cache mode, rows by context) per line of a bench result."""
+    keys = sorted({(series_name(r), r.get("buffer_cache_mode", "")) for r in rows})
+    return [(name, mode, sorted((r for r in rows if (series_name(r), r.get("buffer_cache_mode", "")) == (name, mode)),
+                                key=lambda r: r["context"])) for name, mode in keys]
+
+
+def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
+          bytes_per_tensor_token: float | None = None, recorded: dict[str, Any] | None = None,
+          recorded_model: str | None = None, recorded_device: str | None = None) -> Any:
+    """Median decode-step latency of each run vs its context, one line per cache (and device, when they differ),
+    for short runs at several contexts; with ``recorded`` (a ``kvlab bench`` result, its JSON loaded) drawn as
+    dotted lines labelled "recorded" for ``recorded_model``/``recorded_device`` (default: those of the live
+    runs), with its environment in the subtitle. Bucket lines as in ``plots.latency``."""
+    runs = as_runs(list(runs))
+    common, _ = common_and_labels(runs, context=False)
+    groups: dict[str, list[tuple[int, float, Run]]] = {}
+    for r in runs:
+        dec = r.frame[r.frame["phase"] == "decode"]
+        if dec.empty:
+            continue
+        key = r.name or (str(r.label.cache) + (" (recorded)" if r.recorded else " (live)"))
+        if len({x.label.device for x in runs}) > 1:
+            key += f" \u00b7 {r.label.device}"
+        groups.setdefault(key, []).append((int(dec["position"].iloc[0]), float(dec[y].median()), r))
+    rows = []
+    if recorded is not None:
+        model = recorded_model or (runs[0].model if runs else None)
+        device = recorded_device or (runs[0].device.name if runs else None)
+        rows = rows_of(recorded, model, device)
+        if not rows:
+            raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
+    series = _series(rows)
+    colors = kind_colors([(p[0][2].label.cache.kind, (p[0][2].label.cache.max_cache_len, p[0][2].label.cache.variant))
+                          for p in groups.values()] + [series_key(s[2][0]) for s in series])
+    fig = go().Figure()
+    xmax = 0
+    for (name, points), color in zip(groups.items(), colors):
+        points.sort(key=lambda p: p[0])
+        xmax = max(xmax, points[-1][0])
+        fig.add_trace(go().Scatter(x=[p[0] for p in points], y=[p[1] for p in points], name=name,
+                                   mode="lines+markers", line={"color": color, "dash": "solid"},
+                                   marker={"size": 11, "color": color, "symbol": "diamond",
+                                           "line": {"width": 1, "color": "#333"}},
+                                   hovertemplate="context %{x}<br>median %{y:.1f} ms<extra>%{fullData.name}</extra>"))
+    for (name, mode, pts), color in zip(series, colors[len(groups):]):
+        fig.add_trace(go().Scatter(
+            x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
+            name=f"{name}{' ' + mode if mode else ''} (recorded)", line={"dash": "dot", "color": color},
+            marker={"symbol": "square", "size": 7, "color": color}, error_y=_error_bars(pts),
+            hovertemplate="context %{x}<br>median %{y:.1f} ms (recorded)<extra>%{fullData.name}</extra>"))
+        xmax = max(xmax, pts[-1]["context"])
+    notes = [n for n in {r.recorded for r in runs if r.recorded}]
+    if rows:
+        r0 = rows[0]
+        notes.append(f"dotted: RECORDED, not live: {_where(r0)}<br>measured {recorded_environment(recorded)}")
+        if not runs:
+            common = (f"kvlab bench results, {r0.get('new_tokens', '?')} new tokens per run, median over paired "
+                      "runs (bars: min-max)")
+        if bytes_per_tensor_token is None and r0.get("kv_tensor_mib") and r0.get("context"):
+            bytes_per_tensor_token = r0["kv_tensor_mib"] * MiB / r0["context"]
+    if buckets is None:
+        buckets = any(r.label.device.name == "webgpu" for r in runs) or any(r["device"] == "webgpu" for r in rows)
+    if buckets and (runs or bytes_per_tensor_token):
+        notes.append(bucket_note(fig, runs, xmax, bytes_per_tensor_token))
+    t = title(f"median decode step ({y}) vs context", common, "<br>".join(n for n in notes if n))
+    fig.update_layout(title=t, xaxis_title="context when decoding starts (tokens)", yaxis_title=f"median {y} (ms)",
+                      yaxis_rangemode="tozero", xaxis_rangemode="tozero", legend=legend_below(),
+                      template="plotly_white", margin=top_margin(t))
+    return fig
+
+
+def bench_figure(result: dict[str, Any], model: str, device: str) -> Any:
+    """Decode ms per step vs context for each variant of a bench result (median, min-max bars), with the bucket
+    boundaries the per-tensor KV size crosses on WebGPU; labelled with runtime, adapter, model, dtype, machine."""
+    rows = rows_of(result, model, device)
+    env = result["environment"]
+    contexts = sorted({r["context"] for r in rows})
+    series = _series(rows)
+    fig = go().Figure()
+    for (name, mode, pts), color in zip(series, kind_colors(series_key(s[2][0]) for s in series)):
+        label = name.replace("@fit", "@fit (context + new tokens)") + (f" ({mode})" if mode else "")
+        if len(contexts) == 1:  # one context: a bar per variant reads better than points stacked on one x
+            fig.add_bar(x=[label], y=[r["decode_ms"] for r in pts], name=label, error_y=_error_bars(pts),
+                        marker_color=color)
+        else:
+            fig.add_scatter(x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
+                            name=label, error_y=_error_bars(pts), line={"color": color})
+    r0 = rows[0]
+    if device == "webgpu" and len(contexts) > 1:
+        add_bucket_lines(fig, r0["kv_tensor_mib"] * MiB / r0["context"], max(contexts))
+    ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP"}.get(device, device)
+    fig.update_layout(
+        title=(f"{model} ({r0['dtype']}) decode step vs context: {device} on {r0['adapter']}<br>"
+               f"<sup>{ep} of {env['backend_package']} {env['backend_version']}, {r0['new_tokens']} new tokens, median of "
+               f"{r0['reps']} paired runs (bars: min-max); {env['cpu']}; {env['date']}</sup>"),
+        xaxis_title="context (tokens already in the cache)", yaxis_title="ms per decode step",
+        template="plotly_white", legend_title="cache")
+    if len(contexts) == 1:
+        fig.update_layout(xaxis_title=f"cache, at a context of {contexts[0]} tokens", showlegend=False)
+    else:
+        fig.update_xaxes(tickvals=contexts)  # ticks where measured
+    return fig

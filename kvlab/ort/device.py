@@ -1,0 +1,257 @@
+"""Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name,
+which opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
+
+WebGPU has one context per process (verified on onnxruntime-webgpu 1.27 with verbose logs): every WebGPU session
+shares context 0 and its buffer manager, whose options (buffer cache mode, ...) come from the session that created
+it; a later session with other options logs them and is silently given the existing context. The context goes
+when the last WebGPU session is released ("Device was destroyed"), taking every device tensor made through it.
+So kvlab keeps one ``Device`` per name, refuses options that would not take effect, and refuses to close a device
+while kvlab tensors live on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, DeviceError, check_choice
+from ..core.labels import Adapter, DeviceLabel, cpu_adapter
+from .adapters import find_webgpu_adapter, vulkan_adapters
+from .backend import DEVICES, Backend, versions
+from .builtin import BuiltinWebGpu
+from .session import Session
+from .tensors import DeviceTensor
+
+BUFFER_CACHE_MODES = ("disabled", "lazyRelease", "simple", "bucket")
+VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
+
+
+class Device:
+    """An execution device and its options (one per name per process: see the module docstring)."""
+
+    def __init__(self, name: str, backend: Backend, adapter: Adapter, ep_options: dict[str, str]):
+        self.name, self.backend, self.adapter, self.ep_options = name, backend, adapter, ep_options
+        self._sessions: dict[str, Session] = {}
+        self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
+        self._live: dict[int, int] = {}  # id(tensor) -> nbytes of live kvlab-owned tensors
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def label(self) -> DeviceLabel:
+        mode = self.ep_options.get("storageBufferCacheMode", "bucket") if self.name == "webgpu" else ""
+        return DeviceLabel(self.name, self.adapter, self.backend.package, self.backend.version, mode)
+
+    # -- sessions and tensors
+    def session(self, model_path: str | os.PathLike, label: str = "") -> Session:
+        """The (cached) session of an .onnx file on this device."""
+        self._check_open()
+        key = str(Path(model_path).resolve())
+        if key not in self._sessions:
+            self._sessions[key] = Session(self, key, label or key)
+        return self._sessions[key]
+
+    @property
+    def sessions(self) -> tuple[str, ...]:
+        """The model files this device holds a session of."""
+        return tuple(self._sessions)
+
+    def forget(self, model_path: str | os.PathLike) -> None:
+        """Drop the cached session of an .onnx file (ONNX Runtime frees it once nothing else holds it)."""
+        self._sessions.pop(str(Path(model_path).resolve()), None)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
+        """A zero-filled tensor owned by kvlab on this device."""
+        self._check_open()
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ConfigError(f"tensor shape {shape} has a negative dimension")
+        return self.backend.zeros(shape, np.dtype(dtype), self)
+
+    def check_copy_from(self, src: "Device") -> None:
+        if (src.name, self.name) not in self.backend.copy_paths:
+            raise DeviceError(f"{self.backend.name} cannot copy tensors from {src.name} to {self.name}; supported: "
+                              f"{sorted(self.backend.copy_paths)}")
+
+    def _track(self, tensor: DeviceTensor, sign: int) -> None:
+        with self._lock:
+            if sign > 0:
+                self._live[id(tensor)] = tensor.nbytes
+            else:
+                self._live.pop(id(tensor), None)
+
+    @property
+    def live_tensors(self) -> int:
+        """Number of kvlab-owned tensors alive on this device (exact)."""
+        return len(self._live)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of kvlab-owned tensors alive on this device (exact, as requested; pools may round up)."""
+        return sum(self._live.values())
+
+    @property
+    def huge_pages(self) -> bool:
+        """Whether sessions' new memory is collapsed into transparent huge pages (CPU device, on by default)."""
+        return self.name == "cpu" and self.ep_options.get("huge_pages", "1") == "1"
+
+    @property
+    def huge_page_bytes(self) -> int:
+        """Bytes by which the process's huge-page memory grew while collapsing this device's sessions (exact
+        kernel counter, AnonHugePages)."""
+        return sum(s.huge_pages["bytes"] for s in self._sessions.values())
+
+    @staticmethod
+    def adapter_hint() -> str:
+        return ("No WebGPU adapter: on Debian/Ubuntu run `bash scripts/setup.sh` (installs libvulkan1 and "
+                "chromium-common, whose SwiftShader driver kvlab uses when there is no GPU), or install your GPU's "
+                "Vulkan driver. `kvlab doctor` shows what was found.")
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DeviceError(f"the {self.name} device was closed; open a new one with kvlab.open_device()")
+
+    def close(self) -> None:
+        """Release every session on this device (for WebGPU: the context, so new options can take effect).
+        Refused while kvlab-owned tensors are alive on it (they would dangle)."""
+        if self.closed:
+            return
+        if self._live:
+            raise DeviceError(f"{len(self._live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
+                              f"{self.name}; dispose the caches that hold them before closing the device")
+        if "profile" in self.ep_options:
+            self.profiles = {key: s.ort.end_profiling() for key, s in self._sessions.items()}
+        self._sessions.clear()
+        self.backend.forget(self)
+        self.closed = True
+        if _OPEN.get(self.name) is self:  # a private device (e.g. bench's 4 KiB-page twin) is not the open one
+            del _OPEN[self.name]
+
+
+_OPEN: dict[str, Device] = {}
+_BACKEND: Backend | None = None
+
+
+def backend() -> Backend:
+    """The process's ONNX Runtime backend (the installed package decides which)."""
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = BuiltinWebGpu()
+    return _BACKEND
+
+
+def _flag(name: str, value: Any) -> str:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False")
+    return "1" if value else "0"
+
+
+def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:
+    """Validated WebGPU EP options (only what was asked for; ORT's defaults otherwise)."""
+    options = {}
+    if buffer_cache_mode is not None:
+        options["storageBufferCacheMode"] = check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
+    if validation_mode is not None:
+        options["validationMode"] = check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
+    return options
+
+
+def cpu_options(threads: int | None = None, spinning: bool | None = None,
+                huge_pages: bool | None = None) -> dict[str, str]:
+    """CPU EP options (ORT's defaults otherwise: one thread per physical core, spinning on; kvlab's: huge pages
+    on)."""
+    options = {}
+    if huge_pages is not None:
+        options["huge_pages"] = _flag("huge_pages", huge_pages)
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads={threads!r} must be a positive int")
+        options["threads"] = str(threads)
+    if spinning is not None:
+        options["spinning"] = _flag("spinning", spinning)
+    return options
+
+
+def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
+                validation_mode: str | None = None, threads: int | None = None,
+                spinning: bool | None = None, huge_pages: bool | None = None,
+                profile: str | os.PathLike | None = None) -> Device:
+    """The process's device of that name, opened on first use. Asking for options that differ from the open
+    device's is an error (for WebGPU the context would silently keep its own); close the device first.
+
+    WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
+    (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
+    each session's new memory, i.e. its weights, into 2 MiB transparent huge pages; default on, see
+    kvlab.ort.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
+    prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
+    if isinstance(name, Device):
+        return name
+    check_choice(name, DEVICES, "device ")
+    if name != "webgpu" and (buffer_cache_mode or validation_mode):
+        raise ConfigError("buffer_cache_mode and validation_mode apply to device 'webgpu' only, not 'cpu'")
+    if name != "cpu" and (threads is not None or spinning is not None or huge_pages is not None):
+        raise ConfigError("threads, spinning and huge_pages apply to device 'cpu' only, not 'webgpu'")
+    options = (webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu"
+               else cpu_options(threads, spinning, huge_pages))
+    if profile is not None:
+        options["profile"] = str(profile)
+    dev = _OPEN.get(name)
+    if dev is not None:
+        differing = {k: v for k, v in options.items() if dev.ep_options.get(k, v) != v or k not in dev.ep_options}
+        if differing:
+            raise DeviceError(f"the {name} device is already open with {dev.ep_options or 'default options'}; "
+                              f"{differing} would not take effect on its sessions. Dispose your caches and call "
+                              f"kvlab.close_device({name!r}) first (or use a new process).")
+        return dev
+    if name == "webgpu":
+        adapter = find_webgpu_adapter()
+        if adapter is None:
+            raise DeviceError("device 'webgpu' has no adapter: the Vulkan loader found no GPU driver and no "
+                              "SwiftShader. " + Device.adapter_hint())
+    else:
+        adapter = cpu_adapter()
+    dev = Device(name, backend(), adapter, options)
+    if name == "webgpu":
+        dev.zeros((1,), np.float32).release()  # creates the context now, so a missing adapter fails here
+    _OPEN[name] = dev
+    return dev
+
+
+def private_device(name: str, **options: Any) -> Device:
+    """A device beside the process's open one (never registered: e.g. the CPU with other options, for a paired
+    comparison in one process). WebGPU has one context per process, so only "cpu" can have one."""
+    if name != "cpu":
+        raise ConfigError(f"a private device can only be 'cpu' (WebGPU has one context per process), not {name!r}")
+    return Device("cpu", backend(), cpu_adapter(), cpu_options(**options))
+
+
+def opened(name: str) -> Device | None:
+    """The open device of that name, or None (never opens one: a WebGPU context fixes its options)."""
+    return _OPEN.get(name)
+
+
+def close_device(name: str) -> None:
+    """Close the open device of that name, if any (see ``Device.close``)."""
+    if name in _OPEN:
+        _OPEN[name].close()
+
+
+def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
+    """Copy a whole tensor into another of the same shape and dtype (host<->device or device<->device)."""
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ConfigError(f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}: shapes and dtypes "
+                          "must match")
+    dst.device.check_copy_from(src.device)
+    dst.device.backend.copy(src.ortvalue(), dst.ortvalue())
+
+
+def describe() -> dict[str, Any]:
+    """Machine-readable environment summary (used in benchmark results and doctor)."""
+    return {"backend": backend().name, "versions": versions(), "platform": platform.platform(),
+            "cpu": cpu_adapter().name, "vulkan": json.dumps(vulkan_adapters())}

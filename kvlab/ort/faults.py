@@ -1,0 +1,99 @@
+"""FAULT INJECTION, for tests and lessons: make one boundary of a step fail on purpose, at a chosen call.
+
+Real failures (a device lost mid-run, an allocation refused, Ctrl-C at an unlucky moment) cannot be produced on
+demand, so ``fault(point, at_call)`` wraps one kvlab or ONNX Runtime entry point for the duration of a ``with``
+block and raises at its ``at_call``-th call; everything else stays the real runtime. Points:
+
+- ``"run"``: the session run raises before running (as a device loss would);
+- ``"after-run"``: the run completes, then raises before the cache commits (its outputs exist, unowned);
+- ``"allocate"``: a device allocation raises (``Device.zeros``);
+- ``"wrap"``: wrapping a runtime value as a kvlab ``DeviceTensor`` raises (after the runtime allocated it);
+- ``"in-place"``: the run completes but reports one present as written elsewhere (the in-place check fails);
+- ``"copy"``: a tensor copy between devices raises (a handoff);
+- ``"commit"``: the cache's commit raises on entry.
+
+``raising_hook(at_call)`` is a step hook that raises at its ``at_call``-th record. The default error is a
+``RuntimeError`` naming the point; pass ``error=KeyboardInterrupt()`` for an interrupt.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from ..core.errors import check_choice
+from .caches import DynamicCache, StaticCache
+from .device import Device, backend
+from .session import Binding, RunResult
+from .tensors import DeviceTensor
+
+POINTS = ("run", "after-run", "allocate", "wrap", "in-place", "copy", "commit")
+
+
+class Injected(RuntimeError):
+    """The error a fault raises by default."""
+
+
+def _targets(point: str) -> list[tuple[type, str]]:
+    return {"run": [(Binding, "run")], "after-run": [(Binding, "run")], "in-place": [(Binding, "run")],
+            "allocate": [(Device, "zeros")], "wrap": [(DeviceTensor, "__init__")], "copy": [(type(backend()), "copy")],
+            "commit": [(DynamicCache, "commit"), (StaticCache, "commit")]}[point]
+
+
+@contextmanager
+def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> Iterator[dict[str, int]]:
+    """Inside the block, the ``at_call``-th call of ``point`` (see the module docstring) fails with ``error``.
+    Yields a counter: ``{"calls": n, "raised": 0 or 1}``."""
+    check_choice(point, POINTS, "fault point ")
+    if isinstance(at_call, bool) or not isinstance(at_call, int) or at_call < 1:
+        raise ValueError(f"at_call={at_call!r} must be a positive int")
+    state = {"calls": 0, "raised": 0}
+    exc = error if error is not None else Injected(f"injected fault: {point} (call {at_call})")
+    saved = [(cls, name, cls.__dict__[name]) for cls, name in _targets(point) if name in cls.__dict__]
+    saved += [(cls, name, None) for cls, name in _targets(point) if name not in cls.__dict__]
+
+    def due() -> bool:
+        state["calls"] += 1
+        if state["calls"] == at_call:
+            state["raised"] += 1
+            return True
+        return False
+
+    def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if point in ("after-run", "in-place"):
+                result: RunResult = real(self, *args, **kwargs)
+                if due():
+                    if point == "after-run":
+                        raise exc
+                    name = next(iter(result.returned_ptrs), None)
+                    if name is not None:
+                        result.returned_ptrs[name] += 64
+                return result
+            if due():
+                raise exc
+            return real(self, *args, **kwargs)
+        return wrapper
+
+    for cls, name, _ in saved:
+        setattr(cls, name, wrap(getattr(cls, name)))
+    try:
+        yield state
+    finally:
+        for cls, name, original in saved:
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+
+
+def raising_hook(at_call: int, error: BaseException | None = None) -> Callable[[Any], None]:
+    """A step hook that raises at its ``at_call``-th record (a hook with a bug in it)."""
+    calls = {"n": 0}
+
+    def hook(record: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise error if error is not None else Injected(f"injected fault: hook (record {at_call})")
+
+    return hook

@@ -1,0 +1,69 @@
+"""``generate``: prefill, then decode one token at a time, one hook call per step."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..core.cache import Cache
+from ..core.errors import ConfigError
+from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed, stop_reason
+from ..core.labels import RunLabel
+from ..core.records import StepHook, StepRecord, hook_list
+from .caches import DynamicCache
+from .device import Device, open_device
+from .models import Model, load
+from .stepper import Stepper
+
+
+def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, device: Device | str = "cpu",
+             max_new_tokens: int = 32, chat: bool = False, sampling: Sampling | None = None,
+             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
+             prefill_device: Device | str | None = None, prefill_model: Model | str | None = None) -> Generation:
+    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
+
+    The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
+
+    ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
+    the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there. With onnxruntime-webgpu 1.27 on
+    SwiftShader this is also more correct than a WebGPU prefill, whose logits are wrong from query position 4 on.
+    """
+    new_tokens = check_new_tokens(max_new_tokens)
+    model = load(model)
+    dev = open_device(device)
+    ids = model.encode(prompt, chat=chat)
+    own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
+    cache = DynamicCache() if own_cache else cache
+    if not isinstance(cache, Cache):
+        raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
+    choose = (sampling or Sampling()).chooser()
+    tokens: list[int] = []
+    records: list[StepRecord] = []
+    hooks = [records.append, *hook_list(on_step)]
+    pre_dev = None if prefill_device is None else open_device(prefill_device)
+    if pre_dev is None or pre_dev is dev:
+        if prefill_model is not None:
+            raise ConfigError("prefill_model needs a prefill_device other than the decode device")
+        pre = None
+    else:
+        pre_model = model if prefill_model is None else load(prefill_model)
+        pre = Stepper(pre_model, cache.twin(), pre_dev, len(ids), hooks)
+    eos = model.info.eos_token_ids
+    with cache if own_cache else nullcontext(), \
+            Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks) as stepper:
+        feed = ids
+        if pre is not None:
+            with pre.cache, pre:
+                _, record = pre.step(ids, choose, logits_out="none")
+                stepper.receive(pre.cache)
+            tokens.append(record.token)
+            feed = np.array([record.token], np.int64)
+        while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
+            _, record = stepper.step(feed, choose, logits_out="none")
+            tokens.append(record.token)
+            feed = np.array([record.token], np.int64)
+    label = RunLabel(model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None)
+    return Generation(label, ids.tolist(), tokens, model.decode(tokens),
+                      stop_reason(tokens, new_tokens, stop_on_eos, eos), records)

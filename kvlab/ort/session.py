@@ -1,0 +1,138 @@
+"""Sessions and the binding of one run: a ``Session`` is an InferenceSession on one device, checked to really run
+there; a ``Binding`` binds one run's inputs and outputs and runs it, handing back what the runtime allocated as
+tensors kvlab owns (``kvlab.ort.tensors``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError, DeviceError
+from . import memory
+from .backend import CPU_OK_OPS
+from .tensors import DeviceTensor, _Owner
+
+
+class Session:
+    """An InferenceSession on one device, checked to really run there."""
+
+    def __init__(self, device: Any, path: str | bytes, label: str):
+        self.device, self.label = device, label
+        # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
+        with memory.collapsing(device.huge_pages) as self.huge_pages:
+            self.ort = device.backend.create_session(path, device)  # the onnxruntime.InferenceSession
+        self.cpu_nodes = device.backend.placement(self.ort)  # "op_type:name" of the nodes on the CPU EP
+        if device.name == "webgpu":
+            heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] not in CPU_OK_OPS]
+            if heavy:
+                raise DeviceError(f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
+                                  f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}")
+
+    @property
+    def providers(self) -> list[str]:
+        return self.ort.get_providers()
+
+    def binding(self) -> Binding:
+        return Binding(self)
+
+
+@dataclass
+class RunResult:
+    """What one run produced."""
+
+    seconds: float  # wall time of session.run alone
+    new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
+    returned_ptrs: dict[str, int] = field(default_factory=dict)  # buffer identity of each pre-bound output
+
+    def release(self) -> None:
+        """Release every runtime-allocated output (a step that fails after the run owns nothing)."""
+        for t in self.new.values():
+            t.release()
+
+
+class Binding:
+    """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host numpy array) and outputs
+    the runtime allocates on the device. A binding with runtime-allocated outputs runs once (its outputs live
+    as long as their ``DeviceTensor`` s); one whose outputs are all pre-bound can run again and again,
+    rebinding only what changes."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self._backend = session.device.backend
+        self._io = session.ort.io_binding()
+        self._prebound: dict[str, int] = {}  # output name -> data_ptr bound
+        self._keep: dict[str, Any] = {}  # host arrays/OrtValues bound, kept alive while bound
+        self._new: list[str] = []
+        self._order: list[str] = []  # outputs in first-binding order: get_outputs() follows it
+        self._ran = False
+
+    @property
+    def bound_outputs(self) -> dict[str, int]:
+        """Outputs bound to memory kvlab owns: name -> the buffer identity (data_ptr) the runtime must write into."""
+        return dict(self._prebound)
+
+    def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
+        if isinstance(value, DeviceTensor):
+            self._io.bind_ortvalue_input(name, value.ortvalue())
+        else:
+            ov = self._backend.host_value(value)
+            self._keep["in:" + name] = (value, ov)
+            self._io.bind_ortvalue_input(name, ov)
+
+    def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
+        """Bind an output to memory kvlab owns: the runtime must write into it, in place."""
+        if isinstance(target, DeviceTensor):
+            ov, ptr = target.ortvalue(), target.data_ptr
+        else:
+            if not target.flags.c_contiguous or not target.flags.writeable:
+                raise ConfigError(f"output {name!r} must be bound to a writeable C-contiguous array")
+            ov = self._backend.host_value(target)  # the runtime writes (or copies) into it
+            ptr = int(ov.data_ptr())
+        self._keep["out:" + name] = (target, ov)
+        self._io.bind_ortvalue_output(name, ov)
+        self._prebound[name] = ptr
+        self._remember(name)
+
+    def output_new(self, name: str) -> None:
+        """Let the runtime allocate this output on the session's device (it comes back as a DeviceTensor)."""
+        self._io.bind_output(name, self._backend.bind_target(self.session.device))
+        self._prebound.pop(name, None)
+        if name not in self._new:
+            self._new.append(name)
+        self._remember(name)
+
+    def _remember(self, name: str) -> None:
+        # Rebinding a name keeps its place in ORT's output list.
+        if name not in self._order:
+            self._order.append(name)
+
+    def run(self) -> RunResult:
+        """Run the session on this binding. The outputs the runtime allocated come back owned (``RunResult.new``),
+        also when an exception lands right after the run: then they are released before it propagates."""
+        if self._new and self._ran:
+            raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
+        start = time.perf_counter()
+        self.session.ort.run_with_iobinding(self._io)
+        result = RunResult(time.perf_counter() - start)
+        self._ran = True
+        try:
+            values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
+            for name, value in zip(self._order, values):
+                if name in self._prebound:
+                    result.returned_ptrs[name] = int(value.data_ptr())
+            if self._new:
+                owner, device = _Owner(self._io, len(self._new)), self.session.device
+                for name, value in zip(self._order, values):
+                    if name in self._new:
+                        result.new[name] = DeviceTensor(self._backend.wrap(value), device, owner)
+                self._io.clear_binding_inputs()  # drop references to inputs (e.g. the previous step's presents)
+                self._keep.clear()
+        except BaseException:
+            result.release()
+            if self._new:
+                self._io.clear_binding_outputs()  # the outputs not wrapped yet go back to the runtime too
+            raise
+        return result

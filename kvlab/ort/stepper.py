@@ -1,0 +1,91 @@
+"""One forward pass at a time: ``Stepper.step(tokens)`` binds the cache, runs the session, commits, records.
+
+The step, in order: the cache binds its KV (``cache.binding``: capacity checked, nothing changed), the stepper
+binds the token ids, the attention mask and the logits, the runtime runs, the cache commits (it checks what the
+runtime returned, then advances), and every hook gets the step's ``StepRecord``. A step that fails before the
+commit leaves the cache as it was, and every tensor the runtime made in it is released: call it again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..core.cache import Cache
+from ..core.errors import ConfigError, check_choice
+from ..core.generation import greedy
+from ..core.records import StepHook, StepRecord, step_record
+from .device import Device
+from .models import Model
+
+LOGITS_OUT = ("last", "all", "none")
+
+
+class Stepper:
+    """One model + one cache + one device, stepped by hand. It holds the cache for its lifetime
+    (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions."""
+
+    def __init__(self, model: Model, cache: Cache, device: Device, needed: int, hooks: Sequence[StepHook] = ()):
+        self.model, self.cache, self.device, self.hooks = model, cache, device, list(hooks)
+        self.session = device.session(model.onnx_path, f"model {model.name}")
+        self.needed = needed
+        self._mask = np.ones((1, needed), np.int64)  # all ones; the first (position + n) are fed each step
+        self._decode_logits = np.empty((1, 1, model.info.vocab_size), np.float32)
+        self._use = cache.use(model.info, device, needed)
+        self.steps = 0
+
+    def __enter__(self) -> "Stepper":
+        self._use.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._use.__exit__(*exc)
+
+    def step(self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None,
+             logits_out: str = "last") -> tuple[np.ndarray | None, StepRecord]:
+        """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
+        and the step's record."""
+        start = time.perf_counter()
+        check_choice(logits_out, LOGITS_OUT, "logits_out=")
+        info, tokens = self.model.info, self.model.check_ids(tokens)
+        n, position = int(tokens.shape[0]), self.cache.seq_length
+        if position + n > self.needed:
+            raise ConfigError(f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
+                              "stepper was opened for")
+        logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), np.float32)
+        b = self.cache.binding(self.session, n)
+        b.input(info.input_names["input_ids"], tokens.reshape(1, n))
+        b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
+        b.output(info.logits_name, logits)
+        result = b.run()
+        try:
+            memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
+        finally:
+            result.release()  # whatever the cache did not take: everything, when the commit failed
+        out = {"all": logits[0], "last": logits[0, -1], "none": None}[logits_out]
+        out = None if out is None else out.copy()
+        token = (choose or greedy)(logits[0, -1])
+        record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode", device=self.device.name,
+                             position=position, n_tokens=n, token=token, wall_ms=(time.perf_counter() - start) * 1e3,
+                             run_ms=result.seconds * 1e3, memory=memory, used_cache_bytes=self.cache.used_bytes)
+        self.steps += 1
+        self._emit(record)
+        return out, record
+
+    def receive(self, src: Cache) -> StepRecord:
+        """Take over the sequence another stepper's cache holds (a prefill on another device): a 'handoff' step."""
+        start = time.perf_counter()
+        memory, copied = self.cache.receive(src)
+        wall = (time.perf_counter() - start) * 1e3
+        record = step_record(step=0, phase="handoff", device=self.device.name, copied_from=src.device.name,
+                             position=0, n_tokens=src.seq_length, token=-1, wall_ms=wall, run_ms=0.0, memory=memory,
+                             used_cache_bytes=self.cache.used_bytes, copy_bytes=copied)
+        self.steps = 1  # the next step is the first decode step
+        self._emit(record)
+        return record
+
+    def _emit(self, record: StepRecord) -> None:
+        for hook in self.hooks:
+            hook(record)

@@ -1,0 +1,127 @@
+"""Eager generation on PyTorch through kvlab's contract: one forward per step with a transformers cache, one
+``TorchStepRecord`` (and hook call) per step, a ``Generation`` as the ONNX Runtime path returns it."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from ..core.cache import Cache as KvlabCache
+from ..core.errors import CapacityError, ConfigError
+from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed, stop_reason
+from ..core.labels import CacheSpec, RunLabel
+from ..core.records import CacheStep, StepHook, hook_list, step_record
+from .counters import AllocCounter, KVWatch, TorchStepRecord
+from .models import TorchModel, cache_kwarg, need_torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+CACHES = ("dynamic", "static")
+
+
+def make_cache(model: TorchModel, cache: Any, needed: int, max_cache_len: int | None = None) -> Any:
+    """A transformers cache for ``needed`` positions from ``"dynamic"``/``"static"`` (``max_cache_len``, default
+    ``needed``), a kvlab cache (the transformers one of the same kind and size, from its ``spec``) or a
+    transformers Cache (used as is, reset)."""
+    from transformers import Cache as HFCache
+    from transformers import DynamicCache as HFDynamic
+    from transformers import StaticCache as HFStatic
+
+    if isinstance(cache, HFCache):
+        if isinstance(cache, HFStatic):
+            check_capacity(int(cache.get_max_length()), needed)
+        with need_torch().inference_mode():
+            cache.reset()
+        return cache
+    spec = cache.spec if isinstance(cache, KvlabCache) else CacheSpec(cache) if cache in CACHES else None
+    if spec is None:
+        raise ConfigError(f"cache={cache!r}; choose one of {CACHES}, kvlab.DynamicCache(), kvlab.StaticCache(n) or "
+                          "a transformers Cache")
+    if spec.kind == "dynamic":
+        return HFDynamic(config=model.hf.config)
+    size = spec.max_cache_len or max_cache_len or needed
+    check_capacity(size, needed)
+    return HFStatic(config=model.hf.config, max_cache_len=size)
+
+
+def cache_spec(hf_cache: Any) -> CacheSpec:
+    if type(hf_cache).__name__ == "StaticCache":
+        return CacheSpec("static", int(hf_cache.get_max_length()))
+    return CacheSpec("dynamic")
+
+
+def check_capacity(max_cache_len: int, needed: int) -> None:
+    if needed > max_cache_len:
+        raise CapacityError(f"{needed} positions needed (prompt + max_new_tokens - 1) but max_cache_len="
+                            f"{max_cache_len}")
+
+
+def sync(device: "torch.device") -> None:
+    if device.type == "cuda":
+        need_torch().cuda.synchronize(device)
+
+
+def finish_step(records: list, hooks: Sequence[StepHook], model: TorchModel, counter: AllocCounter,
+                tokens: list[int], *, position: int, n: int, token: int, wall: float, run: float, memory: CacheStep,
+                n_new: int, stop_on_eos: bool) -> str | None:
+    """Record one step (wall in ms, run in s), call every hook and keep its token; returns why generation stops
+    now (None: go on). Shared by both PyTorch loops."""
+    requests, nbytes, segments = counter.result
+    rec = step_record(step=len(records), phase="prefill" if position == 0 else "decode", device=model.device.type,
+                      position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=run * 1e3, memory=memory,
+                      used_cache_bytes=(position + n) * model.bytes_per_token, kind=TorchStepRecord,
+                      alloc_requests=requests, alloc_bytes=nbytes, segments=segments)
+    records.append(rec)
+    for hook in hooks:
+        hook(rec)
+    tokens.append(token)
+    return stop_reason(tokens, n_new, stop_on_eos, model.eos_token_ids)
+
+
+def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_tokens: int = 32,
+             max_cache_len: int | None = None, chat: bool = False, sampling: Sampling | None = None,
+             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
+             count_cpu_allocs: bool = False) -> Generation:
+    """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
+
+    ``cache``: "dynamic" | "static" | kvlab.DynamicCache() | kvlab.StaticCache(n) | a transformers Cache.
+    A static cache defaults to exactly prompt + max_new_tokens - 1 positions."""
+    torch = need_torch()
+    if not isinstance(model, TorchModel):
+        raise ConfigError(f"model must be a kvlab.pytorch.TorchModel (kvlab.pytorch.load(...)), got {model!r}")
+    n_new = check_new_tokens(max_new_tokens)
+    ids = model.encode(prompt, chat=chat)
+    needed = positions_needed(len(ids), n_new)
+    hf_cache = make_cache(model, cache, needed, max_cache_len)
+    choose = (sampling or Sampling()).chooser()
+    kw, dev, hooks = cache_kwarg(model.hf), model.device, hook_list(on_step)
+    watch, records, tokens = KVWatch(), [], []
+    feed = torch.tensor([ids], dtype=torch.long, device=dev)
+    position = 0
+    with torch.inference_mode():
+        while True:
+            start = time.perf_counter()
+            n = int(feed.shape[1])
+            with AllocCounter(dev, count_cpu_allocs) as counter:
+                t0 = time.perf_counter()
+                out = model.hf(input_ids=feed, use_cache=True, logits_to_keep=1, **{kw: hf_cache})
+                sync(dev)
+                run = time.perf_counter() - t0
+                logits = out.logits[0, -1].float().cpu().numpy()
+            token = choose(logits)
+            stop = finish_step(records, hooks, model, counter, tokens, position=position, n=n, token=token,
+                               wall=(time.perf_counter() - start) * 1e3, run=run, memory=watch.diff(hf_cache),
+                               n_new=n_new, stop_on_eos=stop_on_eos)
+            position += n
+            if stop:
+                break
+            feed = torch.tensor([[token]], dtype=torch.long, device=dev)
+    return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
+
+
+def generation(model: TorchModel, cache: CacheSpec, ids: list[int], tokens: list[int], stop: str,
+               records: list) -> Generation:
+    """The result of a PyTorch generation, labelled like the ONNX Runtime path's."""
+    return Generation(RunLabel(model.name, model.dtype_name, model.label, cache), list(ids), tokens,
+                      model.decode(tokens), stop, records)
