@@ -4,7 +4,8 @@
 # dependency. Safe to re-run: each step is skipped when already done.
 #
 #   bash scripts/setup.sh          # everything needed to run kvlab and its notebooks
-#   bash scripts/setup.sh --test   # ... plus what the test suite needs (Chromium for Playwright and kaleido)
+#   bash scripts/setup.sh --test   # ... plus what the test suite needs (Chromium for Playwright and kaleido,
+#                                  #     .venv-optimum with Hugging Face Optimum for an exported test model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,5 +96,12 @@ fi
 if [ "$want_test" = 1 ]; then
   # The notebooks' kernel: one name across all of them.
   .venv/bin/python -m ipykernel install --sys-prefix --name kvlab --display-name "Python (kvlab)" >/dev/null
+  # Hugging Face Optimum in an environment of its own (it pins transformers 4.x): the tests export a tiny Llama
+  # with it, as transformers.js models are exported, and check what kvlab does with such a model.
+  if [ ! -x .venv-optimum/bin/optimum-cli ]; then
+    say "creating .venv-optimum (optimum-onnx, for the tests' Optimum export)"
+    "$py" -m venv .venv-optimum
+    .venv-optimum/bin/python -m pip --disable-pip-version-check -q install "torch==2.13.0" "optimum-onnx[onnxruntime]==0.1.0"
+  fi
 fi
 say "done: .venv/bin/kvlab is ready ($(.venv/bin/python -c 'import onnxruntime as o; print("onnxruntime", o.__version__)'))"

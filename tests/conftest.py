@@ -83,3 +83,32 @@ def write_concat_kv_model(out: Path, vocab: int = 300, dim: int = 8) -> Path:
                                     "num_hidden_layers": 1, "num_key_value_heads": 1}}}
     (out / "genai_config.json").write_text(json.dumps(config))
     return out
+
+
+OPTIMUM_CLI = REPO / ".venv-optimum" / "bin" / "optimum-cli"
+
+
+@pytest.fixture(scope="session")
+def optimum_toy() -> Path:
+    """The toy model's checkpoint exported by Hugging Face Optimum (optimum-onnx, in .venv-optimum: `bash
+    scripts/setup.sh --test` makes it): model.onnx + config.json, as transformers.js models are laid out. The
+    exporter skips the tokenizer of a transformers-5 checkpoint, so its tokenizer files are copied beside it."""
+    import shutil
+
+    from kvlab.presets import cache_dir, ensure_checkpoint
+
+    assert OPTIMUM_CLI.is_file(), f"{OPTIMUM_CLI} is missing: run `bash scripts/setup.sh --test`"
+    hf = ensure_checkpoint("toy")
+    out = cache_dir() / "optimum" / f"toy-{hf.name}"
+    if not (out / "tokenizer.json").is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        r = subprocess.run([str(OPTIMUM_CLI), "export", "onnx", "--model", str(hf), "--task",
+                            "text-generation-with-past", str(tmp)], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(hf / name, tmp / name)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out

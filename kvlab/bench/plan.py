@@ -30,6 +30,7 @@ class Plan:
     """What to sweep. The defaults are the reference run for this class of machine (see data/README.md)."""
 
     targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # crossed with the targets
     contexts: dict[str, list[int]] = field(default_factory=lambda: {
         "cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]})
     new_tokens: dict[str, int] = field(default_factory=lambda: {"cpu": 64, "webgpu": 6})
@@ -115,8 +116,9 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
     log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
     genai_huge = 0  # bytes of the peer's memory collapsed into huge pages
-    for model_name, device in plan.targets:
-        model = load(model_name)
+    for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
+        model = load(name, precision=precision)
+        model_name = model.name
         genai = GenaiPeer(model) if plan.genai and device == "cpu" else None
         genai_huge += genai.huge_pages["bytes"] if genai else 0
         weights = weight_bytes_per_token(model)
@@ -130,8 +132,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
             if device == "cpu" and plan.small_pages_twin and dev.huge_pages:
                 dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
                 small = small_pages_device()
-            floor, floor_bytes = (matmuls_only_model(model, tmp / model_name) if device == "cpu" and plan.matmuls_only
-                                  else (None, 0))
+            with_floor = device == "cpu" and plan.matmuls_only and model.info.weights == "float32"  # fp32 MatMuls
+            floor, floor_bytes = matmuls_only_model(model, tmp / model_name) if with_floor else (None, 0)
             new = plan.new_tokens[device]
             for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
                 if context + new > model.info.context_length:
@@ -153,7 +155,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                     w, kv = (floor_bytes, 0) if v.runner == MATMULS_ONLY else (weights, kv_read)
                     paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[v])]
                     rows.append({"model": model_name, "device": device, "adapter": str(dev.adapter),
-                                 "adapter_kind": dev.adapter.kind, "buffer_cache_mode": mode or "",
+                                 "adapter_kind": dev.adapter.kind, "precision": precision,
+                                 "weights": model.info.weights, "buffer_cache_mode": mode or "",
                                  "dtype": model.info.dtype_name, "context": context,
                                  "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
                                  "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,

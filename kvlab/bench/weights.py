@@ -14,21 +14,31 @@ from ..ort import Device, Model, open_device
 from ..ort.graph import load_graph, uses
 
 
-def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights one decode step reads: every initializer, except tables a step reads one row of
-    (embeddings only gathered from; GroupQueryAttention's rotary cos/sin caches, inputs 7 and 8)."""
+def weight_bytes_by_op(model: Model) -> dict[str, int]:
+    """Bytes of weights one decode step reads, by the op type that reads them: every initializer whole (a
+    MatMulNBits' packed 4-bit weights, its scales and zero points count too), except tables a step reads one row
+    of (embeddings only gathered from; GroupQueryAttention's rotary cos/sin caches, inputs 7 and 8)."""
     import onnx
 
     m = load_graph(model.onnx_path)
     read_by = {name: {(node.op_type, i) for node, i in readers} for name, readers in uses(m).items()}
     one_row = {("Gather", 0), ("GroupQueryAttention", 7), ("GroupQueryAttention", 8)}
-    total = 0
+    out: dict[str, int] = {}
     for init in m.graph.initializer:
+        readers = read_by.get(init.name)
+        if not readers:
+            continue
         size = int(np.prod(init.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
-        if len(init.dims) == 2 and read_by.get(init.name) and read_by[init.name] <= one_row:
+        if len(init.dims) == 2 and readers <= one_row:
             size //= int(init.dims[0])  # one row per token
-        total += size
-    return total
+        op = min(readers)[0]
+        out[op] = out.get(op, 0) + size
+    return out
+
+
+def weight_bytes_per_token(model: Model) -> int:
+    """Bytes of weights one decode step reads (``weight_bytes_by_op`` summed): the roofline's weight term."""
+    return sum(weight_bytes_by_op(model).values())
 
 
 def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:

@@ -10,11 +10,11 @@ from ..core.errors import ConfigError
 from ..ort import open_device
 from ..ort.backend import DEVICES
 from ..ort.device import BUFFER_CACHE_MODES
-from ..presets import BUILTIN_NAMES
+from ..presets import BUILTIN_NAMES, PRECISIONS
 
 
 def _shared(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
+    _model_flags(p)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text")
@@ -30,6 +30,17 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
+    _precision_flag(p)
+
+
+def _precision_flag(p: argparse.ArgumentParser, several: bool = False) -> None:
+    what = "comma-separated precisions" if several else "precision"
+    p.add_argument("--precisions" if several else "--precision",
+                   help=f"{what} of the built-in models: {', '.join(PRECISIONS)} (default fp32)")
 
 
 def _cpu_flags(p: argparse.ArgumentParser) -> None:
@@ -74,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a small smoke run (toy model, CPU and WebGPU)")
     b.add_argument("--models", help="comma-separated models (default: smollm2 on cpu, kv-heavy on webgpu)")
     b.add_argument("--devices", help="comma-separated devices, crossed with --models")
+    _precision_flag(b, several=True)
     b.add_argument("--contexts", help="comma-separated prefill lengths (all devices)")
     b.add_argument("--new-tokens", type=int, help="new tokens per run (all devices)")
     b.add_argument("--max-cache-lens", help="comma-separated static cache sizes (a size that fits is always added)")
@@ -85,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     _cpu_flags(b)
     pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
                                         "(ONNX Runtime's own profiler)")
-    pr.add_argument("--model", default="toy", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a model directory")
+    _model_flags(pr)
     pr.add_argument("--device", default="cpu", choices=DEVICES)
     pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")

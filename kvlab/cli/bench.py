@@ -8,6 +8,8 @@ import csv
 from .. import bench
 from ..ort.backend import DEVICES
 from ..core.errors import ConfigError
+from ..ort import load
+from ..presets import check_precision
 from .args import cpu_options, ints, open_cpu
 
 
@@ -20,6 +22,8 @@ def bench_command(args: argparse.Namespace) -> int:
         if bad:
             raise ConfigError(f"--devices {bad[0]!r} is not valid; choose from {DEVICES}")
         plan.targets = [(m, d) for m in models for d in devices]
+    if args.precisions:
+        plan.precisions = [check_precision(p) for p in args.precisions.split(",")]
     if args.contexts:
         plan.contexts = {d: ints(args.contexts, "--contexts") for d in DEVICES}
     if args.new_tokens is not None:
@@ -42,7 +46,8 @@ def bench_command(args: argparse.Namespace) -> int:
 def profile_command(args: argparse.Namespace) -> int:
     context = ints(str(args.context), "--context")[0]
     new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
-    rows = bench.op_profile(args.model, args.device, context, new_tokens, **cpu_options(args))
+    rows = bench.op_profile(load(args.model, precision=args.precision), args.device, context, new_tokens,
+                            **cpu_options(args))
     lines = [["op", "ms/step", "nodes/step", "share"]] + [
         [r["op"], f"{r['ms_per_step']:.3f}", f"{r['nodes_per_step']:g}", f"{100 * r['share']:.1f}%"] for r in rows]
     widths = [max(len(row[i]) for row in lines) for i in range(4)]

@@ -47,7 +47,7 @@ def report() -> dict[str, Any]:
     vulkan_note = configure_vulkan()
     adapter = find_webgpu_adapter()
     out: dict[str, Any] = {"versions": vers, "backend": backend().name, "vulkan": vulkan_note,
-                           "vulkan_adapters": [{"name": n, "type": t} for n, t in vulkan_adapters()],
+                           "vulkan_adapters": [asdict(d) for d in vulkan_adapters()],
                            "adapters": {"cpu": asdict(cpu_adapter()),
                                         "webgpu": asdict(adapter) if adapter else None},
                            "runs": {}}

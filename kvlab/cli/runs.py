@@ -37,7 +37,7 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
     open_cpu(args)
     device = open_device(args.device, buffer_cache_mode=args.buffer_cache_mode)
-    model = load(args.model, progress=not args.json)
+    model = load(args.model, precision=args.precision, progress=not args.json)
     ids = model.encode(prompt_text(args), chat=args.chat)
     needed = positions_needed(len(ids), args.max_new_tokens)
     size = (check_max_cache_len(args.max_cache_len) if args.max_cache_len is not None

@@ -17,6 +17,7 @@ class Adapter:
     kind: str  # "hardware" or "software" (a CPU-emulated GPU such as SwiftShader counts as software)
     api: str  # "vulkan", "metal", "d3d12", "cpu" or "cuda"
     source: str = ""  # how it was found (the Vulkan driver manifest, ...)
+    shader_f16: bool | None = None  # WebGPU: can its shaders compute in float16 (None: not known)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"

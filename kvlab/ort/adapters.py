@@ -8,6 +8,8 @@ import ctypes
 import glob
 import os
 import platform
+from dataclasses import dataclass
+from typing import Any
 
 from ..core.errors import check_choice
 from ..core.labels import Adapter
@@ -60,23 +62,53 @@ def _configure_vulkan(choice: str) -> str:
     return f"no hardware Vulkan driver: using SwiftShader ({SWIFTSHADER_ICD})"
 
 
+class _VkApplicationInfo(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("pApplicationName", ctypes.c_char_p),
+                ("applicationVersion", ctypes.c_uint32), ("pEngineName", ctypes.c_char_p),
+                ("engineVersion", ctypes.c_uint32), ("apiVersion", ctypes.c_uint32)]
+
+
 class _VkInstanceCreateInfo(ctypes.Structure):
     _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-                ("pApplicationInfo", ctypes.c_void_p), ("enabledLayerCount", ctypes.c_uint32),
+                ("pApplicationInfo", ctypes.POINTER(_VkApplicationInfo)), ("enabledLayerCount", ctypes.c_uint32),
                 ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
                 ("ppEnabledExtensionNames", ctypes.c_void_p)]
 
 
+class _VkFeatureChain(ctypes.Structure):  # VkPhysicalDeviceFeatures2 (its 55 VkBool32 core features)
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("features", ctypes.c_uint32 * 55)]
+
+
+class _VkFloat16Int8(ctypes.Structure):  # VkPhysicalDeviceShaderFloat16Int8Features
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("shaderFloat16", ctypes.c_uint32),
+                ("shaderInt8", ctypes.c_uint32)]
+
+
+class _Vk16BitStorage(ctypes.Structure):  # VkPhysicalDevice16BitStorageFeatures
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("storageBuffer16BitAccess", ctypes.c_uint32),
+                ("uniformAndStorageBuffer16BitAccess", ctypes.c_uint32), ("storagePushConstant16", ctypes.c_uint32),
+                ("storageInputOutput16", ctypes.c_uint32)]
+
+
 _VK_DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+_VK_API_1_1 = (1 << 22) | (1 << 12)
 
 
-def vulkan_adapters() -> list[tuple[str, str]]:
-    """(name, Vulkan device type) of every physical device the Vulkan loader reports, as Dawn will see them."""
+@dataclass(frozen=True)
+class VulkanDevice:
+    name: str
+    type: str  # "discrete", "integrated", "virtual", "cpu" or "other"
+    shader_f16: bool | None  # the Vulkan features WebGPU's shader-f16 rests on (float16 arithmetic, 16-bit storage)
+
+
+def vulkan_adapters() -> list[VulkanDevice]:
+    """Every physical device the Vulkan loader reports, as Dawn will see them."""
     try:
         vk = ctypes.CDLL("libvulkan.so.1")
     except OSError:
         return []
-    info = _VkInstanceCreateInfo(sType=1)  # VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+    app = _VkApplicationInfo(sType=0, apiVersion=_VK_API_1_1)  # VK_STRUCTURE_TYPE_APPLICATION_INFO
+    info = _VkInstanceCreateInfo(sType=1, pApplicationInfo=ctypes.pointer(app))
     instance = ctypes.c_void_p()
     if vk.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance)) != 0:
         return []
@@ -85,16 +117,28 @@ def vulkan_adapters() -> list[tuple[str, str]]:
         vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
         handles = (ctypes.c_void_p * count.value)()
         vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+        vk.vkGetInstanceProcAddr.restype = ctypes.c_void_p
+        address = vk.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceFeatures2")
+        features2 = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(address) if address else None
         found = []
         for handle in handles[: count.value]:
             props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties (~830 bytes)
             vk.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handle), props)
             device_type = int.from_bytes(props.raw[16:20], "little")
             name = props.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")
-            found.append((name, _VK_DEVICE_TYPES.get(device_type, "other")))
+            found.append(VulkanDevice(name, _VK_DEVICE_TYPES.get(device_type, "other"),
+                                      _shader_f16(features2, handle) if features2 else None))
         return found
     finally:
         vk.vkDestroyInstance(instance, None)
+
+
+def _shader_f16(features2: Any, handle: int) -> bool:
+    storage = _Vk16BitStorage(sType=1000083000)
+    f16 = _VkFloat16Int8(sType=1000082000, pNext=ctypes.cast(ctypes.pointer(storage), ctypes.c_void_p))
+    chain = _VkFeatureChain(sType=1000059000, pNext=ctypes.cast(ctypes.pointer(f16), ctypes.c_void_p))
+    features2(ctypes.c_void_p(handle), ctypes.byref(chain))
+    return bool(f16.shaderFloat16 and storage.storageBuffer16BitAccess and storage.uniformAndStorageBuffer16BitAccess)
 
 
 def find_webgpu_adapter() -> Adapter | None:
@@ -109,6 +153,5 @@ def find_webgpu_adapter() -> Adapter | None:
     if not adapters:
         return None
     rank = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}
-    name, vk_type = min(adapters, key=lambda a: rank[a[1]])
-    kind = "software" if vk_type == "cpu" else "hardware"
-    return Adapter(name, kind, "vulkan", note)
+    best = min(adapters, key=lambda a: rank[a.type])
+    return Adapter(best.name, "software" if best.type == "cpu" else "hardware", "vulkan", note, best.shader_f16)

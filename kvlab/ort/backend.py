@@ -14,10 +14,12 @@ from .tensors import DeviceTensor
 
 DEVICES = ("cpu", "webgpu")
 
-# Ops that may legitimately stay on the CPU EP beside WebGPU: ORT places small shape/mask computations there.
-CPU_OK_OPS = frozenset({"Shape", "Gather", "Cast", "Sub", "Add", "ReduceSum", "Unsqueeze", "Squeeze", "Concat",
-                        "Reshape", "Slice", "Equal", "Where", "Range", "ConstantOfShape", "Constant", "Less",
-                        "Greater", "Not", "And", "Max", "Min", "Expand"})
+# Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
+# EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
+# the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
+HEAVY_OPS = frozenset({"MatMul", "MatMulNBits", "Gemm", "Conv", "GroupQueryAttention", "MultiHeadAttention",
+                       "Attention", "Softmax", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+                       "LayerNormalization", "SkipLayerNormalization", "RotaryEmbedding", "Einsum"})
 
 
 class Backend:

@@ -9,6 +9,7 @@ than the bucket keeps, the extra ones are destroyed and re-created every step: t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -32,3 +33,32 @@ def bucket_positions(bytes_per_tensor_token: float, buckets_mib: Iterable[int] =
     if not bytes_per_tensor_token or bytes_per_tensor_token <= 0:
         raise ValueError(f"bytes_per_tensor_token={bytes_per_tensor_token!r} must be > 0")
     return {b: int(np.ceil(b * MiB / bytes_per_tensor_token)) for b in buckets_mib}
+
+
+def bucket_of(nbytes: int) -> int | None:
+    """The bucket size a request of ``nbytes`` is rounded up to (None: larger than every bucket, never pooled)."""
+    return next((size for size in sorted(BUCKETS) if size >= nbytes), None)
+
+
+@dataclass(frozen=True)
+class Churn:
+    """What a DynamicCache's KV tensors do to the bucket pool in one decode step, in steady state."""
+
+    context: int  # cache length
+    tensor_bytes: int  # one KV tensor's size as requested
+    bucket: int | None  # the bucket it rounds up to (None: above every bucket, not pooled)
+    kept: int  # free buffers that bucket keeps
+    fresh: int  # tensors created afresh (CreateBuffer) each step: the ones the pool could not keep
+    fresh_bytes: int  # their bytes (at the bucket's size)
+
+
+def predict_churn(tensors: int, bytes_per_tensor_token: int, context: int) -> Churn:
+    """Each decode step a DynamicCache asks for ``tensors`` new KV tensors one token longer and releases the
+    previous ones: all of one bucket (they differ by one token). The pool keeps at most ``BUCKETS[bucket]`` freed
+    buffers of that size, so the next step finds that many to reuse and creates the rest afresh; above the largest
+    bucket every request is fresh. A prediction from the table, to hold against the measured step time."""
+    size = bytes_per_tensor_token * context
+    bucket = bucket_of(size)
+    kept = BUCKETS.get(bucket, 0) if bucket is not None else 0
+    fresh = max(0, tensors - kept)
+    return Churn(context, size, bucket, kept, fresh, fresh * (bucket or size))

@@ -1,6 +1,7 @@
-"""The built-in models as ONNX: each preset's checkpoint exported by the onnxruntime-genai model builder (fp32,
-GroupQueryAttention for every layer), then ``fold_attention_scale`` where that is exact. Built into the user cache
-dir on first use, atomically; never committed."""
+"""The built-in models as ONNX: each preset's checkpoint exported by the onnxruntime-genai model builder in a
+precision (``kvlab.presets.PRECISIONS``; GroupQueryAttention for every layer, ``-e webgpu``), then
+``fold_attention_scale`` where that is exact. Built into the user cache dir on first use, one directory per model
+and precision, atomically; never committed."""
 
 from __future__ import annotations
 
@@ -14,26 +15,28 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..core.errors import ModelError
-from ..presets import cache_dir, ensure_checkpoint, recipe
+from ..presets import cache_dir, check_precision, ensure_checkpoint, recipe
 from ..presets.recipes import building, recipe_key
 from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 
 
-def model_dir(name: str) -> Path:
-    return cache_dir() / "models" / f"{name}-{recipe_key(recipe(name), BUILDER_VERSION)}"
+def model_dir(name: str, precision: str = "fp32") -> Path:
+    key = recipe_key(recipe(name), BUILDER_VERSION, precision=check_precision(precision))
+    return cache_dir() / "models" / f"{name}-{precision}-{key}"
 
 
-def ensure_built(name: str, progress: bool = True) -> Path:
-    """The directory of a built-in model, building it first when missing (atomic: a half-built one never counts)."""
-    out = model_dir(name)
+def ensure_built(name: str, precision: str = "fp32", progress: bool = True) -> Path:
+    """The directory of a built-in model in a precision, building it first when missing (atomic: a half-built one
+    never counts)."""
+    out = model_dir(name, precision)
     if not (out / "kvlab_recipe.json").is_file():
-        build(name, out, progress=progress)
+        build(name, out, precision, progress=progress)
     return out
 
 
-def build(name: str, out: Path, progress: bool = True) -> None:
+def build(name: str, out: Path, precision: str = "fp32", progress: bool = True) -> None:
     from tqdm.auto import tqdm
 
     spec = recipe(name)
@@ -41,30 +44,32 @@ def build(name: str, out: Path, progress: bool = True) -> None:
     if missing:
         raise ModelError(f"building model {name!r} needs {missing}; run `bash scripts/setup.sh` (or pip install "
                          "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`)")
-    steps = tqdm(total=3, desc=f"kvlab: building {name}", disable=not progress, leave=False)
+    steps = tqdm(total=3, desc=f"kvlab: building {name} ({precision})", disable=not progress, leave=False)
     steps.set_postfix_str("the PyTorch checkpoint")
     hf = ensure_checkpoint(name)
     steps.update()
     steps.set_postfix_str("exporting ONNX (onnxruntime-genai builder)")
     with building(out) as tmp:
-        export(hf, tmp, name)
+        export(hf, tmp, name, precision)
         folded = fold_attention_scale(tmp / "model.onnx")
         steps.update()
-        (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "kind": type(spec).__name__,
-                                                            **asdict(spec), "hf_dir": str(hf),
+        (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "precision": precision,
+                                                            "kind": type(spec).__name__, **asdict(spec),
+                                                            "hf_dir": str(hf),
                                                             "attention_scale_folded_layers": folded}, indent=1))
     steps.update()
     steps.close()
 
 
-def export(hf: Path, out: Path, name: str) -> None:
+def export(hf: Path, out: Path, name: str, precision: str = "fp32") -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline)."""
     with tempfile.TemporaryDirectory() as scratch:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-               "-p", "fp32", "-e", "webgpu", "-c", scratch]
+               "-p", precision, "-e", "webgpu", "-c", scratch]
         run = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     if run.returncode != 0:
-        raise ModelError(f"the model builder failed for {name!r} (exit {run.returncode}):\n{run.stderr[-2000:]}")
+        raise ModelError(f"the model builder failed for {name!r} in {precision} (exit {run.returncode}):\n"
+                         f"{run.stderr[-2000:]}")
 
 
 def fold_attention_scale(onnx_file: Path) -> int:

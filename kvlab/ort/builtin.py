@@ -5,8 +5,10 @@ Two facts of this package shape the code (measured here on 1.27.0):
 - EP options take effect only as session config entries (``ep.webgpuexecutionprovider.<key>``); the dict in
   ``providers=[(name, {...})]`` is silently ignored.
 - A device tensor of a chosen shape cannot be allocated directly (``OrtValue.ortvalue_from_shape_and_type(...,
-  "gpu")`` fails with "Can't allocate memory on the CUDA device"); a one-node Expand model run on the WebGPU EP,
-  its output bound to the device, makes one (zero-filled).
+  "gpu")`` fails with "Can't allocate memory on the CUDA device"); a one-node model run on the WebGPU EP, its
+  output bound to the device, makes one (zero-filled): Expand of a scalar zero (filled on the device) for float32
+  and ints, Identity of host zeros (a copy) for float16, since Expand needs shader-f16 for it and a software
+  adapter (SwiftShader) has none ("Program Expand requires f16 but the device does not support it").
 """
 
 from __future__ import annotations
@@ -83,23 +85,28 @@ class BuiltinWebGpu(Backend):
             host = np.zeros(shape, dtype)
             return DeviceTensor(self.host_value(host), device, keep=host)
         binding = self._helper(device, dtype).binding()
-        binding.input("value", np.zeros((), dtype))
-        binding.input("shape", np.asarray(shape, np.int64))
+        if dtype == np.float16:
+            binding.input("x", np.zeros(shape, dtype))
+        else:
+            binding.input("value", np.zeros((), dtype))
+            binding.input("shape", np.asarray(shape, np.int64))
         binding.output_new("y")
         return binding.run().new["y"]
 
     def _helper(self, device: Any, dtype: np.dtype) -> Session:
-        """The one-node Expand session that allocates ``dtype`` tensors on ``device``."""
+        """The one-node session that allocates ``dtype`` tensors on ``device`` (Expand, or Identity for float16)."""
         key = (id(device), dtype)
         if key not in self._helpers:
             from onnx import TensorProto, helper
 
             elem = helper.np_dtype_to_tensor_dtype(dtype)
-            graph = helper.make_graph(
-                [helper.make_node("Expand", ["value", "shape"], ["y"])], "kvlab_zeros",
-                [helper.make_tensor_value_info("value", elem, []),
-                 helper.make_tensor_value_info("shape", TensorProto.INT64, [None])],
-                [helper.make_tensor_value_info("y", elem, None)])
+            if dtype == np.float16:
+                node, inputs = helper.make_node("Identity", ["x"], ["y"]), [helper.make_tensor_value_info("x", elem, None)]
+            else:
+                node = helper.make_node("Expand", ["value", "shape"], ["y"])
+                inputs = [helper.make_tensor_value_info("value", elem, []),
+                          helper.make_tensor_value_info("shape", TensorProto.INT64, [None])]
+            graph = helper.make_graph([node], "kvlab_zeros", inputs, [helper.make_tensor_value_info("y", elem, None)])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 9
             self._helpers[key] = Session(device, model.SerializeToString(), "kvlab's allocation helper")

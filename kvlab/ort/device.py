@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..core.labels import Adapter, DeviceLabel, cpu_adapter
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
+from .graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from .session import Session
 from .tensors import DeviceTensor
 
@@ -54,8 +56,37 @@ class Device:
         self._check_open()
         key = str(Path(model_path).resolve())
         if key not in self._sessions:
-            self._sessions[key] = Session(self, key, label or key)
+            self._check_f16(Path(key), label or key)
+            model, rewrites = self._workarounds(Path(key))
+            self._sessions[key] = Session(self, model, label or key)
+            self._sessions[key].rewrites = rewrites
         return self._sessions[key]
+
+    def _workarounds(self, onnx_file: Path) -> tuple[str | bytes, list[str]]:
+        """The model to open, rewritten in memory where this device's runtime needs it, and what was rewritten."""
+        if self.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
+            return str(onnx_file), []
+        import onnx
+
+        model = onnx.load(str(onnx_file))  # with its weights: the rewritten model is opened from memory
+        if model.ByteSize() >= 2**31:
+            raise DeviceError(f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
+                              "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB")
+        names = cast_bool_gathers(model)
+        return model.SerializeToString(), [f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes "
+                                           "on bool Gather)" for n in names]
+
+    def _check_f16(self, onnx_file: Path, label: str) -> None:
+        """Refuse a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before any kernel
+        runs (on SwiftShader a float16 kernel fails at its first run: "Program Gather requires f16 but the device
+        does not support it", and the process then dies at exit)."""
+        if self.name != "webgpu" or self.adapter.shader_f16 is not False:
+            return
+        graph = load_graph(onnx_file)
+        if any(elem_type(v) == FLOAT16 for v in [*graph.graph.input, *graph.graph.output]):
+            raise DeviceError(f"{label} computes in float16, but the WebGPU adapter {self.adapter} has no shader-f16 "
+                              "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
+                              "'cpu', on a GPU adapter, or use precision fp32")
 
     @property
     def sessions(self) -> tuple[str, ...]:
@@ -254,4 +285,4 @@ def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
 def describe() -> dict[str, Any]:
     """Machine-readable environment summary (used in benchmark results and doctor)."""
     return {"backend": backend().name, "versions": versions(), "platform": platform.platform(),
-            "cpu": cpu_adapter().name, "vulkan": json.dumps(vulkan_adapters())}
+            "cpu": cpu_adapter().name, "vulkan": json.dumps([asdict(d) for d in vulkan_adapters()])}

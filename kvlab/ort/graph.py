@@ -10,7 +10,8 @@ import numpy as np
 from ..core.errors import ModelError
 
 # ONNX TensorProto element types kvlab meets in KV caches
-ONNX_DTYPES: dict[int, Any] = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 16: "bfloat16"}
+FLOAT16 = 10  # TensorProto.FLOAT16
+ONNX_DTYPES: dict[int, Any] = {1: np.dtype(np.float32), FLOAT16: np.dtype(np.float16), 16: "bfloat16"}
 
 
 def load_graph(onnx_file: Path) -> Any:
@@ -39,3 +40,55 @@ def uses(model: Any) -> dict[str, list[tuple[Any, int]]]:
 
 def elem_type(value_info: Any) -> int:
     return value_info.type.tensor_type.elem_type
+
+
+def weight_format(model: Any) -> str:
+    """What the projections' weights are: "int<bits>" for MatMulNBits, else the dtype of MatMul weight initializers."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+            return f"int{bits}"
+    types = {inits[n.input[1]].data_type for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits}
+    names = sorted(np.dtype(ONNX_DTYPES[t]).name for t in types if t in ONNX_DTYPES and ONNX_DTYPES[t] != "bfloat16")
+    return "+".join(names) or "unknown"
+
+
+def bool_gathers(model: Any) -> list[int]:
+    """The indices of the Gather nodes whose data input is a bool tensor (types from ONNX shape inference)."""
+    import onnx
+    from onnx import shape_inference
+
+    typed = shape_inference.infer_shapes(model)
+    types = {v.name: elem_type(v) for v in [*typed.graph.value_info, *typed.graph.input]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return [i for i, n in enumerate(model.graph.node)
+            if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.BOOL]
+
+
+def cast_bool_gathers(model: Any) -> list[str]:
+    """Rewrite every bool Gather as Cast(int32) -> Gather -> Cast(bool), in place (the same values); returns the
+    rewritten nodes' names. Why: onnxruntime-webgpu 1.27's Gather kernel crashes the process on bool data
+    (measured on a Hugging Face Optimum export of a Llama, whose causal-mask subgraph gathers a bool tensor:
+    SIGSEGV inside the run, on SwiftShader)."""
+    from onnx import TensorProto, helper
+
+    targets = set(bool_gathers(model))
+    nodes, names = [], []
+    for i, node in enumerate(model.graph.node):
+        if i not in targets:
+            nodes.append(node)
+            continue
+        data, out = node.input[0], node.output[0]
+        nodes.append(helper.make_node("Cast", [data], [f"{data}/kvlab_int32"], to=TensorProto.INT32,
+                                      name=f"{node.name}/kvlab_to_int32"))
+        gather = helper.make_node("Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"],
+                                  name=node.name)
+        gather.attribute.extend(node.attribute)
+        nodes.append(gather)
+        nodes.append(helper.make_node("Cast", [f"{out}/kvlab_int32"], [out], to=TensorProto.BOOL,
+                                      name=f"{node.name}/kvlab_to_bool"))
+        names.append(node.name)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return names

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, DeviceError
 from . import memory
-from .backend import CPU_OK_OPS
+from .backend import HEAVY_OPS
 from .tensors import DeviceTensor, _Owner
 
 
@@ -21,12 +21,13 @@ class Session:
 
     def __init__(self, device: Any, path: str | bytes, label: str):
         self.device, self.label = device, label
+        self.rewrites: list[str] = []  # what kvlab changed in the graph before opening it here, and why
         # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
         with memory.collapsing(device.huge_pages) as self.huge_pages:
             self.ort = device.backend.create_session(path, device)  # the onnxruntime.InferenceSession
         self.cpu_nodes = device.backend.placement(self.ort)  # "op_type:name" of the nodes on the CPU EP
         if device.name == "webgpu":
-            heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] not in CPU_OK_OPS]
+            heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] in HEAVY_OPS]
             if heavy:
                 raise DeviceError(f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
                                   f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}")

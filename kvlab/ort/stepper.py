@@ -32,7 +32,7 @@ class Stepper:
         self.session = device.session(model.onnx_path, f"model {model.name}")
         self.needed = needed
         self._mask = np.ones((1, needed), np.int64)  # all ones; the first (position + n) are fed each step
-        self._decode_logits = np.empty((1, 1, model.info.vocab_size), np.float32)
+        self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
         self._use = cache.use(model.info, device, needed)
         self.steps = 0
 
@@ -54,10 +54,12 @@ class Stepper:
         if position + n > self.needed:
             raise ConfigError(f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
                               "stepper was opened for")
-        logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), np.float32)
+        logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
         b = self.cache.binding(self.session, n)
         b.input(info.input_names["input_ids"], tokens.reshape(1, n))
         b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
+        if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
+            b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
         b.output(info.logits_name, logits)
         result = b.run()
         try:

