@@ -21,7 +21,8 @@ from ..ort import close_device, load, open_device
 from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
-from .variants import MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
+from ..ort.gpu_memory import GpuMemory
+from .variants import GENAI, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -37,11 +38,19 @@ class Plan:
     static_lens: list[int] = field(default_factory=lambda: [4160])
     static_fit: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # + context+new
     reps: int = 3
-    genai: bool = True  # the peer row (CPU only: its WebGPU prefill would run on the device)
+    genai: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # the peer row, per
+    # device (on WebGPU it prefills there itself: wrong from position 4 on SwiftShader with 1.27, so off by default)
     buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
-    webgpu_prefill_on_cpu: bool = True  # the handoff (kvlab.generate prefill_device="cpu")
+    # where each device's rows prefill, once per cache kind, handed off to every run (None: each run prefills on
+    # its own device). WebGPU on a software adapter: on the CPU (fast, and 1.27's SwiftShader prefill is wrong)
+    prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
+    gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
+
+    def __post_init__(self) -> None:
+        if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
+            self.genai = {"cpu": self.genai, "webgpu": False}
 
     @classmethod
     def quick(cls) -> "Plan":
@@ -59,7 +68,7 @@ class Rounds:
     steal_fraction: float  # the hypervisor's share of this VM's CPU time meanwhile (nan where unknown)
 
 
-def interleaved(runners: dict[Variant, Callable[[], Run]], reps: int) -> Rounds:
+def interleaved(runners: dict[Variant, Callable[..., Run]], reps: int) -> Rounds:
     for fn in runners.values():  # warm-up: shader compilation, allocator pools, page faults
         fn()
     runs: dict[Variant, list[Run]] = {v: [] for v in runners}
@@ -73,6 +82,21 @@ def interleaved(runners: dict[Variant, Callable[[], Run]], reps: int) -> Rounds:
     steal, total = (b - a for a, b in zip(steal_start, cpu_times()))
     return Rounds(runs, [max(pair) for pair in zip(measured, measured[1:])], measured,
                   steal / total if total else float("nan"))
+
+
+def memory_traces(runners: dict[Variant, Callable[..., Run]]) -> dict[Variant, dict[str, Any]]:
+    """One more run of each variant, untimed, reading the GPU memory this process holds (NVML) after every step:
+    what the driver really gave, next to kvlab's exact tensor counts. Nothing where NVML is not available."""
+    out = {}
+    for v, fn in runners.items():
+        trace = GpuMemory()
+        if not trace.available or v.runner == MATMULS_ONLY:
+            continue
+        trace.sample()  # before the run
+        fn(hooks=[trace] if v.runner != GENAI else [trace.sample])
+        out[v] = {"gpu_memory_bytes": trace.bytes, "gpu_memory_growth_bytes": trace.bytes[-1] - trace.bytes[0],
+                  "gpu_memory_max_bytes": max(trace.bytes)}
+    return out
 
 
 def _nanmedian(values: list[float]) -> float:
@@ -119,13 +143,15 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
         model = load(name, precision=precision)
         model_name = model.name
-        genai = GenaiPeer(model) if plan.genai and device == "cpu" else None
+        genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
         genai_huge += genai.huge_pages["bytes"] if genai else 0
         weights = weight_bytes_per_token(model)
         for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
             if device == "webgpu":
+                genai = setting = runners = None  # genai's sessions hold the WebGPU context: they go first
                 close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
                 dev = open_device("webgpu", buffer_cache_mode=mode)
+                genai = GenaiPeer(model, "webgpu") if plan.genai.get(device) else None  # joins the new context
             else:
                 dev = open_device("cpu")
             small = None
@@ -140,10 +166,11 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                     raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
                                       f"{model.info.context_length}")
                 setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
-                                  handoff=device == "webgpu" and plan.webgpu_prefill_on_cpu)
+                                  prefill=plan.prefill_on.get(device))
                 runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True))
                 try:
                     rounds = interleaved(runners, plan.reps)
+                    traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}
                 finally:
                     for pre in kept:
                         pre.cache.dispose()
@@ -160,17 +187,19 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                  "dtype": model.info.dtype_name, "context": context,
                                  "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
                                  "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,
+                                 "prefill_on": setting.prefill or device,
                                  "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
                                  "roofline_ms": roofline_ms(w + kv, bw), "roofline_fraction": float(np.median(paired)),
                                  "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
                                  "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
-                                 "cpu_steal_fraction": rounds.steal_fraction, **s})
+                                 "cpu_steal_fraction": rounds.steal_fraction, **s, **traces.get(v, {})})
                 bandwidth["paired"].extend(rounds.measured)
                 log(_row_line(model_name, device, mode, context, summary, valid))
             if small is not None:
                 small.close()
             if floor is not None:
                 dev.forget(floor)  # its weights (a model's worth) go with the run
+        genai = setting = runners = None
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],

@@ -107,8 +107,15 @@ def report(result: dict[str, Any]) -> str:
                 dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
                 statics = [r for r in row if _is(r, KVLAB, "static")]
                 worst = max(statics, key=lambda r: r["ratio_to_dynamic"])
-                lines.append(f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
-                             + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
-                             + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
-                             + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}")
+                line = (f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
+                        + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
+                        + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
+                        + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
+                        + f"; python overhead {worst['overhead_fraction']:.1%}")
+                genai = next((r for r in row if _is(r, GENAI)), None)
+                if genai:
+                    ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]
+                    line += (f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
+                             f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})")
+                lines.append(line)
     return "\n".join(lines)

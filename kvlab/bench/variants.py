@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -13,11 +13,11 @@ from ..core.cache import Cache
 from ..core.generation import positions_needed
 from ..core.labels import CacheSpec
 from ..core.frames import decode_median
-from ..core.records import StepRecord
+from ..core.records import StepHook, StepRecord
 from ..ort import Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
 from ..ort import memory
 from ..ort.device import private_device
-from ..ort.references import genai_decode
+from ..ort.references import genai_decode, genai_model
 from .weights import run_matmuls_only
 
 SMALL_PAGES = "4KiB-pages"  # the cache variant decoded from weights left in 4 KiB pages
@@ -68,32 +68,33 @@ def small_pages_device() -> Device:
     return private_device("cpu", huge_pages=False)
 
 
-def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device,
-              new: int) -> Run:
+def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device, new: int,
+              hooks: Sequence[StepHook] = ()) -> Run:
     with make_cache() as cache:
-        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False)
+        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False, on_step=hooks)
     return run_of(g.token_ids, g.records)
 
 
 @dataclass
 class Prefilled:
-    """A CPU prefill kept for reuse: every run of a variant hands it off to the device and decodes (the same
-    path as ``generate(prefill_device="cpu")``, without recomputing a quadratic prefill per run)."""
+    """A prefill kept for reuse: every run of a variant hands it off to the decode device and decodes (the same
+    path as ``generate(prefill_device=...)``, without recomputing a quadratic prefill per run)."""
 
     cache: Cache
     first_token: int
 
 
-def prefill_on_cpu(model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
-    with Stepper(model, cache, open_device("cpu"), len(ids)) as st:
+def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
+    with Stepper(model, cache, open_device(device), len(ids)) as st:
         _, record = st.step(ids, logits_out="none")
     return Prefilled(cache, record.token)
 
 
-def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int) -> Run:
+def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int,
+                hooks: Sequence[StepHook] = ()) -> Run:
     records: list[StepRecord] = []
     needed = positions_needed(pre.cache.seq_length, new)
-    with make_cache() as cache, Stepper(model, cache, open_device(device), needed, [records.append]) as st:
+    with make_cache() as cache, Stepper(model, cache, open_device(device), needed, [records.append, *hooks]) as st:
         st.receive(pre.cache)
         tokens = [pre.first_token]
         while len(tokens) < new:
@@ -102,20 +103,20 @@ def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], d
 
 
 class GenaiPeer:
-    """onnxruntime-genai on the same model directory and prompt (CPU EP); times each decode step."""
+    """onnxruntime-genai on the same model directory and prompt, on the same device (its own prefill there);
+    times each decode step. On WebGPU its sessions join the process's one WebGPU context, with the buffer cache
+    mode kvlab opened it with."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, device: str = "cpu"):
         import onnxruntime_genai as og
 
-        config = og.Config(str(model.info.path))
-        config.clear_providers()  # CPU EP
-        # like for like: its weights in huge pages too, when kvlab's CPU device puts its own there
-        with memory.collapsing(open_device("cpu").huge_pages) as self.huge_pages:
-            self.model = og.Model(config)
+        # like for like on the CPU: its weights in huge pages too, when kvlab's CPU device puts its own there
+        with memory.collapsing(device == "cpu" and open_device("cpu").huge_pages) as self.huge_pages:
+            self.model = genai_model(model, device)
         self.version = getattr(og, "__version__", "?")
 
-    def run(self, ids: np.ndarray, new: int) -> Run:
-        tokens, times = genai_decode(self.model, ids, new)
+    def run(self, ids: np.ndarray, new: int, hooks: Sequence[Callable[[], None]] = ()) -> Run:
+        tokens, times = genai_decode(self.model, ids, new, on_token=lambda: [h() for h in hooks])
         # the first call samples the prefill's logits; each later one runs one decode forward pass first
         return Run(tokens, float(np.median(times[1:])))
 
@@ -131,33 +132,35 @@ class Setting:
     genai: GenaiPeer | None = None
     small: Device | None = None  # the 4 KiB-pages twin's device
     floor: Path | None = None  # the matmuls-only graph
-    handoff: bool = False  # WebGPU: prefill on the CPU and hand off
+    prefill: str | None = None  # prefill once per cache kind on this device and hand off to each run (None: each
+    #                             run prefills on its own device)
 
 
-def variants(s: Setting, static_lens: list[int], fit: bool) -> tuple[dict[Variant, Callable[[], Run]], list[Prefilled]]:
-    """Variant -> a function doing one run, in run order. With the handoff, each cache kind's CPU prefill is made
-    once here (returned too, for disposal)."""
+def variants(s: Setting, static_lens: list[int], fit: bool) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
+    """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
+    genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
+    disposal)."""
     fitted = positions_needed(len(s.ids), s.new)
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
     caches: dict[Variant, Callable[[], Cache]] = {Variant(KVLAB, CacheSpec("dynamic")): DynamicCache}
     caches.update({Variant(KVLAB, CacheSpec("static", n), n == fitted): (lambda n=n: StaticCache(n)) for n in lens})
-    out: dict[Variant, Callable[[], Run]] = {}
+    out: dict[Variant, Callable[..., Run]] = {}
     kept: list[Prefilled] = []
-    floor = (lambda: Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
+    floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
     for v, make in caches.items():
-        if s.handoff:
-            kept.append(prefill_on_cpu(s.model, s.ids, make()))
-            out[v] = lambda make=make, pre=kept[-1]: run_handoff(s.model, pre, make, s.device, s.new)
+        if s.prefill is not None:
+            kept.append(prefill_on(s.prefill, s.model, s.ids, make()))
+            out[v] = lambda hooks=(), make=make, pre=kept[-1]: run_handoff(s.model, pre, make, s.device, s.new, hooks)
         else:
-            out[v] = lambda make=make: run_kvlab(s.model, s.ids, make, s.device, s.new)
+            out[v] = lambda hooks=(), make=make: run_kvlab(s.model, s.ids, make, s.device, s.new, hooks)
         if floor and v.fitted:  # right after the fitted static cache: pairs close in time
             out[Variant(MATMULS_ONLY)] = floor
     if s.small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory
         twin = Variant(KVLAB, CacheSpec("static", fitted, SMALL_PAGES), True)
-        out[twin] = lambda: run_kvlab(s.model, s.ids, lambda: StaticCache(fitted), s.small, s.new)
+        out[twin] = lambda hooks=(): run_kvlab(s.model, s.ids, lambda: StaticCache(fitted), s.small, s.new, hooks)
     if s.genai is not None:
-        out[Variant(GENAI)] = lambda: s.genai.run(s.ids, s.new)
+        out[Variant(GENAI)] = lambda hooks=(): s.genai.run(s.ids, s.new, hooks)
     if floor:
         out.setdefault(Variant(MATMULS_ONLY), floor)  # last, when no static cache is sized to fit
     return out, kept

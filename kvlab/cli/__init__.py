@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, generate, compare, bench, profile. A kvlab error exits 1 with one line on stderr
+"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance. A kvlab error exits 1 with one line on stderr
 (``kvlab: error: ...``), never a traceback."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..core.errors import ConfigError, KvlabError
 from .args import parser
-from .bench import bench_command, profile_command
+from .bench import bench_command, conformance_command, profile_command, trace_command
 from .doctor import doctor
 from .runs import emit, run_kinds
 
@@ -22,6 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_command(args)
         if args.command == "profile":
             return profile_command(args)
+        if args.command == "trace":
+            return trace_command(args)
+        if args.command == "conformance":
+            return conformance_command(args)
         kinds = ("dynamic", "static") if args.command == "compare" else (args.cache,)
         if args.command == "generate" and args.cache == "dynamic" and args.max_cache_len is not None:
             raise ConfigError("--max-cache-len applies to --cache static only")

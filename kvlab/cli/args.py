@@ -47,7 +47,7 @@ def _cpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
     p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
     p.add_argument("--no-huge-pages", action="store_true", help="leave the CPU sessions' weights in 4 KiB pages "
-                   "(default: collapsed into 2 MiB transparent huge pages, see kvlab.memory)")
+                   "(default: collapsed into 2 MiB transparent huge pages, see kvlab.ort.memory)")
 
 
 def cpu_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,9 +92,28 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
+    b.add_argument("--genai-on", help="comma-separated devices with the genai peer row (default: cpu; on WebGPU it "
+                                      "prefills there itself)")
+    b.add_argument("--prefill-on", choices=("cpu", "webgpu"), help="where WebGPU rows prefill, once per cache kind "
+                   "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)")
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _cpu_flags(b)
+    tr = sub.add_parser("trace", help="one long generation per cache: every step recorded, with the GPU memory the "
+                                      "process holds (NVML, on NVIDIA)")
+    _model_flags(tr)
+    tr.add_argument("--device", default="webgpu", choices=DEVICES)
+    tr.add_argument("--context", type=int, default=1024, help="prompt length before the traced decode steps")
+    tr.add_argument("--steps", type=int, default=1000, help="decode steps per cache")
+    tr.add_argument("--prefill-on", choices=DEVICES, help="prefill on this device and hand off (default: --device)")
+    tr.add_argument("--out", type=Path, default=Path("artifacts/trace.json"))
+    _cpu_flags(tr)
+    co = sub.add_parser("conformance", help="a device's prefill and decode logits against the CPU EP, per model")
+    co.add_argument("--models", default="toy", help="comma-separated built-in models or directories")
+    _precision_flag(co, several=True)
+    co.add_argument("--device", default="webgpu", choices=DEVICES)
+    co.add_argument("--prompt-tokens", type=int, default=48)
+    co.add_argument("--out", type=Path, help="also write the rows as JSON")
     pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
                                         "(ONNX Runtime's own profiler)")
     _model_flags(pr)

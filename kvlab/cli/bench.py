@@ -13,14 +13,19 @@ from ..presets import check_precision
 from .args import cpu_options, ints, open_cpu
 
 
+def check_devices(text: str, flag: str) -> list[str]:
+    devices = text.split(",")
+    bad = [d for d in devices if d not in DEVICES]
+    if bad:
+        raise ConfigError(f"{flag} {bad[0]!r} is not valid; choose from {DEVICES}")
+    return devices
+
+
 def bench_command(args: argparse.Namespace) -> int:
     plan = bench.Plan.quick() if args.quick else bench.Plan()
     if args.models or args.devices:
         models = (args.models or ",".join(sorted({m for m, _ in plan.targets}))).split(",")
-        devices = (args.devices or "cpu").split(",")
-        bad = [d for d in devices if d not in DEVICES]
-        if bad:
-            raise ConfigError(f"--devices {bad[0]!r} is not valid; choose from {DEVICES}")
+        devices = check_devices(args.devices or "cpu", "--devices")
         plan.targets = [(m, d) for m in models for d in devices]
     if args.precisions:
         plan.precisions = [check_precision(p) for p in args.precisions.split(",")]
@@ -34,7 +39,12 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.reps = ints(str(args.reps), "--reps")[0]
     if args.buffer_cache_modes:
         plan.buffer_cache_modes = args.buffer_cache_modes.split(",")
-    plan.genai = plan.genai and not args.no_genai
+    if args.genai_on:
+        plan.genai = {d: d in check_devices(args.genai_on, "--genai-on") for d in DEVICES}
+    if args.no_genai:
+        plan.genai = {d: False for d in DEVICES}
+    if args.prefill_on:
+        plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
     open_cpu(args)
     result = bench.run_plan(plan)
     files = bench.write(result, args.out, charts=not args.no_charts)
@@ -61,4 +71,36 @@ def profile_command(args: argparse.Namespace) -> int:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+    return 0
+
+
+def trace_command(args: argparse.Namespace) -> int:
+    from ..bench.trace import trace, write_json
+
+    open_cpu(args)
+    model = load(args.model, precision=args.precision)
+    result = trace(model, args.device, ints(str(args.context), "--context")[0], ints(str(args.steps), "--steps")[0],
+                   prefill_device=args.prefill_on)
+    for kind, r in result["runs"].items():
+        memory = r["gpu_memory"]["bytes"]
+        growth = f"{(memory[-1] - memory[0]) / 2**20:+.0f} MiB of GPU memory" if memory else "GPU memory: no NVML"
+        print(f"{r['cache']}: decode {r['decode_ms']:.2f} ms (first 100 {r['decode_ms_first_100']:.2f}, last 100 "
+              f"{r['decode_ms_last_100']:.2f}), {r['tensors_allocated_per_step']:g} tensors/step, "
+              f"{r['new_buffers_in_decode']} new buffers in decode, {growth}")
+    print(f"tokens equal: {result['tokens_equal']}; wrote {write_json(result, args.out)}")
+    return 0
+
+
+def conformance_command(args: argparse.Namespace) -> int:
+    from ..bench.trace import conformance, write_json
+
+    precisions = [check_precision(p) for p in (args.precisions or "fp32").split(",")]
+    models = [load(m, precision=p) for m in args.models.split(",") for p in precisions]
+    rows = conformance(models, args.device, ints(str(args.prompt_tokens), "--prompt-tokens")[0])
+    for r in rows:
+        where = "all agree" if r["first_divergence"] is None else f"first divergence at {r['first_divergence']}"
+        print(f"{r['model']:24s} {r['mode']:8s} max |diff| {r['max_abs_diff']:.3g} (atol {r['atol']:g}): {where}, "
+              f"argmax differs at {r['argmax_differs']}/{r['positions']}  [{r['device']}]")
+    if args.out:
+        write_json(rows, args.out)
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.labels import cpu_adapter
 from ..ort import StaticCache, generate, load
-from ..ort.adapters import configure_vulkan, find_webgpu_adapter, vulkan_adapters
+from ..ort.adapters import GLVND_PACKAGES, configure_vulkan, driver_problems, find_webgpu_adapter, vulkan_adapters
 from ..ort.backend import versions
 from ..ort.device import backend
 
@@ -51,11 +51,18 @@ def report() -> dict[str, Any]:
                            "adapters": {"cpu": asdict(cpu_adapter()),
                                         "webgpu": asdict(adapter) if adapter else None},
                            "runs": {}}
-    if adapter is None:
+    drivers = driver_problems() if adapter is None or adapter.kind == "software" else []
+    for d in drivers:  # a GPU whose Vulkan driver is there but cannot start: say why, and what provides the rest
+        problems.append({"problem": f"a GPU Vulkan driver is installed but cannot start: {d.error}",
+                         "fix": (f"Debian/Ubuntu: sudo apt-get install {' '.join(d.packages)} (headless NVIDIA "
+                                 f"machines need glvnd: {' '.join(GLVND_PACKAGES)})" if d.packages else
+                                 f"install what {d.library} needs (`ldd {d.library}` lists it)")})
+    out["driver_problems"] = [asdict(d) for d in drivers]
+    if adapter is None and not drivers:
         problems.append({"problem": "no WebGPU adapter (no GPU Vulkan driver and no SwiftShader)",
                          "fix": "Debian/Ubuntu: sudo apt-get install libvulkan1 chromium-common (scripts/setup.sh "
                                 "does it), or install your GPU's Vulkan driver"})
-    elif adapter.kind == "software":
+    elif adapter is not None and adapter.kind == "software":
         out["note"] = ("WebGPU runs on a software adapter (SwiftShader): correct but slow; use the toy and kv-heavy "
                        "models there, SmolLM2 on the CPU EP")
     for device in ("cpu", "webgpu") if adapter else ("cpu",):
@@ -83,7 +90,8 @@ def doctor(as_json: bool = False) -> int:
         print(f"            adapter {a['name']!r} (Vulkan type {a['type']})")
     print(f"  cpu:      {r['adapters']['cpu']['name']}")
     web = r["adapters"]["webgpu"]
-    print(f"  webgpu:   {web['name'] + ' (' + web['kind'] + ')' if web else 'NO ADAPTER'}")
+    f16 = {True: ", shader-f16", False: ", no shader-f16 (float16 models run on the CPU EP only)", None: ""}
+    print(f"  webgpu:   {web['name'] + ' (' + web['kind'] + ')' + f16[web['shader_f16']] if web else 'NO ADAPTER'}")
     if r.get("note"):
         print(f"  note:     {r['note']}")
     for device, run in r["runs"].items():

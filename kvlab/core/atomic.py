@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _signal
 import signal
 import threading
 from contextlib import contextmanager
@@ -18,10 +19,10 @@ def atomic() -> Iterator[None]:
         yield
         return
     pending: list[object] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
+    previous = _signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))  # (the C module:
+    try:  # it runs every step, and signal.signal's enum conversions cost ten times as much)
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(signal.SIGINT, previous)
     if pending and callable(previous):
         previous(signal.SIGINT, None)

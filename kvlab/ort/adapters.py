@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import os
 import platform
+import re
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +19,21 @@ from ..core.labels import Adapter
 
 ADAPTER_CHOICES = ("auto", "hardware", "software")
 SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
-_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")  # searched
+# by the Vulkan loader itself; GPU containers (NVIDIA's on cloud machines) mount the driver's manifest elsewhere
+EXTRA_ICD_DIRS = ("/usr/local/nvidia/share/vulkan/icd.d",)
 _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
+# the libraries a GPU's Vulkan driver loads before it can start, by the Debian/Ubuntu package that ships each
+# (the NVIDIA driver's libGLX_nvidia.so.0 needs glvnd: measured on a headless NVIDIA H200 machine, where without
+# them the loader found no device)
+LIBRARY_PACKAGES = {"libGLX.so.0": "libglx0", "libGLdispatch.so.0": "libglvnd0", "libEGL.so.1": "libegl1",
+                    "libOpenGL.so.0": "libopengl0", "libGL.so.1": "libgl1", "libGLESv2.so.2": "libgles2",
+                    "libvulkan.so.1": "libvulkan1"}
+GLVND_PACKAGES = ("libvulkan1", "libglvnd0", "libglx0", "libegl1", "libopengl0", "libgl1", "libgles2")
 
 
-def _icd_manifests() -> list[str]:
-    return sorted(f for d in _ICD_DIRS for f in glob.glob(os.path.join(d, "*.json")))
+def _icd_manifests(dirs: tuple[str, ...] = LOADER_ICD_DIRS + EXTRA_ICD_DIRS) -> list[str]:
+    return sorted(f for d in dirs for f in glob.glob(os.path.join(d, "*.json")))
 
 
 def _is_software_icd(path: str) -> bool:
@@ -55,6 +67,9 @@ def _configure_vulkan(choice: str) -> str:
             return f"{var} set by the user: {os.environ[var]}"
     hardware = [f for f in _icd_manifests() if not _is_software_icd(f)]
     if choice == "hardware" or (choice == "auto" and hardware):
+        if hardware and not any(os.path.dirname(f) in LOADER_ICD_DIRS for f in hardware):
+            os.environ["VK_DRIVER_FILES"] = os.pathsep.join(hardware)  # where the loader would not look
+            return f"hardware Vulkan drivers outside the loader's search path: VK_DRIVER_FILES={os.pathsep.join(hardware)}"
         return "hardware Vulkan drivers: " + (", ".join(hardware) or "none found")
     if not os.path.exists(SWIFTSHADER_ICD):
         return f"no hardware Vulkan driver and no SwiftShader ({SWIFTSHADER_ICD} missing)"
@@ -155,3 +170,43 @@ def find_webgpu_adapter() -> Adapter | None:
     rank = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}
     best = min(adapters, key=lambda a: rank[a.type])
     return Adapter(best.name, "software" if best.type == "cpu" else "hardware", "vulkan", note, best.shader_f16)
+
+
+@dataclass(frozen=True)
+class DriverProblem:
+    """A hardware Vulkan driver that cannot start, and what would fix it."""
+
+    manifest: str
+    library: str
+    error: str  # what failed, in words
+    missing: tuple[str, ...]  # the shared libraries missing
+    packages: tuple[str, ...]  # Debian/Ubuntu packages that provide them
+
+
+def driver_problems(manifests: list[str] | None = None,
+                    needs: dict[str, str] = LIBRARY_PACKAGES) -> list[DriverProblem]:
+    """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its driver
+    library cannot be loaded, or a library that GPU drivers load at start (glvnd's, for NVIDIA's
+    libGLX_nvidia.so.0) is missing. Loading a library only maps it; nothing starts."""
+    out = []
+    for manifest in manifests if manifests is not None else [f for f in _icd_manifests() if not _is_software_icd(f)]:
+        try:
+            library = json.loads(Path(manifest).read_text())["ICD"]["library_path"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            out.append(DriverProblem(manifest, "?", f"unreadable manifest ({exc})", (), ()))
+            continue
+        path = library if "/" not in library else str((Path(manifest).parent / library).resolve())
+        missing = [lib for lib in (path, *needs) if not _loads(lib)]
+        if missing:
+            packages = tuple(dict.fromkeys(needs[m] for m in missing if m in needs))
+            what = ", ".join(missing)
+            out.append(DriverProblem(manifest, library, f"{what} cannot be loaded", tuple(missing), packages))
+    return out
+
+
+def _loads(library: str) -> bool:
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True

@@ -48,6 +48,11 @@ class Backend:
         """An OrtValue over host memory (the array must outlive it)."""
         raise NotImplementedError
 
+    def bind_host_input(self, io_binding: Any, name: str, array: np.ndarray) -> Any:
+        """Bind a host array as an input, with as few calls as this package allows (it runs every step); returns
+        what must stay alive while it is bound."""
+        raise NotImplementedError
+
     def wrap(self, value: Any) -> Any:
         """A Python OrtValue around a C-level value returned by an IOBinding."""
         raise NotImplementedError

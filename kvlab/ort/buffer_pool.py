@@ -44,7 +44,7 @@ def bucket_of(nbytes: int) -> int | None:
 class Churn:
     """What a DynamicCache's KV tensors do to the bucket pool in one decode step, in steady state."""
 
-    context: int  # cache length
+    length: int  # tokens each new KV tensor holds (a decode step at context c asks for c + 1)
     tensor_bytes: int  # one KV tensor's size as requested
     bucket: int | None  # the bucket it rounds up to (None: above every bucket, not pooled)
     kept: int  # free buffers that bucket keeps
@@ -52,13 +52,13 @@ class Churn:
     fresh_bytes: int  # their bytes (at the bucket's size)
 
 
-def predict_churn(tensors: int, bytes_per_tensor_token: int, context: int) -> Churn:
-    """Each decode step a DynamicCache asks for ``tensors`` new KV tensors one token longer and releases the
-    previous ones: all of one bucket (they differ by one token). The pool keeps at most ``BUCKETS[bucket]`` freed
+def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Churn:
+    """Each decode step a DynamicCache asks for ``tensors`` new KV tensors of ``length`` tokens (one more than the
+    context) and then releases the previous ones: all of one bucket (they differ by one token). The pool keeps at most ``BUCKETS[bucket]`` freed
     buffers of that size, so the next step finds that many to reuse and creates the rest afresh; above the largest
     bucket every request is fresh. A prediction from the table, to hold against the measured step time."""
-    size = bytes_per_tensor_token * context
+    size = bytes_per_tensor_token * length
     bucket = bucket_of(size)
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0
     fresh = max(0, tensors - kept)
-    return Churn(context, size, bucket, kept, fresh, fresh * (bucket or size))
+    return Churn(length, size, bucket, kept, fresh, fresh * (bucket or size))

@@ -31,7 +31,10 @@ class BuiltinWebGpu(Backend):
     def __init__(self) -> None:
         import onnxruntime as ort
 
-        self.ort = ort
+        from onnxruntime.capi import _pybind_state as c
+
+        self.ort, self._c = ort, c
+        self._host = c.OrtDevice(c.OrtDevice.cpu(), c.OrtDevice.default_memory(), 0)
         self.version = ort.__version__
         self._helpers: dict[tuple[int, np.dtype], Session] = {}
 
@@ -73,6 +76,11 @@ class BuiltinWebGpu(Backend):
     # -- values
     def host_value(self, array: np.ndarray) -> Any:
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+
+    def bind_host_input(self, io_binding: Any, name: str, array: np.ndarray) -> Any:
+        value = self._c.OrtValue.ortvalue_from_numpy(array, self._host)  # C-level: no Python wrappers
+        io_binding._iobinding.bind_ortvalue_input(name, value)
+        return value
 
     def wrap(self, value: Any) -> Any:
         return self.ort.OrtValue(value)

@@ -113,6 +113,7 @@ class StaticCache(Cache):
         self.max_cache_len = check_max_cache_len(max_cache_len)
         self._buffers: list[DeviceTensor] = []  # in kv_inputs order; present i is the same buffer
         self._bindings: dict[int, Binding] = {}  # id(session) -> binding with the buffers bound once
+        self._expected: dict[str, int] = {}  # present output -> the data_ptr of the buffer it must be written into
         self._allocated_this_use: CacheStep | None = None
 
     @property
@@ -157,6 +158,7 @@ class StaticCache(Cache):
         layout = self._info.layout
         made = zeros_all(self._device, [(layout.tensor_shape(self.max_cache_len), layout.dtype)] * layout.tensors)
         self._buffers = made
+        self._expected = {name: t.data_ptr for name, t in zip(self._info.kv_outputs, made)}  # present -> its buffer
         self._allocated_this_use = CacheStep(len(made), sum(t.nbytes for t in made), self._count_new(made),
                                              self.live_bytes)
 
@@ -175,11 +177,13 @@ class StaticCache(Cache):
         return b
 
     def commit(self, result: RunResult, n_new: int) -> CacheStep:
-        for name, buf in zip(self._info.kv_outputs, self._buffers):
-            got = result.returned_ptrs.get(name)
-            if got != buf.data_ptr:
-                raise InPlaceError(f"{name} was not written in place: the runtime returned buffer {got:#x}, "
-                                   f"the cache bound {buf.data_ptr:#x}; the cache length stays {self.seq_length}")
+        returned = result.returned_ptrs
+        moved = [name for name, ptr in self._expected.items() if returned.get(name) != ptr]
+        if moved:
+            name = moved[0]
+            raise InPlaceError(f"{name} was not written in place: the runtime returned buffer "
+                               f"{returned.get(name) or 0:#x}, the cache bound {self._expected[name]:#x}; the cache "
+                               f"length stays {self.seq_length}")
         with atomic():
             self.seq_length += n_new
             step, self._allocated_this_use = self._allocated_this_use, None

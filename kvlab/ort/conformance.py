@@ -65,10 +65,11 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
         return np.stack([stepper.step(ids[i:i + 1], logits_out="all")[0][0] for i in range(len(ids))])
 
 
-# how far two devices' logits may differ and still count as the same, by the dtype they compute in: float32
-# kernels agree to ~1e-5 on these models; float16 ones round each product to 11 bits (measured CPU EP fp16 vs
-# PyTorch fp32 on the toy model: 0.002-0.003)
-ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 2e-2}
+# how far two devices' logits may differ and still count as the same, by the dtype they compute in. Measured on
+# an NVIDIA H200 (WebGPU) against the CPU EP, 48-token prompts: float32 models 1e-6 to 3e-4; float16 ones 0.007
+# (toy) to 0.07 (phi4-kv), int4 (float16 activations) 0.03 to 0.10, since the CPU EP computes an fp16 model's
+# MatMuls in float32 while WebGPU rounds them to 11 bits
+ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 
 def check(model: Model | str, prompt, *, device: str = "webgpu", reference: str = "cpu", mode: str = "prefill",

@@ -45,9 +45,13 @@ class GpuMemory:
         return used
 
     def __call__(self, record: StepRecord) -> None:
+        self.sample(record.step)
+
+    def sample(self, step: int | None = None) -> None:
+        """Keep one reading, for ``step`` (default: the next index)."""
         value = self.read()
         if value is not None:
-            self.steps.append(record.step)
+            self.steps.append(len(self.steps) if step is None else step)
             self.bytes.append(value)
 
     def describe(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ class ModelInfo:
     def onnx_path(self) -> Path:
         return self.path / self.decoder_file
 
-    @property
+    @cached_property
     def layout(self) -> KVLayout:
         return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, np.dtype(self.dtype))
 
@@ -57,12 +58,12 @@ class ModelInfo:
         """What the graph holds, in words, e.g. 'int4 weights, float16 activations, float16 KV cache'."""
         return f"{self.weights} weights, {np.dtype(self.logits_dtype).name} activations, {self.dtype_name} KV cache"
 
-    @property
+    @cached_property
     def kv_inputs(self) -> list[str]:
         """Every past input, key and value per layer, in order."""
         return [n for pair in self.past_names for n in pair]
 
-    @property
+    @cached_property
     def kv_outputs(self) -> list[str]:
         """Every present output, in the same order as ``kv_inputs``."""
         return [n for pair in self.present_names for n in pair]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core.errors import ModelError
 from .models import Model
@@ -25,10 +25,11 @@ def genai_model(model: Model, device: str = "cpu") -> Any:
     return og.Model(config)
 
 
-def genai_decode(og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+def genai_decode(og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
+                 on_token: Callable[[], Any] | None = None) -> tuple[list[int], list[float]]:
     """Greedy tokens from onnxruntime-genai (static, shared KV buffer), and the wall time (ms) of each
     ``generate_next_token`` call: the first one samples from the prefill's logits, each later one runs one
-    decode forward pass first."""
+    decode forward pass first. ``on_token`` is called after each (untimed)."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(og_model)
@@ -43,6 +44,8 @@ def genai_decode(og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int) 
         gen.generate_next_token()
         times.append((time.perf_counter() - start) * 1e3)
         tokens.append(int(gen.get_next_tokens()[0]))
+        if on_token is not None:
+            on_token()
     return tokens, times
 
 

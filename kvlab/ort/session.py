@@ -66,6 +66,7 @@ class Binding:
         self._io = session.ort.io_binding()
         self._prebound: dict[str, int] = {}  # output name -> data_ptr bound
         self._keep: dict[str, Any] = {}  # host arrays/OrtValues bound, kept alive while bound
+        self._bound_arrays: dict[str, int] = {}  # output name -> id() of the host array bound to it
         self._new: list[str] = []
         self._order: list[str] = []  # outputs in first-binding order: get_outputs() follows it
         self._ran = False
@@ -78,29 +79,33 @@ class Binding:
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
         if isinstance(value, DeviceTensor):
             self._io.bind_ortvalue_input(name, value.ortvalue())
-        else:
-            ov = self._backend.host_value(value)
-            self._keep["in:" + name] = (value, ov)
-            self._io.bind_ortvalue_input(name, ov)
+        else:  # the runtime copies it to the device at binding time (or reads it in place on the CPU)
+            self._keep["in:" + name] = (value, self._backend.bind_host_input(self._io, name, value))
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
         """Bind an output to memory kvlab owns: the runtime must write into it, in place."""
         if isinstance(target, DeviceTensor):
             ov, ptr = target.ortvalue(), target.data_ptr
         else:
+            if self._bound_arrays.get(name) == id(target) and "out:" + name in self._keep:
+                return  # already bound to this very array (a step's logits): the runtime writes it every run
             if not target.flags.c_contiguous or not target.flags.writeable:
                 raise ConfigError(f"output {name!r} must be bound to a writeable C-contiguous array")
             ov = self._backend.host_value(target)  # the runtime writes (or copies) into it
             ptr = int(ov.data_ptr())
+            self._bound_arrays[name] = id(target)
         self._keep["out:" + name] = (target, ov)
         self._io.bind_ortvalue_output(name, ov)
         self._prebound[name] = ptr
         self._remember(name)
+        if isinstance(target, DeviceTensor):
+            self._bound_arrays.pop(name, None)
 
     def output_new(self, name: str) -> None:
         """Let the runtime allocate this output on the session's device (it comes back as a DeviceTensor)."""
         self._io.bind_output(name, self._backend.bind_target(self.session.device))
         self._prebound.pop(name, None)
+        self._bound_arrays.pop(name, None)
         if name not in self._new:
             self._new.append(name)
         self._remember(name)
@@ -121,9 +126,9 @@ class Binding:
         self._ran = True
         try:
             values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
-            for name, value in zip(self._order, values):
-                if name in self._prebound:
-                    result.returned_ptrs[name] = int(value.data_ptr())
+            prebound = self._prebound
+            result.returned_ptrs = {name: value.data_ptr() for name, value in zip(self._order, values)
+                                    if name in prebound}
             if self._new:
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
                 for name, value in zip(self._order, values):

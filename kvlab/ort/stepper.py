@@ -66,9 +66,9 @@ class Stepper:
             memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
         finally:
             result.release()  # whatever the cache did not take: everything, when the commit failed
-        out = {"all": logits[0], "last": logits[0, -1], "none": None}[logits_out]
-        out = None if out is None else out.copy()
-        token = (choose or greedy)(logits[0, -1])
+        last = logits[0, -1]
+        out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
+        token = (choose or greedy)(last)
         record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode", device=self.device.name,
                              position=position, n_tokens=n, token=token, wall_ms=(time.perf_counter() - start) * 1e3,
                              run_ms=result.seconds * 1e3, memory=memory, used_cache_bytes=self.cache.used_bytes)

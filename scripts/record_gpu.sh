@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# How kvlab's recorded real-GPU WebGPU results (data/gpu/) are made, on a Linux machine with an NVIDIA GPU:
+#
+#   bash scripts/record_gpu.sh check OUT   # doctor, kvlab's WebGPU tests, conformance per model, fp16/int4 runs,
+#                                          # a 1,000-step trace of both caches with the GPU memory (NVML)
+#   bash scripts/record_gpu.sh bench OUT   # phi4-kv: kvlab's caches vs onnxruntime-genai, paired, 1k-16k context
+#   bash scripts/record_gpu.sh stairs OUT  # kv-heavy: the bucket staircase, pool on and off; the seed PR's table
+#
+# It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
+# GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
+# Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?phase: check, bench or stairs}
+out=${2:?output directory}
+mkdir -p "$out"
+export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+kv() { python3 -m kvlab "$@"; }
+step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output kept in OUT/NAME.log
+  local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"
+  timeout "$limit" bash -c "$(declare -f kv build); $(printf '%q ' "$@")" 2>&1 | tee "$out/$name.log" | tail -40
+}
+build() { python3 -c "import sys, time, kvlab
+for spec in sys.argv[1:]:
+    name, precision = spec.split(':'); t = time.time(); kvlab.load(name, precision=precision, progress=False)
+    print(f'built {spec} in {time.time() - t:.0f} s')" "$@"; }
+MODELS=${MODELS:-phi4-kv}
+CONTEXTS=${CONTEXTS:-1024,2048,4096,8192,16384}
+
+case "$phase" in
+check)
+  step doctor 120 kv doctor --json
+  cp "$out/doctor.log" "$out/doctor.json"
+  step build 400 build toy:fp16 toy:int4 kv-heavy:fp32 smollm2-shape:fp32 phi4-kv:fp32 phi4-kv:fp16 phi4-kv:int4
+  step tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_caches.py tests/test_handoff.py \
+    tests/test_precisions.py tests/test_runtime.py -k "webgpu or float16 or handoff" -m "not slow"
+  step conformance_fp32 200 kv conformance --models toy,kv-heavy,smollm2-shape,phi4-kv --out "$out/conformance_fp32.json"
+  step conformance_f16 200 kv conformance --models toy,phi4-kv --precisions fp16,int4 --out "$out/conformance_f16.json"
+  for p in fp32 fp16 int4; do
+    step "compare_phi4-kv_$p" 120 kv compare --model phi4-kv --precision $p --device webgpu --prompt-file \
+      data/prompts/long.txt --max-new-tokens 64 --ignore-eos --json
+  done
+  step trace 300 kv trace --model phi4-kv --precision fp16 --device webgpu --context 1024 --steps 1000 \
+    --out "$out/trace_phi4-kv_fp16.json"
+  ;;
+bench)
+  step build 300 build $(for m in ${MODELS//,/ }; do for p in ${PRECISIONS:-fp32,fp16}; do printf "%s:%s " $m $p; done; done)
+  step bench 540 kv bench --models "$MODELS" --precisions "${PRECISIONS:-fp32,fp16}" --devices webgpu \
+    --contexts "$CONTEXTS" --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --genai-on webgpu --prefill-on webgpu \
+    --max-cache-lens 1 --out "$out/bench"
+  ;;
+stairs)
+  step build 300 build kv-heavy:fp32 phi4-kv:int4
+  step stairs 330 kv bench --models kv-heavy --devices webgpu --contexts "${STAIRS:-960,1088,1984,2112,3008,3136,4032,4160,6144,8000}" \
+    --new-tokens 16 --reps 2 --buffer-cache-modes bucket,disabled --prefill-on webgpu --max-cache-lens 1 --no-genai \
+    --out "$out/stairs"
+  step seed 240 kv bench --models phi4-kv --precisions int4 --devices webgpu --contexts 2048,4096 --new-tokens 256 \
+    --reps 1 --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --out "$out/seed"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs)" >&2; exit 2 ;;
+esac
+echo "== done ($(date +%T))"
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart

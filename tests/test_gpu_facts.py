@@ -1,0 +1,48 @@
+"""What kvlab works out about a GPU machine without running on one: why a Vulkan driver cannot start, and the
+WebGPU buffer pool's churn predicted from its bucket table. (Measured on a real GPU: data/gpu/.)"""
+
+from __future__ import annotations
+
+import json
+
+from kvlab.ort.adapters import driver_problems
+from kvlab.ort.buffer_pool import BUCKETS, MiB, bucket_of, predict_churn
+
+
+def _manifest(tmp_path, library: str):
+    path = tmp_path / "gpu_icd.json"
+    path.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library,
+                                                                          "api_version": "1.3.0"}}))
+    return str(path)
+
+
+def test_a_driver_whose_libraries_load_has_no_problem(tmp_path):
+    assert driver_problems([_manifest(tmp_path, "libm.so.6")], needs={"libc.so.6": "libc6"}) == []
+
+
+def test_missing_libraries_are_named_with_the_packages_that_provide_them(tmp_path):
+    """Real dlopen failures: a library that GPU drivers load at start is absent (on a headless NVIDIA machine:
+    glvnd's libGLX.so.0 and friends), and a manifest names a driver library that is not there."""
+    needs = {"libkvlab_absent_dispatch.so.0": "kvlab-absent-glvnd", "libm.so.6": "libc6"}
+    [p] = driver_problems([_manifest(tmp_path, "libm.so.6")], needs=needs)
+    assert p.missing == ("libkvlab_absent_dispatch.so.0",) and p.packages == ("kvlab-absent-glvnd",)
+    assert "libkvlab_absent_dispatch.so.0 cannot be loaded" in p.error
+    [q] = driver_problems([_manifest(tmp_path, "libkvlab_absent_driver.so.1")], needs={})
+    assert q.missing == ("libkvlab_absent_driver.so.1",) and q.packages == ()
+    [r] = driver_problems([str(tmp_path / "no_such_icd.json")])
+    assert r.error.startswith("unreadable manifest")
+
+
+def test_the_pool_keeps_a_few_buffers_per_bucket_and_none_above_the_largest():
+    assert bucket_of(4 * MiB) == 4 * MiB and bucket_of(4 * MiB + 1) == 8 * MiB and bucket_of(161 * MiB) is None
+    assert BUCKETS[8 * MiB] == 10 and BUCKETS[16 * MiB] == 10 and BUCKETS[32 * MiB] == 22
+
+
+def test_the_staircase_prediction_follows_the_bucket_caps():
+    """kv-heavy (24 KV tensors of 4 KiB per token): a decode step at context c asks for 24 tensors of c + 1
+    tokens. Below 2 MiB the pool keeps enough; from 4 MiB up only 20, 10, 10, 10, 15, 22 of each size are kept,
+    and the rest are created afresh every step: 14 from 8 MiB to 16 MiB, 9 at 25 MiB, 2 at 32 MiB."""
+    fresh = {c: predict_churn(24, 4096, c + 1).fresh for c in (256, 1024, 2048, 3072, 4096, 6144, 8000)}
+    assert fresh == {256: 0, 1024: 14, 2048: 14, 3072: 14, 4096: 9, 6144: 9, 8000: 2}
+    assert predict_churn(24, 4096, 8001).fresh_bytes == 2 * 32 * MiB
+    assert predict_churn(64, 4096, 45000).bucket is None and predict_churn(64, 4096, 45000).fresh == 64
