@@ -5,6 +5,8 @@
 #                                          # a 1,000-step trace of both caches with the GPU memory (NVML)
 #   bash scripts/record_gpu.sh bench OUT   # phi4-kv: kvlab's caches vs onnxruntime-genai, paired, 1k-16k context
 #   bash scripts/record_gpu.sh stairs OUT  # kv-heavy: the bucket staircase, pool on and off; the seed PR's table
+#   bash scripts/record_gpu.sh lean OUT    # phi4-kv fp32: static caches reading back presents every step or every
+#                                          # 16th, paired with genai; a 1,000-step trace (fp16) with GPU memory
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
@@ -57,7 +59,14 @@ stairs)
   step seed 240 kv bench --models phi4-kv --precisions int4 --devices webgpu --contexts 2048,4096 --new-tokens 256 \
     --reps 1 --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --out "$out/seed"
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs)" >&2; exit 2 ;;
+lean)
+  step build 120 build phi4-kv:fp32 phi4-kv:fp16
+  step lean 300 kv bench --models phi4-kv --devices webgpu --contexts "${LEAN:-1024,4096,16384}" --new-tokens 32 \
+    --reps 2 --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --check-every 1,16 --out "$out/lean"
+  step trace 200 kv trace --model phi4-kv --precision fp16 --device webgpu --context 1024 --steps 1000 \
+    --out "$out/trace_phi4-kv_fp16.json"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean)" >&2; exit 2 ;;
 esac
 echo "== done ($(date +%T))"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart

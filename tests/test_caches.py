@@ -208,7 +208,8 @@ def test_failed_run_leaves_the_cache_and_can_be_retried(toy, kind, device, monke
     """Fault injection (labelled): session.run raises once (as a device loss would). The length stays, and the
     retried step gives the same tokens as a run without the fault."""
     dev = open_device(device)
-    ref = generate(toy, [5, 6, 7], cache=CACHES[kind](), device=device, max_new_tokens=4, stop_on_eos=False)
+    with CACHES[kind]() as c:
+        ref = generate(toy, [5, 6, 7], cache=c, device=device, max_new_tokens=4, stop_on_eos=False)
     real_run, state = Binding.run, {"fail": False}
 
     def flaky(self):
@@ -255,7 +256,8 @@ def test_static_refuses_a_model_without_gqa(tmp_path):
 
     model = kvlab.load(write_concat_kv_model(tmp_path / "concat"))
     assert not model.info.shares_buffers
-    g = generate(model, [1, 2, 3], cache=DynamicCache(), max_new_tokens=3, stop_on_eos=False)  # dynamic runs it
+    with DynamicCache() as d:
+        g = generate(model, [1, 2, 3], cache=d, max_new_tokens=3, stop_on_eos=False)  # dynamic runs it
     assert len(g.token_ids) == 3
     c = StaticCache(16)
     with pytest.raises(ModelError, match=r"present outputs do not come from a GroupQueryAttention node.*'Concat'"):

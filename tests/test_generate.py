@@ -95,7 +95,8 @@ def test_hooks_and_recorder_see_every_step(toy):
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(toy):
     s = Sampling(do_sample=True, temperature=1.5, top_k=50, top_p=0.95, seed=7)
     a = generate(toy, [1, 2, 3], max_new_tokens=16, sampling=s, stop_on_eos=False)
-    b = generate(toy, [1, 2, 3], cache=StaticCache(32), max_new_tokens=16, sampling=s, stop_on_eos=False)
+    with StaticCache(32) as c:
+        b = generate(toy, [1, 2, 3], cache=c, max_new_tokens=16, sampling=s, stop_on_eos=False)
     greedy = generate(toy, [1, 2, 3], max_new_tokens=16, stop_on_eos=False)
     assert a.token_ids == b.token_ids != greedy.token_ids
 

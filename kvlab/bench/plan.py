@@ -45,6 +45,7 @@ class Plan:
     # its own device). WebGPU on a software adapter: on the CPU (fast, and 1.27's SwiftShader prefill is wrong)
     prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
     gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
+    check_every: list[int] = field(default_factory=lambda: [1])  # static caches: read back presents every k steps
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
 
@@ -167,7 +168,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                       f"{model.info.context_length}")
                 setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
                                   prefill=plan.prefill_on.get(device))
-                runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True))
+                runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True),
+                                         tuple(plan.check_every))
                 try:
                     rounds = interleaved(runners, plan.reps)
                     traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}

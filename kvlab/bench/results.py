@@ -4,6 +4,7 @@ charts) and the report of the targets, computed from the rows' fields (ratios co
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import platform
@@ -48,6 +49,10 @@ def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
         w.writeheader()
         w.writerows({k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
                     for r in result["rows"])
+    if charts and importlib.util.find_spec("plotly") is None:
+        print("kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.lab.recorded."
+              "bench_figure` draws them later)")
+        charts = False
     if charts:
         for (model, device) in sorted({(r["model"], r["device"]) for r in result["rows"]}):
             fig = bench_figure(result, model, device)

@@ -136,7 +136,8 @@ class Setting:
     #                             run prefills on its own device)
 
 
-def variants(s: Setting, static_lens: list[int], fit: bool) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
+def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,)
+             ) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
     """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
     disposal)."""
@@ -144,7 +145,10 @@ def variants(s: Setting, static_lens: list[int], fit: bool) -> tuple[dict[Varian
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
     caches: dict[Variant, Callable[[], Cache]] = {Variant(KVLAB, CacheSpec("dynamic")): DynamicCache}
-    caches.update({Variant(KVLAB, CacheSpec("static", n), n == fitted): (lambda n=n: StaticCache(n)) for n in lens})
+    for n in lens:
+        for k in check_every:
+            make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
+            caches[Variant(KVLAB, make().spec, n == fitted)] = make
     out: dict[Variant, Callable[..., Run]] = {}
     kept: list[Prefilled] = []
     floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None

@@ -90,6 +90,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, help="new tokens per run (all devices)")
     b.add_argument("--max-cache-lens", help="comma-separated static cache sizes (a size that fits is always added)")
     b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
+    b.add_argument("--check-every", help="comma-separated: static caches that read back their presents' buffers "
+                                         "every k steps (default 1: every step)")
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
     b.add_argument("--genai-on", help="comma-separated devices with the genai peer row (default: cpu; on WebGPU it "

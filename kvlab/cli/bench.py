@@ -35,6 +35,8 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.new_tokens = {d: ints(str(args.new_tokens), "--new-tokens")[0] for d in DEVICES}
     if args.max_cache_lens:
         plan.static_lens = ints(args.max_cache_lens, "--max-cache-lens")
+    if args.check_every:
+        plan.check_every = ints(args.check_every, "--check-every")
     if args.reps is not None:
         plan.reps = ints(str(args.reps), "--reps")[0]
     if args.buffer_cache_modes:

@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import _signal
-import signal
 import threading
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Any
+
+SIGINT = 2
 
 
-@contextmanager
-def atomic() -> Iterator[None]:
-    """A block that no Ctrl-C splits: a KeyboardInterrupt (SIGINT) arriving meanwhile is raised when the block
-    ends (through the handler that was in force: Python's raises KeyboardInterrupt). Caches hand tensors over
-    inside one, so a tensor is always owned by exactly one side. Off the main thread (where Python delivers no
-    signals) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[object] = []
-    previous = _signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))  # (the C module:
-    try:  # it runs every step, and signal.signal's enum conversions cost ten times as much)
-        yield
-    finally:
-        _signal.signal(signal.SIGINT, previous)
-    if pending and callable(previous):
-        previous(signal.SIGINT, None)
+class atomic:  # noqa: N801 - used as a context manager, like contextlib's
+    """``with atomic(): ...``: a block that no Ctrl-C splits: a KeyboardInterrupt (SIGINT) arriving meanwhile is
+    raised when the block ends (through the handler that was in force: Python's raises KeyboardInterrupt). Caches
+    hand tensors over inside one, so a tensor is always owned by exactly one side. Off the main thread (where
+    Python delivers no signals) it does nothing. A class, and the C signal module: it runs every decode step."""
+
+    __slots__ = ("_pending", "_previous")
+
+    def __enter__(self) -> None:
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._pending: list[int] = []
+            self._previous = _signal.signal(SIGINT, lambda signum, frame: self._pending.append(signum))
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is None:
+            return
+        _signal.signal(SIGINT, self._previous)
+        if self._pending and callable(self._previous):
+            self._previous(SIGINT, None)

@@ -55,7 +55,7 @@ class Sampling:
 
 
 def greedy(logits: np.ndarray) -> int:
-    return int(np.argmax(logits))
+    return int(logits.argmax())
 
 
 @dataclass
@@ -110,8 +110,8 @@ def stop_reason(tokens: Sequence[int], max_new_tokens: int, stop_on_eos: bool,
 
 def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
     """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
-    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1 and ids.size:  # a step's own feed
-        if ids.min() >= 0 and ids.max() < vocab_size:
+    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1:  # a step's own feed: fast
+        if ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size:
             return ids
     ids = np.asarray(ids)
     if ids.ndim == 2 and ids.shape[0] != 1:

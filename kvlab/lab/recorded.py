@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from .plots import bucket_note
 from .runs import Run, as_runs, common_and_labels
-from .style import MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
+from .style import MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
 
 
 def recorded_environment(result: dict[str, Any]) -> str:
@@ -98,7 +98,8 @@ def sweep(runs: Any = (), *, y: str = "wall_ms", buckets: bool | None = None,
     for (name, mode, pts), color in zip(series, colors[len(groups):]):
         fig.add_trace(go().Scatter(
             x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
-            name=f"{name}{' ' + mode if mode else ''} (recorded)", line={"dash": "dot", "color": color},
+            name=f"{name}{' ' + mode if mode else ''} (recorded)",
+            line={"dash": "dot" if mode in ("", "bucket") else MODE_DASHES[mode], "color": color},
             marker={"symbol": "square", "size": 7, "color": color}, error_y=_error_bars(pts),
             hovertemplate="context %{x}<br>median %{y:.1f} ms (recorded)<extra>%{fullData.name}</extra>"))
         xmax = max(xmax, pts[-1]["context"])
@@ -137,7 +138,7 @@ def bench_figure(result: dict[str, Any], model: str, device: str) -> Any:
                         marker_color=color)
         else:
             fig.add_scatter(x=[r["context"] for r in pts], y=[r["decode_ms"] for r in pts], mode="lines+markers",
-                            name=label, error_y=_error_bars(pts), line={"color": color})
+                            name=label, error_y=_error_bars(pts), line={"color": color, "dash": MODE_DASHES[mode]})
     r0 = rows[0]
     if device == "webgpu" and len(contexts) > 1:
         add_bucket_lines(fig, r0["kv_tensor_mib"] * MiB / r0["context"], max(contexts))
@@ -151,5 +152,5 @@ def bench_figure(result: dict[str, Any], model: str, device: str) -> Any:
     if len(contexts) == 1:
         fig.update_layout(xaxis_title=f"cache, at a context of {contexts[0]} tokens", showlegend=False)
     else:
-        fig.update_xaxes(tickvals=contexts)  # ticks where measured
+        fig.update_xaxes(tickvals=contexts, tickformat="d", tickangle=-45 if len(contexts) > 6 else 0)  # ticks where measured
     return fig

@@ -14,6 +14,7 @@ KIND_COLORS = {"dynamic": "#1f77b4", "static": "#d62728", "genai": "#2ca02c", "m
 SECOND_COLORS = {"dynamic": "#17becf", "static": "#ff7f0e", "genai": "#98df8a"}  # a second size of the same kind
 OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
 PHASE_SYMBOLS = {"prefill": "diamond", "handoff": "square", "decode": "circle"}
+MODE_DASHES = {"": "solid", "bucket": "solid", "disabled": "dash", "simple": "dot", "lazyRelease": "dashdot"}
 
 
 def kind_colors(kinds: Iterable[tuple[str, Any]]) -> list[str]:

@@ -46,7 +46,8 @@ class RunResult:
 
     seconds: float  # wall time of session.run alone
     new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
-    returned_ptrs: dict[str, int] = field(default_factory=dict)  # buffer identity of each pre-bound output
+    returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
+    #                                                                     (None: not read back in this run)
 
     def release(self) -> None:
         """Release every runtime-allocated output (a step that fails after the run owns nothing)."""
@@ -70,6 +71,7 @@ class Binding:
         self._new: list[str] = []
         self._order: list[str] = []  # outputs in first-binding order: get_outputs() follows it
         self._ran = False
+        self.read_back = True  # read every pre-bound output's buffer identity after a run (RunResult.returned_ptrs)
 
     @property
     def bound_outputs(self) -> dict[str, int]:
@@ -124,6 +126,9 @@ class Binding:
         self.session.ort.run_with_iobinding(self._io)
         result = RunResult(time.perf_counter() - start)
         self._ran = True
+        if not (self._new or self.read_back):
+            result.returned_ptrs = None
+            return result
         try:
             values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
             prebound = self._prebound

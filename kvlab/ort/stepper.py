@@ -48,7 +48,8 @@ class Stepper:
         """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
         and the step's record."""
         start = time.perf_counter()
-        check_choice(logits_out, LOGITS_OUT, "logits_out=")
+        if logits_out not in LOGITS_OUT:
+            check_choice(logits_out, LOGITS_OUT, "logits_out=")
         info, tokens = self.model.info, self.model.check_ids(tokens)
         n, position = int(tokens.shape[0]), self.cache.seq_length
         if position + n > self.needed:
