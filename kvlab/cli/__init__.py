@@ -1,9 +1,13 @@
-"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance. A kvlab error exits 1 with one line on stderr
-(``kvlab: error: ...``), never a traceback."""
+"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance. Every failure is one line on stderr, never a
+traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error 1, Ctrl-C 130, a defect 2 (``kvlab: internal
+error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
+from pathlib import Path
 from typing import Sequence
 
 from ..core.errors import ConfigError, KvlabError
@@ -34,3 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvlabError as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("kvlab: interrupted (every cache and device tensor was released)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a defect in kvlab or below it: still one line, with what to report
+        if os.environ.get("KVLAB_TRACEBACK"):
+            raise
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"kvlab: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+              f"(at {Path(where.filename).name}:{where.lineno}; KVLAB_TRACEBACK=1 shows the traceback; please "
+              "report it)", file=sys.stderr)
+        return 2

@@ -68,9 +68,17 @@ def open_cpu(args: argparse.Namespace) -> None:
         open_device("cpu", **options)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (``kvlab: error: ...``, exit 2), not usage plus error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        where = "" if self.prog == "kvlab" else self.prog.removeprefix("kvlab ") + ": "
+        self.exit(2, f"kvlab: error: {where}{message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = _OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     doc = sub.add_parser("doctor", help="what kvlab found: versions, backend, adapters, a tiny run per device")
     doc.add_argument("--json", action="store_true")
     gen = sub.add_parser("generate", help="generate text with one cache")

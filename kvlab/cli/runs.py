@@ -22,9 +22,12 @@ DEFAULT_PROMPT = "Explain in two sentences why a language model keeps a cache of
 def prompt_text(args: argparse.Namespace) -> str:
     if args.prompt_file is not None:
         try:
-            return args.prompt_file.read_text()
+            return args.prompt_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"--prompt-file {str(args.prompt_file)!r}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--prompt-file {str(args.prompt_file)!r} is not UTF-8 text (byte {exc.start}: "
+                              f"{exc.object[exc.start:exc.start + 1]!r}); save it as UTF-8") from exc
     return DEFAULT_PROMPT if args.prompt is None else args.prompt
 
 

@@ -5,8 +5,10 @@ Per step (the loop in ``kvlab.ort.stepper`` does exactly this):
 1. ``binding(session, n_new)``: check that ``n_new`` more tokens fit (no side effects) and return the step's
    binding with every ``past_key_values.*`` input and ``present.*`` output bound;
 2. the loop binds the token ids, the attention mask and the logits, and runs it;
-3. ``commit(result, n_new)``: only after a successful run; checks what the runtime returned, then advances.
-   A failed run (or a failed check) leaves the length unchanged, so the step can be retried.
+3. ``commit(result, n_new)``: only after a successful run; checks what the runtime returned, then advances;
+4. the loop records the step and calls its hooks; then ``settle()`` makes the step final, or, when a hook raised
+   (Ctrl-C included), ``rollback(n_new)`` undoes the commit.
+   A failed run, check or hook leaves the cache as it was before the step, so the step can be retried.
 
 Lifecycle: ``use(info, device, needed)`` holds the cache for one generation (one at a time; capacity checked;
 buffers allocated lazily, all or nothing); ``reset()`` forgets the sequence; ``dispose()`` releases everything,
@@ -19,7 +21,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .errors import CacheStateError, ConfigError
+from .errors import CacheStateError, CapacityError, ConfigError
 from .labels import CacheSpec
 from .records import CacheStep
 
@@ -53,6 +55,10 @@ class Cache:
                                   "generation at a time (make one cache per concurrent generation)")
         try:
             self._attach(info, device)
+            if needed > info.context_length:
+                raise CapacityError(f"{needed} positions are needed but model {info.name} holds at most "
+                                    f"{info.context_length} (its context length: its rotary table ends there); "
+                                    "shorten the prompt or max_new_tokens")
             self.check_capacity(needed)
             self._reset()
             self._allocate()
@@ -136,6 +142,13 @@ class Cache:
         raise NotImplementedError
 
     def commit(self, result: Any, n_new: int) -> CacheStep:
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """The step the last commit advanced by is final: release what it replaced."""
+
+    def rollback(self, n_new: int) -> None:
+        """Undo the last commit (its step failed after it): the sequence is as it was before that step."""
         raise NotImplementedError
 
     def twin(self) -> "Cache":

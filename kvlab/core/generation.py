@@ -3,6 +3,7 @@ each loop needs (positions a generation needs, when it stops, where two token se
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
@@ -25,12 +26,21 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature={self.temperature!r} must be > 0")
+        if not isinstance(self.do_sample, bool):
+            raise ConfigError(f"do_sample={self.do_sample!r} must be True or False")
+        if not _real(self.temperature) or not math.isfinite(self.temperature) or not self.temperature > 0:
+            raise ConfigError(f"temperature={self.temperature!r} must be a finite number > 0")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k!r} must be an int >= 0 (0 disables it)")
-        if not 0 < self.top_p <= 1:
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError(f"seed={self.seed!r} must be None or an int >= 0")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        if self.top_k > vocab_size:
+            raise ConfigError(f"top_k={self.top_k} is larger than the vocabulary ({vocab_size} tokens); use at most "
+                              f"{vocab_size} (or 0 to disable the cut)")
 
     def chooser(self) -> Callable[[np.ndarray], int]:
         """A function from one position's logits [vocab] to the next token."""
@@ -52,6 +62,37 @@ class Sampling:
             return int(rng.choice(p.size, p=p))
 
         return sample
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+
+
+def check_sampling(sampling: Any, vocab_size: int) -> "Sampling":
+    """The sampling settings of a generation (greedy when None), checked against the model's vocabulary."""
+    if sampling is None:
+        return Sampling()
+    if not isinstance(sampling, Sampling):
+        raise ConfigError(f"sampling must be a kvlab.Sampling (e.g. Sampling(do_sample=True, seed=0)), got "
+                          f"{type(sampling).__name__} {sampling!r:.60}")
+    sampling.check_vocabulary(vocab_size)
+    return sampling
+
+
+def check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False")
+    return value
+
+
+def attach_partial(exc: BaseException, partial: "Generation") -> None:
+    """Hand the tokens made before a failure to whoever catches it: ``exc.partial`` (and a note saying so)."""
+    try:
+        exc.partial = partial  # type: ignore[attr-defined]
+        exc.add_note(f"kvlab: {len(partial.token_ids)} tokens were generated before this error; they are in "
+                     "the exception's .partial (a kvlab.Generation)")
+    except (AttributeError, TypeError):  # an exception type that takes no attributes
+        pass
 
 
 def greedy(logits: np.ndarray) -> int:

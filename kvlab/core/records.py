@@ -86,7 +86,17 @@ def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
         return []
     if callable(on_step):
         return [on_step]
-    return list(on_step)
+    try:
+        hooks = list(on_step)
+    except TypeError:
+        hooks = [on_step]
+    bad = [h for h in hooks if not callable(h)]
+    if bad:
+        from .errors import ConfigError
+
+        raise ConfigError(f"on_step hook {bad[0]!r} is not callable; give a function of one StepRecord (or a "
+                          "list of them)")
+    return hooks
 
 
 _STATM: int | None = None

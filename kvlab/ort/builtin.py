@@ -22,6 +22,8 @@ from .backend import DEVICES, Backend
 from .session import Session
 from .tensors import DeviceTensor
 
+HELPER_LABEL = "kvlab's allocation helper"  # the one-node session that makes device zeros
+
 
 class BuiltinWebGpu(Backend):
     package = "onnxruntime-webgpu"
@@ -117,7 +119,7 @@ class BuiltinWebGpu(Backend):
             graph = helper.make_graph([node], "kvlab_zeros", inputs, [helper.make_tensor_value_info("y", elem, None)])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 9
-            self._helpers[key] = Session(device, model.SerializeToString(), "kvlab's allocation helper")
+            self._helpers[key] = Session(device, model.SerializeToString(), HELPER_LABEL)
         return self._helpers[key]
 
     def copy(self, src: Any, dst: Any) -> None:

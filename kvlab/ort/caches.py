@@ -46,6 +46,7 @@ class DynamicCache(Cache):
     def __init__(self) -> None:
         super().__init__()
         self._presents: list[DeviceTensor] = []  # past for the next step, in kv_inputs order
+        self._previous: list[DeviceTensor] = []  # the presents the last commit replaced, until it settles
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
@@ -66,18 +67,30 @@ class DynamicCache(Cache):
         return b
 
     def commit(self, result: RunResult, n_new: int) -> CacheStep:
-        """Takes the presents out of ``result`` (what it leaves there is the caller's to release)."""
+        """Takes the presents out of ``result`` (what it leaves there is the caller's to release); the ones they
+        replace are kept until the step settles."""
+        self.settle()  # a step committed and never settled (its loop stopped between the two) is final
         names = self._info.kv_outputs
         want = self._info.layout.tensor_shape(self.seq_length + n_new)
         bad = [(n, result.new[n].shape) for n in names if result.new[n].shape != want]
         if bad:
             raise InPlaceError(f"present {bad[0][0]} came back with shape {bad[0][1]}, expected {want}")
         with atomic():
-            old, self._presents = self._presents, [result.new.pop(n) for n in names]
+            self._previous, self._presents = self._presents, [result.new.pop(n) for n in names]
             self.seq_length += n_new
-            release_all(old)
         new = self._presents
         return CacheStep(len(new), sum(t.nbytes for t in new), self._count_new(new), self.live_bytes)
+
+    def settle(self) -> None:
+        with atomic():
+            release_all(self._previous)
+            self._previous = []
+
+    def rollback(self, n_new: int) -> None:
+        with atomic():
+            release_all(self._presents)
+            self._presents, self._previous = self._previous, []
+            self.seq_length -= n_new
 
     def _receive(self, src: Cache) -> tuple[CacheStep, int]:
         """The copied presents become the first past on this device."""
@@ -97,8 +110,8 @@ class DynamicCache(Cache):
         super()._reset()
 
     def _release_all(self) -> None:
-        release_all(self._presents)
-        self._presents = []
+        release_all(self._presents + self._previous)
+        self._presents, self._previous = [], []
 
 
 class StaticCache(Cache):
@@ -119,6 +132,7 @@ class StaticCache(Cache):
         self._bindings: dict[int, Binding] = {}  # id(session) -> binding with the buffers bound once
         self._expected: dict[str, int] = {}  # present output -> the data_ptr of the buffer it must be written into
         self._allocated_this_use: CacheStep | None = None
+        self._last_step: CacheStep | None = None  # what the last commit reported (a rollback reports it again)
 
     @property
     def spec(self) -> CacheSpec:
@@ -197,7 +211,13 @@ class StaticCache(Cache):
         with atomic():
             self.seq_length += n_new
             step, self._allocated_this_use = self._allocated_this_use, None
+            self._last_step = step
         return step or self._steady
+
+    def rollback(self, n_new: int) -> None:
+        with atomic():
+            self.seq_length -= n_new
+            self._allocated_this_use, self._last_step = self._last_step, None
 
     def _receive(self, src: Cache) -> tuple[CacheStep, int]:
         """One whole-tensor copy per buffer: the source is a static cache of the same max_cache_len."""

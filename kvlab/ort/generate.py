@@ -9,7 +9,8 @@ import numpy as np
 
 from ..core.cache import Cache
 from ..core.errors import ConfigError
-from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed, stop_reason
+from ..core.generation import (Generation, Sampling, attach_partial, check_flag, check_new_tokens, check_sampling,
+                               positions_needed, stop_reason)
 from ..core.labels import RunLabel
 from ..core.records import StepHook, StepRecord, hook_list
 from .caches import DynamicCache
@@ -31,17 +32,20 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     SwiftShader this is also more correct than a WebGPU prefill, whose logits are wrong from query position 4 on.
     """
     new_tokens = check_new_tokens(max_new_tokens)
+    check_flag("chat", chat)
+    check_flag("stop_on_eos", stop_on_eos)
     model = load(model)
     dev = open_device(device)
+    choose = check_sampling(sampling, model.info.vocab_size).chooser()
+    user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
     cache = DynamicCache() if own_cache else cache
     if not isinstance(cache, Cache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
-    choose = (sampling or Sampling()).chooser()
     tokens: list[int] = []
     records: list[StepRecord] = []
-    hooks = [records.append, *hook_list(on_step)]
+    hooks = [*user_hooks, records.append]  # the generation's own record last: a failed step is never in it
     pre_dev = None if prefill_device is None else open_device(prefill_device)
     if pre_dev is None or pre_dev is dev:
         if prefill_model is not None:
@@ -51,19 +55,27 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
         pre_model = model if prefill_model is None else load(prefill_model)
         pre = Stepper(pre_model, cache.twin(), pre_dev, len(ids), hooks)
     eos = model.info.eos_token_ids
-    with cache if own_cache else nullcontext(), \
-            Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks) as stepper:
-        feed = ids
-        if pre is not None:
-            with pre.cache, pre:
-                _, record = pre.step(ids, choose, logits_out="none")
-                stepper.receive(pre.cache)
-            tokens.append(record.token)
-            feed = np.array([record.token], np.int64)
-        while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
-            _, record = stepper.step(feed, choose, logits_out="none")
-            tokens.append(record.token)
-            feed = np.array([record.token], np.int64)
-    label = RunLabel(model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None)
-    return Generation(label, ids.tolist(), tokens, model.decode(tokens),
-                      stop_reason(tokens, new_tokens, stop_on_eos, eos), records)
+
+    def result(stop: str) -> Generation:
+        label = RunLabel(model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None)
+        return Generation(label, ids.tolist(), list(tokens), model.decode(tokens), stop, list(records))
+
+    try:
+        with cache if own_cache else nullcontext(), \
+                Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks) as stepper:
+            feed = ids
+            if pre is not None:
+                with pre.cache, pre:
+                    _, record = pre.step(ids, choose, logits_out="none")
+                    stepper.receive(pre.cache)
+                tokens.append(record.token)
+                feed = np.array([record.token], np.int64)
+            while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
+                _, record = stepper.step(feed, choose, logits_out="none")
+                tokens.append(record.token)
+                feed = np.array([record.token], np.int64)
+    except BaseException as exc:
+        if tokens:  # a failure at step N keeps the tokens of steps 1..N-1
+            attach_partial(exc, result("error"))
+        raise
+    return result(stop_reason(tokens, new_tokens, stop_on_eos, eos))

@@ -190,6 +190,24 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         present_names=d.present, logits_name=d.logits, shares_buffers=not not_gqa, sharing_problem=problem)
 
 
+def _projection_width(graph: Any, inits: dict, name: str) -> int | None:
+    """Output width of the MatMul (fp32/fp16 weights) or MatMulNBits (int4: its N) that makes ``name``, through a
+    bias Add; None when the graph makes it some other way."""
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    node = producer.get(name)
+    if node is not None and node.op_type == "Add":
+        node = next((producer[i] for i in node.input if i in producer
+                     and producer[i].op_type in ("MatMul", "MatMulNBits")), None)
+    if node is None:
+        return None
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), None)
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+        dims = inits[node.input[1]].dims
+        return int(dims[-1]) if len(dims) == 2 else None
+    return None
+
+
 def _dim(value_info: Any, axis: int) -> int | None:
     dims = value_info.type.tensor_type.shape.dim
     return dims[axis].dim_value if len(dims) > axis and dims[axis].HasField("dim_value") else None
@@ -215,6 +233,12 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
         agree("num_key_value_heads", d.kv_heads, attrs.get("kv_num_heads"), f"{node.name!r} kv_num_heads")
         if d.heads:
             agree("num_attention_heads", d.heads, attrs.get("num_heads"), f"{node.name!r} num_heads")
+        width = _projection_width(graph, inits, node.input[0])
+        packed = len(node.input) > 2 and not node.input[1] and not node.input[2]  # one q|k|v projection
+        per_token = d.heads + 2 * d.kv_heads if packed else d.heads
+        if d.heads and width and width % per_token == 0:
+            agree("head_size", d.head_dim, width // per_token,
+                  f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})")
         cos = inits.get(node.input[7]) if len(node.input) > 7 else None
         if cos is not None and cos.dims and d.context > cos.dims[0]:
             raise ModelError(f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "

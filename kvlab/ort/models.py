@@ -38,7 +38,11 @@ class Model:
         tok_file = info.path / "tokenizer.json"
         if not tok_file.is_file():
             raise ModelError(f"{info.path} has no tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tok_file))
+        except Exception as exc:  # the tokenizers library raises a bare Exception for every parse failure
+            raise ModelError(f"{tok_file} could not be read by the tokenizers library ({exc}); it must be a "
+                             "Hugging Face tokenizer.json (re-export or copy it from the model's source)") from exc
 
     @property
     def name(self) -> str:
@@ -55,9 +59,19 @@ class Model:
         if jinja.is_file():
             return jinja.read_text()
         cfg = self.info.path / "tokenizer_config.json"
-        if cfg.is_file():
-            return json.loads(cfg.read_text()).get("chat_template")
-        return None
+        if not cfg.is_file():
+            return None
+        try:
+            template = json.loads(cfg.read_text()).get("chat_template")
+        except (ValueError, AttributeError) as exc:
+            raise ModelError(f"{cfg} is not a JSON object ({exc}); its chat_template cannot be read") from exc
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": "..."}, ...]
+            template = next((t.get("template") for t in template if isinstance(t, dict)
+                             and t.get("name") == "default"), None)
+        if template is not None and not isinstance(template, str):
+            raise ModelError(f"{cfg}: chat_template is {type(template).__name__} {template!r:.40}; it must be a "
+                             "Jinja template string (or a list of named templates with a 'default')")
+        return template
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render chat messages with the model's template (the same Jinja semantics transformers uses)."""
@@ -71,10 +85,20 @@ class Model:
         def raise_exception(message: str) -> None:
             raise ConfigError(f"chat template error: {message}")
 
+        from jinja2 import TemplateError, TemplateSyntaxError
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(messages=list(messages),
-                                                          add_generation_prompt=add_generation_prompt)
+        try:
+            return env.from_string(self.chat_template).render(messages=list(messages),
+                                                              add_generation_prompt=add_generation_prompt)
+        except TemplateSyntaxError as exc:
+            raise ModelError(f"the chat template of model {self.name} is broken: {exc.message} (template line "
+                             f"{exc.lineno}); fix chat_template.jinja or tokenizer_config.json, or pass plain "
+                             "text without --chat") from exc
+        except TemplateError as exc:
+            raise ModelError(f"the chat template of model {self.name} failed while rendering: {exc}; fix the "
+                             "template, or pass plain text without --chat") from exc
 
     def encode(self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False) -> np.ndarray:
         """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked)."""
@@ -83,16 +107,22 @@ class Model:
             out = self.check_ids(prompt)
         elif isinstance(prompt, str):
             text = self.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-            out = np.asarray(self.tokenizer.encode(text, add_special_tokens=not chat).ids, np.int64)
+            out = self._tokenize(text, special=not chat)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt) and prompt:
-            out = np.asarray(self.tokenizer.encode(self.apply_chat_template(prompt), add_special_tokens=False).ids,
-                             np.int64)
+            out = self._tokenize(self.apply_chat_template(prompt), special=False)
         else:
             raise ConfigError(f"prompt must be text, chat messages or token ids; got {type(prompt).__name__} "
                               f"{prompt!r:.60}")
         if out.size == 0:
             raise ConfigError("the prompt is empty (0 tokens); give at least one token")
         return out
+
+    def _tokenize(self, text: str, special: bool) -> np.ndarray:
+        try:
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=special).ids, np.int64)
+        except Exception as exc:  # e.g. a lone surrogate (U+D800): not valid Unicode text
+            raise ConfigError(f"the tokenizer of model {self.name} refused the text {text!r:.40} ({exc}); give "
+                              "valid Unicode text") from exc
 
     def check_ids(self, ids: Any) -> np.ndarray:
         """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""

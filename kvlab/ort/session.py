@@ -5,6 +5,7 @@ tensors kvlab owns (``kvlab.ort.tensors``)."""
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,9 @@ class RunResult:
             t.release()
 
 
+_BINDINGS: "weakref.WeakSet[Binding]" = weakref.WeakSet()  # for drop_every_binding(), at exit
+
+
 class Binding:
     """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host numpy array) and outputs
     the runtime allocates on the device. A binding with runtime-allocated outputs runs once (its outputs live
@@ -71,7 +75,9 @@ class Binding:
         self._new: list[str] = []
         self._order: list[str] = []  # outputs in first-binding order: get_outputs() follows it
         self._ran = False
+        self._last: RunResult | None = None  # the last run's result, until release_unowned()
         self.read_back = True  # read every pre-bound output's buffer identity after a run (RunResult.returned_ptrs)
+        _BINDINGS.add(self)
 
     @property
     def bound_outputs(self) -> dict[str, int]:
@@ -125,7 +131,7 @@ class Binding:
         start = time.perf_counter()
         self.session.ort.run_with_iobinding(self._io)
         result = RunResult(time.perf_counter() - start)
-        self._ran = True
+        self._ran, self._last = True, result
         if not (self._new or self.read_back):
             result.returned_ptrs = None
             return result
@@ -147,3 +153,19 @@ class Binding:
                 self._io.clear_binding_outputs()  # the outputs not wrapped yet go back to the runtime too
             raise
         return result
+
+    def release_unowned(self) -> None:
+        """Release what the last run allocated and nobody took out of its ``RunResult.new``. Reachable from the
+        binding, so a caller can call it in a ``finally`` even when an exception (Ctrl-C) landed between the run
+        returning and the caller holding its result."""
+        last, self._last = self._last, None
+        if last is not None:
+            last.release()
+
+
+def drop_every_binding() -> None:
+    """Let go of every binding's runtime objects while their sessions are alive (at interpreter exit: an
+    IOBinding freed after its InferenceSession touches freed memory)."""
+    for b in list(_BINDINGS):
+        b._last, b._io = None, None
+        b._keep.clear()

@@ -2,8 +2,9 @@
 
 The step, in order: the cache binds its KV (``cache.binding``: capacity checked, nothing changed), the stepper
 binds the token ids, the attention mask and the logits, the runtime runs, the cache commits (it checks what the
-runtime returned, then advances), and every hook gets the step's ``StepRecord``. A step that fails before the
-commit leaves the cache as it was, and every tensor the runtime made in it is released: call it again.
+runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache settles. A step that
+fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every tensor the runtime made
+in it is released: call it again.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 from ..core.cache import Cache
 from ..core.errors import ConfigError, check_choice
 from ..core.generation import greedy
-from ..core.records import StepHook, StepRecord, step_record
-from .device import Device
-from .models import Model
+from ..core.records import StepHook, StepRecord, hook_list, step_record
+from .device import Device, open_device
+from .models import Model, load
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -27,13 +28,19 @@ class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its lifetime
     (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions."""
 
-    def __init__(self, model: Model, cache: Cache, device: Device, needed: int, hooks: Sequence[StepHook] = ()):
-        self.model, self.cache, self.device, self.hooks = model, cache, device, list(hooks)
+    def __init__(self, model: Model | str, cache: Cache, device: Device | str, needed: int,
+                 hooks: Sequence[StepHook] = ()):
+        model, device = load(model), open_device(device)
+        if not isinstance(cache, Cache):
+            raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
+        self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         self.session = device.session(model.onnx_path, f"model {model.name}")
-        self.needed = needed
-        self._mask = np.ones((1, needed), np.int64)  # all ones; the first (position + n) are fed each step
+        if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
+            raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
+        self.needed = int(needed)
+        self._mask = np.ones((1, self.needed), np.int64)  # all ones; the first (position + n) are fed each step
         self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
-        self._use = cache.use(model.info, device, needed)
+        self._use = cache.use(model.info, device, self.needed)
         self.steps = 0
 
     def __enter__(self) -> "Stepper":
@@ -62,19 +69,25 @@ class Stepper:
         if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
             b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
         b.output(info.logits_name, logits)
-        result = b.run()
         try:
+            result = b.run()
             memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
         finally:
-            result.release()  # whatever the cache did not take: everything, when the commit failed
-        last = logits[0, -1]
-        out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
-        token = (choose or greedy)(last)
-        record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode", device=self.device.name,
-                             position=position, n_tokens=n, token=token, wall_ms=(time.perf_counter() - start) * 1e3,
-                             run_ms=result.seconds * 1e3, memory=memory, used_cache_bytes=self.cache.used_bytes)
+            b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
+        try:
+            last = logits[0, -1]
+            out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
+            token = (choose or greedy)(last)
+            record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode",
+                                 device=self.device.name, position=position, n_tokens=n, token=token,
+                                 wall_ms=(time.perf_counter() - start) * 1e3, run_ms=result.seconds * 1e3,
+                                 memory=memory, used_cache_bytes=self.cache.used_bytes)
+            self._emit(record)
+        except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
+            self.cache.rollback(n)
+            raise
+        self.cache.settle()
         self.steps += 1
-        self._emit(record)
         return out, record
 
     def receive(self, src: Cache) -> StepRecord:

@@ -9,6 +9,8 @@ IOBinding that owns it, and released exactly once.
 
 from __future__ import annotations
 
+import weakref
+
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,9 @@ def numpy_dtype(onnx_type: str) -> np.dtype:
     raise ConfigError(f"unsupported tensor type {onnx_type!r}; kvlab handles {sorted(ONNX_TYPES.values())}")
 
 
+_UNRELEASED: "weakref.WeakSet[DeviceTensor]" = weakref.WeakSet()  # for release_everything(), at exit
+
+
 class DeviceTensor:
     """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is an error."""
 
@@ -39,6 +44,7 @@ class DeviceTensor:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.data_ptr = int(value.data_ptr())  # the buffer's identity (a WGPUBuffer handle on WebGPU)
         device._track(self, +1)
+        _UNRELEASED.add(self)
 
     @property
     def released(self) -> bool:
@@ -59,6 +65,7 @@ class DeviceTensor:
             return
         self._value = self._keep = None
         self.device._track(self, -1)
+        _UNRELEASED.discard(self)
         if self._owner is not None:
             self._owner.drop()
             self._owner = None
@@ -80,3 +87,9 @@ class _Owner:
         if self.count == 0 and self.io_binding is not None:
             self.io_binding.clear_binding_outputs()
             self.io_binding = None
+
+
+def release_everything() -> None:
+    """Release every kvlab tensor not released yet (at interpreter exit: see ``kvlab.ort.device``)."""
+    for tensor in list(_UNRELEASED):
+        tensor.release()
