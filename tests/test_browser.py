@@ -1,13 +1,16 @@
-"""A real browser against a real JupyterLab: open notebook 02, run it, then use the CacheLab dashboard by hand
-(cache type, max_cache_len, Run) and check that the live chart and the results table follow.
+"""A real browser against a real JupyterLab: open notebooks 01 and 02 without running them (every chart drawn, the
+dashboard's picture shown, nothing modified by opening), then run 02 and use the CacheLab dashboard by hand (cache
+type, max_cache_len, Run) and check that the live chart and the results table follow.
 
-System Chromium (/usr/bin/chromium) driven by Playwright; no browser is ever downloaded. The notebook is copied
-into a temporary server root so that JupyterLab's autosave cannot touch the committed file. A screenshot of
-the dashboard is saved under artifacts/ (gitignored).
+System Chromium (/usr/bin/chromium) driven by Playwright; no browser is ever downloaded. The notebooks are copied
+into a temporary server root so that JupyterLab's autosave cannot touch the committed files. Screenshots are
+saved under artifacts/ (gitignored); the dashboard's (artifacts/notebook02_cachelab.png) is the picture notebook
+02 shows before it runs (notebooks/images/02_cachelab.png: copy it there when the dashboard changes).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "02_max_cache_len_lab.ipynb"
+OPENED = [REPO / "notebooks" / "01_dynamic_vs_static.ipynb"]  # opened and read without running
 CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO / "artifacts"
 
@@ -43,7 +47,9 @@ def jupyter(tmp_path_factory):
     assert " kvlab " in kernels.stdout + " ", ("the notebooks' kernel 'kvlab' is not installed: run "
                                               "`bash scripts/setup.sh --test`\n" + kernels.stdout)
     root = tmp_path_factory.mktemp("lab")
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for notebook in (NOTEBOOK, *OPENED):
+        shutil.copy(notebook, root / notebook.name)
+    shutil.copytree(NOTEBOOK.parent / "images", root / "images")
     # JupyterLab 4 renders only the cells in view by default; render them all so the dashboard stays in the DOM
     # wherever the page is scrolled. And no news pop-up over the screenshot.
     for plugin, setting in (("notebook-extension/tracker", '{"windowingMode": "none"}'),
@@ -107,6 +113,52 @@ def _wait_rows(lab, n: int, timeout_s: float = 120) -> list[list[str]]:
 
 def _legend(lab) -> list[str]:
     return lab.locator(".legendtext").all_text_contents()
+
+
+def _figure_outputs(notebook: Path) -> int:
+    nb = json.loads(notebook.read_text())
+    return sum("application/vnd.plotly.v1+json" in o.get("data", {})
+               for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+
+
+def _open_without_running(page, base: str, token: str, notebook: Path):
+    page.goto(f"{base}/lab/tree/{notebook.name}?reset&token={token}")
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=60_000)
+    page.get_by_text("Python (kvlab) | Idle").wait_for(timeout=90_000)
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+
+
+def _not_modified(page, notebook: Path) -> None:
+    time.sleep(3)  # JupyterLab marks a document dirty as soon as it changes anything on load
+    tab = page.locator(".lm-TabBar-tab", has_text=notebook.name).first
+    assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), f"opening {notebook.name} modified it"
+
+
+@pytest.mark.parametrize("notebook", OPENED, ids=lambda p: p.stem)
+def test_a_notebook_opens_with_every_chart_drawn_and_unmodified(jupyter, page, notebook):
+    """Read without running (a reader's first look, or a reload): every figure output is drawn, as the interactive
+    chart or, where JupyterLab does not trust the notebook's scripts, as its PNG copy; nothing reads as a raw
+    object, and opening it changes nothing."""
+    panel = _open_without_running(page, *jupyter, notebook)
+    want = _figure_outputs(notebook)
+    assert want >= 8, f"{notebook.name} has only {want} figure outputs"
+    drawn = "[...document.querySelectorAll('.jp-OutputArea-output')].filter(o => o.querySelector('.js-plotly-plot') || " \
+            "[...o.querySelectorAll('img')].some(i => i.naturalWidth > 100)).length"
+    page.wait_for_function(f"() => {drawn} >= {want}", timeout=60_000)
+    assert "VBox(children" not in panel.inner_text() and "Figure({" not in panel.inner_text()
+    _not_modified(page, notebook)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{notebook.stem}_opened.png"))
+
+
+def test_notebook_02_before_running_shows_the_dashboard_picture(jupyter, page):
+    panel = _open_without_running(page, *jupyter, NOTEBOOK)
+    picture = panel.locator("img[src*='02_cachelab.png']").first
+    picture.wait_for(timeout=30_000)
+    assert page.evaluate("(img) => img.naturalWidth", picture.element_handle()) > 600
+    panel.get_by_text("kvlab CacheLab dashboard (live widgets): run this cell to show it").first.wait_for(timeout=30_000)
+    assert "VBox(children" not in panel.inner_text()
+    _not_modified(page, NOTEBOOK)
 
 
 def test_notebook_02_in_chromium(jupyter, page):
@@ -179,5 +231,5 @@ def _drive_notebook_02(page, base: str, token: str) -> None:
     assert "webgpu" in lab.locator(".gtitle").first.text_content()
 
     ARTIFACTS.mkdir(exist_ok=True)
-    lab.screenshot(path=str(ARTIFACTS / "notebook02_cachelab.png"))
+    lab.screenshot(path=str(ARTIFACTS / "notebook02_cachelab.png"))  # notebooks/images/02_cachelab.png is one
     page.screenshot(path=str(ARTIFACTS / "notebook02_page.png"))

@@ -212,3 +212,70 @@ def test_plots_refuse_what_they_cannot_label():
         as_run([1, 2])
     with pytest.raises(ValueError, match="y='tokens' is not valid"):
         plots.latency(_frame("webgpu", range(3)), y="tokens")
+
+
+def test_the_first_run_of_a_setting_is_warmed_up_untimed(lab, monkeypatch):
+    """The first run of each setting does one untimed two-token run first (a fresh WebGPU context compiles its
+    shaders in its first steps); the table gets one row per timed run, and a repeated setting is not warmed again."""
+    import kvlab.lab.widgets as widgets
+
+    lengths: list[int] = []  # tokens of every generation the lab runs
+    real = widgets.generate
+
+    def counting(*args, **kwargs):
+        g = real(*args, **kwargs)
+        lengths.append(len(g.token_ids))
+        return g
+
+    monkeypatch.setattr(widgets, "generate", counting)
+    lab.run_button.click()
+    lab.run_button.click()
+    lab.max_cache_len.value = 48
+    lab.run_button.click()
+    assert lengths == [2, 8, 8, 2, 8]  # warm-up, timed, timed again (warm), a new size: warm-up, timed
+    assert len(lab.results) == 3 and lab.last_error is None
+
+
+def test_the_dashboard_reads_as_one_line_where_its_widgets_cannot_render(lab):
+    bundle = lab._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"].startswith("kvlab CacheLab dashboard (live widgets): run this cell")
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_the_buffer_watch_sees_a_static_cache_write_in_place_and_a_dynamic_one_never(toy, device):
+    from kvlab.lab.buffers import BufferWatch
+
+    watches = []
+    for cache in (kvlab.DynamicCache(), kvlab.StaticCache(32)):
+        with cache:
+            watch = BufferWatch(cache)
+            kvlab.generate(toy, [5, 6, 7, 8], cache=cache, device=device, max_new_tokens=6, stop_on_eos=False,
+                           on_step=watch)
+            watches.append(watch)
+    dynamic, static = watches
+    tensors = toy.info.layout.tensors
+    assert static.states[0] == ["fresh"] * tensors and all(s == ["in place"] * tensors for s in static.states[1:])
+    assert dynamic.states[0] == ["fresh"] * tensors and not any("in place" in s for s in dynamic.states[1:])
+    assert dynamic.lengths == static.lengths == [4, 5, 6, 7, 8, 9]
+    fig = plots.buffer_map(watches)
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heatmaps) == 2 and heatmaps[1].z.shape == (tensors, 6)
+
+
+def test_the_recorded_staircase_draws_both_pool_modes_with_the_predicted_churn():
+    import json
+    from pathlib import Path
+
+    from kvlab.ort.buffer_pool import predict_churn
+
+    result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/stairs/results.json").read_text())
+    fig = recorded.staircase(result)
+    names = [t.name for t in fig.data]
+    assert {"dynamic, pool bucket", "static, pool bucket", "dynamic, pool disabled", "static, pool disabled",
+            "predicted, pool bucket", "counted, pool bucket"} <= set(names)
+    predicted = next(t for t in fig.data if t.name == "predicted, pool bucket")
+    contexts = [int(x) for x in predicted.x]
+    per_token = 8 * 128 * 4  # kv-heavy: 8 KV heads x 128, float32
+    assert list(predicted.y) == [predict_churn(24, per_token, c + 1).fresh for c in contexts]
+    assert "NVIDIA H200 (hardware)" in fig.layout.title.text

@@ -162,3 +162,48 @@ def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a"
 
     caption = ("identical" if first is None else f"first divergence at generated token {first}")
     return df.style.apply(paint, axis=1).set_caption(f"{names[0]} vs {names[1]}: {caption}")
+
+
+STATE_COLORS = {"in place": "#c7e9c0", "recycled": "#9ecae1", "fresh": "#e6550d"}
+
+
+def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
+    """The buffers drawn: per watched cache (``kvlab.lab.buffers.BufferWatch``), a map of its KV tensors (rows)
+    after every step (columns: cache length), each cell the buffer's state (in place / recycled from the pool /
+    fresh); below, the fresh buffers per step and each step's wall time, so the two can be read together."""
+    from plotly.subplots import make_subplots
+
+    from .buffers import STATES
+
+    n = len(watches)
+    titles = [f"{w.name}: the buffer of each KV tensor after each step" for w in watches]
+    fig = make_subplots(rows=n + 2, cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        row_heights=[1.0] * n + [0.6, 0.6],
+                        subplot_titles=(*titles, "fresh buffers per step (a handle never held before)",
+                                        "wall time per step (ms)"))
+    code = {s: i for i, s in enumerate(STATES)}
+    scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
+    colors = cache_colors(w.cache.spec for w in watches)
+    for row, (w, color) in enumerate(zip(watches, colors), start=1):
+        z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
+        fig.add_trace(go().Heatmap(x=w.lengths, y=list(range(z.shape[0])), z=z, zmin=0, zmax=len(STATES) - 1,
+                                   colorscale=scale, showscale=False, xgap=1, ygap=1,
+                                   customdata=np.array(w.states).T,
+                                   hovertemplate="length %{x}, KV tensor %{y}: %{customdata}<extra>"
+                                                 f"{w.name}</extra>"), row=row, col=1)
+        fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
+        fig.add_trace(go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color,
+                               legendgroup=w.name), row=n + 1, col=1)
+        fig.add_trace(go().Scatter(x=w.lengths, y=w.wall_ms, name=w.name, mode="lines+markers", showlegend=False,
+                                   line={"color": color}, legendgroup=w.name), row=n + 2, col=1)
+    for state in STATES:  # a legend for the map's colours
+        fig.add_trace(go().Bar(x=[None], y=[None], name=f"buffer {state}", marker_color=STATE_COLORS[state]),
+                      row=1, col=1)
+    fig.update_yaxes(tickformat="d", rangemode="tozero", row=n + 1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=n + 2, col=1)
+    fig.update_xaxes(title_text="cache length after the step (tokens)", row=n + 2, col=1)
+    t = title("GPU buffer churn, drawn", common, "fresh = a buffer handle this run never held before (a proxy for "
+              "CreateBuffer: a lower bound if Dawn reuses an address)")
+    fig.update_layout(title=t, height=260 * n + 420, barmode="group", legend=legend_below(-0.08),
+                      template="plotly_white", margin=top_margin(t, extra=20))
+    return fig

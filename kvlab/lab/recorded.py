@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from .plots import bucket_note
 from .runs import Run, as_runs, common_and_labels
-from .style import MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
+from .style import KIND_COLORS, MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
 
 
 def recorded_environment(result: dict[str, Any]) -> str:
@@ -153,4 +153,99 @@ def bench_figure(result: dict[str, Any], model: str, device: str) -> Any:
         fig.update_layout(xaxis_title=f"cache, at a context of {contexts[0]} tokens", showlegend=False)
     else:
         fig.update_xaxes(tickvals=contexts, tickformat="d", tickangle=-45 if len(contexts) > 6 else 0)  # ticks where measured
+    return fig
+
+
+def staircase_cost(rows: Sequence[dict[str, Any]]) -> Any:
+    """The cost of one fresh buffer (``kvlab.ort.buffer_pool.FreshCost``) fitted on the pool-``disabled`` rows of a
+    recorded sweep, where every KV tensor is created afresh each step: (dynamic - static) / tensors per size.
+    None when the sweep has no disabled rows at two sizes above 4 MiB."""
+    from ..ort.buffer_pool import fit_fresh_cost
+
+    by = {(r["cache_kind"], r["context"]): r for r in rows if r.get("buffer_cache_mode") == "disabled"
+          and r["runner"] == "kvlab"}
+    points = [(int(d["tensors_per_step"]), int(round(d["kv_tensor_mib"] * MiB)),
+               d["decode_ms"] - by[("static", c)]["decode_ms"])
+              for (kind, c), d in by.items() if kind == "dynamic" and ("static", c) in by]
+    try:
+        return fit_fresh_cost(points)
+    except ValueError:
+        return None
+
+
+def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "webgpu") -> Any:
+    """A recorded bucket-boundary sweep (``kvlab bench --contexts 960,1088,... --buffer-cache-modes bucket,
+    disabled``): the decode step of each cache per buffer cache mode, the dynamic/static ratio, and the fresh
+    buffers per step: predicted from the bucket table (``kvlab.ort.buffer_pool.predict_churn``) and counted (new
+    buffer handles, a lower bound)."""
+    from plotly.subplots import make_subplots
+
+    from ..ort.buffer_pool import bucket_positions, predict_churn
+
+    rows = rows_of(result, model, device)
+    if not rows:
+        raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
+    modes = sorted({r.get("buffer_cache_mode", "") for r in rows}, key=lambda m: (m != "bucket", m))
+    by = {(r["cache_kind"], r.get("buffer_cache_mode", ""), r["context"]): r for r in rows if r["runner"] == "kvlab"}
+    contexts = sorted({r["context"] for r in rows})
+    r0 = rows[0]
+    per_token = r0["kv_tensor_mib"] * MiB / r0["context"]
+    cat = {c: str(c) for c in contexts}  # evenly spaced: the pairs around each bucket boundary stay readable
+    cost = staircase_cost(rows)
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[1.0, 0.6, 0.8],
+                        subplot_titles=("median decode step (ms)", "dynamic / static",
+                                        "fresh buffers per decode step (dynamic)"))
+    for mode in modes:
+        dash = MODE_DASHES.get(mode, "solid")
+        for kind in ("dynamic", "static"):
+            pts = [by[(kind, mode, c)] for c in contexts if (kind, mode, c) in by]
+            fig.add_scatter(x=[cat[p["context"]] for p in pts], y=[p["decode_ms"] for p in pts], mode="lines+markers",
+                            name=f"{kind}, pool {mode}", line={"color": KIND_COLORS[kind], "dash": dash},
+                            error_y=_error_bars(pts), legendgroup=f"{kind}{mode}", row=1, col=1)
+        both = [c for c in contexts if ("dynamic", mode, c) in by and ("static", mode, c) in by]
+        fig.add_scatter(x=[cat[c] for c in both], y=[by[("dynamic", mode, c)]["decode_ms"] / by[("static", mode, c)]["decode_ms"]
+                                   for c in both], mode="lines+markers", name=f"dynamic/static, pool {mode}",
+                        line={"color": "#444", "dash": dash}, row=2, col=1)
+        dyn = [by[("dynamic", mode, c)] for c in contexts if ("dynamic", mode, c) in by]
+        fig.add_bar(x=[cat[p["context"]] for p in dyn], y=[p["new_buffers_per_step"] for p in dyn],
+                    name=f"counted, pool {mode}", marker_color=KIND_COLORS["dynamic"],
+                    marker_pattern_shape="" if mode == "bucket" else "/", opacity=0.8, row=3, col=1)
+        if mode == "bucket" and cost is not None:  # the staircase predicted: static + fresh x cost(bucket size)
+            stat = [by[("static", mode, c)] for c in contexts if ("static", mode, c) in by]
+            churn = [predict_churn(int(dyn[0]["tensors_per_step"]), int(per_token), p["context"] + 1) for p in stat]
+            fig.add_scatter(x=[cat[p["context"]] for p in stat],
+                            y=[p["decode_ms"] + ch.fresh * cost(ch.bucket or ch.tensor_bytes)
+                               for p, ch in zip(stat, churn)],
+                            mode="lines+markers", name="dynamic, pool bucket: predicted",
+                            line={"color": "#000", "dash": "dot", "width": 1.5}, marker={"symbol": "x", "size": 8},
+                            row=1, col=1)
+        if mode in ("bucket", "disabled"):
+            tensors = int(dyn[0]["tensors_per_step"]) if dyn else 0
+            predicted = [tensors if mode == "disabled" else predict_churn(tensors, int(per_token), c + 1).fresh
+                         for c in contexts]
+            fig.add_scatter(x=[cat[c] for c in contexts], y=predicted, mode="markers", name=f"predicted, pool {mode}",
+                            marker={"symbol": "line-ew-open", "size": 18, "line": {"width": 3},
+                                    "color": "#000" if mode == "bucket" else "#888"}, row=3, col=1)
+    for mib, pos in bucket_positions(per_token).items():  # a boundary between two measured contexts
+        i = next((i for i in range(len(contexts) - 1) if contexts[i] < pos <= contexts[i + 1]), None)
+        if i is not None:
+            fig.add_vline(x=i + 0.5, line={"dash": "dot", "color": "#888", "width": 1},
+                          annotation={"text": f"KV tensor {mib} MiB at {pos:,}", "font": {"size": 10}},
+                          annotation_position="bottom right", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", ticksuffix="x", row=2, col=1)
+    fig.update_yaxes(tickformat="d", rangemode="tozero", row=3, col=1)
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=[cat[c] for c in contexts])
+    fig.update_xaxes(title_text="context when decoding starts (tokens; evenly spaced)", row=3, col=1)
+    env = result["environment"]
+    fit = ("" if cost is None else f"<br>predicted = static + predicted fresh x cost per fresh buffer, that cost "
+           f"fitted on the disabled runs: {cost.small_ms:.2f} ms up to 4 MiB, {cost.base_ms:.2f} + "
+           f"{cost.per_mib_ms:.3f} ms/MiB above")
+    t = title(f"The staircase, recorded: {model} ({r0['dtype']}) on {device} [{r0['adapter']}]",
+              f"WebGPU EP of {env['backend_package']} {env['backend_version']}, {r0['new_tokens']} new tokens per "
+              f"run, median of {r0['reps']} paired runs (bars: min-max); recorded {env['date']}",
+              "pool disabled: every KV tensor is created afresh each step (24 predicted); counted = new buffer "
+              "handles, a lower bound (Dawn reuses addresses)" + fit)
+    fig.update_layout(title=t, height=820, legend=legend_below(-0.1), template="plotly_white", barmode="group",
+                      margin=top_margin(t, extra=20))
     return fig

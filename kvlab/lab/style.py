@@ -96,3 +96,19 @@ def go():
     import plotly.graph_objects as graph_objects
 
     return graph_objects
+
+
+def static_images(width: int = 900) -> str:
+    """From now on every plotly figure a notebook shows also carries a PNG of itself, so the notebook reads on
+    GitHub and in any static viewer (JupyterLab still shows the interactive chart). Needs kaleido and a Chromium
+    (``bash scripts/setup.sh --test`` installs one); without them, figures stay interactive only. Returns what
+    it did, for the notebook to print."""
+    import plotly.io as pio
+
+    try:
+        pio.to_image(go().Figure(), format="png", width=16, height=16)
+    except Exception as exc:  # kaleido missing or no browser: keep the interactive charts only
+        return f"static PNG copies off ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
+    pio.renderers["png"].width, pio.renderers["png"].height = width, None  # None: the figure's own height
+    pio.renderers.default = "plotly_mimetype+png"
+    return "each chart also saved as a PNG (for static viewers)"
