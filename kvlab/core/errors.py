@@ -38,3 +38,10 @@ def check_choice(value: object, choices: "Iterable[object]", what: str, error: t
     if isinstance(value, bool) or value not in choices:
         raise error(f"{what}{value!r} is not valid; choose one of {choices}")
     return value
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is a bool; else a ConfigError naming it (a truthy string such as "no" is not a flag)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False")
+    return value

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, check_flag
 from .labels import RunLabel
 from .frames import decode_median, frame
 from .records import COLUMNS, StepRecord
@@ -26,8 +26,7 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.do_sample, bool):
-            raise ConfigError(f"do_sample={self.do_sample!r} must be True or False")
+        check_flag("do_sample", self.do_sample)
         if not _real(self.temperature) or not math.isfinite(self.temperature) or not self.temperature > 0:
             raise ConfigError(f"temperature={self.temperature!r} must be a finite number > 0")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
@@ -77,12 +76,6 @@ def check_sampling(sampling: Any, vocab_size: int) -> "Sampling":
                           f"{type(sampling).__name__} {sampling!r:.60}")
     sampling.check_vocabulary(vocab_size)
     return sampling
-
-
-def check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be True or False")
-    return value
 
 
 def attach_partial(exc: BaseException, partial: "Generation") -> None:

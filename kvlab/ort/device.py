@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, DeviceError, check_choice
+from ..core.errors import ConfigError, DeviceError, check_choice, check_flag
 from ..core.labels import Adapter, DeviceLabel, cpu_adapter
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
@@ -181,9 +181,7 @@ def backend() -> Backend:
 
 
 def _flag(name: str, value: Any) -> str:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} must be True or False")
-    return "1" if value else "0"
+    return "1" if check_flag(name, value) else "0"
 
 
 def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:

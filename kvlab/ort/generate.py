@@ -8,8 +8,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..core.cache import Cache
-from ..core.errors import ConfigError
-from ..core.generation import (Generation, Sampling, attach_partial, check_flag, check_new_tokens, check_sampling,
+from ..core.errors import ConfigError, check_flag
+from ..core.generation import (Generation, Sampling, attach_partial, check_new_tokens, check_sampling,
                                positions_needed, stop_reason)
 from ..core.labels import RunLabel
 from ..core.records import StepHook, StepRecord, hook_list
