@@ -221,3 +221,33 @@ def test_the_capture_session_is_opened_with_the_option(toy_graph):
     with CapturedStaticCache(64) as cache:
         session = cache.session(open_device("webgpu"), toy_graph)
     assert session.options == CAPTURE_OPTIONS and not session.cpu_nodes  # everything on WebGPU
+
+
+# -- the command line
+def _kvlab(*args: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kvlab", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
+    import json
+
+    r = _kvlab("compare", "--device", "webgpu", "--graph-capture", "--prompt", "abc", "--max-new-tokens", "6",
+               "--ignore-eos", "--max-cache-len", "64", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert list(out["runs"]) == ["dynamic", "static", "static graph"] and out["identical"] is True
+    assert out["runs"]["static graph"]["label"]["cache"]["variant"] == "graph"
+    assert out["runs"]["static graph"]["summary"]["tensors_per_step"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--graph-capture"], "--graph-capture records WebGPU command buffers; it needs --device webgpu"),
+    (["generate", "--graph-capture", "--device", "webgpu", "--cache", "dynamic"], "needs --cache static"),
+    (["compare", "--graph-capture", "--device", "cpu"], "needs --device webgpu, not cpu"),
+])
+def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
+    r = _kvlab(*args)
+    assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
