@@ -251,3 +251,23 @@ def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
 def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
     r = _kvlab(*args)
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
+    """kvlab bench --graph-capture: static vs static + graph vs genai plain and captured, with the process's and
+    the loop thread's CPU time per step, from paired runs."""
+    import json
+
+    r = _kvlab("bench", "--models", "toy", "--devices", "webgpu", "--contexts", "4", "--new-tokens", "5", "--reps",
+               "2", "--graph-capture", "--genai-on", "webgpu", "--max-cache-lens", "64", "--no-charts", "--out",
+               str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    by = {row["variant"]: row for row in rows}
+    assert set(by) >= {"dynamic", "static@64", "static@64 graph", "genai", "genai graph"}
+    assert all(row["valid"] and row["tokens_equal"] for row in rows)
+    for row in rows:
+        assert row["cpu_ms"] > 0 and 0 < row["thread_cpu_ms"] and len(row["cpu_ms_runs"]) == 2
+    assert by["static@64 graph"]["model"] == "toy" and by["static@64 graph"]["tensors_per_step"] == 0
+    assert "graph capture static@64 graph vs static@64: step" in r.stdout
+    assert "graph capture genai graph vs genai: step" in r.stdout
