@@ -22,7 +22,7 @@ from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
 from ..ort.gpu_memory import GpuMemory
-from .variants import GENAI, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
+from .variants import GENAI, GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -199,6 +199,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                  "dtype": model.info.dtype_name, "context": context,
                                  "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
                                  "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,
+                                 "model_build": "enable_webgpu_graph" if v.runner == GENAI_GRAPH or (
+                                     v.cache is not None and v.cache.variant.startswith("graph")) else "standard",
                                  "prefill_on": setting.prefill or device,
                                  "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
                                  "roofline_ms": roofline_ms(w + kv, bw), "roofline_fraction": float(np.median(paired)),

@@ -46,7 +46,10 @@ class BuiltinWebGpu(Backend):
         """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over
         (the device's, then ``options``) for the caller to hand to its package."""
         so = self.ort.SessionOptions()
-        so.log_severity_level = int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", "3"))  # 0 verbose ... 4 fatal
+        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only by default: ONNX Runtime logs its refusal
+        # to capture as an error line and raises it too, and kvlab raises it once, with the nodes it names
+        quiet = "4" if (options or {}).get("enableGraphCapture") == "1" else "3"
+        so.log_severity_level = int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", quiet))
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         ep: dict[str, str] = {}
         for key, value in {**device.ep_options, **(options or {})}.items():
