@@ -269,5 +269,7 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
     for row in rows:
         assert row["cpu_ms"] > 0 and 0 < row["thread_cpu_ms"] and len(row["cpu_ms_runs"]) == 2
     assert by["static@64 graph"]["model"] == "toy" and by["static@64 graph"]["tensors_per_step"] == 0
+    assert [by[v]["model_build"] for v in ("static@64", "static@64 graph", "genai", "genai graph")] == [
+        "standard", "enable_webgpu_graph", "standard", "enable_webgpu_graph"]
     assert "graph capture static@64 graph vs static@64: step" in r.stdout
     assert "graph capture genai graph vs genai: step" in r.stdout
