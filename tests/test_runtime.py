@@ -10,6 +10,7 @@ import pytest
 from kvlab import ConfigError, DeviceError, open_device
 from kvlab.ort.adapters import find_webgpu_adapter
 from kvlab.ort.device import BUFFER_CACHE_MODES
+from kvlab.ort.plugin import installed
 
 from conftest import run_python
 
@@ -66,7 +67,7 @@ print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow
 
 def test_a_second_webgpu_mode_in_one_process_is_refused():
     """ORT keeps one WebGPU context per process: a new mode would be silently ignored, so kvlab refuses it,
-    and accepts it once every session is closed."""
+    and on 1.27 accepts it once every session is closed (the plugin EP's context stays: refused again)."""
     code = """
 import kvlab, json
 d = kvlab.open_device('webgpu', buffer_cache_mode='simple')
@@ -83,11 +84,18 @@ t.release(); d.close()
 d2 = kvlab.open_device('webgpu', buffer_cache_mode='disabled')
 print('reopened', d2.ep_options)
 """
+    if installed():  # the plugin's context outlives its sessions once a tensor crossed: refused (tests/test_plugin.py)
+        code = code.replace("d2 = kvlab.open_device", "try:\n    d2 = kvlab.open_device").replace(
+            "print('reopened', d2.ep_options)", "    print('reopened', d2.ep_options)\nexcept kvlab.DeviceError as e:\n"
+            "    print('reopen refused:', e)")
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert "refused: the webgpu device is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
     assert "close refused: 1 kvlab tensors (16 bytes) are still alive" in r.stdout
-    assert "reopened {'storageBufferCacheMode': 'disabled'}" in r.stdout
+    if installed():
+        assert "reopen refused: this process's WebGPU context was created with" in r.stdout
+    else:
+        assert "reopened {'storageBufferCacheMode': 'disabled'}" in r.stdout
 
 
 PROBE = """

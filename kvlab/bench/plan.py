@@ -22,7 +22,7 @@ from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
 from ..ort.gpu_memory import GpuMemory
-from .variants import GENAI, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
+from .variants import GENAI, GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -48,6 +48,8 @@ class Plan:
     check_every: list[int] = field(default_factory=lambda: [1])  # static caches: read back presents every k steps
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
+    graph_capture: bool = False  # WebGPU: kvlab's captured static caches (and genai captured, where genai runs
+    #                              there) beside the uncaptured ones, on the model built for capture
 
     def __post_init__(self) -> None:
         if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
@@ -115,6 +117,8 @@ def summarize(runs: dict[Variant, list[Run]], baseline: Variant) -> dict[Variant
                   "decode_ms_runs": ms,  # per round, in order: pairs any two variants
                   "ratio_to_dynamic": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
                   "overhead_ms": _nanmedian([r.overhead_ms for r in rs]), "tensors_per_step": rs[0].tensors_per_step,
+                  "cpu_ms": _nanmedian([r.cpu_ms for r in rs]), "thread_cpu_ms": _nanmedian([r.thread_cpu_ms for r in rs]),
+                  "cpu_ms_runs": [r.cpu_ms for r in rs], "thread_cpu_ms_runs": [r.thread_cpu_ms for r in rs],
                   "new_buffers_per_step": rs[-1].new_buffers_per_step, "bytes_per_step": rs[0].bytes_per_step,
                   "tokens_equal": None if rs[0].token_ids is None else all(r.token_ids == ref[0].token_ids
                                                                            for r in rs)}
@@ -146,13 +150,18 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
         model_name = model.name
         genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
         genai_huge += genai.huge_pages["bytes"] if genai else 0
+        graph_model = load(name, precision=precision, graph_capture=True) if plan.graph_capture and \
+            device == "webgpu" else None
+        genai_graph = None
         weights = weight_bytes_per_token(model)
         for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
             if device == "webgpu":
-                genai = setting = runners = None  # genai's sessions hold the WebGPU context: they go first
+                genai = genai_graph = setting = runners = None  # genai's sessions hold the WebGPU context: they go first
                 close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
                 dev = open_device("webgpu", buffer_cache_mode=mode)
                 genai = GenaiPeer(model, "webgpu") if plan.genai.get(device) else None  # joins the new context
+                if graph_model is not None and plan.genai.get(device):
+                    genai_graph = GenaiPeer(graph_model, "webgpu", graph_capture=True)
             else:
                 dev = open_device("cpu")
             small = None
@@ -167,7 +176,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                     raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
                                       f"{model.info.context_length}")
                 setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
-                                  prefill=plan.prefill_on.get(device))
+                                  prefill=plan.prefill_on.get(device), graph_model=graph_model,
+                                  genai_graph=genai_graph)
                 runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True),
                                          tuple(plan.check_every))
                 try:
@@ -189,6 +199,8 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                  "dtype": model.info.dtype_name, "context": context,
                                  "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
                                  "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,
+                                 "model_build": "enable_webgpu_graph" if v.runner == GENAI_GRAPH or (
+                                     v.cache is not None and v.cache.variant.startswith("graph")) else "standard",
                                  "prefill_on": setting.prefill or device,
                                  "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
                                  "roofline_ms": roofline_ms(w + kv, bw), "roofline_fraction": float(np.median(paired)),
@@ -201,7 +213,7 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                 small.close()
             if floor is not None:
                 dev.forget(floor)  # its weights (a model's worth) go with the run
-        genai = setting = runners = None
+        genai = genai_graph = setting = runners = None
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],

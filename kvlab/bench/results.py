@@ -18,7 +18,7 @@ import numpy as np
 from ..lab.recorded import bench_figure
 from ..ort import memory, open_device, opened
 from ..ort.device import backend, describe
-from .variants import GENAI, KVLAB, MATMULS_ONLY, SMALL_PAGES
+from .variants import GENAI, GENAI_GRAPH, KVLAB, MATMULS_ONLY, SMALL_PAGES
 
 
 def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[str, Any]:
@@ -123,4 +123,33 @@ def report(result: dict[str, Any]) -> str:
                     line += (f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
                              f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})")
                 lines.append(line)
+                lines += capture_lines(row)
     return "\n".join(lines)
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any], key: str = "decode_ms_runs") -> str:
+    ratios = [x / y for x, y in zip(a[key], b[key]) if y]
+    return f"x{np.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a"
+
+
+def capture_lines(row: list[dict[str, Any]]) -> list[str]:
+    """Graph capture against the same loop uncaptured, from paired runs: kvlab's captured static cache against
+    its uncaptured twin (same size), genai captured against genai plain; wall time, the process's CPU time and
+    the loop thread's CPU time per decode step."""
+    out = []
+    pairs = [(r, next((u for u in row if _is(u, KVLAB, "static", r["cache_variant"].replace("graph", "", 1).lstrip("+"))
+                       and u["max_cache_len"] == r["max_cache_len"]), None))
+             for r in row if r["runner"] == KVLAB and r["cache_variant"].startswith("graph")]
+    g, gg = next((r for r in row if _is(r, GENAI)), None), next((r for r in row if _is(r, GENAI_GRAPH)), None)
+    if g and gg:
+        pairs.append((gg, g))
+    for cap, plain in pairs:
+        if plain is None:
+            continue
+        out.append(f"    graph capture {cap['variant']} vs {plain['variant']}: step {cap['decode_ms']:.2f} vs "
+                   f"{plain['decode_ms']:.2f} ms, paired {_paired(cap, plain)}; process CPU/step "
+                   f"{cap['cpu_ms']:.2f} vs {plain['cpu_ms']:.2f} ms ({_paired(cap, plain, 'cpu_ms_runs')}); loop "
+                   f"thread CPU/step {cap['thread_cpu_ms']:.2f} vs {plain['thread_cpu_ms']:.2f} ms "
+                   f"({_paired(cap, plain, 'thread_cpu_ms_runs')}); tokens equal: "
+                   f"{bool(cap['tokens_equal'] and plain['tokens_equal'])}")
+    return out

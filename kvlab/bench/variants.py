@@ -3,6 +3,7 @@ named by fields, and one run of each."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,7 +15,7 @@ from ..core.generation import positions_needed
 from ..core.labels import CacheSpec
 from ..core.frames import decode_median
 from ..core.records import StepHook, StepRecord
-from ..ort import Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
+from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
 from ..ort import memory
 from ..ort.device import private_device
 from ..ort.references import genai_decode, genai_model
@@ -22,6 +23,7 @@ from .weights import run_matmuls_only
 
 SMALL_PAGES = "4KiB-pages"  # the cache variant decoded from weights left in 4 KiB pages
 KVLAB, GENAI, MATMULS_ONLY = "kvlab", "genai", "matmuls only"  # runners
+GENAI_GRAPH = "genai graph"  # onnxruntime-genai with WebGPU graph capture (the model built for capture)
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,36 @@ class Run:
     tensors_per_step: float = float("nan")  # median cache tensors the runtime allocated per decode step
     new_buffers_per_step: float = float("nan")
     bytes_per_step: float = float("nan")
+    cpu_ms: float = float("nan")  # median CPU time of the whole process per decode step (on a software adapter
+    #                               this includes the emulated GPU's work, done on this process's threads)
+    thread_cpu_ms: float = float("nan")  # median CPU time of the thread that runs the loop per decode step: the
+    #                                     host-side work of issuing a step (and what waiting for it costs there)
 
 
-def run_of(tokens: list[int], records: list[StepRecord]) -> Run:
+class CpuClock:
+    """Stamps the process's and the calling thread's CPU time at every step (a step hook for kvlab's loop, a
+    per-token callback for genai's): consecutive stamps of decode steps give each step's CPU time."""
+
+    def __init__(self) -> None:
+        self.stamps: list[tuple[str, float, float]] = []
+
+    def __call__(self, record: StepRecord | None = None) -> None:
+        self.stamps.append((record.phase if record is not None else "decode", time.process_time(),
+                            time.thread_time()))
+
+    def medians(self) -> tuple[float, float]:
+        """(process, thread) CPU ms per decode step: medians over steps that follow a stamped step."""
+        pairs = [(b[1] - a[1], b[2] - a[2]) for a, b in zip(self.stamps, self.stamps[1:]) if b[0] == "decode"]
+        if not pairs:
+            return float("nan"), float("nan")
+        return tuple(float(np.median([p[i] for p in pairs])) * 1e3 for i in (0, 1))  # type: ignore[return-value]
+
+
+def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None = None) -> Run:
     med = lambda column: decode_median(records, column)  # noqa: E731
+    cpu, thread = clock.medians() if clock is not None else (float("nan"), float("nan"))
     return Run(tokens, med("wall_ms"), med("overhead_ms"), med("cache_tensors_allocated"), med("new_buffers"),
-               med("cache_bytes_allocated"))
+               med("cache_bytes_allocated"), cpu, thread)
 
 
 def small_pages_device() -> Device:
@@ -70,9 +96,11 @@ def small_pages_device() -> Device:
 
 def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device, new: int,
               hooks: Sequence[StepHook] = ()) -> Run:
+    clock = CpuClock()
     with make_cache() as cache:
-        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False, on_step=hooks)
-    return run_of(g.token_ids, g.records)
+        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False,
+                     on_step=[clock, *hooks])
+    return run_of(g.token_ids, g.records, clock)
 
 
 @dataclass
@@ -93,13 +121,15 @@ def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Pref
 def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int,
                 hooks: Sequence[StepHook] = ()) -> Run:
     records: list[StepRecord] = []
+    clock = CpuClock()
     needed = positions_needed(pre.cache.seq_length, new)
-    with make_cache() as cache, Stepper(model, cache, open_device(device), needed, [records.append, *hooks]) as st:
+    with make_cache() as cache, Stepper(model, cache, open_device(device), needed,
+                                        [clock, records.append, *hooks]) as st:
         st.receive(pre.cache)
         tokens = [pre.first_token]
         while len(tokens) < new:
             tokens.append(st.step(np.array([tokens[-1]], np.int64), logits_out="none")[1].token)
-    return run_of(tokens, records)
+    return run_of(tokens, records, clock)
 
 
 class GenaiPeer:
@@ -107,18 +137,27 @@ class GenaiPeer:
     times each decode step. On WebGPU its sessions join the process's one WebGPU context, with the buffer cache
     mode kvlab opened it with."""
 
-    def __init__(self, model: Model, device: str = "cpu"):
+    def __init__(self, model: Model, device: str = "cpu", graph_capture: bool | None = None):
         import onnxruntime_genai as og
 
         # like for like on the CPU: its weights in huge pages too, when kvlab's CPU device puts its own there
         with memory.collapsing(device == "cpu" and open_device("cpu").huge_pages) as self.huge_pages:
-            self.model = genai_model(model, device)
+            self.model = genai_model(model, device, graph_capture)
         self.version = getattr(og, "__version__", "?")
 
     def run(self, ids: np.ndarray, new: int, hooks: Sequence[Callable[[], None]] = ()) -> Run:
-        tokens, times = genai_decode(self.model, ids, new, on_token=lambda: [h() for h in hooks])
-        # the first call samples the prefill's logits; each later one runs one decode forward pass first
-        return Run(tokens, float(np.median(times[1:])))
+        clock = CpuClock()
+        clock()  # before the first call (it samples the prefill's logits, then every call runs one decode step)
+        tokens, times = genai_decode(self.model, ids, new, on_token=lambda: [clock(), *[h() for h in hooks]])
+        cpu, thread = CpuClock.medians(_from_second(clock))
+        return Run(tokens, float(np.median(times[1:])), cpu_ms=cpu, thread_cpu_ms=thread)
+
+
+def _from_second(clock: CpuClock) -> CpuClock:
+    """genai's first call samples the prefill's logits (no forward pass): its step is left out, as its time is."""
+    out = CpuClock()
+    out.stamps = clock.stamps[1:]
+    return out
 
 
 @dataclass
@@ -134,6 +173,8 @@ class Setting:
     floor: Path | None = None  # the matmuls-only graph
     prefill: str | None = None  # prefill once per cache kind on this device and hand off to each run (None: each
     #                             run prefills on its own device)
+    graph_model: Model | None = None  # the model built for capture: kvlab's captured static caches run it
+    genai_graph: GenaiPeer | None = None  # genai with graph capture, on that model
 
 
 def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,)
@@ -144,20 +185,25 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
     fitted = positions_needed(len(s.ids), s.new)
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
-    caches: dict[Variant, Callable[[], Cache]] = {Variant(KVLAB, CacheSpec("dynamic")): DynamicCache}
+    caches: dict[Variant, tuple[Callable[[], Cache], Model]] = {
+        Variant(KVLAB, CacheSpec("dynamic")): (DynamicCache, s.model)}
     for n in lens:
         for k in check_every:
             make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
-            caches[Variant(KVLAB, make().spec, n == fitted)] = make
+            caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.model)
+            if s.graph_model is not None:  # right after its uncaptured twin: pairs close in time
+                make = lambda n=n, k=k: CapturedStaticCache(n, check_every=k)  # noqa: E731
+                caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.graph_model)
     out: dict[Variant, Callable[..., Run]] = {}
     kept: list[Prefilled] = []
     floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
-    for v, make in caches.items():
-        if s.prefill is not None:
-            kept.append(prefill_on(s.prefill, s.model, s.ids, make()))
-            out[v] = lambda hooks=(), make=make, pre=kept[-1]: run_handoff(s.model, pre, make, s.device, s.new, hooks)
+    for v, (make, model) in caches.items():
+        if s.prefill is not None:  # the prefill side is the cache's twin (a captured cache's: a plain static one)
+            kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
+            out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model: run_handoff(m, pre, make, s.device, s.new,
+                                                                                   hooks)
         else:
-            out[v] = lambda hooks=(), make=make: run_kvlab(s.model, s.ids, make, s.device, s.new, hooks)
+            out[v] = lambda hooks=(), make=make, m=model: run_kvlab(m, s.ids, make, s.device, s.new, hooks)
         if floor and v.fitted:  # right after the fitted static cache: pairs close in time
             out[Variant(MATMULS_ONLY)] = floor
     if s.small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory
@@ -165,6 +211,8 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
         out[twin] = lambda hooks=(): run_kvlab(s.model, s.ids, lambda: StaticCache(fitted), s.small, s.new, hooks)
     if s.genai is not None:
         out[Variant(GENAI)] = lambda hooks=(): s.genai.run(s.ids, s.new, hooks)
+    if s.genai_graph is not None:
+        out[Variant(GENAI_GRAPH)] = lambda hooks=(): s.genai_graph.run(s.ids, s.new, hooks)
     if floor:
         out.setdefault(Variant(MATMULS_ONLY), floor)  # last, when no static cache is sized to fit
     return out, kept

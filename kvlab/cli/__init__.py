@@ -14,7 +14,7 @@ from ..core.errors import ConfigError, KvlabError
 from .args import parser
 from .bench import bench_command, conformance_command, profile_command, trace_command
 from .doctor import doctor
-from .runs import emit, run_kinds
+from .runs import emit, graph_kinds, run_kinds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kinds = ("dynamic", "static") if args.command == "compare" else (args.cache,)
         if args.command == "generate" and args.cache == "dynamic" and args.max_cache_len is not None:
             raise ConfigError("--max-cache-len applies to --cache static only")
+        if args.graph_capture:
+            kinds = graph_kinds(args, kinds)
         emit(run_kinds(args, kinds), args.json)
         return 0
     except KvlabError as exc:

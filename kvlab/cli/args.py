@@ -30,6 +30,8 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--graph-capture", action="store_true", help="WebGPU graph capture of the decode step (a static "
+                   "cache on the model built for capture; compare adds it as a third row: static + graph)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -102,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
                                          "every k steps (default 1: every step)")
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
+    b.add_argument("--graph-capture", action="store_true", help="WebGPU rows also run kvlab's captured static cache "
+                   "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
+                   "for capture)")
     b.add_argument("--genai-on", help="comma-separated devices with the genai peer row (default: cpu; on WebGPU it "
                                       "prefills there itself)")
     b.add_argument("--prefill-on", choices=("cpu", "webgpu"), help="where WebGPU rows prefill, once per cache kind "

@@ -45,6 +45,8 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.genai = {d: d in check_devices(args.genai_on, "--genai-on") for d in DEVICES}
     if args.no_genai:
         plan.genai = {d: False for d in DEVICES}
+    if args.graph_capture:
+        plan.graph_capture = True
     if args.prefill_on:
         plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
     open_cpu(args)

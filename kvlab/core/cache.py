@@ -135,6 +135,11 @@ class Cache:
         return len(fresh)
 
     # -- the per-step contract (implemented by each cache kind)
+    def session(self, device: Any, model: Any) -> Any:
+        """The session this cache's steps run on: the device's session of the model, by default; a cache that
+        needs a session of its own (graph capture opens one with other options) says so here."""
+        return device.session(model.onnx_path, f"model {model.name}")
+
     def check_capacity(self, needed: int) -> None:
         """Raise CapacityError when ``needed`` positions do not fit. No side effects."""
 
@@ -172,7 +177,7 @@ class Cache:
         self._check_alive()
         if not self._lock.locked():
             raise CacheStateError("receive() runs inside cache.use() (generate does it)")
-        if type(src) is not type(self):
+        if src.kind != self.kind:  # e.g. a captured static cache takes a plain one's (a CPU prefill)
             raise ConfigError(f"a {self.kind} cache cannot receive a {src.kind} cache's KV; use the same kind")
         if self.seq_length:
             raise CacheStateError(f"this cache already holds a sequence of {self.seq_length} tokens; a handoff "

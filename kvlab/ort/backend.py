@@ -1,6 +1,8 @@
 """The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
-``Backend``. Today: ``kvlab.ort.builtin`` (the ``onnxruntime-webgpu`` wheel, its built-in WebGPU EP and the CPU EP).
-A second package is a second subclass in a file of its own; devices, sessions, caches and the loop stay as they are.
+``Backend``. Two packages, one subclass each in a file of its own: ``kvlab.ort.builtin`` (the ``onnxruntime-webgpu``
+wheel, its built-in WebGPU EP and the CPU EP) and ``kvlab.ort.plugin`` (``onnxruntime`` >= 1.31 with the WebGPU EP
+as the plugin library ``onnxruntime-ep-webgpu``). Which one runs is decided by what is installed
+(``kvlab.ort.device.backend``); devices, sessions, caches and the loop stay as they are.
 """
 
 from __future__ import annotations
@@ -34,10 +36,20 @@ class Backend:
     def name(self) -> str:
         return f"{self.package} ({self.description})" if self.description else self.package
 
+    def label_for(self, device_name: str) -> tuple[str, str]:
+        """(package, version) of what runs ``device_name``'s kernels, for labels."""
+        return self.package, self.version
+
     # -- sessions
-    def create_session(self, path: str | bytes, device: Any) -> Any:
-        """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options."""
+    def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
+        """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options, and
+        ``options``: WebGPU EP options of this session only (e.g. ``enableGraphCapture``)."""
         raise NotImplementedError
+
+    def release_graph(self, sess: Any, graph_id: int) -> bool:
+        """Release the WebGPU graph captured under ``graph_id`` in ``sess``; False where this package cannot
+        release one graph (then the graph lives as long as its session)."""
+        return False
 
     def placement(self, sess: Any) -> list[str]:
         """"op_type:name" of every node ONNX Runtime placed on the CPU EP."""
@@ -67,6 +79,14 @@ class Backend:
     def copy(self, src: Any, dst: Any) -> None:
         """Copy one OrtValue into another of the same shape and dtype."""
         raise NotImplementedError
+
+    def write(self, dst: Any, array: np.ndarray) -> None:
+        """Write a host array into an existing OrtValue (on any device) in place: same buffer, new contents."""
+        self.copy(self.host_value(array), dst)
+
+    # -- onnxruntime-genai, the peer
+    def prepare_genai(self, og: Any) -> None:
+        """Whatever onnxruntime-genai needs before it can run this package's WebGPU EP (once per process)."""
 
     def forget(self, device: Any) -> None:
         """Drop whatever this backend keeps for ``device`` (it is closing)."""

@@ -22,21 +22,28 @@ from .graph import load_graph, producers, uses
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 
 
-def model_dir(name: str, precision: str = "fp32") -> Path:
-    key = recipe_key(recipe(name), BUILDER_VERSION, precision=check_precision(precision))
-    return cache_dir() / "models" / f"{name}-{precision}-{key}"
+# the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
+# number of ones in the attention mask (ReduceSum, ReduceMax) instead of the mask's length (Shape), so the mask can
+# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.capture)
+GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 
 
-def ensure_built(name: str, precision: str = "fp32", progress: bool = True) -> Path:
-    """The directory of a built-in model in a precision, building it first when missing (atomic: a half-built one
-    never counts)."""
-    out = model_dir(name, precision)
+def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -> Path:
+    more = {"webgpu_graph": True} if graph_capture else {}  # the standard build keeps its key
+    key = recipe_key(recipe(name), BUILDER_VERSION, precision=check_precision(precision), **more)
+    return cache_dir() / "models" / f"{name}-{precision}{'-graph' if graph_capture else ''}-{key}"
+
+
+def ensure_built(name: str, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> Path:
+    """The directory of a built-in model in a precision (``graph_capture``: the build for WebGPU graph capture),
+    building it first when missing (atomic: a half-built one never counts)."""
+    out = model_dir(name, precision, graph_capture)
     if not (out / "kvlab_recipe.json").is_file():
-        build(name, out, precision, progress=progress)
+        build(name, out, precision, progress=progress, graph_capture=graph_capture)
     return out
 
 
-def build(name: str, out: Path, precision: str = "fp32", progress: bool = True) -> None:
+def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:
     from tqdm.auto import tqdm
 
     spec = recipe(name)
@@ -44,28 +51,31 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True) 
     if missing:
         raise ModelError(f"building model {name!r} needs {missing}; run `bash scripts/setup.sh` (or pip install "
                          "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`)")
-    steps = tqdm(total=3, desc=f"kvlab: building {name} ({precision})", disable=not progress, leave=False)
+    what = f"{precision}, for graph capture" if graph_capture else precision
+    steps = tqdm(total=3, desc=f"kvlab: building {name} ({what})", disable=not progress, leave=False)
     steps.set_postfix_str("the PyTorch checkpoint")
     hf = ensure_checkpoint(name)
     steps.update()
     steps.set_postfix_str("exporting ONNX (onnxruntime-genai builder)")
     with building(out) as tmp:
-        export(hf, tmp, name, precision)
+        export(hf, tmp, name, precision, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
         folded = fold_attention_scale(tmp / "model.onnx")
         steps.update()
         (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "precision": precision,
                                                             "kind": type(spec).__name__, **asdict(spec),
-                                                            "hf_dir": str(hf),
+                                                            "hf_dir": str(hf), "graph_capture": graph_capture,
                                                             "attention_scale_folded_layers": folded}, indent=1))
     steps.update()
     steps.close()
 
 
-def export(hf: Path, out: Path, name: str, precision: str = "fp32") -> None:
+def export(hf: Path, out: Path, name: str, precision: str = "fp32", extra_options: list[str] = ()) -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline)."""
     with tempfile.TemporaryDirectory() as scratch:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
                "-p", precision, "-e", "webgpu", "-c", scratch]
+        if extra_options:
+            cmd += ["--extra_options", *extra_options]
         run = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
     if run.returncode != 0:
         raise ModelError(f"the model builder failed for {name!r} in {precision} (exit {run.returncode}):\n"

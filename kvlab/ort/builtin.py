@@ -13,6 +13,7 @@ Two facts of this package shape the code (measured here on 1.27.0):
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -41,11 +42,17 @@ class BuiltinWebGpu(Backend):
         self._helpers: dict[tuple[int, np.dtype], Session] = {}
 
     # -- sessions
-    def session_options(self, device: Any) -> Any:
+    def session_options(self, device: Any, options: dict[str, str] | None = None) -> tuple[Any, dict[str, str]]:
+        """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over
+        (the device's, then ``options``) for the caller to hand to its package."""
         so = self.ort.SessionOptions()
-        so.log_severity_level = 3
+        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only by default: ONNX Runtime logs its refusal
+        # to capture as an error line and raises it too, and kvlab raises it once, with the nodes it names
+        quiet = "4" if (options or {}).get("enableGraphCapture") == "1" else "3"
+        so.log_severity_level = int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", quiet))
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        for key, value in device.ep_options.items():
+        ep: dict[str, str] = {}
+        for key, value in {**device.ep_options, **(options or {})}.items():
             if key == "threads":
                 so.intra_op_num_threads = int(value)
             elif key == "huge_pages":
@@ -56,13 +63,18 @@ class BuiltinWebGpu(Backend):
                 so.enable_profiling = True
                 so.profile_file_prefix = value
             else:
-                so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
-        return so
+                ep[key] = value
+        if ep.get("enableGraphCapture") == "1":
+            so.enable_mem_pattern = False  # what capture needs (ORT turns it off for WebGPU anyway)
+        return so, ep
 
-    def create_session(self, path: str | bytes, device: Any) -> Any:
+    def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
+        so, ep = self.session_options(device, options)
+        for key, value in ep.items():  # on 1.27 EP options take effect only as session config entries
+            so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
         providers = ["WebGpuExecutionProvider"] if device.name == "webgpu" else ["CPUExecutionProvider"]
         try:
-            sess = self.ort.InferenceSession(path, self.session_options(device), providers=providers)
+            sess = self.ort.InferenceSession(path, so, providers=providers)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own types; keep the message
             raise DeviceError(f"could not create a {device.name} session: {exc}") from exc
         if device.name == "webgpu" and "WebGpuExecutionProvider" not in sess.get_providers():

@@ -29,6 +29,7 @@ from ..core.labels import Adapter, DeviceLabel, cpu_adapter
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
+from . import plugin
 from .graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from .session import Session, drop_every_binding
 from .tensors import DeviceTensor, release_everything
@@ -51,17 +52,20 @@ class Device:
     @property
     def label(self) -> DeviceLabel:
         mode = self.ep_options.get("storageBufferCacheMode", "bucket") if self.name == "webgpu" else ""
-        return DeviceLabel(self.name, self.adapter, self.backend.package, self.backend.version, mode)
+        return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode)
 
     # -- sessions and tensors
-    def session(self, model_path: str | os.PathLike, label: str = "") -> Session:
-        """The (cached) session of an .onnx file on this device."""
+    def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None
+                ) -> Session:
+        """The (cached) session of an .onnx file on this device; ``options``: EP options of this session alone
+        (e.g. ``{"enableGraphCapture": "1"}``), cached apart from the plain session."""
         self._check_open()
-        key = str(Path(model_path).resolve())
+        path = str(Path(model_path).resolve())
+        key = _session_key(path, options)
         if key not in self._sessions:
-            self._check_f16(Path(key), label or key)
-            model, rewrites = self._workarounds(Path(key))
-            self._sessions[key] = Session(self, model, label or key)
+            self._check_f16(Path(path), label or path)
+            model, rewrites = self._workarounds(Path(path))
+            self._sessions[key] = Session(self, model, label or path, options)
             self._sessions[key].rewrites = rewrites
         return self._sessions[key]
 
@@ -96,9 +100,14 @@ class Device:
         """The model files this device holds a session of."""
         return tuple(self._sessions)
 
-    def forget(self, model_path: str | os.PathLike) -> None:
+    def forget(self, model_path: str | os.PathLike, options: dict[str, str] | None = None) -> None:
         """Drop the cached session of an .onnx file (ONNX Runtime frees it once nothing else holds it)."""
-        self._sessions.pop(str(Path(model_path).resolve()), None)
+        self._sessions.pop(_session_key(str(Path(model_path).resolve()), options), None)
+
+    def drop(self, session: Session) -> None:
+        """Drop a cached session by identity (whatever options it was opened with)."""
+        for key in [k for k, s in self._sessions.items() if s is session]:
+            del self._sessions[key]
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
         """A zero-filled tensor owned by kvlab on this device."""
@@ -168,15 +177,20 @@ class Device:
             del _OPEN[self.name]
 
 
+def _session_key(path: str, options: dict[str, str] | None) -> str:
+    return path if not options else path + " " + " ".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
 _OPEN: dict[str, Device] = {}
 _BACKEND: Backend | None = None
 
 
 def backend() -> Backend:
-    """The process's ONNX Runtime backend (the installed package decides which)."""
+    """The process's ONNX Runtime backend (the installed package decides which: onnxruntime-ep-webgpu, the plugin
+    EP on onnxruntime, where it is installed; else the onnxruntime-webgpu wheel's built-in EP)."""
     global _BACKEND
     if _BACKEND is None:
-        _BACKEND = BuiltinWebGpu()
+        _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
     return _BACKEND
 
 

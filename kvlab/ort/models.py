@@ -138,9 +138,18 @@ class Model:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None, progress: bool = True) -> Model:
+def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None, progress: bool = True,
+         graph_capture: bool = False) -> Model:
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
-    cache dir on first use), or a model directory (which holds the precision it was built in)."""
+    cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
+    the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
+    "<name>-graph"; see kvlab.ort.capture)."""
+    if not isinstance(graph_capture, bool):
+        raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
+    if graph_capture and not (isinstance(name_or_dir, str) and name_or_dir in BUILTIN_NAMES):
+        raise ConfigError(f"graph_capture=True builds a built-in model ({', '.join(BUILTIN_NAMES)}) for capture; "
+                          f"{name_or_dir!r} is not one (build a directory with the onnxruntime-genai builder's "
+                          "--extra_options enable_webgpu_graph=true)")
     if isinstance(name_or_dir, Model):
         if precision is not None:
             raise ConfigError(f"precision={precision!r} applies when a model is loaded by name; {name_or_dir.name} "
@@ -151,8 +160,9 @@ def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None
     key = str(name_or_dir)
     if key in BUILTIN_NAMES:
         precision = check_precision("fp32" if precision is None else precision)
-        name = key if precision == "fp32" else f"{key}-{precision}"
-        return Model(read_info(ensure_built(key, precision, progress=progress), name=name))
+        name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
+        return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture),
+                               name=name))
     if not Path(key).exists():
         raise ModelError(f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing "
                          "directory")

@@ -8,20 +8,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..core.errors import ModelError
+from ..core.errors import ConfigError, ModelError
+from .device import backend
 from .models import Model
 
 
-def genai_model(model: Model, device: str = "cpu") -> Any:
-    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU."""
+def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = None) -> Any:
+    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. ``graph_capture`` (WebGPU):
+    True or False overrides the ``enableGraphCapture`` of its genai_config.json (None keeps it; the builder writes
+    "1" for a model built with enable_webgpu_graph=true)."""
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
         raise ModelError("onnxruntime-genai is not installed: pip install --no-deps onnxruntime-genai==0.18.0") from exc
+    if graph_capture is not None and device != "webgpu":
+        raise ConfigError(f"graph_capture applies to onnxruntime-genai on WebGPU, not on {device!r}")
     config = og.Config(str(model.info.path))
     config.clear_providers()  # the CPU EP
     if device == "webgpu":
+        backend().prepare_genai(og)
         config.append_provider("webgpu")
+        if graph_capture is not None:
+            config.set_provider_option("webgpu", "enableGraphCapture", "1" if graph_capture else "0")
     return og.Model(config)
 
 

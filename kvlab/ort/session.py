@@ -20,12 +20,13 @@ from .tensors import DeviceTensor, _Owner
 class Session:
     """An InferenceSession on one device, checked to really run there."""
 
-    def __init__(self, device: Any, path: str | bytes, label: str):
+    def __init__(self, device: Any, path: str | bytes, label: str, options: dict[str, str] | None = None):
         self.device, self.label = device, label
+        self.options = dict(options or {})  # EP options of this session alone (e.g. enableGraphCapture)
         self.rewrites: list[str] = []  # what kvlab changed in the graph before opening it here, and why
         # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
         with memory.collapsing(device.huge_pages) as self.huge_pages:
-            self.ort = device.backend.create_session(path, device)  # the onnxruntime.InferenceSession
+            self.ort = device.backend.create_session(path, device, options)  # the onnxruntime.InferenceSession
         self.cpu_nodes = device.backend.placement(self.ort)  # "op_type:name" of the nodes on the CPU EP
         if device.name == "webgpu":
             heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] in HEAVY_OPS]
@@ -77,6 +78,7 @@ class Binding:
         self._ran = False
         self._last: RunResult | None = None  # the last run's result, until release_unowned()
         self.read_back = True  # read every pre-bound output's buffer identity after a run (RunResult.returned_ptrs)
+        self.run_options: Any = None  # onnxruntime.RunOptions for every run (e.g. a graph capture's gpu_graph_id)
         _BINDINGS.add(self)
 
     @property
@@ -129,7 +131,7 @@ class Binding:
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
         start = time.perf_counter()
-        self.session.ort.run_with_iobinding(self._io)
+        self.session.ort.run_with_iobinding(self._io, self.run_options)
         result = RunResult(time.perf_counter() - start)
         self._ran, self._last = True, result
         if not (self._new or self.read_back):

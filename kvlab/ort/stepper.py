@@ -34,7 +34,7 @@ class Stepper:
         if not isinstance(cache, Cache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
-        self.session = device.session(model.onnx_path, f"model {model.name}")
+        self.session = cache.session(device, model)  # the device's session of the model, or the cache's own
         if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
             raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
         self.needed = int(needed)

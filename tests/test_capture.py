@@ -1,0 +1,275 @@
+"""WebGPU graph capture of the decode step (kvlab.ort.capture), on the real runtime of this environment (the
+built-in EP of onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): tokens equal the uncaptured
+StaticCache's, one capture per cache across generations (counted from ONNX Runtime's own log), the graph and
+every tensor released on dispose, and the refusals, each naming its cause."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvlab
+from kvlab import CacheStateError, DeviceError, ModelError, StaticCache, generate, open_device
+from kvlab.ort import faults
+from kvlab.ort.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
+from kvlab.ort.device import backend
+from kvlab.ort.plugin import PluginWebGpu
+
+from conftest import run_python
+
+pytestmark = pytest.mark.webgpu
+PROMPT = [7, 81, 190, 33]  # four tokens: 1.27's SwiftShader prefill is right up to query position 3
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def toy_graph() -> kvlab.Model:
+    return kvlab.load("toy", graph_capture=True)
+
+
+def _static_tokens(model, **kw) -> list[int]:
+    with StaticCache(64) as cache:
+        return generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False,
+                        **kw).token_ids
+
+
+def test_the_graph_build_is_the_same_model(toy, toy_graph):
+    assert toy_graph.name == "toy-graph" and toy_graph.info.layout == toy.info.layout
+    assert capture_problem(toy_graph.info) == ""
+    assert "Shape node" in capture_problem(toy.info)
+    assert _static_tokens(toy_graph) == _static_tokens(toy)
+
+
+def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
+    dev = open_device("webgpu")
+    base = dev.live_tensors
+    with CapturedStaticCache(64) as cache:
+        g = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
+        assert dev.live_tensors == base + toy.info.layout.tensors + 3  # KV buffers + ids, mask, logits
+        assert (cache.captures, cache.replays) == (1, NEW - 2)  # prefill uncaptured, 1st decode captures
+    assert g.token_ids == _static_tokens(toy)
+    assert str(g.cache) == "static@64 graph" and g.cache.variant == "graph"
+    decode = [r for r in g.records if r.phase == "decode"]
+    assert all(r.cache_tensors_allocated == 0 and r.new_buffers == 0 for r in decode[1:])
+
+
+def test_a_cpu_prefill_hands_off_to_the_captured_cache(toy, toy_graph):
+    """The prefill runs on a plain StaticCache on the CPU EP (its twin), then the KV is copied in."""
+    long_prompt = list(range(3, 40))  # longer than 1.27's right prefill on SwiftShader: the CPU does it
+    with StaticCache(64) as cache:
+        cpu = generate(toy, long_prompt, cache=cache, device="cpu", max_new_tokens=NEW, stop_on_eos=False)
+    with CapturedStaticCache(64) as cache:
+        assert type(cache.twin()) is StaticCache
+        g = generate(toy_graph, long_prompt, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False,
+                     prefill_device="cpu")
+        assert (cache.captures, cache.replays) == (1, NEW - 2)
+    assert [r.phase for r in g.records[:2]] == ["prefill", "handoff"]
+    assert g.token_ids == cpu.token_ids
+
+
+def test_reset_and_reuse_replay_without_recapture(toy_graph):
+    """Two generations through one cache: 2 x (NEW - 1) decode runs, one capture, the rest replays; ONNX
+    Runtime's own log (severity info) counts the replays."""
+    r = run_python(f"""
+import kvlab
+from kvlab.ort.capture import CapturedStaticCache
+m = kvlab.load('toy', graph_capture=True)
+cache = CapturedStaticCache(64)
+a = kvlab.generate(m, {PROMPT}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)
+cache.reset()
+b = kvlab.generate(m, {PROMPT[::-1]}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)
+c = kvlab.generate(m, {PROMPT}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)
+print('KVLAB', cache.captures, cache.replays, a.token_ids == c.token_ids, a.token_ids != b.token_ids, flush=True)
+cache.dispose()
+""", env={"KVLAB_ORT_LOG_SEVERITY": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    decode_runs = 3 * (NEW - 1)
+    assert f"KVLAB 1 {decode_runs - 1} True True" in r.stdout
+    assert log.count("Replaying the captured WebGpuExecutionProvider graph") == decode_runs - 1
+    assert log.count("will use the graph capture feature") == 1  # one capturing session
+
+
+def test_a_replay_reads_the_updated_inputs(toy, toy_graph):
+    """After a capture, a different prompt gives its own tokens (the replay reads the updated inputs)."""
+    with CapturedStaticCache(64) as cache:
+        a = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+        b = generate(toy_graph, PROMPT[::-1], cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+    with StaticCache(64) as cache:
+        b_ref = generate(toy, PROMPT[::-1], cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+    assert b.token_ids == b_ref.token_ids and a.token_ids != b.token_ids
+
+
+def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
+    dev = open_device("webgpu")
+    base = dev.live_tensors
+    cache = CapturedStaticCache(64)
+    generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
+    session = cache._session
+    assert session is not None and dev.live_tensors == base + 7
+    capturing = weakref.ref(session.ort)
+    if isinstance(backend(), PluginWebGpu):
+        assert cache.graph_id in session.ort._captured_graph_bindings
+    cache.dispose()
+    assert dev.live_tensors == base and cache.feed_tensors == () and cache.tensors == ()
+    if isinstance(backend(), PluginWebGpu):  # released on its own; the session stays for the next cache
+        assert cache.graph_id not in session.ort._captured_graph_bindings
+    else:  # 1.27 cannot release one graph: the capturing session, which owns it, is let go
+        del session
+        gc.collect()
+        assert capturing() is None
+    with pytest.raises(CacheStateError, match="was disposed"):
+        generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
+    with CapturedStaticCache(64) as again:  # a new cache captures a graph of its own
+        generate(toy_graph, PROMPT, cache=again, device="webgpu", max_new_tokens=4, stop_on_eos=False)
+        assert again.captures == 1 and again.graph_id != cache.graph_id
+    assert dev.live_tensors == base
+
+
+def test_a_failed_captured_step_retries_and_keeps_the_graph(toy, toy_graph):
+    """A run that fails (injected) after the capture: the step is retried, tokens as without the fault."""
+    dev = open_device("webgpu")
+    base = dev.live_tensors
+    want = _static_tokens(toy)
+    with CapturedStaticCache(64) as cache:
+        with faults.fault("after-run", at_call=4), pytest.raises(faults.Injected) as info:
+            generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
+        assert info.value.partial.token_ids == want[:3]
+        with faults.fault("run", at_call=2, error=KeyboardInterrupt()), pytest.raises(KeyboardInterrupt):
+            generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
+        g = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
+        assert g.token_ids == want and cache.captures == 1
+    assert dev.live_tensors == base
+
+
+# -- refusals, each naming its cause
+def test_a_model_not_built_for_capture_is_refused(toy):
+    dev = open_device("webgpu")
+    base, sessions = dev.live_tensors, dev.sessions
+    with CapturedStaticCache(64) as cache:
+        with pytest.raises(ModelError, match=r"cannot be captured: its attention takes the total length from the "
+                                             r"attention mask's length \(Shape node .*graph_capture=True"):
+            generate(toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
+        assert not cache.allocated and dev.live_tensors == base and dev.sessions == sessions  # before anything
+
+
+def test_capture_on_the_cpu_is_refused(toy_graph):
+    with CapturedStaticCache(64) as cache:
+        with pytest.raises(DeviceError, match="device 'cpu' has none"):
+            generate(toy_graph, PROMPT, cache=cache, device="cpu", max_new_tokens=4)
+        assert not cache.allocated
+
+
+def test_an_optimum_export_is_refused(optimum_toy):
+    with CapturedStaticCache(64) as cache, pytest.raises(ModelError, match="cannot be captured"):
+        generate(kvlab.load(optimum_toy), PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
+
+
+def _with_constant_of_shape(src: Path, out: Path) -> Path:
+    """The graph build with one node ONNX Runtime has no WebGPU kernel for (in either package): logits + a
+    ConstantOfShape of zeros shaped like them (the seed PR's first problem, as a minimal case)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shutil.copytree(src, out)
+    model = onnx.load(str(out / "model.onnx"))
+    last = next(n for n in model.graph.node if "logits" in n.output)
+    last.output[list(last.output).index("logits")] = "logits_before"
+    model.graph.node.extend([
+        helper.make_node("Shape", ["logits_before"], ["logits_shape"], name="kvlab_test/Shape"),
+        helper.make_node("ConstantOfShape", ["logits_shape"], ["logits_zeros"], name="kvlab_test/ConstantOfShape",
+                         value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])),
+        helper.make_node("Add", ["logits_before", "logits_zeros"], ["logits"], name="kvlab_test/Add")])
+    (out / "model.onnx.data").unlink()
+    onnx.save(model, str(out / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    return out
+
+
+def test_a_node_on_the_cpu_ep_is_refused_by_name(toy_graph, tmp_path):
+    model = kvlab.load(_with_constant_of_shape(toy_graph.info.path, tmp_path / "cos"))
+    dev = open_device("webgpu")
+    base = dev.live_tensors
+    with CapturedStaticCache(64) as cache, pytest.raises(DeviceError, match=r"graph capture refused for model cos .*"
+                                                                            r"ConstantOfShape 'kvlab_test/Constant"
+                                                                            r"OfShape'"):
+        generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
+    assert dev.live_tensors == base
+    assert not [s for s in dev.sessions if "cos" in s]  # neither the refused session nor the diagnosis is kept
+    with StaticCache(64) as cache:  # uncaptured, the same model runs (the node on the CPU EP)
+        got = generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False).token_ids
+    assert got == _static_tokens(toy_graph)[:4]
+
+
+def test_a_captured_step_takes_only_its_own_feeds(toy_graph):
+    with CapturedStaticCache(64) as cache, kvlab.Stepper(toy_graph, cache, "webgpu", 8) as st:
+        st.step(PROMPT)
+        b = cache.binding(st.session, 1)
+        with pytest.raises(DeviceError, match="takes only"):
+            b.input("past_key_values.0.key", np.zeros((1, 2, 64, 16), np.float32))
+        with pytest.raises(DeviceError, match="allocates nothing"):
+            b.output_new("logits")
+        with pytest.raises(kvlab.ConfigError, match=r"one token \(\[1, 1\] ids\)"):
+            b.input("input_ids", np.zeros((1, 2), np.int64))
+
+
+def test_the_capture_session_is_opened_with_the_option(toy_graph):
+    with CapturedStaticCache(64) as cache:
+        session = cache.session(open_device("webgpu"), toy_graph)
+    assert session.options == CAPTURE_OPTIONS and not session.cpu_nodes  # everything on WebGPU
+
+
+# -- the command line
+def _kvlab(*args: str) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kvlab", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
+    import json
+
+    r = _kvlab("compare", "--device", "webgpu", "--graph-capture", "--prompt", "abc", "--max-new-tokens", "6",
+               "--ignore-eos", "--max-cache-len", "64", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert list(out["runs"]) == ["dynamic", "static", "static graph"] and out["identical"] is True
+    assert out["runs"]["static graph"]["label"]["cache"]["variant"] == "graph"
+    assert out["runs"]["static graph"]["summary"]["tensors_per_step"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--graph-capture"], "--graph-capture records WebGPU command buffers; it needs --device webgpu"),
+    (["generate", "--graph-capture", "--device", "webgpu", "--cache", "dynamic"], "needs --cache static"),
+    (["compare", "--graph-capture", "--device", "cpu"], "needs --device webgpu, not cpu"),
+])
+def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
+    r = _kvlab(*args)
+    assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
+    """kvlab bench --graph-capture: static vs static + graph vs genai plain and captured, with the process's and
+    the loop thread's CPU time per step, from paired runs."""
+    import json
+
+    r = _kvlab("bench", "--models", "toy", "--devices", "webgpu", "--contexts", "4", "--new-tokens", "5", "--reps",
+               "2", "--graph-capture", "--genai-on", "webgpu", "--max-cache-lens", "64", "--no-charts", "--out",
+               str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    by = {row["variant"]: row for row in rows}
+    assert set(by) >= {"dynamic", "static@64", "static@64 graph", "genai", "genai graph"}
+    assert all(row["valid"] and row["tokens_equal"] for row in rows)
+    for row in rows:
+        assert row["cpu_ms"] > 0 and 0 < row["thread_cpu_ms"] and len(row["cpu_ms_runs"]) == 2
+    assert by["static@64 graph"]["model"] == "toy" and by["static@64 graph"]["tensors_per_step"] == 0
+    assert [by[v]["model_build"] for v in ("static@64", "static@64 graph", "genai", "genai graph")] == [
+        "standard", "enable_webgpu_graph", "standard", "enable_webgpu_graph"]
+    assert "graph capture static@64 graph vs static@64: step" in r.stdout
+    assert "graph capture genai graph vs genai: step" in r.stdout
