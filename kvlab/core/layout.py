@@ -198,12 +198,12 @@ class CacheLayout:
     def states(self) -> tuple[CacheEntry, ...]:
         return tuple(e for e in self.entries if not e.grows)
 
-    @property
+    @cached_property
     def bytes_per_token(self) -> int:
         """Bytes one more token adds across all layers (the growing entries: keys and values)."""
         return sum(e.bytes_per_token for e in self.entries)
 
-    @property
+    @cached_property
     def fixed_bytes(self) -> int:
         """Bytes of the fixed-size states (one copy each), whatever the length."""
         return sum(layer.fixed_bytes for layer in self.layers)
@@ -212,7 +212,7 @@ class CacheLayout:
     def dtype(self) -> np.dtype:
         return np.dtype(self.entries[0].dtype) if self.entries else np.dtype(np.float32)
 
-    @property
+    @cached_property
     def uniform(self) -> bool:
         """Every layer full attention with KV of one shape (the layout kvlab's first models all have)."""
         return all(type(layer.kind) is FullAttention for layer in self.layers) and \
