@@ -133,6 +133,17 @@ class Cache:
         layout = self._info.layout
         return self.seq_length * layout.bytes_per_token + (layout.fixed_bytes if self.seq_length else 0)
 
+    def held(self) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Each cache entry of the model (``kvlab.core.layout.CacheEntry``) with the tensor(s) holding it now."""
+        raise NotImplementedError
+
+    def held_bytes_by_layer(self) -> dict[int, int]:
+        """Bytes of the tensors held now, per layer, summed from the tensors themselves (their runtime shapes)."""
+        out: dict[int, int] = {}
+        for entry, tensors in self.held():
+            out[entry.layer] = out.get(entry.layer, 0) + sum(t.nbytes for t in tensors)
+        return out
+
     def _count_new(self, tensors: Any) -> int:
         fresh = {t.data_ptr for t in tensors} - self._seen
         self._seen |= fresh

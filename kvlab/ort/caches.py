@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.atomic import atomic
 from ..core.cache import Cache
-from ..core.layout import MemoryReport, check_max_cache_len
+from ..core.layout import CacheEntry, MemoryReport, check_max_cache_len
 from ..core.errors import CacheStateError, CapacityError, ConfigError, InPlaceError, ModelError, check_choice
 from ..core.labels import CacheSpec
 from ..core.records import CacheStep
@@ -63,6 +63,10 @@ class DynamicCache(Cache):
 
     def twin(self) -> "DynamicCache":
         return DynamicCache()
+
+    def held(self) -> list[tuple[CacheEntry, tuple[DeviceTensor, ...]]]:
+        """Each entry of the model and the tensor holding it now (the last step's present)."""
+        return [(e, (t,)) for e, t in zip(self._info.entries, self._presents)] if self._info else []
 
     def binding(self, session: Session, n_new: int) -> Binding:
         self._check_alive()
@@ -197,6 +201,14 @@ class StaticCache(Cache):
 
     def twin(self) -> "StaticCache":
         return StaticCache(self.max_cache_len, self.check_every, self.states)
+
+    def held(self) -> list[tuple[CacheEntry, tuple[DeviceTensor, ...]]]:
+        """Each entry of the model and the buffer(s) holding it (a swapped state: both)."""
+        if self._info is None or not self.allocated:
+            return []
+        kv = iter(self._buffers)
+        return [(e, (next(kv),) if e.grows or not self._state_buffers else tuple(self._state_buffers[i]))
+                for i, e in enumerate(self._info.entries)]
 
     @property
     def state_copies(self) -> int:
