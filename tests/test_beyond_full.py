@@ -291,7 +291,7 @@ def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models
     """The refusal names what onnxruntime-webgpu 1.27 does; binding a state in place by hand shows it still does
     (when a later version accepts it, this test says so)."""
     model = models["conv-toy"]
-    with pytest.raises(ConfigError, match="states='in-place' cannot run model conv-toy's states on WebGPU"):
+    with pytest.raises(ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"):
         generate(model, PROMPT, cache=StaticCache(64, states="in-place"), device="webgpu", max_new_tokens=2)
     dev = open_device("webgpu")
     info, session = model.info, dev.session(model.onnx_path)
