@@ -190,11 +190,11 @@ class CacheLayout:
     def tensors(self) -> int:
         return len(self.entries)
 
-    @property
+    @cached_property
     def growing(self) -> tuple[CacheEntry, ...]:
         return tuple(e for e in self.entries if e.grows)
 
-    @property
+    @cached_property
     def states(self) -> tuple[CacheEntry, ...]:
         return tuple(e for e in self.entries if not e.grows)
 
