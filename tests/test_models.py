@@ -91,7 +91,7 @@ def test_malformed_model_dirs(toy, tmp_path, breakage, message):
 
 
 def test_unknown_model_name():
-    with pytest.raises(ModelError, match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2, phi4-kv, smollm2-shape\)"):
+    with pytest.raises(ModelError, match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2, phi4-kv, smollm2-shape, sliding-toy, gemma2-toy, mistral-toy, hybrid-toy, conv-toy\)"):
         kvlab.load("tiny")
 
 
@@ -107,7 +107,8 @@ def test_recipes_are_validated():
         TinyLlama(layers=1, hidden=64, heads=6, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
     with pytest.raises(kvlab.ConfigError, match=r"TinyLlama.layers=0 must be a positive int"):
         TinyLlama(layers=0, hidden=64, heads=4, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
-    assert set(RECIPES) == {"toy", "kv-heavy", "smollm2", "phi4-kv", "smollm2-shape"}
+    assert set(RECIPES) == {"toy", "kv-heavy", "smollm2", "phi4-kv", "smollm2-shape", "sliding-toy", "gemma2-toy",
+                            "mistral-toy", "hybrid-toy", "conv-toy"}
     assert byte_tokenizer(300).get_vocab_size() == 259
 
 

@@ -7,9 +7,9 @@ from .errors import (CacheStateError, CapacityError, ConfigError, DeviceError, I
 from .generation import Generation, Sampling
 from .labels import Adapter, CacheSpec, DeviceLabel
 from .frames import Recorder
-from .layout import KVLayout, MemoryReport
+from .layout import CacheLayout, KVLayout, LayerSpec, MemoryReport
 from .records import COLUMNS, CacheStep, StepRecord
 
 __all__ = ["Adapter", "COLUMNS", "Cache", "CacheSpec", "CacheStateError", "CacheStep", "CapacityError", "ConfigError",
-           "DeviceError", "DeviceLabel", "Generation", "InPlaceError", "KVLayout", "KvlabError", "MemoryReport",
+           "DeviceError", "DeviceLabel", "Generation", "InPlaceError", "CacheLayout", "KVLayout", "KvlabError", "LayerSpec", "MemoryReport",
            "ModelError", "Recorder", "Sampling", "StepRecord"]

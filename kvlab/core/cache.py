@@ -126,8 +126,23 @@ class Cache:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes the held tokens need (seq_length x bytes per token)."""
-        return self.seq_length * (self._info.layout.bytes_per_token if self._info else 0)
+        """Bytes the held tokens need: seq_length x bytes per token, plus one copy of each fixed-size state (conv,
+        recurrent) once a sequence is held."""
+        if self._info is None:
+            return 0
+        layout = self._info.layout
+        return self.seq_length * layout.bytes_per_token + (layout.fixed_bytes if self.seq_length else 0)
+
+    def held(self) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Each cache entry of the model (``kvlab.core.layout.CacheEntry``) with the tensor(s) holding it now."""
+        raise NotImplementedError
+
+    def held_bytes_by_layer(self) -> dict[int, int]:
+        """Bytes of the tensors held now, per layer, summed from the tensors themselves (their runtime shapes)."""
+        out: dict[int, int] = {}
+        for entry, tensors in self.held():
+            out[entry.layer] = out.get(entry.layer, 0) + sum(t.nbytes for t in tensors)
+        return out
 
     def _count_new(self, tensors: Any) -> int:
         fresh = {t.data_ptr for t in tensors} - self._seen

@@ -1,8 +1,17 @@
-"""The shape of a decoder's KV cache and what a static cache of it reserves, known before anything is allocated."""
+"""The shape of a decoder's cache and what a static cache of it reserves, known before anything is allocated.
+
+A decoder keeps, between steps, one tensor per past input / present output pair of its graph (a ``CacheEntry``).
+Each layer (a ``LayerSpec``) is of one kind (``LayerKind``): full attention and sliding-window attention keep
+keys and values that grow by one position per token; linear attention keeps a conv state and a recurrent state,
+a short-convolution layer a conv state, both of fixed size; a layer whose KV is shared with another keeps nothing
+of its own. ``CacheLayout`` is the whole model's, as data: the caches allocate, bind and check entry by entry,
+and memory reports are computed from it per layer.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -35,19 +44,239 @@ class KVLayout:
                 f"{np.dtype(self.dtype).name}")
 
 
+# -- layer kinds: what one decoder layer keeps between steps (one small class each)
+@dataclass(frozen=True)
+class LayerKind:
+    """What a layer keeps. ``grows``: its entries get one position longer per token."""
+
+    grows = False
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def attended(self, length: int) -> int:
+        """Positions the layer's attention reads at a sequence of ``length`` (0: it keeps no positions)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class FullAttention(LayerKind):
+    grows = True
+
+    @property
+    def name(self) -> str:
+        return "full attention"
+
+    def attended(self, length: int) -> int:
+        return length
+
+
+@dataclass(frozen=True)
+class SlidingWindow(LayerKind):
+    """Attention over the last ``window`` positions. On onnxruntime 1.27 its KV buffer still holds every position
+    (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored: a buffer shorter than
+    the sequence is refused), so it grows like full attention; ``attended`` is what a ring buffer would keep."""
+
+    window: int
+    grows = True
+
+    @property
+    def name(self) -> str:
+        return f"sliding window ({self.window})"
+
+    def attended(self, length: int) -> int:
+        return min(length, self.window)
+
+
+@dataclass(frozen=True)
+class LinearAttention(LayerKind):
+    """Linear attention (Qwen3.5's gated delta rule): a conv state and a recurrent state, both of fixed size."""
+
+    @property
+    def name(self) -> str:
+        return "linear attention (recurrent state)"
+
+
+@dataclass(frozen=True)
+class ConvState(LayerKind):
+    """A short causal convolution (LFM2): the last inputs it needs, of fixed size."""
+
+    @property
+    def name(self) -> str:
+        return "conv state"
+
+
+GROWING_ROLES = ("key", "value")  # entries that get one position longer per token (length axis 2)
+STATE_ROLES = ("conv", "recurrent")  # fixed-size states
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One past input / present output pair: a tensor the decoder keeps between steps."""
+
+    layer: int
+    role: str  # "key" | "value" (grow along axis 2) | "conv" | "recurrent" (fixed size)
+    past: str  # the graph input
+    present: str  # the graph output
+    dims: tuple[int, ...]  # the shape at batch 1; a growing entry holds 0 at its length axis
+    dtype: np.dtype
+    op: str  # the node type that reads the past and writes the present
+
+    @property
+    def grows(self) -> bool:
+        return self.role in GROWING_ROLES
+
+    def shape(self, length: int) -> tuple[int, ...]:
+        if not self.grows:
+            return self.dims
+        return self.dims[:2] + (length,) + self.dims[3:]
+
+    def nbytes(self, length: int) -> int:
+        return int(np.prod(self.shape(length), dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.nbytes(1) if self.grows else 0
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer: its kind and the entries it keeps."""
+
+    index: int
+    kind: LayerKind
+    entries: tuple[CacheEntry, ...] = ()
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(e.nbytes(0) for e in self.entries if not e.grows)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(e.bytes_per_token for e in self.entries)
+
+    def nbytes(self, length: int) -> int:
+        return self.fixed_bytes + length * self.bytes_per_token
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """One layer's bytes in a memory report: fixed (states, whatever the length) and growing (KV at the length)."""
+
+    layer: int
+    kind: str
+    fixed_bytes: int
+    growing_bytes: int
+    tensors: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.fixed_bytes + self.growing_bytes
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Every layer of a decoder and what it keeps, in layer order; ``entries`` in that order (key, value, conv,
+    recurrent within a layer) is the order the caches hold their tensors in."""
+
+    layers: tuple[LayerSpec, ...]
+
+    @cached_property
+    def entries(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for layer in self.layers for e in layer.entries)
+
+    @property
+    def tensors(self) -> int:
+        return len(self.entries)
+
+    @cached_property
+    def growing(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for e in self.entries if e.grows)
+
+    @cached_property
+    def states(self) -> tuple[CacheEntry, ...]:
+        return tuple(e for e in self.entries if not e.grows)
+
+    @cached_property
+    def bytes_per_token(self) -> int:
+        """Bytes one more token adds across all layers (the growing entries: keys and values)."""
+        return sum(e.bytes_per_token for e in self.entries)
+
+    @cached_property
+    def fixed_bytes(self) -> int:
+        """Bytes of the fixed-size states (one copy each), whatever the length."""
+        return sum(layer.fixed_bytes for layer in self.layers)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.entries[0].dtype) if self.entries else np.dtype(np.float32)
+
+    @cached_property
+    def uniform(self) -> bool:
+        """Every layer full attention with KV of one shape (the layout kvlab's first models all have)."""
+        return all(type(layer.kind) is FullAttention for layer in self.layers) and \
+            len({(e.dims, np.dtype(e.dtype)) for e in self.entries}) == 1
+
+    def tensor_shape(self, length: int) -> tuple[int, ...]:
+        """The shape of the first growing entry (every entry's, when ``uniform``)."""
+        return self.growing[0].shape(length) if self.growing else ()
+
+    def memory(self, length: int, state_copies: int = 1) -> tuple[LayerMemory, ...]:
+        """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each
+        state (a StaticCache that swaps two buffers per state holds 2)."""
+        return tuple(LayerMemory(layer.index, layer.kind.name, state_copies * layer.fixed_bytes,
+                                 length * layer.bytes_per_token,
+                                 sum(1 if e.grows else state_copies for e in layer.entries))
+                     for layer in self.layers)
+
+    def report(self, length: int, state_copies: int = 1, kind: str = "StaticCache") -> "MemoryReport":
+        rows = self.memory(length, state_copies)
+        fixed = sum(r.fixed_bytes for r in rows)
+        return MemoryReport(length, self.bytes_per_token, fixed + sum(r.growing_bytes for r in rows),
+                            sum(r.tensors for r in rows), self.tensor_shape(length), fixed_bytes=fixed,
+                            layers=rows, kind=kind, uniform=self.uniform)
+
+    def __str__(self) -> str:
+        if self.uniform and self.entries:
+            e = self.entries[0]
+            return (f"{len(self.layers)} layers x (K, V) of {e.dims[1]} heads x {e.dims[3]}, "
+                    f"{np.dtype(e.dtype).name}")
+        kinds: dict[str, int] = {}
+        for layer in self.layers:
+            kinds[layer.kind.name] = kinds.get(layer.kind.name, 0) + 1
+        return (f"{len(self.layers)} layers ({', '.join(f'{n} x {k}' for k, n in kinds.items())}), "
+                f"{self.bytes_per_token:,} bytes per token + {self.fixed_bytes:,} bytes of state, {self.dtype.name}")
+
+
 @dataclass(frozen=True)
 class MemoryReport:
-    """What a static cache will reserve, known before anything is allocated."""
+    """What a cache will reserve, known before anything is allocated; per layer (``layers``) for a model whose
+    layers are not all the same full attention."""
 
     max_cache_len: int
     bytes_per_token: int
     total_bytes: int
     tensors: int
     tensor_shape: tuple[int, ...]
+    fixed_bytes: int = 0  # of total_bytes: the fixed-size states (every copy held)
+    layers: tuple[LayerMemory, ...] = field(default=())
+    kind: str = "StaticCache"
+    uniform: bool = True  # every layer full attention of one KV shape: one line says it all
 
     def __str__(self) -> str:
-        return (f"StaticCache: {self.tensors} tensors of {list(self.tensor_shape)}, {self.bytes_per_token:,} bytes "
-                f"per token, {self.total_bytes / 2**20:,.1f} MiB at max_cache_len={self.max_cache_len}")
+        if self.uniform:
+            return (f"{self.kind}: {self.tensors} tensors of {list(self.tensor_shape)}, {self.bytes_per_token:,} "
+                    f"bytes per token, {self.total_bytes / 2**20:,.1f} MiB at max_cache_len={self.max_cache_len}")
+        growing = sum(1 for r in self.layers if r.growing_bytes)
+        return (f"{self.kind}: {self.tensors} tensors, {growing} of {len(self.layers)} layers grow "
+                f"({self.bytes_per_token:,} bytes per token), {self.fixed_bytes:,} bytes of fixed state; "
+                f"{self.total_bytes / 2**20:,.2f} MiB at max_cache_len={self.max_cache_len}")
+
+    def table(self) -> list[dict[str, object]]:
+        """One row per layer: kind, fixed bytes, growing bytes, tensors (for a DataFrame)."""
+        return [{"layer": r.layer, "kind": r.kind, "fixed_bytes": r.fixed_bytes, "growing_bytes": r.growing_bytes,
+                 "total_bytes": r.total_bytes, "tensors": r.tensors} for r in self.layers]
 
 
 def check_max_cache_len(value: object) -> int:

@@ -16,10 +16,15 @@ from pathlib import Path
 
 from ..core.errors import ModelError
 from ..presets import cache_dir, check_precision, ensure_checkpoint, recipe
-from ..presets.recipes import building, recipe_key
+from ..presets.recipes import TinyArch, building, recipe_key
 from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
+ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
+# builder 0.18 options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder
+# fuses into GroupQueryAttention as inputs 14 and 15 on WebGPU; onnxruntime 1.27's GQA takes at most 14 inputs
+# ("has input size 16 not in range [min=7, max=14]"), so the norms stay separate nodes
+ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
 
 
 # the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
@@ -29,8 +34,10 @@ GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 
 
 def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -> Path:
+    spec = recipe(name)
+    version = ARCH_BUILDER_VERSION if isinstance(spec, TinyArch) else BUILDER_VERSION
     more = {"webgpu_graph": True} if graph_capture else {}  # the standard build keeps its key
-    key = recipe_key(recipe(name), BUILDER_VERSION, precision=check_precision(precision), **more)
+    key = recipe_key(spec, version, precision=check_precision(precision), **more)
     return cache_dir() / "models" / f"{name}-{precision}{'-graph' if graph_capture else ''}-{key}"
 
 
@@ -58,28 +65,54 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
     steps.update()
     steps.set_postfix_str("exporting ONNX (onnxruntime-genai builder)")
     with building(out) as tmp:
-        export(hf, tmp, name, precision, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
+        arch = spec.arch if isinstance(spec, TinyArch) else None
+        export(hf, tmp, name, precision, arch, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
+        rewrites = rewrite_for_ort127(tmp / "model.onnx", spec) if arch else []
         folded = fold_attention_scale(tmp / "model.onnx")
         steps.update()
         (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "precision": precision,
                                                             "kind": type(spec).__name__, **asdict(spec),
                                                             "hf_dir": str(hf), "graph_capture": graph_capture,
-                                                            "attention_scale_folded_layers": folded}, indent=1))
+                                                            "attention_scale_folded_layers": folded,
+                                                            **({"graph_rewrites": rewrites} if arch else {})},
+                                                           indent=1))
     steps.update()
     steps.close()
 
 
-def export(hf: Path, out: Path, name: str, precision: str = "fp32", extra_options: list[str] = ()) -> None:
-    """The onnxruntime-genai model builder, in a subprocess (offline)."""
+def export(hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None,
+           extra_options: list[str] = ()) -> None:
+    """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
+    (``arch``) with kvlab's config shims (``kvlab.ort.builder_shims``) and its ``ARCH_OPTIONS``."""
     with tempfile.TemporaryDirectory() as scratch:
-        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-               "-p", precision, "-e", "webgpu", "-c", scratch]
-        if extra_options:
-            cmd += ["--extra_options", *extra_options]
-        run = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+        module = "kvlab.ort.builder_shims" if arch else "onnxruntime_genai.models.builder"
+        cmd = [sys.executable, "-m", module, "-i", str(hf), "-o", str(out), "-p", precision, "-e", "webgpu",
+               "-c", scratch]
+        options = [*ARCH_OPTIONS.get(arch or "", ()), *extra_options]
+        if options:
+            cmd += ["--extra_options", *options]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        if arch:  # this kvlab's shims, wherever it is imported from
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise ModelError(f"the model builder failed for {name!r} in {precision} (exit {run.returncode}):\n"
                          f"{run.stderr[-2000:]}")
+
+
+def rewrite_for_ort127(onnx_file: Path, spec: TinyArch) -> list[str]:
+    """``kvlab.ort.rewrites.for_ort127`` on the exported graph, in place (its weights stay where they are);
+    returns what changed."""
+    import onnx
+
+    from .rewrites import for_ort127
+
+    sliding = [i for i, t in enumerate(spec.layer_types) if t == "sliding_attention"]
+    model = load_graph(onnx_file)
+    done = for_ort127(model, spec.window, sliding)
+    onnx.save(model, str(onnx_file))
+    return done
 
 
 def fold_attention_scale(onnx_file: Path) -> int:

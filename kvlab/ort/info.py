@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.layout import KVLayout
+from ..core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
 
 
 @dataclass(frozen=True)
@@ -33,20 +33,33 @@ class ModelInfo:
     past_names: tuple[tuple[str, str], ...]  # per layer: (key input, value input)
     present_names: tuple[tuple[str, str], ...]  # per layer: (key output, value output)
     logits_name: str
-    shares_buffers: bool  # every present.* comes from a GroupQueryAttention node (in-place past/present)
+    shares_buffers: bool  # every growing present.* comes from a GroupQueryAttention node (in-place past/present)
     sharing_problem: str = ""  # why not, when shares_buffers is False
+    cache_layout: CacheLayout | None = None  # per layer, read from the graph (None: every layer full attention)
 
     @property
     def onnx_path(self) -> Path:
         return self.path / self.decoder_file
 
     @cached_property
-    def layout(self) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, np.dtype(self.dtype))
+    def layout(self) -> CacheLayout:
+        """What every layer keeps: its kind and its entries (past input, present output, shape), in order."""
+        if self.cache_layout is not None:
+            return self.cache_layout
+        dims = (1, self.num_kv_heads, 0, self.head_dim)
+        return CacheLayout(tuple(LayerSpec(i, FullAttention(), tuple(
+            CacheEntry(i, role, past, present, dims, np.dtype(self.dtype), "GroupQueryAttention")
+            for role, past, present in zip(("key", "value"), p, q)))
+            for i, (p, q) in enumerate(zip(self.past_names, self.present_names))))
+
+    @property
+    def entries(self) -> tuple[CacheEntry, ...]:
+        """Every past/present pair the caches hold, in order (keys, values and states)."""
+        return self.layout.entries
 
     @property
     def bytes_per_token(self) -> int:
-        """KV cache bytes one token occupies across all layers (keys and values)."""
+        """KV cache bytes one token occupies across all layers (keys and values; states do not grow)."""
         return self.layout.bytes_per_token
 
     @property
@@ -60,10 +73,10 @@ class ModelInfo:
 
     @cached_property
     def kv_inputs(self) -> list[str]:
-        """Every past input, key and value per layer, in order."""
-        return [n for pair in self.past_names for n in pair]
+        """Every past input (key and value per attention layer, the states of the others), in layer order."""
+        return [e.past for e in self.layout.entries]
 
     @cached_property
     def kv_outputs(self) -> list[str]:
         """Every present output, in the same order as ``kv_inputs``."""
-        return [n for pair in self.present_names for n in pair]
+        return [e.present for e in self.layout.entries]

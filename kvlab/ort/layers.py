@@ -1,0 +1,128 @@
+"""What each layer of a decoder graph keeps between steps, read from the graph: every past input is followed to the
+node that reads it, and that node's type says what the pair holds and which output is its present.
+
+One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3 and 4) and writes the presents
+(outputs 1 and 2), its ``local_window_size`` the window of a sliding layer (-1: full attention);
+CausalConvWithState reads a conv state (input 3) and writes it (output 1); LinearAttention a recurrent state
+(input 3 -> output 1). Keys and values another op makes (an Optimum export's Concat) are full-attention KV that
+cannot share a buffer. A state read by an op kvlab does not know is refused, naming the input, the output and the
+op: kvlab would not know how its size changes from step to step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.errors import ModelError
+from ..core.layout import (GROWING_ROLES, CacheEntry, CacheLayout, ConvState, FullAttention, LayerKind, LayerSpec,
+                           LinearAttention, SlidingWindow)
+from .graph import ONNX_DTYPES, elem_type, producers, uses
+
+
+def _attention_kind(node: Any) -> LayerKind:
+    window = next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+    return SlidingWindow(int(window)) if window > 0 else FullAttention()
+
+
+@dataclass(frozen=True)
+class StateOp:
+    """How one op keeps state: past input index -> (present output index, role), and the layer kind it makes."""
+
+    pairs: dict[int, tuple[int, str]]
+    kind: Callable[[Any], LayerKind]
+    what: str
+
+
+OPS: dict[str, StateOp] = {
+    "GroupQueryAttention": StateOp({3: (1, "key"), 4: (2, "value")}, _attention_kind, "KV (full or sliding window)"),
+    "CausalConvWithState": StateOp({3: (1, "conv")}, lambda node: ConvState(), "a conv state"),
+    "LinearAttention": StateOp({3: (1, "recurrent")}, lambda node: LinearAttention(), "a recurrent state"),
+}
+# what a layer is when its entries come from several ops (Qwen3.5's linear attention: a conv state, then a
+# recurrent state); the op that decides, in order
+KIND_PRECEDENCE = ("GroupQueryAttention", "LinearAttention", "CausalConvWithState")
+
+
+def known_ops() -> str:
+    return ", ".join(f"{op} ({rule.what})" for op, rule in OPS.items())
+
+
+def _readers(read_by: dict, name: str) -> str:
+    found = read_by.get(name, [])
+    return ", ".join(f"{n.op_type} node {n.name!r}" for n, _ in found) or "no node"
+
+
+def read_layers(graph: Any, layers: int, declared: dict[str, tuple[int, str, str]], head_dim: int, kv_heads: int,
+                path: Path) -> CacheLayout:
+    """The ``CacheLayout`` of a graph. ``declared``: past input -> (layer, role, present output), from the config;
+    ``head_dim``/``kv_heads`` fill KV dims the graph leaves symbolic."""
+    inputs = {i.name: i for i in graph.graph.input}
+    outputs = {o.name: o for o in graph.graph.output}
+    read_by, made_by = uses(graph), producers(graph)
+    per_layer: dict[int, list[tuple[CacheEntry, Any]]] = {i: [] for i in range(layers)}
+    for past, (layer, role, present) in declared.items():
+        if present not in outputs:
+            raise ModelError(f"{path}: output {present!r} (the present of {past!r}) is not in the graph")
+        readers = read_by.get(past, [])
+        node, index = readers[0] if len(readers) == 1 else (None, -1)
+        rule = OPS.get(node.op_type) if node is not None else None
+        if rule is not None and index in rule.pairs:
+            out_index, op_role = rule.pairs[index]
+            if op_role != role or len(node.output) <= out_index or node.output[out_index] != present:
+                raise ModelError(f"{path}: {past!r} is input {index} of {node.op_type} node {node.name!r}, whose "
+                                 f"output {out_index} is {node.output[out_index] if len(node.output) > out_index else None!r}"
+                                 f" ({op_role}); the config pairs it with {present!r} ({role})")
+        elif role in GROWING_ROLES:  # KV written by another op (Concat: past + new): full attention, not shared
+            node = made_by.get(present)
+        else:
+            raise ModelError(f"{path}: the state input {past!r} / output {present!r} is read by {_readers(read_by, past)}"
+                             f" and written by {made_by[present].op_type + ' node ' + repr(made_by[present].name) if present in made_by else 'no node'}"
+                             f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
+                             "that state changes from step to step")
+        per_layer[layer].append((_entry(inputs[past], layer, role, present, node, head_dim, kv_heads, path), node))
+    specs = []
+    for layer, found in per_layer.items():
+        if not found:
+            raise ModelError(f"{path}: layer {layer} (of num_hidden_layers = {layers}) has no cache input in the "
+                             "graph; kvlab knows no layer kind without one (KV shared with another layer cannot be "
+                             "exported by onnxruntime-genai 0.18's builder)")
+        specs.append(LayerSpec(layer, _layer_kind(found), tuple(e for e, _ in sorted(
+            found, key=lambda f: ROLE_ORDER.index(f[0].role)))))
+    return CacheLayout(tuple(specs))
+
+
+ROLE_ORDER = ("key", "value", "conv", "recurrent")
+
+
+def _layer_kind(found: list[tuple[CacheEntry, Any]]) -> LayerKind:
+    ops = {node.op_type: node for _, node in found if node is not None}
+    for op in KIND_PRECEDENCE:
+        if op in ops:
+            return OPS[op].kind(ops[op])
+    return FullAttention()  # KV made by Concat or another op: attention over every position
+
+
+def _entry(value_info: Any, layer: int, role: str, present: str, node: Any, head_dim: int, kv_heads: int,
+           path: Path) -> CacheEntry:
+    name = value_info.name
+    dtype = ONNX_DTYPES.get(elem_type(value_info))
+    if not isinstance(dtype, np.dtype):
+        raise ModelError(f"{path}: {name!r} has dtype {dtype or elem_type(value_info)}, which numpy/ONNX Runtime's "
+                         "Python API cannot hold")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
+    op = node.op_type if node is not None else "?"
+    if role in GROWING_ROLES:
+        if len(dims) != 4:
+            raise ModelError(f"{path}: KV input {name!r} has rank {len(dims)}; kvlab expects [batch, kv_heads, "
+                             "length, head_dim]")
+        shape = (1, dims[1] or kv_heads, 0, dims[3] or head_dim)
+    else:
+        if not dims or any(d is None for d in dims[1:]):
+            raise ModelError(f"{path}: state input {name!r} ({op}) has shape {dims}; kvlab needs every dimension "
+                             "but the batch to be fixed in the graph")
+        shape = (1, *dims[1:])
+    return CacheEntry(layer, role, name, present, tuple(int(d) for d in shape), dtype, op)
