@@ -7,6 +7,10 @@
 #   bash scripts/record_gpu.sh stairs OUT  # kv-heavy: the bucket staircase, pool on and off; the seed PR's table
 #   bash scripts/record_gpu.sh lean OUT    # phi4-kv fp32: static caches reading back presents every step or every
 #                                          # 16th, paired with genai; a 1,000-step trace (fp16) with GPU memory
+#   bash scripts/record_gpu.sh capture OUT # phi4-kv: static vs static + graph capture vs genai plain and captured,
+#                                          # 1k-8k, on whichever ONNX Runtime package is importable; the capture tests
+#   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
+#                                          # kvlab's tests of them on WebGPU
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
@@ -20,12 +24,16 @@ export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XD
 kv() { python3 -m kvlab "$@"; }
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output kept in OUT/NAME.log
   local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"
-  timeout "$limit" bash -c "$(declare -f kv build); $(printf '%q ' "$@")" 2>&1 | tee "$out/$name.log" | tail -40
+  timeout "$limit" bash -c "$(declare -f kv build builds); $(printf '%q ' "$@")" 2>&1 | tee "$out/$name.log" | tail -40
 }
 build() { python3 -c "import sys, time, kvlab
-for spec in sys.argv[1:]:
-    name, precision = spec.split(':'); t = time.time(); kvlab.load(name, precision=precision, progress=False)
+for spec in sys.argv[1:]:  # name:precision or name:precision:graph (the build for graph capture)
+    name, precision, *graph = spec.split(':'); t = time.time()
+    kvlab.load(name, precision=precision, progress=False, graph_capture=bool(graph))
     print(f'built {spec} in {time.time() - t:.0f} s')" "$@"; }
+builds() {  # builds SPEC...: each in its own process, all at once (a GPU machine has the cores), then report
+  local pids=() s; for s in "$@"; do build "$s" & pids+=($!); done; local rc=0; for s in "${pids[@]}"; do wait "$s" || rc=1; done
+  return $rc; }
 MODELS=${MODELS:-phi4-kv}
 CONTEXTS=${CONTEXTS:-1024,2048,4096,8192,16384}
 
@@ -66,7 +74,26 @@ lean)
   step trace 200 kv trace --model phi4-kv --precision fp16 --device webgpu --context 1024 --steps 1000 \
     --out "$out/trace_phi4-kv_fp16.json"
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean)" >&2; exit 2 ;;
+capture)
+  CAP=${CAPTURE_PRECISIONS:-fp16}
+  step doctor 120 kv doctor --json
+  M=${CAPTURE_MODEL:-phi4-kv}
+  step build 420 builds toy:fp32:graph $(for p in ${CAP//,/ }; do printf "$M:%s $M:%s:graph " $p $p; done) ${EXTRA_BUILDS:-}
+  step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_capture.py tests/test_plugin.py \
+    -k "not optimum and not whole_suite"
+  step capture 500 kv bench --models "$M" --precisions "$CAP" --devices webgpu --contexts "${CAPTURE_CONTEXTS:-1024,2048,4096,8192}" \
+    --new-tokens "${NEW:-32}" --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 \
+    --graph-capture --no-charts --out "$out/capture"
+  ;;
+beyond)
+  PRESETS=${PRESETS:-sliding-toy,gemma2-toy,mistral-toy,conv-toy,hybrid-toy}
+  step build 300 builds $(for m in ${PRESETS//,/ }; do printf "%s:fp32 " $m; done)
+  step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_beyond_full.py -k "webgpu"
+  step beyond 400 kv bench --models "$PRESETS" --devices webgpu --contexts "${BEYOND_CONTEXTS:-1024,8192}" \
+    --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --no-genai --prefill-on webgpu --max-cache-lens 1 --no-charts \
+    --out "$out/beyond"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond)" >&2; exit 2 ;;
 esac
 echo "== done ($(date +%T))"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart
