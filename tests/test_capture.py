@@ -273,3 +273,33 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
         "standard", "enable_webgpu_graph", "standard", "enable_webgpu_graph"]
     assert "graph capture static@64 graph vs static@64: step" in r.stdout
     assert "graph capture genai graph vs genai: step" in r.stdout
+
+
+def test_gpu_memory_traces_hook_every_runner(monkeypatch, toy, toy_graph):
+    """`kvlab bench` on an NVIDIA GPU reads NVML at every step of one more run per variant: kvlab's runs take a
+    step hook, genai's (plain and captured) a per-token callback. NVML cannot be read here, so its reader is
+    replaced by a counter (fault injection of the one part that needs the hardware); the runs are real."""
+    from kvlab.bench import plan
+    from kvlab.bench.variants import GENAI, GENAI_GRAPH, KVLAB, GenaiPeer, Variant, run_kvlab
+    from kvlab.core.labels import CacheSpec
+
+    class CountingNvml(plan.GpuMemory):
+        def __init__(self):
+            super().__init__()
+            self.available, self._n = True, 0
+
+        def read(self):
+            self._n += 1
+            return self._n * 4096
+
+    monkeypatch.setattr(plan, "GpuMemory", CountingNvml)
+    ids, new = np.array([7, 81, 190, 33], np.int64), 4
+    plain, captured = GenaiPeer(toy, "webgpu"), GenaiPeer(toy_graph, "webgpu", graph_capture=True)
+    runners = {Variant(KVLAB, CacheSpec("static", 16)): lambda hooks=(): run_kvlab(toy, ids, lambda: StaticCache(16),
+                                                                                    "webgpu", new, hooks),
+               Variant(GENAI): lambda hooks=(): plain.run(ids, new, hooks),
+               Variant(GENAI_GRAPH): lambda hooks=(): captured.run(ids, new, hooks)}
+    traces = plan.memory_traces(runners)
+    assert set(traces) == set(runners)
+    for v, t in traces.items():
+        assert len(t["gpu_memory_bytes"]) >= new and t["gpu_memory_growth_bytes"] > 0, (v, t)

@@ -116,6 +116,24 @@ def test_genai_runs_the_plugin_ep_beside_kvlab_in_one_process(toy):
 
 
 @on_plugin
+def test_genai_first_in_a_process_runs_the_plugin_ep():
+    """genai on WebGPU before anything of kvlab's opened the device: kvlab registers the library with ONNX Runtime
+    and opens its context first (genai alone answered "WebGPU execution provider is not supported in this
+    build"); the process exits cleanly (kvlab's sessions go before the runtime at exit)."""
+    r = run_python("""
+import kvlab
+from kvlab.ort.references import genai_greedy
+print(genai_greedy(kvlab.load('toy'), [7, 81, 190, 33], 4, device='webgpu'))
+with kvlab.StaticCache(64) as cache:
+    print(kvlab.generate('toy', [7, 81, 190, 33], cache=cache, device='webgpu', max_new_tokens=4,
+                         stop_on_eos=False).token_ids)
+""")
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, second = r.stdout.strip().splitlines()[-2:]
+    assert first == second
+
+
+@on_plugin
 def test_doctor_names_the_plugin_backend():
     r = subprocess.run([sys.executable, "-m", "kvlab", "doctor", "--json"], capture_output=True, text=True,
                        timeout=600)

@@ -22,7 +22,7 @@ from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
 from ..ort.gpu_memory import GpuMemory
-from .variants import GENAI, GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
+from .variants import GENAI_GRAPH, KVLAB, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -96,7 +96,7 @@ def memory_traces(runners: dict[Variant, Callable[..., Run]]) -> dict[Variant, d
         if not trace.available or v.runner == MATMULS_ONLY:
             continue
         trace.sample()  # before the run
-        fn(hooks=[trace] if v.runner != GENAI else [trace.sample])
+        fn(hooks=[trace] if v.runner == KVLAB else [trace.sample])  # kvlab: a step hook; genai: per token
         out[v] = {"gpu_memory_bytes": trace.bytes, "gpu_memory_growth_bytes": trace.bytes[-1] - trace.bytes[0],
                   "gpu_memory_max_bytes": max(trace.bytes)}
     return out

@@ -85,8 +85,9 @@ class Backend:
         self.copy(self.host_value(array), dst)
 
     # -- onnxruntime-genai, the peer
-    def prepare_genai(self, og: Any) -> None:
-        """Whatever onnxruntime-genai needs before it can run this package's WebGPU EP (once per process)."""
+    def prepare_genai(self, og: Any, device: Any) -> None:
+        """Whatever onnxruntime-genai needs before it can run this package's WebGPU EP on ``device`` (kvlab's open
+        WebGPU device, whose context genai's sessions join; once per process)."""
 
     def forget(self, device: Any) -> None:
         """Drop whatever this backend keeps for ``device`` (it is closing)."""

@@ -31,7 +31,7 @@ from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
 from . import plugin
 from .graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
-from .session import Session, drop_every_binding
+from .session import Session, drop_every_binding, drop_every_session
 from .tensors import DeviceTensor, release_everything
 
 BUFFER_CACHE_MODES = ("disabled", "lazyRelease", "simple", "bucket")
@@ -292,6 +292,7 @@ def _release_while_the_runtime_lives() -> None:
     gc.collect()
     release_everything()
     drop_every_binding()
+    drop_every_session()
 
 
 def close_device(name: str) -> None:

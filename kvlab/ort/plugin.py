@@ -155,18 +155,26 @@ class PluginWebGpu(BuiltinWebGpu):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
         if device.name == "cpu":
             return super().zeros(shape, dtype, device)
-        if id(device) not in self._anchors:  # the context gets the device's options, not the defaults
-            self._anchors[id(device)] = Session(device, _identity_model(), ANCHOR_LABEL)
+        self._anchor(device)
         return DeviceTensor(self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "webgpu", 0), device)
+
+    def _anchor(self, device: Any) -> None:
+        """Create the WebGPU context with the device's options (not the defaults), by a one-node session."""
+        if id(device) not in self._anchors:
+            self._anchors[id(device)] = Session(device, _identity_model(), ANCHOR_LABEL)
 
     def forget(self, device: Any) -> None:
         super().forget(device)
         self._anchors.pop(id(device), None)
 
     # -- onnxruntime-genai
-    def prepare_genai(self, og: Any) -> None:
-        """genai loads EP libraries itself: register the WebGPU one there too, once per process."""
+    def prepare_genai(self, og: Any, device: Any) -> None:
+        """genai loads EP libraries itself: register the WebGPU one there too, once per process, after ONNX Runtime
+        has it (genai alone, first in a process, answered "WebGPU execution provider is not supported in this
+        build")."""
         import onnxruntime_ep_webgpu as ep
+
+        self._anchor(device)
 
         with _REGISTER_LOCK:
             if "genai" not in _REGISTERED:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core.errors import ConfigError, ModelError
-from .device import backend
+from .device import backend, open_device
 from .models import Model
 
 
@@ -26,7 +26,7 @@ def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = 
     config = og.Config(str(model.info.path))
     config.clear_providers()  # the CPU EP
     if device == "webgpu":
-        backend().prepare_genai(og)
+        backend().prepare_genai(og, open_device("webgpu"))
         config.append_provider("webgpu")
         if graph_capture is not None:
             config.set_provider_option("webgpu", "enableGraphCapture", "1" if graph_capture else "0")

@@ -17,6 +17,9 @@ from .backend import HEAVY_OPS
 from .tensors import DeviceTensor, _Owner
 
 
+_SESSIONS: "weakref.WeakSet[Session]" = weakref.WeakSet()  # for drop_every_session(), at exit
+
+
 class Session:
     """An InferenceSession on one device, checked to really run there."""
 
@@ -33,6 +36,7 @@ class Session:
             if heavy:
                 raise DeviceError(f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
                                   f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}")
+        _SESSIONS.add(self)
 
     @property
     def providers(self) -> list[str]:
@@ -163,6 +167,16 @@ class Binding:
         last, self._last = self._last, None
         if last is not None:
             last.release()
+
+
+def drop_every_session() -> None:
+    """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings). With the plugin EP
+    (onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0), a process that had run onnxruntime-genai 0.18 on WebGPU
+    beside kvlab aborted at exit when a kvlab WebGPU session was left to the interpreter's finalization ("WebGPU
+    contexts have not been initialized or have been cleaned up", exit 134; here and on the H200): freed here,
+    while the runtime is whole, it exits cleanly. tests/test_plugin.py's second suite run checks the exit code."""
+    for s in list(_SESSIONS):
+        s.ort = None
 
 
 def drop_every_binding() -> None:
