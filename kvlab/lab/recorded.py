@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from .plots import bucket_note
 from .runs import Run, as_runs, common_and_labels
 from .style import KIND_COLORS, MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
@@ -249,3 +251,36 @@ def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "we
     fig.update_layout(title=t, height=820, legend=legend_below(-0.1), template="plotly_white", barmode="group",
                       margin=top_margin(t, extra=20))
     return fig
+
+
+def capture_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A recorded ``kvlab bench --graph-capture`` run, one row per context and static cache size: the decode step
+    (median ms) of kvlab's static cache uncaptured and captured and of onnxruntime-genai plain and captured, the
+    paired ratios (median over rounds of each round's ratio; the rounds are interleaved) and the loop thread's CPU
+    time per step."""
+    by: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in result["rows"]:
+        key = "genai" if r["runner"] != "kvlab" else r["variant"].removesuffix(" graph")
+        by.setdefault((r["context"], key), {})[r.get("cache_variant") or r["runner"]] = r
+
+    def paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+        return float(np.median(np.array(a["decode_ms_runs"]) / np.array(b["decode_ms_runs"])))
+
+    out = []
+    for (context, key), v in sorted(by.items()):
+        if key in ("genai", "dynamic") or "graph" not in v:
+            continue
+        plain, graph = next(r for k, r in v.items() if k != "graph"), v["graph"]
+        g = by.get((context, "genai"), {})
+        row = {"package": f"{result['environment']['backend_package']} {result['environment']['backend_version']}",
+               "precision": plain["precision"], "context": context, "cache": key,
+               "static ms": plain["decode_ms"], "static + graph ms": graph["decode_ms"],
+               "graph / static (paired)": paired(graph, plain),
+               "loop CPU ms: static": plain["thread_cpu_ms"], "loop CPU ms: static + graph": graph["thread_cpu_ms"]}
+        if "genai" in g and "genai graph" in g:
+            row.update({"genai ms": g["genai"]["decode_ms"], "genai graph ms": g["genai graph"]["decode_ms"],
+                        "genai graph / genai (paired)": paired(g["genai graph"], g["genai"]),
+                        "kvlab graph / genai graph (paired)": paired(graph, g["genai graph"])})
+        row["tokens equal"] = all(r.get("tokens_equal", True) for r in (plain, graph, *g.values()))
+        out.append(row)
+    return out
