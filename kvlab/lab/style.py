@@ -103,8 +103,13 @@ def static_images(width: int = 900) -> str:
     GitHub and in any static viewer (JupyterLab still shows the interactive chart). Needs kaleido and a Chromium
     (``bash scripts/setup.sh --test`` installs one); without them, figures stay interactive only. Returns what
     it did, for the notebook to print."""
+    import logging
+
     import plotly.io as pio
 
+    # kaleido's browser driver logs a traceback into the cell when it skips a message it could not decode (it goes
+    # on, and the PNG is made); a lesson's output is no place for it
+    logging.getLogger("choreographer").setLevel(logging.CRITICAL)
     try:
         pio.to_image(go().Figure(), format="png", width=16, height=16)
     except Exception as exc:  # kaleido missing or no browser: keep the interactive charts only
