@@ -75,3 +75,23 @@ def test_the_recorded_staircase_is_predicted_from_the_bucket_table_within_a_few_
     measured = next(t for t in fig.data if t.name == "dynamic, pool bucket")
     gaps = {int(x): abs(p - m) for x, p, m in zip(predicted.x, predicted.y, measured.y)}
     assert max(g for c, g in gaps.items() if c >= 1088) < 3.0, gaps
+
+
+def test_the_recorded_capture_runs_read_as_the_readme_says():
+    """data/gpu/capture (H200, phi4-kv fp16, 1k-8k): on the plugin EP capture shortens kvlab's step (paired ratio
+    0.85-0.95) and kvlab's captured step is within 5% of genai's; on onnxruntime-webgpu 1.27 capture is slower for
+    both loops; tokens identical everywhere. The chart draws one line per loop and package."""
+    from pathlib import Path
+
+    from kvlab.lab import recorded
+
+    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "capture"
+    results = {p: json.loads((data / p / "results.json").read_text()) for p in ("builtin", "plugin")}
+    tables = {p: recorded.capture_table(r) for p, r in results.items()}
+    assert [r["context"] for r in tables["plugin"]] == [1024, 2048, 4096, 8192]
+    for r in tables["plugin"]:
+        assert 0.85 < r["graph / static (paired)"] < 0.95 and 0.95 < r["kvlab graph / genai graph (paired)"] < 1.05, r
+        assert r["loop CPU ms: static + graph"] < r["loop CPU ms: static"] and r["tokens equal"], r
+    for r in tables["builtin"]:
+        assert r["graph / static (paired)"] > 1.1 and r["genai graph / genai (paired)"] > 1.1 and r["tokens equal"], r
+    assert len(recorded.capture_figure(list(results.values())).data) == 4

@@ -284,3 +284,28 @@ def capture_table(result: dict[str, Any]) -> list[dict[str, Any]]:
         row["tokens equal"] = all(r.get("tokens_equal", True) for r in (plain, graph, *g.values()))
         out.append(row)
     return out
+
+
+def capture_figure(results: Sequence[dict[str, Any]]) -> Any:
+    """What graph capture does to a decode step, per package: the paired captured / uncaptured ratio of kvlab's
+    static cache and of onnxruntime-genai against the context, from recorded ``kvlab bench --graph-capture`` runs
+    (``capture_table``); below 1 capture helps."""
+    fig = go().Figure()
+    rows = [r for result in results for r in capture_table(result)]
+    packages = list(dict.fromkeys(r["package"] for r in rows))
+    for package, dash in zip(packages, ("solid", "dash", "dot")):
+        mine = [r for r in rows if r["package"] == package]
+        for who, column, color in (("kvlab static cache", "graph / static (paired)", KIND_COLORS["static"]),
+                                   ("onnxruntime-genai", "genai graph / genai (paired)", KIND_COLORS["genai"])):
+            fig.add_scatter(x=[r["context"] for r in mine], y=[r.get(column) for r in mine], mode="lines+markers",
+                            name=f"{who}, {package}", line={"color": color, "dash": dash})
+    fig.add_hline(y=1.0, line={"color": "#7f7f7f", "width": 1}, annotation_text="no change",
+                  annotation_position="bottom right")
+    r0 = results[0]["rows"][0]
+    t = title("Graph capture: captured / uncaptured decode step (paired)",
+              f"{r0['model']} ({r0['dtype']}) · webgpu on {r0['adapter']} · {r0['new_tokens']} new tokens, "
+              f"median of {r0['reps']} paired rounds", "below 1: capture makes the step shorter")
+    fig.update_layout(title=t, margin=top_margin(t), template="plotly_white", yaxis_title="captured / uncaptured",
+                      xaxis_title="context (tokens already in the cache)", legend=legend_below(-0.2))
+    fig.update_xaxes(tickvals=sorted({r["context"] for r in rows}), tickformat="d")
+    return fig
