@@ -17,6 +17,8 @@ import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, ModelError, StaticCache, Stepper, generate, open_device
 from kvlab.core.layout import ConvState, FullAttention, LinearAttention, SlidingWindow
 from kvlab.ort.faults import Injected, fault, raising_hook
+from kvlab.ort.device import backend
+from kvlab.ort.plugin import installed as on_the_plugin_ep
 from kvlab.ort.references import hf_checkpoint, transformers_greedy
 
 PROMPT = [int(x) for x in np.random.default_rng(0).integers(3, 259, 24)]  # longer than the windows (16)
@@ -46,7 +48,7 @@ def reference(models):
 
 def caches_for(model, device="cpu"):
     out = {"dynamic": DynamicCache(), "static": StaticCache(64)}
-    if model.info.layout.states and device == "cpu":
+    if model.info.layout.states and (device == "cpu" or backend().webgpu_states_in_place):
         out["static-in-place"] = StaticCache(64, states="in-place")
     return out
 
@@ -289,8 +291,13 @@ def test_an_undeclared_state_input_is_named_with_the_op_reading_it(models, tmp_p
 @pytest.mark.webgpu
 def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models):
     """The refusal names what onnxruntime-webgpu 1.27 does; binding a state in place by hand shows it still does
-    (when a later version accepts it, this test says so)."""
+    (when a later version accepts it, this test says so). The plugin EP accepts it, and kvlab runs in-place states
+    there (their tokens: the transformers tests above, which include states='in-place' where the backend allows)."""
     model = models["conv-toy"]
+    if backend().webgpu_states_in_place:
+        with StaticCache(64, states="in-place") as cache:
+            generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=2)
+        return
     with pytest.raises(ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"):
         generate(model, PROMPT, cache=StaticCache(64, states="in-place"), device="webgpu", max_new_tokens=2)
     dev = open_device("webgpu")
@@ -339,11 +346,14 @@ def test_the_builds_record_their_graph_rewrites(models):
 @pytest.mark.slow
 def test_without_its_rewrites_the_builders_graph_does_not_load(models, tmp_path):
     """The builder's own Qwen3.5 graph, exported again here without kvlab's rewrites: onnxruntime 1.27 refuses
-    it (what kvlab.ort.rewrites fixes)."""
+    it (what kvlab.ort.rewrites fixes); onnxruntime 1.31 (the plugin EP's environment) has those ops and loads it."""
     import onnxruntime as ort
 
     from kvlab.ort.build import export
 
     export(hf_checkpoint(models["hybrid-toy"]), tmp_path, "hybrid-toy", "fp32", "qwen3_5")
+    if on_the_plugin_ep():
+        ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+        return
     with pytest.raises(Exception, match="state_window|LinearAttentionGate"):
         ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.ort.plugin import installed
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 SANITIZE = REPO / "tests" / "nbval_sanitize.cfg"
@@ -32,6 +34,9 @@ def nbval_command(notebook: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_under_nbval(notebook: Path) -> None:
+    if notebook.stem == "02_max_cache_len_lab" and installed():
+        pytest.skip("notebook 02 switches the WebGPU buffer cache mode in one kernel, which the plugin EP refuses "
+                    "(one WebGPU context per process; tests/test_plugin.py)")
     proc = subprocess.run(nbval_command(notebook), cwd=REPO, capture_output=True, text=True,
                           timeout=NOTEBOOK_TIMEOUT_S)
     assert proc.returncode == 0, f"nbval failed on {notebook.name}:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"

@@ -31,6 +31,9 @@ class Backend:
     description = ""  # what it brings, e.g. "built-in WebGPU EP"
     version = ""
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
+    # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
+    # states="in-place"); onnxruntime-webgpu 1.27 rejects it (kvlab.ort.caches.WEBGPU_IN_PLACE)
+    webgpu_states_in_place = False
 
     @property
     def name(self) -> str:

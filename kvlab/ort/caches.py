@@ -5,8 +5,8 @@ Both hold every past/present pair of the graph (``ModelInfo.entries``): keys and
 per token (full attention, and sliding windows, whose buffer holds every position on onnxruntime 1.27), and
 fixed-size states (conv, recurrent) that are rewritten every step. A StaticCache writes a state into the second of
 two buffers and swaps them at the commit (``states="swap"``, every EP; a failed step leaves the first untouched),
-or, on the CPU EP, into the one buffer it reads (``states="in-place"``); onnxruntime-webgpu 1.27 rejects a
-state buffer bound as both input and output."""
+or, on the CPU EP and the plugin EP's WebGPU, into the one buffer it reads (``states="in-place"``);
+onnxruntime-webgpu 1.27's WebGPU EP rejects a state buffer bound as both input and output."""
 
 from __future__ import annotations
 
@@ -156,8 +156,8 @@ class StaticCache(Cache):
 
     Fixed-size states (conv, recurrent) are allocated once too. ``states="swap"`` (default): two buffers per
     state, one read and the other written, their roles swapped at each commit; a step that fails leaves the state
-    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (CPU EP only): one
-    buffer, read and written by the same run (half the state memory); a step that fails after its run has
+    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (CPU EP, and WebGPU on the plugin
+    EP; not 1.27's WebGPU EP): one buffer, read and written by the same run (half the state memory); a step that fails after its run has
     overwritten the state, which cannot be undone: the cache then refuses to go on until it is reset."""
 
     kind = "static"
@@ -224,7 +224,8 @@ class StaticCache(Cache):
         if self.max_cache_len > info.context_length:
             raise ConfigError(f"max_cache_len={self.max_cache_len} is larger than model {info.name}'s context "
                               f"length {info.context_length}; use at most {info.context_length}")
-        if self.states == "in-place" and device.name == "webgpu" and info.layout.states:
+        if self.states == "in-place" and device.name == "webgpu" and info.layout.states and \
+                not device.backend.webgpu_states_in_place:
             raise ConfigError(f"StaticCache(states='in-place') cannot run model {info.name}'s states on WebGPU: "
                               f"{WEBGPU_IN_PLACE}; use states='swap' (the default)")
         super()._attach(info, device)

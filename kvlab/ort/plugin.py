@@ -63,6 +63,9 @@ def installed() -> bool:
 class PluginWebGpu(BuiltinWebGpu):
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"
+    # a state read and written in place by one run: accepted by onnxruntime-ep-webgpu 0.4.0, and conv-toy's and
+    # hybrid-toy's tokens equal transformers' that way (tests/test_beyond_full.py, SwiftShader)
+    webgpu_states_in_place = True
 
     def __init__(self) -> None:
         super().__init__()
