@@ -11,13 +11,15 @@
 #                                          # 1k-8k, on whichever ONNX Runtime package is importable; the capture tests
 #   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
 #                                          # kvlab's tests of them on WebGPU
+#   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k),
+#                                          # then the static cache vs genai, paired, 1k-8k, fp32 and fp16
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench or stairs}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond or phases}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -93,7 +95,16 @@ beyond)
     --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --no-genai --prefill-on webgpu --max-cache-lens 1 --no-charts \
     --out "$out/beyond"
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond)" >&2; exit 2 ;;
+phases)
+  step build 200 builds phi4-kv:fp32 phi4-kv:fp16
+  for p in ${PRECISIONS:-fp32 fp16}; do for c in ${PHASE_CONTEXTS:-1024 4096 16384}; do
+    step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu --context "$c" \
+      --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
+  done; done
+  step bench 400 kv bench --models phi4-kv --precisions fp32,fp16 --devices webgpu --contexts "${CONTEXTS:-1024,2048,4096,8192}" \
+    --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/bench"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases)" >&2; exit 2 ;;
 esac
 echo "== done ($(date +%T))"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart

@@ -143,3 +143,31 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
     run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 3}, static_lens=[], reps=1,
                   genai=False, small_pages_twin=False), log=lambda line: None)
     assert len(open_device("cpu").sessions) == before  # the toy model's session was there already
+
+
+def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
+    """``kvlab profile --phases`` on the real toy session and onnxruntime-genai: the phases timed inside a step
+    and the rest add up to the step's wall time, the step and the loop add up to the token-to-token time, genai's
+    tokens equal kvlab's, and the ratios are paired by round. The runtime's copies of host inputs are counted as
+    the runtime's (the record's run_ms), not as Python's own time."""
+    from kvlab import bench
+
+    r = bench.step_phases(toy, "cpu", context=24, new_tokens=6, rounds=2)
+    rows = {row["phase"]: row["ms_per_step"] for row in r["rows"]}
+    assert list(rows) == list(bench.anatomy.PHASES)
+    assert r["tokens_equal_genai"] and r["kvlab_tokens_repeat"]
+    assert rows["ort run"] > 0 and rows["read back"] > 0 and rows["runtime binds inputs"] > 0
+    assert len(r["step_ratios"]) == 2 and r["step_ratio"] == float(np.median(r["step_ratios"]))
+    assert 0 < r["python_ms"] < r["kvlab_step_ms"] and r["python_share"] < 1
+    # medians of sums are not sums of medians: per step the parts add up exactly, so the medians are close
+    assert abs(sum(rows[p] for p in bench.anatomy.PHASES[:-1]) - r["kvlab_step_ms"]) < 0.5 * r["kvlab_step_ms"]
+    out = tmp_path / "phases.json"
+    proc = subprocess.run([KVLAB, "profile", "--phases", "--model", "toy", "--context", "16", "--new-tokens", "4",
+                           "--rounds", "1", "--no-genai", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "runtime binds inputs" in proc.stdout and "Python's own time" in proc.stdout
+    assert json.loads(out.read_text())["rounds"] == 1
+    proc = subprocess.run([KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "rounds=0 must be an int >= 1" in proc.stderr

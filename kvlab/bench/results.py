@@ -89,7 +89,7 @@ def report(result: dict[str, Any]) -> str:
                          f"{genai['tokens_equal'] and static['tokens_equal']})")
             line += f"; dynamic/static {dynamic['decode_ms'] / static['decode_ms']:.1f}x"
             line += (f"; roofline {static['roofline_fraction']:.0%} (paired; "
-                     f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); python overhead "
+                     f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); Python's own time "
                      f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}")
             fit = next((r for r in row if _is(r, KVLAB, "static") and r["fitted"]), None)
             floor = next((r for r in row if _is(r, MATMULS_ONLY)), None)
@@ -116,7 +116,7 @@ def report(result: dict[str, Any]) -> str:
                         + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
                         + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
                         + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
-                        + f"; python overhead {worst['overhead_fraction']:.1%}")
+                        + f"; Python's own time {worst['overhead_fraction']:.1%}")
                 genai = next((r for r in row if _is(r, GENAI)), None)
                 if genai:
                     ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]

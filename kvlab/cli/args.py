@@ -136,6 +136,13 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
     pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
+    pr.add_argument("--phases", action="store_true",
+                    help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
+                         "beside onnxruntime-genai's step in paired rounds")
+    pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
+    pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
+    pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
+    pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     return ap
 

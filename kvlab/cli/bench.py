@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 
 from .. import bench
 from ..ort.backend import DEVICES
@@ -60,6 +61,8 @@ def bench_command(args: argparse.Namespace) -> int:
 def profile_command(args: argparse.Namespace) -> int:
     context = ints(str(args.context), "--context")[0]
     new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
+    if args.phases:
+        return phases_command(args, context, new_tokens)
     rows = bench.op_profile(load(args.model, precision=args.precision), args.device, context, new_tokens,
                             **cpu_options(args))
     lines = [["op", "ms/step", "nodes/step", "share"]] + [
@@ -107,4 +110,29 @@ def conformance_command(args: argparse.Namespace) -> int:
               f"argmax differs at {r['argmax_differs']}/{r['positions']}  [{r['device']}]")
     if args.out:
         write_json(rows, args.out)
+    return 0
+
+
+def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
+    """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
+    open_cpu(args)
+    r = bench.step_phases(load(args.model, precision=args.precision), args.device, context, new_tokens,
+                          args.rounds, args.check_every, genai=not args.no_genai)
+    lines = [["phase", "ms/step", "share"]] + [[row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"]
+                                               for row in r["rows"]]
+    lines.append(["token to token", f"{r['kvlab_token_to_token_ms']:.3f}", "100.0%"])
+    widths = [max(len(row[i]) for row in lines) for i in range(3)]
+    print("\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                    for row in lines))
+    print(f"kvlab step {r['kvlab_step_ms']:.3f} ms; Python's own time {r['python_ms']:.3f} ms = "
+          f"{100 * r['python_share']:.1f}% of it (the step less the runtime's copies and run)")
+    if "genai_step_ms" in r:
+        print(f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
+              f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
+              f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}")
+    print(f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}), context "
+          f"{context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the first)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(r, indent=1))
     return 0

@@ -16,8 +16,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "n_tokens": ("tokens fed in this step", "exact"),
     "token": ("the token chosen from this step's logits (-1 for a handoff)", "exact"),
     "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
-    "run_ms": ("wall time inside the runtime's run alone", "exact"),
-    "overhead_ms": ("wall_ms - run_ms: Python time outside the run", "exact"),
+    "run_ms": ("wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
+               "host inputs to the device)", "exact"),
+    "overhead_ms": ("wall_ms - run_ms: Python's own time in the step", "exact"),
     "cache_tensors_allocated": ("KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
                                 "one-time lazy allocation (static); 0 means every present was written in place",
                                 "exact"),

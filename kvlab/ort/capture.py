@@ -135,14 +135,21 @@ class CaptureBinding(Binding):
         if name == self._ids_name:
             if value.shape != target.shape:
                 raise ConfigError(f"a captured step feeds one token ([1, 1] ids), not {value.shape}")
-            self._backend.write(target.ortvalue(), np.ascontiguousarray(value, np.int64))
+            self._write(target, np.ascontiguousarray(value, np.int64))
             return
         if value.ndim != 2 or value.shape[0] != 1 or value.shape[1] > self._mask.shape[1]:
             raise ConfigError(f"{name} of shape {value.shape} does not fit the captured step's {target.shape}")
         n = value.shape[1]  # the mask: the step's ones, zero padded to max_cache_len
         self._mask[0, :n] = value[0]
         self._mask[0, n:] = 0
-        self._backend.write(target.ortvalue(), self._mask)
+        self._write(target, self._mask)
+
+    def _write(self, target: DeviceTensor, host: np.ndarray) -> None:
+        """Copy host values into a fed device tensor: the runtime's time (the step's ``run_ms``), as an
+        uncaptured binding's copy of a host input is."""
+        start = time.perf_counter()
+        self._backend.write(target.ortvalue(), host)
+        self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
         if name != self._logits_name or isinstance(target, DeviceTensor):

@@ -4,6 +4,7 @@ tensors kvlab owns (``kvlab.ort.tensors``)."""
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class RunResult:
     """What one run produced."""
 
     seconds: float  # wall time of session.run alone
+    bind_seconds: float = 0.0  # wall time inside the runtime's binding calls for this run's inputs (where it
+    #                            copies a host input to the device), since the binding's last run
     new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
     returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
     #                                                                     (None: not read back in this run)
@@ -62,6 +65,7 @@ class RunResult:
 
 
 _BINDINGS: "weakref.WeakSet[Binding]" = weakref.WeakSet()  # for drop_every_binding(), at exit
+_DATA_PTR = operator.methodcaller("data_ptr")
 
 
 class Binding:
@@ -81,6 +85,7 @@ class Binding:
         self._order: list[str] = []  # outputs in first-binding order: get_outputs() follows it
         self._ran = False
         self._last: RunResult | None = None  # the last run's result, until release_unowned()
+        self._bind_seconds = 0.0  # time inside the runtime's bind calls since the last run (RunResult.bind_seconds)
         self.read_back = True  # read every pre-bound output's buffer identity after a run (RunResult.returned_ptrs)
         self.run_options: Any = None  # onnxruntime.RunOptions for every run (e.g. a graph capture's gpu_graph_id)
         _BINDINGS.add(self)
@@ -92,9 +97,13 @@ class Binding:
 
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
         if isinstance(value, DeviceTensor):
-            self._io.bind_ortvalue_input(name, value.ortvalue())
+            value = value.ortvalue()
+            start = time.perf_counter()
+            self._io.bind_ortvalue_input(name, value)
         else:  # the runtime copies it to the device at binding time (or reads it in place on the CPU)
+            start = time.perf_counter()
             self._keep["in:" + name] = (value, self._backend.bind_host_input(self._io, name, value))
+        self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
         """Bind an output to memory kvlab owns: the runtime must write into it, in place."""
@@ -136,16 +145,19 @@ class Binding:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
         start = time.perf_counter()
         self.session.ort.run_with_iobinding(self._io, self.run_options)
-        result = RunResult(time.perf_counter() - start)
-        self._ran, self._last = True, result
+        result = RunResult(time.perf_counter() - start, self._bind_seconds)
+        self._ran, self._last, self._bind_seconds = True, result, 0.0
         if not (self._new or self.read_back):
             result.returned_ptrs = None
             return result
         try:
             values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
-            prebound = self._prebound
-            result.returned_ptrs = {name: value.data_ptr() for name, value in zip(self._order, values)
-                                    if name in prebound}
+            if self._new:
+                prebound = self._prebound
+                result.returned_ptrs = {name: value.data_ptr() for name, value in zip(self._order, values)
+                                        if name in prebound}
+            else:  # every output pre-bound (a static cache's binding): one pass in C
+                result.returned_ptrs = dict(zip(self._order, map(_DATA_PTR, values)))
             if self._new:
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
                 for name, value in zip(self._order, values):

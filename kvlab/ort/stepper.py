@@ -1,7 +1,8 @@
 """One forward pass at a time: ``Stepper.step(tokens)`` binds the cache, runs the session, commits, records.
 
 The step, in order: the cache binds its KV (``cache.binding``: capacity checked, nothing changed), the stepper
-binds the token ids, the attention mask and the logits, the runtime runs, the cache commits (it checks what the
+binds the token ids, the attention mask and the logits (the runtime copies host inputs to the device there: that
+time is the runtime's, counted in the record's ``run_ms`` with the run), the runtime runs, the cache commits (it checks what the
 runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache settles. A step that
 fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every tensor the runtime made
 in it is released: call it again.
@@ -80,7 +81,8 @@ class Stepper:
             token = (choose or greedy)(last)
             record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode",
                                  device=self.device.name, position=position, n_tokens=n, token=token,
-                                 wall_ms=(time.perf_counter() - start) * 1e3, run_ms=result.seconds * 1e3,
+                                 wall_ms=(time.perf_counter() - start) * 1e3,
+                                 run_ms=(result.seconds + result.bind_seconds) * 1e3,
                                  memory=memory, used_cache_bytes=self.cache.used_bytes)
             self._emit(record)
         except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
