@@ -101,8 +101,8 @@ phases)
     step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu --context "$c" \
       --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
   done; done
-  step bench 400 kv bench --models phi4-kv --precisions fp32,fp16 --devices webgpu --contexts "${CONTEXTS:-1024,2048,4096,8192}" \
-    --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/bench"
+  step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" --devices webgpu \
+    --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/bench"
   ;;
 *) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases)" >&2; exit 2 ;;
 esac
