@@ -168,3 +168,26 @@ def test_copy_between_cpu_and_webgpu():
         copy_tensor(src, gpu.zeros((1, 2, 4, 4), np.float32))
     src.release()
     dst.release()
+
+
+def test_the_runtimes_copies_of_host_inputs_are_the_runtimes_time(toy):
+    """On WebGPU ONNX Runtime copies a host input to the device when it is bound, not in the run: a binding
+    accumulates the time of its bind calls and hands it to the next run's result (then starts again from 0), and a
+    step's record counts it in ``run_ms`` (the runtime's time), so ``overhead_ms`` is Python's own time."""
+    from kvlab import StaticCache
+    from kvlab.ort import Stepper
+
+    cache = StaticCache(40)
+    with cache, Stepper(toy, cache, open_device("webgpu"), 40) as st:
+        _, first = st.step(np.arange(1, 9))
+        b = cache.binding(st.session, 1)
+        b.input(toy.info.input_names["input_ids"], np.array([[first.token]], np.int64))
+        b.input(toy.info.input_names["attention_mask"], np.ones((1, 9), np.int64))
+        b.output(toy.info.logits_name, st._decode_logits)
+        assert b._bind_seconds > 0
+        result = b.run()
+        assert result.bind_seconds > 0 and b._bind_seconds == 0.0
+        assert b.run().bind_seconds == 0.0  # nothing bound again: nothing copied
+        _, rec = st.step(np.array([first.token], np.int64))  # the cache is still 8 long: nothing was committed
+        assert rec.position == 8 and rec.run_ms > 0
+        assert abs(rec.overhead_ms - (rec.wall_ms - rec.run_ms)) < 1e-9 and rec.overhead_ms < rec.wall_ms

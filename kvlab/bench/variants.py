@@ -52,7 +52,7 @@ class Run:
 
     token_ids: list[int] | None  # None: a run that makes no tokens (the matmuls-only floor)
     decode_ms: float  # median wall time of the decode steps
-    overhead_ms: float = float("nan")  # median Python time outside session.run per decode step
+    overhead_ms: float = float("nan")  # median Python time per decode step (outside the runtime's calls)
     tensors_per_step: float = float("nan")  # median cache tensors the runtime allocated per decode step
     new_buffers_per_step: float = float("nan")
     bytes_per_step: float = float("nan")
