@@ -13,13 +13,15 @@
 #                                          # kvlab's tests of them on WebGPU
 #   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k),
 #                                          # then the static cache vs genai, paired, 1k-8k, fp32 and fp16
+#   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
+#                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context up
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond or phases}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases or modes}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -104,7 +106,18 @@ phases)
   step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" --devices webgpu \
     --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/bench"
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases)" >&2; exit 2 ;;
+modes)
+  step build 200 builds smollm2-shape:fp32 kv-heavy:fp32
+  for mode in ${MODES:-simple lazyRelease}; do
+    step "modes_smollm2-shape_$mode" "${MODE_LIMIT:-60}" kv bench --models smollm2-shape --devices webgpu \
+      --contexts "${SMOL_CONTEXTS:-256,4096,16384}" --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --no-genai \
+      --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/$mode/smollm2-shape"
+    step "modes_kv-heavy_$mode" "${MODE_LIMIT:-60}" kv bench --models kv-heavy --devices webgpu \
+      --contexts "${KV_CONTEXTS:-256,1024,4096}" --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --no-genai \
+      --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/$mode/kv-heavy"
+  done
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes)" >&2; exit 2 ;;
 esac
 echo "== done ($(date +%T))"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart
