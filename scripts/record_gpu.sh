@@ -14,7 +14,7 @@
 #   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k),
 #                                          # then the static cache vs genai, paired, 1k-8k, fp32 and fp16
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
-#                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context up
+#                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
@@ -110,7 +110,7 @@ modes)
   step build 200 builds smollm2-shape:fp32 kv-heavy:fp32
   for mode in ${MODES:-simple lazyRelease}; do
     step "modes_smollm2-shape_$mode" "${MODE_LIMIT:-60}" kv bench --models smollm2-shape --devices webgpu \
-      --contexts "${SMOL_CONTEXTS:-256,4096,16384}" --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --no-genai \
+      --contexts "${SMOL_CONTEXTS:-256,1024,4096,8192}" --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --no-genai \
       --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/$mode/smollm2-shape"
     step "modes_kv-heavy_$mode" "${MODE_LIMIT:-60}" kv bench --models kv-heavy --devices webgpu \
       --contexts "${KV_CONTEXTS:-256,1024,4096}" --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --no-genai \
