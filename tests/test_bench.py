@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvlab.bench import memory_bandwidth, weight_bytes_per_token
 from kvlab.lab.recorded import bench_figure as figure
@@ -171,3 +172,18 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     proc = subprocess.run([KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "rounds=0 must be an int >= 1" in proc.stderr
+
+
+def test_a_context_past_a_models_length_is_refused_before_anything_runs(toy):
+    """A plan whose last context does not fit the model is refused before the first row is measured (it used to
+    run the contexts before it and then fail, discarding them), naming the context and the longest that fits."""
+    from kvlab import ConfigError
+    from kvlab.bench import Plan, run_plan
+
+    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [16, toy.info.context_length]}, new_tokens={"cpu": 4},
+                reps=1, small_pages_twin=False)
+    logged: list[str] = []
+    with pytest.raises(ConfigError, match=rf"context 4096 \+ 4 new tokens exceed toy's context length 4096; use "
+                                          rf"contexts up to 4092"):
+        run_plan(plan, log=logged.append)
+    assert logged == []  # not even the bandwidth measurement ran

@@ -131,6 +131,18 @@ def prompt_ids(model: Any, length: int) -> np.ndarray:
     return model.tokens_of(text, length)
 
 
+def check_contexts(plan: Plan) -> None:
+    """Every context of the plan fits every model it runs (with its new tokens): checked before anything runs, so
+    a bad context never discards the rows measured before it."""
+    for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
+        model, new = load(name, precision=precision), plan.new_tokens[device]
+        for context in plan.contexts[device]:
+            if context + new > model.info.context_length:
+                raise ConfigError(f"context {context} + {new} new tokens exceed {model.name}'s context length "
+                                  f"{model.info.context_length}; use contexts up to "
+                                  f"{model.info.context_length - new}")
+
+
 def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
         return _run_plan(plan, log, Path(tmp))
@@ -141,6 +153,7 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
 
     for mode in plan.buffer_cache_modes:
         check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
+    check_contexts(plan)
     bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
     log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
@@ -172,9 +185,6 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
             floor, floor_bytes = matmuls_only_model(model, tmp / model_name) if with_floor else (None, 0)
             new = plan.new_tokens[device]
             for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
-                if context + new > model.info.context_length:
-                    raise ConfigError(f"context {context} + {new} new tokens exceed {model_name}'s context length "
-                                      f"{model.info.context_length}")
                 setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
                                   prefill=plan.prefill_on.get(device), graph_model=graph_model,
                                   genai_graph=genai_graph)
