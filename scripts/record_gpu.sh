@@ -12,7 +12,8 @@
 #   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
 #                                          # kvlab's tests of them on WebGPU
 #   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k),
-#                                          # then the static cache vs genai, paired, 1k-8k, fp32 and fp16
+#                                          # then the static cache (also with the token on the device) vs
+#                                          # genai, paired, 1k-8k, fp32 and fp16
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #
@@ -104,7 +105,8 @@ phases)
       --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
   done; done
   step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" --devices webgpu \
-    --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/bench"
+    --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \
+    --prefill-on webgpu --max-cache-lens 1 --token-on-device --no-charts --out "$out/bench"
   ;;
 modes)
   step build 200 builds smollm2-shape:fp32 kv-heavy:fp32

@@ -50,6 +50,7 @@ class Plan:
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
     graph_capture: bool = False  # WebGPU: kvlab's captured static caches (and genai captured, where genai runs
     #                              there) beside the uncaptured ones, on the model built for capture
+    token_on_device: bool = False  # each static cache also with the greedy token kept on the device
 
     def __post_init__(self) -> None:
         if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
@@ -189,7 +190,7 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                   prefill=plan.prefill_on.get(device), graph_model=graph_model,
                                   genai_graph=genai_graph)
                 runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True),
-                                         tuple(plan.check_every))
+                                         tuple(plan.check_every), plan.token_on_device)
                 try:
                     rounds = interleaved(runners, plan.reps)
                     traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}

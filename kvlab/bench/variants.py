@@ -33,17 +33,19 @@ class Variant:
     runner: str  # KVLAB, GENAI or MATMULS_ONLY
     cache: CacheSpec | None = None  # kvlab's runs only
     fitted: bool = False  # a static cache of exactly context + new tokens - 1 positions
+    token_on_device: bool = False  # kvlab's greedy token kept on the device (kvlab.ort.greedy)
 
     @property
     def name(self) -> str:
-        return str(self.cache) if self.cache is not None else self.runner
+        name = str(self.cache) if self.cache is not None else self.runner
+        return name + " token-on-device" if self.token_on_device else name
 
     def fields(self) -> dict[str, Any]:
         """The row fields that name it (what plots and reports select by)."""
         c = self.cache
         return {"variant": self.name, "runner": self.runner, "cache_kind": c.kind if c else "",
                 "max_cache_len": c.max_cache_len if c else None, "fitted": self.fitted,
-                "cache_variant": c.variant if c else ""}
+                "cache_variant": c.variant if c else "", "token_on_device": self.token_on_device}
 
 
 @dataclass
@@ -95,11 +97,11 @@ def small_pages_device() -> Device:
 
 
 def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device, new: int,
-              hooks: Sequence[StepHook] = ()) -> Run:
+              hooks: Sequence[StepHook] = (), token_on_device: bool = False) -> Run:
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False,
-                     on_step=[clock, *hooks])
+                     on_step=[clock, *hooks], token_on_device=token_on_device)
     return run_of(g.token_ids, g.records, clock)
 
 
@@ -119,12 +121,12 @@ def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Pref
 
 
 def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int,
-                hooks: Sequence[StepHook] = ()) -> Run:
+                hooks: Sequence[StepHook] = (), token_on_device: bool = False) -> Run:
     records: list[StepRecord] = []
     clock = CpuClock()
     needed = positions_needed(pre.cache.seq_length, new)
-    with make_cache() as cache, Stepper(model, cache, open_device(device), needed,
-                                        [clock, records.append, *hooks]) as st:
+    with make_cache() as cache, Stepper(model, cache, open_device(device), needed, [clock, records.append, *hooks],
+                                        token_on_device=token_on_device) as st:
         st.receive(pre.cache)
         tokens = [pre.first_token]
         while len(tokens) < new:
@@ -177,11 +179,12 @@ class Setting:
     genai_graph: GenaiPeer | None = None  # genai with graph capture, on that model
 
 
-def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,)
-             ) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
+def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,),
+             token_on_device: bool = False) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
     """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
-    disposal)."""
+    disposal). ``token_on_device``: each static cache also with the greedy token kept on the device, right after
+    its twin."""
     fitted = positions_needed(len(s.ids), s.new)
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
@@ -191,6 +194,8 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
         for k in check_every:
             make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
             caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.model)
+            if token_on_device:
+                caches[Variant(KVLAB, make().spec, n == fitted, token_on_device=True)] = (make, s.model)
             if s.graph_model is not None:  # right after its uncaptured twin: pairs close in time
                 make = lambda n=n, k=k: CapturedStaticCache(n, check_every=k)  # noqa: E731
                 caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.graph_model)
@@ -198,12 +203,14 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
     kept: list[Prefilled] = []
     floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
     for v, (make, model) in caches.items():
+        tok = v.token_on_device
         if s.prefill is not None:  # the prefill side is the cache's twin (a captured cache's: a plain static one)
             kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
-            out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model: run_handoff(m, pre, make, s.device, s.new,
-                                                                                   hooks)
+            out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(m, pre, make, s.device,
+                                                                                             s.new, hooks, tok)
         else:
-            out[v] = lambda hooks=(), make=make, m=model: run_kvlab(m, s.ids, make, s.device, s.new, hooks)
+            out[v] = lambda hooks=(), make=make, m=model, tok=tok: run_kvlab(m, s.ids, make, s.device, s.new, hooks,
+                                                                            tok)
         if floor and v.fitted:  # right after the fitted static cache: pairs close in time
             out[Variant(MATMULS_ONLY)] = floor
     if s.small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory

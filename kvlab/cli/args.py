@@ -104,6 +104,8 @@ def parser() -> argparse.ArgumentParser:
                                          "every k steps (default 1: every step)")
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
+    b.add_argument("--token-on-device", action="store_true",
+                   help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy)")
     b.add_argument("--graph-capture", action="store_true", help="WebGPU rows also run kvlab's captured static cache "
                    "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
                    "for capture)")

@@ -48,6 +48,8 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.genai = {d: False for d in DEVICES}
     if args.graph_capture:
         plan.graph_capture = True
+    if args.token_on_device:
+        plan.token_on_device = True
     if args.prefill_on:
         plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
     open_cpu(args)

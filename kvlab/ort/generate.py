@@ -22,7 +22,8 @@ from .stepper import Stepper
 def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, device: Device | str = "cpu",
              max_new_tokens: int = 32, chat: bool = False, sampling: Sampling | None = None,
              stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
-             prefill_device: Device | str | None = None, prefill_model: Model | str | None = None) -> Generation:
+             prefill_device: Device | str | None = None, prefill_model: Model | str | None = None,
+             token_on_device: bool = False) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
     The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
@@ -30,6 +31,9 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
     the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there. With onnxruntime-webgpu 1.27 on
     SwiftShader this is also more correct than a WebGPU prefill, whose logits are wrong from query position 4 on.
+
+    ``token_on_device=True`` (greedy only): the decode device's graph picks each token and the next step reads it
+    from the device, so no token is copied to the device per step (``kvlab.ort.greedy``).
     """
     new_tokens = check_new_tokens(max_new_tokens)
     check_flag("chat", chat)
@@ -37,6 +41,9 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     model = load(model)
     dev = open_device(device)
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
+    if check_flag("token_on_device", token_on_device) and sampling is not None and sampling.do_sample:
+        raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
+                          "the logits on the host: use token_on_device=False")
     user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
@@ -62,7 +69,8 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
 
     try:
         with cache if own_cache else nullcontext(), \
-                Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks) as stepper:
+                Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks,
+                        token_on_device=token_on_device) as stepper:
             feed = ids
             if pre is not None:
                 with pre.cache, pre:
@@ -71,7 +79,7 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
                 tokens.append(record.token)
                 feed = np.array([record.token], np.int64)
             while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
-                _, record = stepper.step(feed, choose, logits_out="none")
+                _, record = stepper.step(feed, None if token_on_device else choose, logits_out="none")
                 tokens.append(record.token)
                 feed = np.array([record.token], np.int64)
     except BaseException as exc:

@@ -2,10 +2,10 @@
 
 The step, in order: the cache binds its KV (``cache.binding``: capacity checked, nothing changed), the stepper
 binds the token ids, the attention mask and the logits (the runtime copies host inputs to the device there: that
-time is the runtime's, counted in the record's ``run_ms`` with the run), the runtime runs, the cache commits (it checks what the
-runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache settles. A step that
-fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every tensor the runtime made
-in it is released: call it again.
+time is the runtime's, counted in the record's ``run_ms`` with the run), the runtime runs, the cache commits (it
+checks what the runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache
+settles. A step that fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every
+tensor the runtime made in it is released: call it again.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..core.cache import Cache
-from ..core.errors import ConfigError, check_choice
+from ..core.errors import ConfigError, check_choice, check_flag
 from ..core.generation import greedy
 from ..core.records import StepHook, StepRecord, hook_list, step_record
 from .device import Device, open_device
+from .greedy import TokenFeed, greedy_graph
 from .models import Model, load
 
 LOGITS_OUT = ("last", "all", "none")
@@ -27,15 +28,26 @@ LOGITS_OUT = ("last", "all", "none")
 
 class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its lifetime
-    (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions."""
+    (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions.
+
+    ``token_on_device=True``: greedy steps that hand back no logits (``choose`` None, ``logits_out="none"``) take
+    the token from the graph (``kvlab.ort.greedy``) and feed it to the next step from the device."""
 
     def __init__(self, model: Model | str, cache: Cache, device: Device | str, needed: int,
-                 hooks: Sequence[StepHook] = ()):
+                 hooks: Sequence[StepHook] = (), token_on_device: bool = False):
         model, device = load(model), open_device(device)
         if not isinstance(cache, Cache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
+        check_flag("token_on_device", token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
-        self.session = cache.session(device, model)  # the device's session of the model, or the cache's own
+        if token_on_device and type(cache).session is not Cache.session:
+            raise ConfigError(f"token_on_device runs the model's greedy graph on the device's own session; a "
+                              f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache")
+        self.token_on_device = token_on_device
+        self._feed: TokenFeed | None = None  # while entered, with token_on_device
+        # the device's session of the model (its greedy graph with token_on_device), or the cache's own
+        self.session = (device.session(greedy_graph(model), f"model {model.name} (greedy token on the device)")
+                        if token_on_device else cache.session(device, model))
         if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
             raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
         self.needed = int(needed)
@@ -46,10 +58,21 @@ class Stepper:
 
     def __enter__(self) -> "Stepper":
         self._use.__enter__()
+        if self.token_on_device:
+            try:
+                self._feed = TokenFeed(self.device)
+            except BaseException:
+                self._use.__exit__(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._use.__exit__(*exc)
+        feed, self._feed = self._feed, None
+        try:
+            if feed is not None:
+                feed.release()
+        finally:
+            self._use.__exit__(*exc)
 
     def step(self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None,
              logits_out: str = "last") -> tuple[np.ndarray | None, StepRecord]:
@@ -63,22 +86,30 @@ class Stepper:
         if position + n > self.needed:
             raise ConfigError(f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
                               "stepper was opened for")
+        feed = self._feed if logits_out == "none" and choose in (None, greedy) else None  # the token on the device
         logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
         b = self.cache.binding(self.session, n)
-        b.input(info.input_names["input_ids"], tokens.reshape(1, n))
+        held = feed.holding(tokens) if feed is not None else None
+        b.input(info.input_names["input_ids"], held if held is not None else tokens.reshape(1, n))
         b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
         if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
             b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
-        b.output(info.logits_name, logits)
+        if feed is not None:
+            feed.bind_outputs(b)
+        else:
+            b.output(info.logits_name, logits)
         try:
             result = b.run()
             memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
         finally:
             b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
         try:
-            last = logits[0, -1]
-            out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
-            token = (choose or greedy)(last)
+            if feed is not None:
+                out, token = None, feed.written()
+            else:
+                last = logits[0, -1]
+                out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
+                token = (choose or greedy)(last)
             record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode",
                                  device=self.device.name, position=position, n_tokens=n, token=token,
                                  wall_ms=(time.perf_counter() - start) * 1e3,
@@ -90,6 +121,10 @@ class Stepper:
             raise
         self.cache.settle()
         self.steps += 1
+        if feed is not None:
+            feed.advance()
+        elif self._feed is not None:
+            self._feed.forget()
         return out, record
 
     def receive(self, src: Cache) -> StepRecord:
@@ -101,6 +136,8 @@ class Stepper:
                              position=0, n_tokens=src.seq_length, token=-1, wall_ms=wall, run_ms=0.0, memory=memory,
                              used_cache_bytes=self.cache.used_bytes, copy_bytes=copied)
         self.steps = 1  # the next step is the first decode step
+        if self._feed is not None:
+            self._feed.forget()
         self._emit(record)
         return record
 

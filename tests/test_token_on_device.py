@@ -1,0 +1,117 @@
+"""The greedy token kept on the device (``token_on_device=True``, ``kvlab.ort.greedy``): the graph picks the token
+and the next step reads it from a device tensor. Compared against kvlab's own host-side greedy path on the same
+real session (which tests/test_generate.py compares with onnxruntime-genai and transformers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvlab
+from kvlab import ConfigError, DynamicCache, Sampling, StaticCache
+from kvlab.ort import Stepper, generate, open_device
+from kvlab.ort.faults import Injected, fault
+from kvlab.ort.session import Binding
+from kvlab.ort.tensors import DeviceTensor
+
+PROMPT = "Once upon a time"
+CACHES = {"dynamic": DynamicCache, "static": lambda: StaticCache(64)}
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+@pytest.mark.parametrize("kind", list(CACHES))
+def test_tokens_equal_the_host_greedy_path(toy, device, kind):
+    dev = open_device(device)
+    before = dev.live_tensors
+    runs = {}
+    for on_device in (False, True):
+        with CACHES[kind]() as cache:
+            runs[on_device] = generate(toy, PROMPT, cache=cache, device=device, max_new_tokens=20, stop_on_eos=False,
+                                       token_on_device=on_device)
+    assert runs[True].token_ids == runs[False].token_ids and len(runs[True].token_ids) == 20
+    assert dev.live_tensors == before  # the two token tensors went with the stepper
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_no_token_is_fed_from_the_host_after_the_prefill(toy, device, monkeypatch):
+    """Every decode step binds its input ids to a device tensor the previous run wrote (the spy wraps the real
+    Binding.input; the runs are real)."""
+    fed: list[str] = []
+    real = Binding.input
+
+    def spy(self, name, value):
+        if name == toy.info.input_names["input_ids"]:
+            fed.append("device" if isinstance(value, DeviceTensor) else "host")
+        return real(self, name, value)
+
+    monkeypatch.setattr(Binding, "input", spy)
+    with StaticCache(64) as cache:
+        generate(toy, PROMPT, cache=cache, device=device, max_new_tokens=8, stop_on_eos=False, token_on_device=True)
+    assert fed == ["host"] + ["device"] * 7
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
+    """A step that fails after its run (fault injection: the run really happened and wrote the other token
+    tensor) leaves the cache and the token feed as they were: retried, the generation continues as if nothing
+    happened. A host-side step in between (logits asked for) makes the next one feed its ids from the host."""
+    ids = toy.encode(PROMPT)
+    with StaticCache(64) as cache:
+        want = generate(toy, ids, cache=cache, device=device, max_new_tokens=10, stop_on_eos=False).token_ids
+    with StaticCache(64) as cache, Stepper(toy, cache, open_device(device), 64, token_on_device=True) as st:
+        tokens = [st.step(ids, logits_out="none")[1].token]
+        while len(tokens) < 10:
+            feed = np.array([tokens[-1]], np.int64)
+            if len(tokens) == 4:
+                with fault("after-run"), pytest.raises(Injected):
+                    st.step(feed, logits_out="none")
+                assert cache.seq_length == len(ids) + 3
+            logits_out = "last" if len(tokens) == 6 else "none"  # one step on the host path
+            out, rec = st.step(feed, logits_out=logits_out)
+            assert (out is None) == (logits_out == "none")
+            tokens.append(rec.token)
+    assert tokens == want
+
+
+def test_refusals(toy):
+    with pytest.raises(ConfigError, match="token_on_device='yes' must be True or False"):
+        generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
+    with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):
+        generate(toy, PROMPT, max_new_tokens=2, token_on_device=True, sampling=Sampling(do_sample=True, seed=0))
+    from kvlab.ort import CapturedStaticCache
+
+    with pytest.raises(ConfigError, match="a CapturedStaticCache runs a session of its own"):
+        Stepper(toy, CapturedStaticCache(64), open_device("cpu"), 64, token_on_device=True)
+    assert kvlab.ort.greedy.greedy_graph(toy).is_file()  # written beside the model, reused
+
+
+def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
+    """``kvlab bench --token-on-device``: each static cache runs again with the token kept on the device, in the
+    same paired rounds, with the same tokens."""
+    from kvlab.bench import Plan, report, run_plan
+
+    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 6}, reps=2, genai=False,
+                small_pages_twin=False, matmuls_only=False, token_on_device=True)
+    rows = run_plan(plan, log=lambda _: None)["rows"]
+    names = [r["variant"] for r in rows]
+    assert names == ["dynamic", "static@37", "static@37 token-on-device"]
+    assert all(r["tokens_equal"] for r in rows) and rows[2]["token_on_device"] and not rows[1]["token_on_device"]
+    assert len(rows[2]["decode_ms_runs"]) == 2 and report({"rows": rows})
+
+
+def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
+    """The greedy graph is written beside the model's graph: when that fails, the error names the directory and
+    leaves no temporary file. (A directory stands where the file would go: a real failure of the write, also for
+    root, whom directory permissions do not stop.)"""
+    import shutil
+
+    from kvlab import ModelError
+    from kvlab.ort.greedy import SUFFIX, greedy_graph
+
+    copy = tmp_path / "toy"
+    shutil.copytree(toy.info.path, copy, ignore=shutil.ignore_patterns("*" + SUFFIX))
+    model = kvlab.load(str(copy))
+    (copy / ("model" + SUFFIX) / "in-the-way").mkdir(parents=True)
+    with pytest.raises(ModelError, match=f"greedy graph beside its model.onnx, in {copy}"):
+        greedy_graph(model)
+    assert not list(copy.glob("*.tmp"))
