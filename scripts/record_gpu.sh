@@ -11,7 +11,8 @@
 #                                          # 1k-8k, on whichever ONNX Runtime package is importable; the capture tests
 #   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
 #                                          # kvlab's tests of them on WebGPU
-#   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k),
+#   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k;
+#                                          # again with the greedy token on the device),
 #                                          # then the static cache (also with the token on the device) vs
 #                                          # genai, paired, 1k-8k, fp32 and fp16
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
@@ -103,6 +104,8 @@ phases)
   for p in ${PRECISIONS:-fp32 fp16}; do for c in ${PHASE_CONTEXTS:-1024 4096 16384}; do
     step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu --context "$c" \
       --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
+    step "phases_${p}_${c}_token" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu \
+      --context "$c" --new-tokens 32 --rounds 3 --token-on-device --json "$out/phases_${p}_${c}_token.json"
   done; done
   step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" --devices webgpu \
     --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \

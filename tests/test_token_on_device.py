@@ -115,3 +115,19 @@ def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
     with pytest.raises(ModelError, match=f"greedy graph beside its model.onnx, in {copy}"):
         greedy_graph(model)
     assert not list(copy.glob("*.tmp"))
+
+
+def test_step_phases_with_the_token_on_device(toy):
+    """``kvlab profile --phases --token-on-device``: kvlab's rounds keep the token on the device (real sessions,
+    SwiftShader) and repeat their tokens, which equal the host path's."""
+    from kvlab import bench
+
+    r = bench.step_phases(toy, "webgpu", context=16, new_tokens=5, rounds=1, genai=False, token_on_device=True)
+    assert r["token_on_device"] and r["kvlab_tokens_repeat"]
+    with StaticCache(64) as cache:
+        want = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
+                        stop_on_eos=False).token_ids
+    with StaticCache(64) as cache:
+        got = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
+                       stop_on_eos=False, token_on_device=True).token_ids
+    assert got == want

@@ -94,11 +94,13 @@ def _median_ms(steps: list[dict[str, float]], key: str) -> float:
 
 
 def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024, new_tokens: int = 32,
-                rounds: int = 3, check_every: int = 1, genai: bool = True) -> dict[str, Any]:
+                rounds: int = 3, check_every: int = 1, genai: bool = True, token_on_device: bool = False
+                ) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
-    round, and whether the tokens agree."""
+    round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
+    (``kvlab.ort.greedy``; "choose" is then part of the run)."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}={value!r} must be an int >= {least}")
@@ -111,7 +113,7 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         p = _Phases()
         with StaticCache(context + new_tokens, check_every=check_every) as cache, _wrapped(p):
             g = generate(model, ids, cache=cache, device=device, max_new_tokens=new_tokens, stop_on_eos=False,
-                         on_step=p.record)
+                         on_step=p.record, token_on_device=token_on_device)
         mine = p.steps[1:]  # after the first decode step, as genai's
         steps += mine
         kv_tokens.append(g.token_ids)
@@ -127,7 +129,8 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         r["share"] = r["ms_per_step"] / t2t
     out: dict[str, Any] = {
         "model": model.name, "precision": model.info.dtype_name, "device": device, "context": context,
-        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "rows": rows,
+        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": token_on_device,
+        "rows": rows,
         "kvlab_step_ms": _median_ms(steps, "wall"), "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time
         "python_share": _median_ms(steps, "python") / _median_ms(steps, "wall"),

@@ -144,6 +144,8 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
     pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
+    pr.add_argument("--token-on-device", action="store_true",
+                    help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy)")
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     return ap

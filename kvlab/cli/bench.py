@@ -119,7 +119,8 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
     """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
     open_cpu(args)
     r = bench.step_phases(load(args.model, precision=args.precision), args.device, context, new_tokens,
-                          args.rounds, args.check_every, genai=not args.no_genai)
+                          args.rounds, args.check_every, genai=not args.no_genai,
+                          token_on_device=args.token_on_device)
     lines = [["phase", "ms/step", "share"]] + [[row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"]
                                                for row in r["rows"]]
     lines.append(["token to token", f"{r['kvlab_token_to_token_ms']:.3f}", "100.0%"])
@@ -132,8 +133,10 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         print(f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
               f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
               f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}")
-    print(f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}), context "
-          f"{context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the first)")
+    token = ", the token on the device" if args.token_on_device else ""
+    print(f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
+          f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
+          "first)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=1))
