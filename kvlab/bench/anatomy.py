@@ -1,7 +1,7 @@
 """``kvlab profile --phases``: where a static-cache decode step's wall time goes, phase by phase (binding, ONNX
 Runtime's copies of host inputs and its run, the in-place read-back, the commit, the choice of token, the loop
-between steps), beside
-onnxruntime-genai's step on the same model, prompt and device, in paired rounds of one process.
+between steps), beside onnxruntime-genai's step on the same model, prompt and device, in paired rounds of one
+process.
 
 Each phase is timed by wrapping the kvlab method that does it for the duration of a run (``kvlab.ort.faults`` wraps
 the same entry points to inject failures); a wrapper adds well under a microsecond to its phase. The step's wall

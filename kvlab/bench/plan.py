@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.errors import ConfigError, check_choice
-from ..ort import close_device, load, open_device
+from ..ort import Model, close_device, load, open_device
 from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
@@ -132,16 +132,20 @@ def prompt_ids(model: Any, length: int) -> np.ndarray:
     return model.tokens_of(text, length)
 
 
-def check_contexts(plan: Plan) -> None:
-    """Every context of the plan fits every model it runs (with its new tokens): checked before anything runs, so
-    a bad context never discards the rows measured before it."""
+def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
+    """Every model of the plan by (name, precision), loaded once, with every context checked to fit it (with its
+    new tokens) before anything runs, so a bad context never discards the rows measured before it."""
+    models: dict[tuple[str, str], Model] = {}
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
-        model, new = load(name, precision=precision), plan.new_tokens[device]
+        if (name, precision) not in models:
+            models[name, precision] = load(name, precision=precision)
+        model, new = models[name, precision], plan.new_tokens[device]
         for context in plan.contexts[device]:
             if context + new > model.info.context_length:
                 raise ConfigError(f"context {context} + {new} new tokens exceed {model.name}'s context length "
                                   f"{model.info.context_length}; use contexts up to "
                                   f"{model.info.context_length - new}")
+    return models
 
 
 def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -154,13 +158,13 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
 
     for mode in plan.buffer_cache_modes:
         check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
-    check_contexts(plan)
+    models = load_checked(plan)
     bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
     log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
     genai_huge = 0  # bytes of the peer's memory collapsed into huge pages
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
-        model = load(name, precision=precision)
+        model = models[name, precision]
         model_name = model.name
         genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
         genai_huge += genai.huge_pages["bytes"] if genai else 0

@@ -152,13 +152,12 @@ class Binding:
             return result
         try:
             values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
-            if self._new:
+            if not self._new:  # every output pre-bound (a static cache's binding): one pass in C
+                result.returned_ptrs = dict(zip(self._order, map(_DATA_PTR, values)))
+            else:
                 prebound = self._prebound
                 result.returned_ptrs = {name: value.data_ptr() for name, value in zip(self._order, values)
                                         if name in prebound}
-            else:  # every output pre-bound (a static cache's binding): one pass in C
-                result.returned_ptrs = dict(zip(self._order, map(_DATA_PTR, values)))
-            if self._new:
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
                 for name, value in zip(self._order, values):
                     if name in self._new:
