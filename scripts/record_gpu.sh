@@ -102,13 +102,14 @@ beyond)
 phases)
   step build 200 builds phi4-kv:fp32 phi4-kv:fp16
   for p in ${PRECISIONS:-fp32 fp16}; do for c in ${PHASE_CONTEXTS:-1024 4096 16384}; do
-    step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu --context "$c" \
+    [ -n "${PHASE_TOKEN_ONLY:-}" ] || step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu --context "$c" \
       --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
     step "phases_${p}_${c}_token" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu \
       --context "$c" --new-tokens 32 --rounds 3 --token-on-device --json "$out/phases_${p}_${c}_token.json"
   done; done
-  step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" --devices webgpu \
-    --contexts "${PHASE_BENCH:-1024,2048,4096,8192}" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \
+  bench_contexts=${PHASE_BENCH-1024,2048,4096,8192}  # PHASE_BENCH= (empty): the profiles only
+  [ -z "$bench_contexts" ] || step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" \
+    --devices webgpu --contexts "$bench_contexts" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \
     --prefill-on webgpu --max-cache-lens 1 --token-on-device --no-charts --out "$out/bench"
   ;;
 modes)
