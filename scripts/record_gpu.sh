@@ -103,7 +103,8 @@ phases)
   step build 200 builds phi4-kv:fp32 phi4-kv:fp16
   for p in ${PRECISIONS:-fp32 fp16}; do for c in ${PHASE_CONTEXTS:-1024 4096 16384}; do
     [ -n "${PHASE_TOKEN_ONLY:-}" ] || step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" \
-      --device webgpu --context "$c" --new-tokens 32 --rounds 3 --json "$out/phases_${p}_$c.json"
+      --device webgpu --context "$c" --new-tokens 32 --rounds 3 --no-token-on-device \
+      --json "$out/phases_${p}_$c.json"
     step "phases_${p}_${c}_token" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu \
       --context "$c" --new-tokens 32 --rounds 3 --token-on-device --json "$out/phases_${p}_${c}_token.json"
   done; done

@@ -57,7 +57,8 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
     happened. A host-side step in between (logits asked for) makes the next one feed its ids from the host."""
     ids = toy.encode(PROMPT)
     with StaticCache(64) as cache:
-        want = generate(toy, ids, cache=cache, device=device, max_new_tokens=10, stop_on_eos=False).token_ids
+        want = generate(toy, ids, cache=cache, device=device, max_new_tokens=10, stop_on_eos=False,
+                        token_on_device=False).token_ids
     with StaticCache(64) as cache, Stepper(toy, cache, open_device(device), 64, token_on_device=True) as st:
         tokens = [st.step(ids, logits_out="none")[1].token]
         while len(tokens) < 10:
@@ -71,6 +72,33 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
             assert (out is None) == (logits_out == "none")
             tokens.append(rec.token)
     assert tokens == want
+
+
+def test_by_default_greedy_webgpu_runs_keep_the_token_on_the_device(toy, tmp_path, monkeypatch):
+    """``token_on_device=None`` (the default): on for greedy decoding on WebGPU with a plain cache, off on the CPU
+    EP and with sampling; off, and the run goes on on the host path, where the greedy graph cannot be written
+    (a directory stands where it would go) or model.onnx holds its weights (the size rule, lowered here to make a
+    real toy model cross it). The run's label says which path ran."""
+    import shutil
+
+    from kvlab.ort import greedy
+
+    def run(model=toy, device="webgpu", **kw):
+        return generate(model, PROMPT, device=device, max_new_tokens=6, stop_on_eos=False, **kw)
+
+    host = run(token_on_device=False)
+    assert not host.label.token_on_device
+    default = run()
+    assert default.label.token_on_device and default.token_ids == host.token_ids
+    assert not run(device="cpu").label.token_on_device
+    assert not run(sampling=Sampling(do_sample=True, seed=0)).label.token_on_device
+    copy = tmp_path / "toy"
+    shutil.copytree(toy.info.path, copy, ignore=shutil.ignore_patterns("*" + greedy.SUFFIX))
+    (copy / ("model" + greedy.SUFFIX) / "in-the-way").mkdir(parents=True)
+    blocked = run(kvlab.load(str(copy)))
+    assert not blocked.label.token_on_device and blocked.token_ids == host.token_ids
+    monkeypatch.setattr(greedy, "GRAPH_ONLY", 0)
+    assert not run().label.token_on_device
 
 
 def test_refusals(toy):
@@ -126,7 +154,7 @@ def test_step_phases_with_the_token_on_device(toy):
     assert r["token_on_device"] and r["kvlab_tokens_repeat"]
     with StaticCache(64) as cache:
         want = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
-                        stop_on_eos=False).token_ids
+                        stop_on_eos=False, token_on_device=False).token_ids
     with StaticCache(64) as cache:
         got = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
                        stop_on_eos=False, token_on_device=True).token_ids

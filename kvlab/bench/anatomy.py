@@ -94,13 +94,13 @@ def _median_ms(steps: list[dict[str, float]], key: str) -> float:
 
 
 def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024, new_tokens: int = 32,
-                rounds: int = 3, check_every: int = 1, genai: bool = True, token_on_device: bool = False
-                ) -> dict[str, Any]:
+                rounds: int = 3, check_every: int = 1, genai: bool = True,
+                token_on_device: bool | None = None) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
-    round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
-    (``kvlab.ort.greedy``; "choose" is then part of the run)."""
+    round, and whether the tokens agree. ``token_on_device``: as ``generate``'s (default: its default); with the
+    greedy token on the device (``kvlab.ort.greedy``) "choose" is part of the run."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}={value!r} must be an int >= {least}")
@@ -108,7 +108,8 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device) if genai else None
     steps: list[dict[str, float]] = []
-    kv_tokens, genai_tokens, pairs = [], [], []  # pairs: per round (kvlab step, genai step, kvlab t2t, genai t2t)
+    kv_tokens, genai_tokens, paths = [], [], set()  # paths: where each round chose its tokens (one, in fact)
+    pairs = []  # per round: (kvlab step, genai step, kvlab t2t, genai t2t)
     for _ in range(rounds):
         p = _Phases()
         with StaticCache(context + new_tokens, check_every=check_every) as cache, _wrapped(p):
@@ -117,6 +118,7 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         mine = p.steps[1:]  # after the first decode step, as genai's
         steps += mine
         kv_tokens.append(g.token_ids)
+        paths.add(g.label.token_on_device)
         if peer is not None:
             stamps: list[float] = []
             run = peer.run(ids, new_tokens, hooks=[lambda: stamps.append(time.perf_counter())])
@@ -129,7 +131,7 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         r["share"] = r["ms_per_step"] / t2t
     out: dict[str, Any] = {
         "model": model.name, "precision": model.info.dtype_name, "device": device, "context": context,
-        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": token_on_device,
+        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": paths.pop(),
         "rows": rows,
         "kvlab_step_ms": _median_ms(steps, "wall"), "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time

@@ -50,11 +50,15 @@ class Plan:
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
     graph_capture: bool = False  # WebGPU: kvlab's captured static caches (and genai captured, where genai runs
     #                              there) beside the uncaptured ones, on the model built for capture
-    token_on_device: bool = False  # each static cache also with the greedy token kept on the device
+    # per device: each static cache also with the greedy token kept on the device, beside its twin that chooses
+    # it on the host (as genai does); on WebGPU by default, where generate() keeps it there by default
+    token_on_device: dict[str, bool] = field(default_factory=lambda: {"cpu": False, "webgpu": True})
 
     def __post_init__(self) -> None:
         if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
             self.genai = {"cpu": self.genai, "webgpu": False}
+        if isinstance(self.token_on_device, bool):  # token_on_device=True/False: on every device or none
+            self.token_on_device = dict.fromkeys(("cpu", "webgpu"), self.token_on_device)
 
     @classmethod
     def quick(cls) -> "Plan":
@@ -194,7 +198,7 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                   prefill=plan.prefill_on.get(device), graph_model=graph_model,
                                   genai_graph=genai_graph)
                 runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True),
-                                         tuple(plan.check_every), plan.token_on_device)
+                                         tuple(plan.check_every), plan.token_on_device[device])
                 try:
                     rounds = interleaved(runners, plan.reps)
                     traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}

@@ -104,8 +104,9 @@ def parser() -> argparse.ArgumentParser:
                                          "every k steps (default 1: every step)")
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
-    b.add_argument("--token-on-device", action="store_true",
-                   help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy)")
+    b.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
+                   help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy), "
+                        "beside its twin that chooses it on the host (default: on WebGPU)")
     b.add_argument("--graph-capture", action="store_true", help="WebGPU rows also run kvlab's captured static cache "
                    "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
                    "for capture)")
@@ -144,8 +145,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
     pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
-    pr.add_argument("--token-on-device", action="store_true",
-                    help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy)")
+    pr.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
+                    help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
+                         "choose it on the host (default: as generate() does, on the device on WebGPU)")
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     return ap

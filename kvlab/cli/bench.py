@@ -48,8 +48,8 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.genai = {d: False for d in DEVICES}
     if args.graph_capture:
         plan.graph_capture = True
-    if args.token_on_device:
-        plan.token_on_device = True
+    if args.token_on_device is not None:
+        plan.token_on_device = dict.fromkeys(DEVICES, args.token_on_device)
     if args.prefill_on:
         plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
     open_cpu(args)
@@ -133,7 +133,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         print(f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
               f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
               f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}")
-    token = ", the token on the device" if args.token_on_device else ""
+    token = ", the token on the device" if r["token_on_device"] else ", the token on the host"
     print(f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
           f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
           "first)")

@@ -69,6 +69,7 @@ class RunLabel:
     device: DeviceLabel
     cache: CacheSpec
     prefill_device: DeviceLabel | None = None  # set when the prefill ran on another device (a handoff)
+    token_on_device: bool = False  # the greedy token chosen on the device (kvlab.ort.greedy), not on the host
 
 
 def cpu_adapter() -> Adapter:

@@ -64,7 +64,8 @@ def common_and_labels(runs: Sequence[Run], context: bool = True) -> tuple[str, l
     """The title part every run shares, and one legend label per run naming what differs (the cache always).
     The runtime that ran them goes on a line of its own in the title (or into the labels when it differs)."""
     parts: list[Callable[[Run], str]] = [lambda r: f"model {r.label.model} ({r.label.dtype})",
-                                         lambda r: device_text(r.label.device, r.label.prefill_device)]
+                                         lambda r: device_text(r.label.device, r.label.prefill_device)
+                                         + (", greedy token on the device" if r.label.token_on_device else "")]
     if context:
         parts.append(lambda r: r.context)
     runtime: Callable[[Run], str] = lambda r: runtime_text(r.label.device)  # noqa: E731

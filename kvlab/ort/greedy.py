@@ -17,13 +17,39 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
+from ..core.cache import Cache
+from ..core.errors import ConfigError, ModelError, check_flag
 from .caches import release_all, zeros_all
 from .tensors import DeviceTensor
 
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
 SUFFIX = ".kvlab-greedy.onnx"
+GRAPH_ONLY = 64 << 20  # a model.onnx larger than this holds its weights, which a copy of its graph would duplicate
+
+
+def resolve(requested: bool | None, model: Any, device: Any, cache: Cache, do_sample: bool) -> bool:
+    """Whether a generation keeps its greedy token on the device. ``True``/``False``: as asked (``True`` refuses
+    sampling). ``None``, the default: on for greedy decoding on WebGPU with a plain cache (there it saves a copy
+    each way per step: on an NVIDIA H200, kvlab's static step went from 1.00-1.06x genai's to 0.90-0.93x,
+    ``data/gpu/token/``); off on the CPU EP (no copy to save), with sampling, with a cache that runs a session of
+    its own (a CapturedStaticCache), and where the greedy graph cannot be written beside the model (a directory
+    that is not writable, or weights inside model.onnx)."""
+    if requested is not None:
+        if check_flag("token_on_device", requested) and do_sample:
+            raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) "
+                              "needs the logits on the host: use token_on_device=False")
+        return requested
+    if device.name != "webgpu" or do_sample or type(cache).session is not Cache.session:
+        return False
+    src = Path(model.onnx_path)
+    if src.stat().st_size > GRAPH_ONLY:
+        return False
+    try:
+        greedy_graph(model)
+    except ModelError:
+        return False
+    return True
 
 
 def greedy_graph(model: Any) -> Path:
