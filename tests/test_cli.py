@@ -39,6 +39,13 @@ def test_compare_table_toy_webgpu(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "outputs identical: True" in r.stdout and "SwiftShader" in r.stdout or "hardware" in r.stdout
     assert "static@256" in r.stdout and "tok/s" in r.stdout
+    assert r.stdout.count("; the greedy token chosen on the device)") == 2  # the WebGPU default, said per run
+    host = kvlab("compare", "--model", "toy", "--device", "webgpu", "--prompt-file", str(prompt),
+                 "--max-new-tokens", "6", "--ignore-eos", "--no-token-on-device", "--json")
+    assert host.returncode == 0, host.stderr
+    runs = json.loads(host.stdout)["runs"]
+    assert not any(g["label"]["token_on_device"] for g in runs.values())
+    assert all(g["token_ids"] == runs["static"]["token_ids"] for g in runs.values())
 
 
 def test_generate_and_python_dash_m():
@@ -57,6 +64,7 @@ def test_generate_and_python_dash_m():
      "positions are needed but max_cache_len is 3"),
     (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
     (["generate", "--model", "toy", "--prompt", ""], "the prompt is empty"),
+    (["generate", "--model", "toy", "--sample", "--token-on-device"], "sampling (do_sample=True) needs the logits"),
     (["generate", "--model", "toy", "--cache", "dynamic", "--max-cache-len", "8"], "applies to --cache static"),
     (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
     (["generate", "--model", "toy", "--max-cache-len", "99999"], "larger than model toy's context length 4096"),

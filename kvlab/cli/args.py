@@ -30,6 +30,9 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
+                   help="keep the greedy token on the device (kvlab.ort.greedy), or choose it on the host (default: "
+                        "on the device for greedy WebGPU runs with a plain cache)")
     p.add_argument("--graph-capture", action="store_true", help="WebGPU graph capture of the decode step (a static "
                    "cache on the model built for capture; compare adds it as a third row: static + graph)")
 

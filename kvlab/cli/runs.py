@@ -81,7 +81,8 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
             cache, run_model = make_cache(kind, size if kind == "static" else None), model
         with cache:
             runs[kind] = generate(run_model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
-                                  sampling=sampling, stop_on_eos=not args.ignore_eos)
+                                  sampling=sampling, stop_on_eos=not args.ignore_eos,
+                                  token_on_device=None if kind == GRAPH else args.token_on_device)
     return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
             "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
 
@@ -128,7 +129,8 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
     if result["static_memory"]:
         print(result["static_memory"])
     for kind, g in runs.items():
-        print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason})")
+        where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
+        print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
     print("\n" + _table([_summary(g) for g in runs.values()]))
     print("(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
           "bufs counts never-seen buffer identities, a proxy)")
