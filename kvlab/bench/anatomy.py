@@ -95,12 +95,12 @@ def _median_ms(steps: list[dict[str, float]], key: str) -> float:
 
 def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024, new_tokens: int = 32,
                 rounds: int = 3, check_every: int = 1, genai: bool = True,
-                token_on_device: bool | None = None) -> dict[str, Any]:
+                token_on_device: bool = False) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
-    round, and whether the tokens agree. ``token_on_device``: as ``generate``'s (default: its default); with the
-    greedy token on the device (``kvlab.ort.greedy``) "choose" is part of the run."""
+    round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
+    (``kvlab.ort.greedy``; "choose" is then part of the run)."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}={value!r} must be an int >= {least}")

@@ -51,7 +51,7 @@ class Plan:
     graph_capture: bool = False  # WebGPU: kvlab's captured static caches (and genai captured, where genai runs
     #                              there) beside the uncaptured ones, on the model built for capture
     # per device: each static cache also with the greedy token kept on the device, beside its twin that chooses
-    # it on the host (as genai does); on WebGPU by default, where generate() keeps it there by default
+    # it on the host (as genai does); on WebGPU by default, where which is faster depends on the model
     token_on_device: dict[str, bool] = field(default_factory=lambda: {"cpu": False, "webgpu": True})
 
     def __post_init__(self) -> None:

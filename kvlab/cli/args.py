@@ -30,9 +30,8 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
-                   help="keep the greedy token on the device (kvlab.ort.greedy), or choose it on the host (default: "
-                        "on the device for greedy WebGPU runs with a plain cache)")
+    p.add_argument("--token-on-device", action="store_true",
+                   help="keep the greedy token on the device (kvlab.ort.greedy) instead of choosing it on the host")
     p.add_argument("--graph-capture", action="store_true", help="WebGPU graph capture of the decode step (a static "
                    "cache on the model built for capture; compare adds it as a third row: static + graph)")
 
@@ -109,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
     b.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
                    help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy), "
-                        "beside its twin that chooses it on the host (default: on WebGPU)")
+                        "beside its twin that chooses it on the host (default: on WebGPU, off on the CPU EP)")
     b.add_argument("--graph-capture", action="store_true", help="WebGPU rows also run kvlab's captured static cache "
                    "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
                    "for capture)")
@@ -148,9 +147,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
     pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
-    pr.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
+    pr.add_argument("--token-on-device", action=argparse.BooleanOptionalAction, default=False,
                     help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
-                         "choose it on the host (default: as generate() does, on the device on WebGPU)")
+                         "choose it on the host (the default)")
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     return ap

@@ -82,7 +82,7 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
         with cache:
             runs[kind] = generate(run_model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
                                   sampling=sampling, stop_on_eos=not args.ignore_eos,
-                                  token_on_device=None if kind == GRAPH else args.token_on_device)
+                                  token_on_device=args.token_on_device and kind != GRAPH)
     return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
             "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
 

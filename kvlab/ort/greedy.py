@@ -6,7 +6,9 @@ that token back to the device: on an NVIDIA H200's WebGPU that copy costs 0.35-1
 (an ArgMax over the last position's logits, ``NEXT``), written into a device tensor that the next step reads as its
 input ids, and a host copy of it (``NEXT_HOST``, 8 bytes, copied back as the logits would be): the token never
 travels to the device. The graph with those outputs is written beside the model's (``greedy_graph``; the weights
-are the model's own file, not copied).
+are the model's own file, not copied). Opt-in: ONNX Runtime's WebGPU ArgMax reduces the whole vocabulary in one
+GPU invocation, cheaper than the copy for a 1,024-token vocabulary and dearer for SmolLM2's 49,152
+(``data/gpu/token/``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core.cache import Cache
 from ..core.errors import ConfigError, ModelError, check_flag
 from .caches import release_all, zeros_all
 from .tensors import DeviceTensor
@@ -25,31 +26,14 @@ from .tensors import DeviceTensor
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
 SUFFIX = ".kvlab-greedy.onnx"
-GRAPH_ONLY = 64 << 20  # a model.onnx larger than this holds its weights, which a copy of its graph would duplicate
 
 
-def resolve(requested: bool | None, model: Any, device: Any, cache: Cache, do_sample: bool) -> bool:
-    """Whether a generation keeps its greedy token on the device. ``True``/``False``: as asked (``True`` refuses
-    sampling). ``None``, the default: on for greedy decoding on WebGPU with a plain cache (there it saves a copy
-    each way per step: on an NVIDIA H200, kvlab's static step went from 1.00-1.06x genai's to 0.90-0.93x,
-    ``data/gpu/token/``); off on the CPU EP (no copy to save), with sampling, with a cache that runs a session of
-    its own (a CapturedStaticCache), and where the greedy graph cannot be written beside the model (a directory
-    that is not writable, or weights inside model.onnx)."""
-    if requested is not None:
-        if check_flag("token_on_device", requested) and do_sample:
-            raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) "
-                              "needs the logits on the host: use token_on_device=False")
-        return requested
-    if device.name != "webgpu" or do_sample or type(cache).session is not Cache.session:
-        return False
-    src = Path(model.onnx_path)
-    if src.stat().st_size > GRAPH_ONLY:
-        return False
-    try:
-        greedy_graph(model)
-    except ModelError:
-        return False
-    return True
+def check_request(token_on_device: bool, do_sample: bool) -> bool:
+    """``token_on_device`` when it is a flag that can be honoured: the token on the device is the greedy one."""
+    if check_flag("token_on_device", token_on_device) and do_sample:
+        raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
+                          "the logits on the host: use token_on_device=False")
+    return token_on_device
 
 
 def greedy_graph(model: Any) -> Path:
