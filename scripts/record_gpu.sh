@@ -17,13 +17,15 @@
 #                                          # genai, paired, 1k-8k, fp32 and fp16
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
+#   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
+#                                          # lazyRelease / disabled, smollm2-shape in bucket
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases or modes}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases, modes or matrix}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -124,7 +126,24 @@ modes)
       --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/$mode/kv-heavy"
   done
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes)" >&2; exit 2 ;;
+matrix)  # the rest of the bench matrix: kv-heavy with the genai row in every mode, phi4-kv fp16 in the modes
+  #        besides bucket, smollm2-shape in bucket (each run: both static paths, genai, tokens compared)
+  step build 200 builds kv-heavy:fp32 phi4-kv:fp16 smollm2-shape:fp32
+  gpu_bench() {  # gpu_bench NAME MODEL MODE CONTEXTS [more bench flags]
+    local name=$1 model=$2 mode=$3 contexts=$4; shift 4
+    step "$name" "${MATRIX_LIMIT:-100}" kv bench --models "$model" --devices webgpu --contexts "$contexts" \
+      --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --genai-on webgpu --prefill-on webgpu \
+      --max-cache-lens 1 --no-charts --out "$out/$mode/$model" "$@"; }
+  for mode in bucket simple lazyRelease disabled; do
+    gpu_bench "matrix_kv-heavy_$mode" kv-heavy "$mode" "${KV_CONTEXTS:-256,1024,4096,8000}"
+  done
+  for mode in simple lazyRelease disabled; do
+    gpu_bench "matrix_phi4-kv_$mode" phi4-kv "$mode" "${PHI_CONTEXTS:-1024,4096,16384}" --precisions fp16
+  done
+  gpu_bench matrix_smollm2-shape_bucket smollm2-shape bucket "${SMOL_CONTEXTS:-256,1024,4096,8000}"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes, matrix)" >&2
+   exit 2 ;;
 esac
 echo "== done ($(date +%T))"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart
