@@ -54,7 +54,7 @@ def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
         assert (cache.captures, cache.replays) == (1, NEW - 2)  # prefill uncaptured, 1st decode captures
     assert g.token_ids == _static_tokens(toy)
     assert str(g.cache) == "static@64 graph" and g.cache.variant == "graph"
-    assert not g.label.token_on_device  # by default: the captured cache runs a session of its own
+    assert not g.label.token_on_device  # a captured cache chooses its tokens on the host
     decode = [r for r in g.records if r.phase == "decode"]
     assert all(r.cache_tensors_allocated == 0 and r.new_buffers == 0 for r in decode[1:])
 

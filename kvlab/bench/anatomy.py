@@ -108,8 +108,7 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device) if genai else None
     steps: list[dict[str, float]] = []
-    kv_tokens, genai_tokens, paths = [], [], set()  # paths: where each round chose its tokens (one, in fact)
-    pairs = []  # per round: (kvlab step, genai step, kvlab t2t, genai t2t)
+    kv_tokens, genai_tokens, pairs = [], [], []  # pairs: per round (kvlab step, genai step, kvlab t2t, genai t2t)
     for _ in range(rounds):
         p = _Phases()
         with StaticCache(context + new_tokens, check_every=check_every) as cache, _wrapped(p):
@@ -118,7 +117,6 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         mine = p.steps[1:]  # after the first decode step, as genai's
         steps += mine
         kv_tokens.append(g.token_ids)
-        paths.add(g.label.token_on_device)
         if peer is not None:
             stamps: list[float] = []
             run = peer.run(ids, new_tokens, hooks=[lambda: stamps.append(time.perf_counter())])
@@ -131,7 +129,7 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
         r["share"] = r["ms_per_step"] / t2t
     out: dict[str, Any] = {
         "model": model.name, "precision": model.info.dtype_name, "device": device, "context": context,
-        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": paths.pop(),
+        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": token_on_device,
         "rows": rows,
         "kvlab_step_ms": _median_ms(steps, "wall"), "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time

@@ -15,7 +15,6 @@ from ..core.labels import RunLabel
 from ..core.records import StepHook, StepRecord, hook_list
 from .caches import DynamicCache
 from .device import Device, open_device
-from .greedy import check_request
 from .models import Model, load
 from .stepper import Stepper
 
@@ -44,7 +43,9 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     model = load(model)
     dev = open_device(device)
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
-    check_request(token_on_device, sampling is not None and sampling.do_sample)
+    if check_flag("token_on_device", token_on_device) and sampling is not None and sampling.do_sample:
+        raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
+                          "the logits on the host: use token_on_device=False")
     user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends

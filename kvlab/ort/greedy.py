@@ -19,21 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, ModelError, check_flag
+from ..core.errors import ModelError
 from .caches import release_all, zeros_all
 from .tensors import DeviceTensor
 
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
 SUFFIX = ".kvlab-greedy.onnx"
-
-
-def check_request(token_on_device: bool, do_sample: bool) -> bool:
-    """``token_on_device`` when it is a flag that can be honoured: the token on the device is the greedy one."""
-    if check_flag("token_on_device", token_on_device) and do_sample:
-        raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
-                          "the logits on the host: use token_on_device=False")
-    return token_on_device
 
 
 def greedy_graph(model: Any) -> Path:
