@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, check_choice
 from ..ort import Model, close_device, load, open_device
+from ..ort.backend import DEVICES
 from ..ort.device import BUFFER_CACHE_MODES
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
@@ -58,7 +59,7 @@ class Plan:
         if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
             self.genai = {"cpu": self.genai, "webgpu": False}
         if isinstance(self.token_on_device, bool):  # token_on_device=True/False: on every device or none
-            self.token_on_device = dict.fromkeys(("cpu", "webgpu"), self.token_on_device)
+            self.token_on_device = dict.fromkeys(DEVICES, self.token_on_device)
 
     @classmethod
     def quick(cls) -> "Plan":

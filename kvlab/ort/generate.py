@@ -35,7 +35,7 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     ``token_on_device=True`` (greedy only): the decode device's graph picks each token and the next step reads it
     from the device, so neither the logits nor the token cross between host and device per step
     (``kvlab.ort.greedy``; the run's label says so). Opt-in: on an NVIDIA H200 it makes a 1,024-token vocabulary's
-    step 4-10% faster and a 49,152-token one's 10-30% slower (``data/gpu/token/``).
+    step 8-12% faster and a 49,152-token one's 11-29% slower (``data/gpu/token/``).
     """
     new_tokens = check_new_tokens(max_new_tokens)
     check_flag("chat", chat)
