@@ -95,3 +95,36 @@ def test_the_recorded_capture_runs_read_as_the_readme_says():
     for r in tables["builtin"]:
         assert r["graph / static (paired)"] > 1.1 and r["genai graph / genai (paired)"] > 1.1 and r["tokens equal"], r
     assert len(recorded.capture_figure(list(results.values())).data) == 4
+
+
+def test_the_recorded_buffer_cache_modes_read_as_their_readme_says():
+    """data/gpu/matrix (H200, every buffer cache mode with genai): the static cache allocates nothing in any mode;
+    in `simple` a dynamic cache costs at most 1.4x a static one, in `lazyRelease` and `disabled` over 4x at the
+    longest context; kv-heavy's bucket-mode ratio falls from 4,096 to 8,000 tokens (the 32 MiB bucket); every row
+    has genai's step beside kvlab's, with equal tokens. A re-measured row replaces the first one."""
+    from pathlib import Path
+
+    from kvlab.lab import recorded
+
+    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "matrix"
+    first = [json.loads(p.read_text()) for p in sorted(data.glob("[a-z]*/*/results.json")) if p.parts[-3] != "again"]
+    again = [json.loads(p.read_text()) for p in sorted((data / "again").glob("*/*/results.json"))]
+    rows = recorded.modes_table(first)
+    assert {(r["model"], r["mode"]) for r in rows} == {("kv-heavy", m) for m in ("bucket", "simple", "lazyRelease",
+                                                                               "disabled")} | {
+        ("phi4-kv-fp16", m) for m in ("simple", "lazyRelease", "disabled")} | {("smollm2-shape", "bucket")}
+    for r in rows:
+        assert r["tokens equal"] and r["genai ms"] and r["static new buffers per step"] == 0, r
+        assert r["dynamic tensors per step"] in (24, 60, 64), r
+        if r["mode"] == "simple":
+            assert r["dynamic / static"] < 1.4, r
+    longest = {(r["model"], r["mode"]): r for r in rows}  # sorted by context: the last one wins
+    for model in ("kv-heavy", "phi4-kv-fp16"):
+        for mode in ("lazyRelease", "disabled"):
+            assert longest[(model, mode)]["dynamic / static"] > 4, longest[(model, mode)]
+    bucket = {r["context"]: r["dynamic / static"] for r in rows if (r["model"], r["mode"]) == ("kv-heavy", "bucket")}
+    assert bucket[8000] < bucket[4096] / 2, bucket
+    both = recorded.modes_table(first + again)
+    redo = next(r for r in both if (r["model"], r["mode"], r["context"]) == ("phi4-kv-fp16", "lazyRelease", 4096))
+    assert redo["rounds"] == 3 and len(both) == len(rows)
+    assert len(recorded.modes_figure(first + again).data) > 2 * len({(r["model"], r["mode"]) for r in rows})

@@ -309,3 +309,100 @@ def capture_figure(results: Sequence[dict[str, Any]]) -> Any:
                       xaxis_title="context (tokens already in the cache)", legend=legend_below(-0.2))
     fig.update_xaxes(tickvals=sorted({r["context"] for r in rows}), tickformat="d")
     return fig
+
+
+def modes_table(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded WebGPU ``kvlab bench`` runs across buffer cache modes, one row per model, precision, mode and
+    context: the median decode step of the dynamic cache, of the static cache (the token chosen on the host, and on
+    the device where that twin ran) and of onnxruntime-genai; dynamic/static; static/genai paired (median over
+    rounds of each round's ratio); what the dynamic cache allocated per step (tensors: an exact count; buffer
+    handles never seen before: a lower bound) and the process's GPU memory growth over its run (NVML); whether all
+    of them produced the same tokens. A later result's rows replace an earlier one's for the same model, precision,
+    mode and context (a re-measured row)."""
+    by: dict[tuple[str, str, str, int], dict[str, dict[str, Any]]] = {}
+    for result in results:
+        for r in result["rows"]:
+            if r["device"] != "webgpu" or (r["runner"] == "kvlab" and r.get("cache_variant")):
+                continue
+            if r["runner"] not in ("kvlab", "genai"):
+                continue
+            who = "genai" if r["runner"] == "genai" else "token" if r.get("token_on_device") else r["cache_kind"]
+            key = (r["model"], r["precision"], r["buffer_cache_mode"], r["context"])
+            by.setdefault(key, {})[who] = r
+
+    def paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+        if a is None or b is None:
+            return None
+        return float(np.median(np.array(a["decode_ms_runs"]) / np.array(b["decode_ms_runs"])))
+
+    def ms(r: dict[str, Any] | None) -> float | None:
+        return None if r is None else r["decode_ms"]
+
+    order = {m: i for i, m in enumerate(("bucket", "simple", "lazyRelease", "disabled"))}
+    out = []
+    for (model, precision, mode, context), v in sorted(by.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], order.get(kv[0][2], 9), kv[0][3])):
+        dyn, st, tok, genai = (v.get(k) for k in ("dynamic", "static", "token", "genai"))
+        if dyn is None or st is None:
+            continue
+        out.append({"model": model, "precision": precision, "mode": mode, "context": context,
+                    "rounds": st["reps"], "dynamic ms": ms(dyn), "static ms": ms(st),
+                    "static, token on the device ms": ms(tok), "genai ms": ms(genai),
+                    "dynamic / static": dyn["decode_ms"] / st["decode_ms"],
+                    "static / genai (paired)": paired(st, genai),
+                    "token on the device / genai (paired)": paired(tok, genai),
+                    "dynamic tensors per step": dyn["tensors_per_step"],
+                    "dynamic new buffers per step": dyn["new_buffers_per_step"],
+                    "static new buffers per step": st["new_buffers_per_step"],
+                    "dynamic GPU memory growth MiB": (dyn.get("gpu_memory_growth_bytes") or 0) / MiB,
+                    "tokens equal": all(r.get("tokens_equal", True) for r in v.values())})
+    return out
+
+
+MODE_COLORS = {"bucket": "#1f77b4", "simple": "#2ca02c", "lazyRelease": "#ff7f0e", "disabled": "#7f7f7f"}
+
+
+def modes_figure(results: Sequence[dict[str, Any]]) -> Any:
+    """The buffer cache modes side by side (``modes_table``): per model, dynamic/static against the context (what
+    a static cache buys in each mode) and kvlab's static step over onnxruntime-genai's, paired, with the token
+    chosen on the host (solid) and on the device (dotted); one colour per mode."""
+    from plotly.subplots import make_subplots
+
+    rows = modes_table(results)
+    models = list(dict.fromkeys((r["model"], r["precision"]) for r in rows))
+    fig = make_subplots(rows=len(models), cols=2, vertical_spacing=0.16 / max(1, len(models) - 1) + 0.04,
+                        horizontal_spacing=0.1, subplot_titles=[t for m, p in models for t in (
+                            f"{m} ({p}): dynamic / static", f"{m} ({p}): kvlab static / genai (paired)")])
+    for i, (model, precision) in enumerate(models, start=1):
+        for mode, color in MODE_COLORS.items():
+            pts = [r for r in rows if (r["model"], r["precision"], r["mode"]) == (model, precision, mode)]
+            if not pts:
+                continue
+            x = [r["context"] for r in pts]
+            first = i == 1
+            fig.add_scatter(x=x, y=[r["dynamic / static"] for r in pts], mode="lines+markers", name=f"pool {mode}",
+                            line={"color": color}, legendgroup=mode, showlegend=first, row=i, col=1)
+            fig.add_scatter(x=x, y=[r["static / genai (paired)"] for r in pts], mode="lines+markers",
+                            name=f"pool {mode}", line={"color": color}, legendgroup=mode, showlegend=False,
+                            row=i, col=2)
+            tok = [r for r in pts if r["token on the device / genai (paired)"] is not None]
+            if tok:
+                fig.add_scatter(x=[r["context"] for r in tok], y=[r["token on the device / genai (paired)"] for r in tok],
+                                mode="lines+markers", name=f"pool {mode}, token on the device",
+                                line={"color": color, "dash": "dot"}, marker={"symbol": "x"}, legendgroup=mode,
+                                showlegend=False, row=i, col=2)
+        fig.add_hline(y=1.0, line={"color": "#999", "width": 1}, row=i, col=2)
+        fig.update_yaxes(ticksuffix="x", rangemode="tozero", row=i, col=1)
+        fig.update_xaxes(type="log", tickvals=sorted({r["context"] for r in rows if r["model"] == model}),
+                         tickformat="d", row=i)
+    fig.update_xaxes(title_text="context (tokens already in the cache)", row=len(models))
+    r0 = results[0]["rows"][0]
+    env = results[0]["environment"]
+    t = title("The WebGPU buffer cache modes, recorded",
+              f"webgpu on {r0['adapter']}, WebGPU EP of {env['backend_package']} {env['backend_version']}, "
+              f"{r0['new_tokens']} new tokens per run; rounds per row in the table",
+              "right: below 1 kvlab's static step is shorter than genai's; solid: greedy token chosen on the host, "
+              "dotted: on the device")
+    fig.update_layout(title=t, height=330 * len(models) + 120, template="plotly_white",
+                      legend=legend_below(-0.08), margin=top_margin(t))
+    return fig
