@@ -45,13 +45,14 @@ def test_notebook_runs_under_nbval(notebook: Path) -> None:
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_committed_executed(notebook: Path) -> None:
     """Teaching material is committed with outputs: every code cell ran, in order, on the 'kvlab' kernel, and no
-    multi-megabyte widget state (a FigureWidget's state embeds plotly.js) is stored."""
+    multi-megabyte widget state (a FigureWidget's state embeds plotly.js, 4.8 MB) is stored. The cap leaves room for
+    the PNGs every chart carries (``kvlab.lab.style.static_images``: 100-200 KB each)."""
     nb = json.loads(notebook.read_text())
     assert nb["metadata"].get("kernelspec", {}).get("name") == "kvlab", f"{notebook.name}: kernelspec is not 'kvlab'"
     counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
     assert counts and None not in counts, f"{notebook.name}: has unexecuted code cells {counts}"
     assert counts == sorted(counts), f"{notebook.name}: cells were not run top to bottom: {counts}"
-    assert notebook.stat().st_size < 2_000_000, f"{notebook.name} is {notebook.stat().st_size:,} bytes"
+    assert notebook.stat().st_size < 2_500_000, f"{notebook.name} is {notebook.stat().st_size:,} bytes"
 
 
 def test_there_are_notebooks_and_check_marks() -> None:

@@ -362,47 +362,45 @@ def modes_table(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 MODE_COLORS = {"bucket": "#1f77b4", "simple": "#2ca02c", "lazyRelease": "#ff7f0e", "disabled": "#7f7f7f"}
 
 
-def modes_figure(results: Sequence[dict[str, Any]]) -> Any:
-    """The buffer cache modes side by side (``modes_table``): per model, dynamic/static against the context (what
-    a static cache buys in each mode) and kvlab's static step over onnxruntime-genai's, paired, with the token
-    chosen on the host (solid) and on the device (dotted); one colour per mode."""
+def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None = None) -> Any:
+    """The buffer cache modes side by side (``modes_table``), one column per model (``models``: those to draw, by
+    their rows' name; default all): on top dynamic/static against the context (what a static cache buys in each
+    mode), below kvlab's static step over onnxruntime-genai's, paired, with the greedy token chosen on the host
+    (solid) and on the device (dotted); one colour per mode."""
     from plotly.subplots import make_subplots
 
-    rows = modes_table(results)
-    models = list(dict.fromkeys((r["model"], r["precision"]) for r in rows))
-    fig = make_subplots(rows=len(models), cols=2, vertical_spacing=0.16 / max(1, len(models) - 1) + 0.04,
-                        horizontal_spacing=0.1, subplot_titles=[t for m, p in models for t in (
-                            f"{m} ({p}): dynamic / static", f"{m} ({p}): kvlab static / genai (paired)")])
-    for i, (model, precision) in enumerate(models, start=1):
+    rows = [r for r in modes_table(results) if models is None or r["model"] in models]
+    columns = list(dict.fromkeys((r["model"], r["precision"]) for r in rows))
+    fig = make_subplots(rows=2, cols=len(columns), vertical_spacing=0.14, horizontal_spacing=0.06,
+                        subplot_titles=[f"{m} ({p})" for m, p in columns])
+    for col, (model, precision) in enumerate(columns, start=1):
         for mode, color in MODE_COLORS.items():
             pts = [r for r in rows if (r["model"], r["precision"], r["mode"]) == (model, precision, mode)]
-            if not pts:
-                continue
-            x = [r["context"] for r in pts]
-            first = i == 1
-            fig.add_scatter(x=x, y=[r["dynamic / static"] for r in pts], mode="lines+markers", name=f"pool {mode}",
-                            line={"color": color}, legendgroup=mode, showlegend=first, row=i, col=1)
-            fig.add_scatter(x=x, y=[r["static / genai (paired)"] for r in pts], mode="lines+markers",
-                            name=f"pool {mode}", line={"color": color}, legendgroup=mode, showlegend=False,
-                            row=i, col=2)
             tok = [r for r in pts if r["token on the device / genai (paired)"] is not None]
-            if tok:
-                fig.add_scatter(x=[r["context"] for r in tok], y=[r["token on the device / genai (paired)"] for r in tok],
-                                mode="lines+markers", name=f"pool {mode}, token on the device",
-                                line={"color": color, "dash": "dot"}, marker={"symbol": "x"}, legendgroup=mode,
-                                showlegend=False, row=i, col=2)
-        fig.add_hline(y=1.0, line={"color": "#999", "width": 1}, row=i, col=2)
-        fig.update_yaxes(ticksuffix="x", rangemode="tozero", row=i, col=1)
+            for row, y, pick, dash, name in (
+                    (1, "dynamic / static", pts, "solid", f"pool {mode}"),
+                    (2, "static / genai (paired)", pts, "solid", f"pool {mode}"),
+                    (2, "token on the device / genai (paired)", tok, "dot", f"pool {mode}, token on the device")):
+                if pick:
+                    fig.add_scatter(x=[r["context"] for r in pick], y=[r[y] for r in pick], mode="lines+markers",
+                                    name=name, line={"color": color, "dash": dash}, legendgroup=mode,
+                                    showlegend=col == 1 and row == 1, row=row, col=col)
+        fig.add_hline(y=1.0, line={"color": "#999", "width": 1}, row=2, col=col)
         fig.update_xaxes(type="log", tickvals=sorted({r["context"] for r in rows if r["model"] == model}),
-                         tickformat="d", row=i)
-    fig.update_xaxes(title_text="context (tokens already in the cache)", row=len(models))
+                         tickformat="d", tickangle=-45, col=col)
+    fig.update_yaxes(ticksuffix="x", rangemode="tozero", row=1)
+    fig.update_yaxes(title_text="dynamic / static", row=1, col=1)
+    fig.update_yaxes(title_text="kvlab static / genai", row=2, col=1)
+    fig.update_xaxes(title_text="context (tokens)", row=2)
     r0 = results[0]["rows"][0]
-    env = results[0]["environment"]
+    packages = sorted({f"{r['environment']['backend_package']} {r['environment']['backend_version']}" for r in results})
+    new = sorted({r["new_tokens"] for result in results for r in result["rows"]})
     t = title("The WebGPU buffer cache modes, recorded",
-              f"webgpu on {r0['adapter']}, WebGPU EP of {env['backend_package']} {env['backend_version']}, "
-              f"{r0['new_tokens']} new tokens per run; rounds per row in the table",
-              "right: below 1 kvlab's static step is shorter than genai's; solid: greedy token chosen on the host, "
-              "dotted: on the device")
-    fig.update_layout(title=t, height=330 * len(models) + 120, template="plotly_white",
-                      legend=legend_below(-0.08), margin=top_margin(t))
+              f"webgpu on {r0['adapter']}, WebGPU EP of {', '.join(packages)}, "
+              f"{'-'.join(map(str, (new[0], new[-1]) if len(new) > 1 else new))} new tokens per run, paired rounds "
+              "(how many: the table)",
+              "bottom: kvlab's static step / genai's, paired (below 1: kvlab's is shorter); solid: greedy token "
+              "chosen on the host, dotted: on the device")
+    fig.update_layout(title=t, height=640, template="plotly_white", legend=legend_below(-0.2),
+                      margin=top_margin(t))
     return fig
