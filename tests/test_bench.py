@@ -187,3 +187,44 @@ def test_a_context_past_a_models_length_is_refused_before_anything_runs(toy):
                                           rf"contexts up to 4092"):
         run_plan(plan, log=logged.append)
     assert logged == []  # not even the bandwidth measurement ran
+
+
+def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path):
+    """`timeout` stops a long `kvlab bench` with SIGTERM (record_gpu.sh runs every step under one): the contexts
+    that finished are written, every variant of each and nothing of the one in progress (results.json says
+    "complete": false), stderr is one line and the exit code Ctrl-C's. A real run of toy on the CPU EP, a real
+    signal, sent as soon as the second context's line is printed."""
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([KVLAB, "bench", "--models", "toy", "--devices", "cpu", "--contexts", "16,32,3000,4000",
+                             "--new-tokens", "64", "--reps", "1", "--max-cache-lens", "1", "--no-charts", "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "ctx 32:" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (seen, rest, err)
+    assert [l for l in err.splitlines() if l.startswith("kvlab")] == [
+        "kvlab: interrupted (every cache and device tensor was released)"], err
+    assert "stopped early: wrote the contexts that finished" in rest, rest
+    result = json.loads((out / "results.json").read_text())
+    assert result["complete"] is False
+    per_context: dict[int, int] = {}
+    for row in result["rows"]:
+        per_context[row["context"]] = per_context.get(row["context"], 0) + 1
+    assert {16, 32} <= set(per_context) and 4000 not in per_context, per_context
+    assert len(set(per_context.values())) == 1, per_context  # no context half in
+
+
+def test_a_finished_bench_says_it_is_complete(tmp_path):
+    from kvlab.bench import Plan, run_plan
+
+    result = run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 4}, reps=1,
+                           small_pages_twin=False, matmuls_only=False, genai={"cpu": False}), log=lambda _: None)
+    assert result["complete"] is True and {r["context"] for r in result["rows"]} == {16}

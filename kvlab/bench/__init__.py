@@ -4,10 +4,10 @@ onnxruntime-genai as a peer and the machine's memory bandwidth as the roofline; 
 
 from .anatomy import step_phases
 from .machine import memory_bandwidth, roofline_ms
-from .plan import Plan, run_plan
+from .plan import Interrupted, Plan, run_plan
 from .profile import op_profile
 from .results import report, write
 from .weights import matmuls_only_model, run_matmuls_only, weight_bytes_per_token
 
-__all__ = ["Plan", "matmuls_only_model", "memory_bandwidth", "op_profile", "report", "roofline_ms", "run_matmuls_only",
+__all__ = ["Interrupted", "Plan", "matmuls_only_model", "memory_bandwidth", "op_profile", "report", "roofline_ms", "run_matmuls_only",
            "run_plan", "step_phases", "weight_bytes_per_token", "write"]

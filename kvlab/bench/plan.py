@@ -153,26 +153,52 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
     return models
 
 
+class Interrupted(KeyboardInterrupt):
+    """A plan stopped by Ctrl-C: ``result`` holds the rows of every context that finished (``complete`` False)."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__("kvlab bench interrupted")
+        self.result = result
+
+
 def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
-        return _run_plan(plan, log, Path(tmp))
-
-
-def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
+    """Run every row of ``plan``: ``{"environment", "plan", "rows", "complete"}``. A KeyboardInterrupt keeps what
+    was measured: it arrives as ``Interrupted`` with the finished contexts' rows (a context's rows join the result
+    all at once, after its last round)."""
     for mode in plan.buffer_cache_modes:
         check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     models = load_checked(plan)
     bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
     log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
     rows: list[dict[str, Any]] = []
-    genai_huge = 0  # bytes of the peer's memory collapsed into huge pages
+    genai_huge: list[int] = []  # bytes of the peer's memory collapsed into huge pages
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
+            _run_plan(plan, models, log, Path(tmp), bandwidth, rows, genai_huge)
+    except KeyboardInterrupt as stop:
+        raise Interrupted(_result(plan, bandwidth, rows, sum(genai_huge), complete=False)) from stop
+    return _result(plan, bandwidth, rows, sum(genai_huge), complete=True)
+
+
+def _result(plan: Plan, bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: int,
+            complete: bool) -> dict[str, Any]:
+    bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
+    for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
+        row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],
+                                                           bandwidth["best"]) / row["decode_ms"]
+    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows,
+            "complete": complete}
+
+
+def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[str], None], tmp: Path,
+              bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: list[int]) -> None:
+    from tqdm.auto import tqdm
+
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
         model = models[name, precision]
         model_name = model.name
         genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
-        genai_huge += genai.huge_pages["bytes"] if genai else 0
+        genai_huge.append(genai.huge_pages["bytes"] if genai else 0)
         graph_model = load(name, precision=precision, graph_capture=True) if plan.graph_capture and \
             device == "webgpu" else None
         genai_graph = None
@@ -210,10 +236,11 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                 valid = all(s["tokens_equal"] is not False for s in summary.values())
                 kv_read = (context + new // 2) * model.info.bytes_per_token
                 bw = float(np.median(rounds.bandwidth))
+                done = []
                 for v, s in summary.items():
                     w, kv = (floor_bytes, 0) if v.runner == MATMULS_ONLY else (weights, kv_read)
                     paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[v])]
-                    rows.append({"model": model_name, "device": device, "adapter": str(dev.adapter),
+                    done.append({"model": model_name, "device": device, "adapter": str(dev.adapter),
                                  "adapter_kind": dev.adapter.kind, "precision": precision,
                                  "weights": model.info.weights, "buffer_cache_mode": mode or "",
                                  "dtype": model.info.dtype_name, "context": context,
@@ -228,17 +255,13 @@ def _run_plan(plan: Plan, log: Callable[[str], None], tmp: Path) -> dict[str, An
                                  "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
                                  "cpu_steal_fraction": rounds.steal_fraction, **s, **traces.get(v, {})})
                 bandwidth["paired"].extend(rounds.measured)
+                rows.extend(done)  # one step: an interrupt leaves a context's rows all in or all out
                 log(_row_line(model_name, device, mode, context, summary, valid))
             if small is not None:
                 small.close()
             if floor is not None:
                 dev.forget(floor)  # its weights (a model's worth) go with the run
         genai = genai_graph = setting = runners = None
-    bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
-    for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
-        row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],
-                                                           bandwidth["best"]) / row["decode_ms"]
-    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows}
 
 
 def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:

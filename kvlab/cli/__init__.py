@@ -1,10 +1,13 @@
 """The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance. Every failure is one line on stderr, never a
 traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error 1, Ctrl-C 130, a defect 2 (``kvlab: internal
-error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback)."""
+error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM (``timeout``, a job scheduler) stops a command as
+Ctrl-C does: through the same releases, and ``kvlab bench`` keeps the contexts it finished."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -19,6 +22,14 @@ from .runs import emit, graph_kinds, run_kinds
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:  # SIGTERM as SIGINT: what defers a Ctrl-C (kvlab.core.atomic) defers it too
+        return command(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def command(args: argparse.Namespace) -> int:
     try:
         if args.command == "doctor":
             return doctor(as_json=args.json)

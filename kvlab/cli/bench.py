@@ -53,7 +53,15 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.prefill_on:
         plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
     open_cpu(args)
-    result = bench.run_plan(plan)
+    try:
+        result = bench.run_plan(plan)
+    except bench.Interrupted as stop:  # keep what was measured, then stop as Ctrl-C does
+        if stop.result["rows"]:
+            print("\n" + bench.report(stop.result))
+            files = bench.write(stop.result, args.out, charts=False)
+            print(f"\nstopped early: wrote the contexts that finished ({len(stop.result['rows'])} rows, "
+                  f'"complete": false) to ' + ", ".join(str(f) for f in files))
+        raise
     files = bench.write(result, args.out, charts=not args.no_charts)
     print("\n" + bench.report(result))
     print("\nwrote " + ", ".join(str(f) for f in files))
