@@ -210,7 +210,7 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path):
             break
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (seen, rest, err)
-    assert [l for l in err.splitlines() if l.startswith("kvlab")] == [
+    assert [e for e in err.splitlines() if e.startswith("kvlab")] == [
         "kvlab: interrupted (every cache and device tensor was released)"], err
     assert "stopped early: wrote the contexts that finished" in rest, rest
     result = json.loads((out / "results.json").read_text())

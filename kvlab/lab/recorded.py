@@ -322,10 +322,8 @@ def modes_table(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     by: dict[tuple[str, str, str, int], dict[str, dict[str, Any]]] = {}
     for result in results:
         for r in result["rows"]:
-            if r["device"] != "webgpu" or (r["runner"] == "kvlab" and r.get("cache_variant")):
-                continue
-            if r["runner"] not in ("kvlab", "genai"):
-                continue
+            if r["device"] != "webgpu" or r["runner"] not in ("kvlab", "genai") or r.get("cache_variant"):
+                continue  # captured, 4 KiB-page and check-every twins are other tables' rows
             who = "genai" if r["runner"] == "genai" else "token" if r.get("token_on_device") else r["cache_kind"]
             key = (r["model"], r["precision"], r["buffer_cache_mode"], r["context"])
             by.setdefault(key, {})[who] = r
