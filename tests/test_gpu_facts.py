@@ -128,3 +128,21 @@ def test_the_recorded_buffer_cache_modes_read_as_their_readme_says():
     redo = next(r for r in both if (r["model"], r["mode"], r["context"]) == ("phi4-kv-fp16", "lazyRelease", 4096))
     assert redo["rounds"] == 3 and len(both) == len(rows)
     assert len(recorded.modes_figure(first + again).data) > 2 * len({(r["model"], r["mode"]) for r in rows})
+
+
+def test_the_recorded_long_trace_shows_a_flat_static_cache():
+    """data/gpu/check/trace_phi4-kv_fp16.json (H200, 1,000 fp16 decode steps from 1,024 tokens): after its first
+    decode step the static cache's GPU memory never changes and it allocates no tensor; the dynamic cache allocates
+    64 every step and ends above the static cache. The chart draws both, per step."""
+    from pathlib import Path
+
+    from kvlab.lab import recorded
+
+    trace = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/check/trace_phi4-kv_fp16.json").read_text())
+    static, dynamic = trace["runs"]["static"], trace["runs"]["dynamic"]
+    after_first = [b for s, b in zip(static["gpu_memory"]["steps"], static["gpu_memory"]["bytes"]) if s >= 1]
+    assert len(after_first) == 1000 and len(set(after_first)) == 1
+    assert static["tensors_allocated_per_step"] == 0 and dynamic["tensors_allocated_per_step"] == 64
+    assert dynamic["gpu_memory"]["bytes"][-1] > static["gpu_memory"]["bytes"][-1] and trace["tokens_equal"]
+    fig = recorded.trace_figure(trace)
+    assert [len(t.x) for t in fig.data] == [1000, 1000, 1000, 1000]
