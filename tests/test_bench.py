@@ -189,19 +189,23 @@ def test_a_context_past_a_models_length_is_refused_before_anything_runs(toy):
     assert logged == []  # not even the bandwidth measurement ran
 
 
-def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path):
+@pytest.mark.parametrize("ctrl_c", ["default", "ignored"])
+def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
     """`timeout` stops a long `kvlab bench` with SIGTERM (record_gpu.sh runs every step under one): the contexts
     that finished are written, every variant of each and nothing of the one in progress (results.json says
-    "complete": false), stderr is one line and the exit code Ctrl-C's. A real run of toy on the CPU EP, a real
-    signal, sent as soon as the second context's line is printed."""
+    "complete": false), stderr is one line and the exit code Ctrl-C's. Also where Ctrl-C is ignored, as in a job a
+    script started in the background (SIGINT inherited as ignored). A real run of toy on the CPU EP, a real signal,
+    sent as soon as the second context's line is printed."""
     import os
     import signal
 
+    disposition = signal.SIG_DFL if ctrl_c == "default" else signal.SIG_IGN
     out = tmp_path / "out"
     proc = subprocess.Popen([KVLAB, "bench", "--models", "toy", "--devices", "cpu", "--contexts", "16,32,3000,4000",
                              "--new-tokens", "64", "--reps", "1", "--max-cache-lens", "1", "--no-charts", "--out",
                              str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
     seen = []
     for line in proc.stdout:
         seen.append(line)

@@ -94,3 +94,31 @@ def test_doctor_json():
     assert out["runs"]["cpu"]["ok"] and out["runs"]["webgpu"]["ok"]
     assert out["runs"]["cpu"]["tokens"] == out["runs"]["webgpu"]["tokens"]
     assert out["adapters"]["webgpu"]["kind"] in ("hardware", "software") and out["problems"] == []
+
+
+@pytest.mark.parametrize("ctrl_c", ["default", "ignored"])
+def test_a_sigterm_is_ctrl_c_and_waits_for_an_atomic_block(ctrl_c):
+    """The CLI's SIGTERM handler (real signals, raised in this process): outside an atomic block it stops at once
+    with a KeyboardInterrupt; inside one, the block runs to its end first, as with Ctrl-C; also where Ctrl-C is
+    ignored."""
+    import signal
+
+    from kvlab.cli import stop
+    from kvlab.core.atomic import atomic
+
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler if ctrl_c == "default" else signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        reached = []
+        with pytest.raises(KeyboardInterrupt):
+            with atomic():
+                signal.raise_signal(signal.SIGTERM)
+                reached.append("the end of the block")
+        assert reached == ["the end of the block"]
+        assert signal.getsignal(signal.SIGINT) is (signal.default_int_handler if ctrl_c == "default"
+                                                    else signal.SIG_IGN)
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

@@ -22,11 +22,21 @@ from .runs import emit, graph_kinds, run_kinds
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-    try:  # SIGTERM as SIGINT: what defers a Ctrl-C (kvlab.core.atomic) defers it too
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
         return command(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stop(signum: int, frame: object) -> None:
+    """SIGTERM, handled as Ctrl-C: through the SIGINT handler in force (Python's raises KeyboardInterrupt;
+    ``kvlab.core.atomic``'s defers it to its block's end), or straight away where Ctrl-C is ignored (a job started
+    in the background by a script inherits that) but a SIGTERM still means stop."""
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):
+        raise KeyboardInterrupt
+    handler(signum, frame)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -5,13 +5,28 @@ sized to fit every context."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..core.errors import ConfigError
+
 from .plots import bucket_note
 from .runs import Run, as_runs, common_and_labels
 from .style import KIND_COLORS, MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
+
+
+def data_dir() -> Path:
+    """The checkout's ``data/`` folder, where recorded results live: found from the working directory up, else
+    beside kvlab's own source (an editable install), so a notebook run from a copy elsewhere still finds it."""
+    here = Path.cwd()
+    source = Path(__file__).resolve().parents[2]
+    for root in (here, *here.parents, source):
+        if (root / "data" / "gpu").is_dir():
+            return root / "data"
+    raise ConfigError(f"no data/ folder with recorded results (data/gpu/) in {here}, its parents or {source}: run "
+                      "this from a kvlab checkout")
 
 
 def recorded_environment(result: dict[str, Any]) -> str:
