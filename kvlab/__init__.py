@@ -10,16 +10,63 @@ The package, layer by layer (each imports only from those above it in this list)
 - ``kvlab.bench`` and ``kvlab.cli``: benchmarks and the ``kvlab`` command.
 """
 
-from .core import (COLUMNS, CacheSpec, CacheStateError, CapacityError, ConfigError, DeviceError, DeviceLabel,
-                   Generation, InPlaceError, KvlabError, ModelError, Recorder, Sampling, StepRecord)
+from .core import (
+    COLUMNS,
+    CacheSpec,
+    CacheStateError,
+    CapacityError,
+    ConfigError,
+    DeviceError,
+    DeviceLabel,
+    Generation,
+    InPlaceError,
+    KvlabError,
+    ModelError,
+    Recorder,
+    Sampling,
+    StepRecord,
+)
 from .core.cache import Cache
-from .ort import (CapturedStaticCache, DynamicCache, Model, ModelInfo, StaticCache, Stepper, close_device, generate, load, make_cache,
-                  open_device)
+from .ort import (
+    CapturedStaticCache,
+    DynamicCache,
+    Model,
+    ModelInfo,
+    StaticCache,
+    Stepper,
+    close_device,
+    generate,
+    load,
+    make_cache,
+    open_device,
+)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Cache", "DynamicCache", "StaticCache", "CapturedStaticCache", "make_cache", "generate", "Generation", "Sampling", "Stepper",
-    "Recorder", "StepRecord", "COLUMNS", "load", "Model", "ModelInfo", "open_device", "close_device",
-    "CacheSpec", "DeviceLabel",
-    "KvlabError", "ConfigError", "ModelError", "DeviceError", "CapacityError", "CacheStateError", "InPlaceError",
+    "Cache",
+    "DynamicCache",
+    "StaticCache",
+    "CapturedStaticCache",
+    "make_cache",
+    "generate",
+    "Generation",
+    "Sampling",
+    "Stepper",
+    "Recorder",
+    "StepRecord",
+    "COLUMNS",
+    "load",
+    "Model",
+    "ModelInfo",
+    "open_device",
+    "close_device",
+    "CacheSpec",
+    "DeviceLabel",
+    "KvlabError",
+    "ConfigError",
+    "ModelError",
+    "DeviceError",
+    "CapacityError",
+    "CacheStateError",
+    "InPlaceError",
 ]

@@ -44,8 +44,14 @@ def long_prompt(smollm2) -> np.ndarray:
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter (WebGPU options and adapters are per process)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
 
 
 def write_concat_kv_model(out: Path, vocab: int = 300, dim: int = 8) -> Path:
@@ -64,23 +70,45 @@ def write_concat_kv_model(out: Path, vocab: int = 300, dim: int = 8) -> Path:
     ]
     kv = lambda name, length: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 1, length, dim])  # noqa
     graph = helper.make_graph(
-        nodes, "concat_kv",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "n"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"]),
-         kv("past_key_values.0.key", "past"), kv("past_key_values.0.value", "past")],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", vocab]),
-         kv("present.0.key", "total"), kv("present.0.value", "total")],
-        [numpy_helper.from_array(rng.normal(size=(vocab, dim)).astype(np.float32), "emb"),
-         numpy_helper.from_array(rng.normal(size=(dim, vocab)).astype(np.float32), "head"),
-         numpy_helper.from_array(np.array([1], np.int64), "axis1")])
+        nodes,
+        "concat_kv",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "n"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "total"]),
+            kv("past_key_values.0.key", "past"),
+            kv("past_key_values.0.value", "past"),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", vocab]),
+            kv("present.0.key", "total"),
+            kv("present.0.value", "total"),
+        ],
+        [
+            numpy_helper.from_array(rng.normal(size=(vocab, dim)).astype(np.float32), "emb"),
+            numpy_helper.from_array(rng.normal(size=(dim, vocab)).astype(np.float32), "head"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out / "model.onnx")
     byte_tokenizer(vocab).save(str(out / "tokenizer.json"))
-    config = {"model": {"type": "concat_toy", "context_length": 128, "vocab_size": vocab, "eos_token_id": 2,
-                        "decoder": {"filename": "model.onnx", "head_size": dim, "num_attention_heads": 1,
-                                    "num_hidden_layers": 1, "num_key_value_heads": 1}}}
+    config = {
+        "model": {
+            "type": "concat_toy",
+            "context_length": 128,
+            "vocab_size": vocab,
+            "eos_token_id": 2,
+            "decoder": {
+                "filename": "model.onnx",
+                "head_size": dim,
+                "num_attention_heads": 1,
+                "num_hidden_layers": 1,
+                "num_key_value_heads": 1,
+            },
+        }
+    }
     (out / "genai_config.json").write_text(json.dumps(config))
     return out
 
@@ -103,9 +131,13 @@ def optimum_toy() -> Path:
     if not (out / "tokenizer.json").is_file():
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        r = subprocess.run([str(OPTIMUM_CLI), "export", "onnx", "--model", str(hf), "--task",
-                            "text-generation-with-past", str(tmp)], capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        r = subprocess.run(
+            [str(OPTIMUM_CLI), "export", "onnx", "--model", str(hf), "--task", "text-generation-with-past", str(tmp)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(hf / name, tmp / name)

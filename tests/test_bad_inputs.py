@@ -10,11 +10,11 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import pytest
 
 import kvlab
@@ -30,7 +30,7 @@ class Case:
     what: str  # the bad input, as a user would write it
     error: str  # the kvlab error class, or "exit N" for the command line
     says: str  # a fragment of the message (it names the value or what is valid)
-    run: Callable[["Env"], Any]
+    run: Callable[[Env], Any]
 
 
 class Env:
@@ -67,12 +67,14 @@ def genai(edit: Callable[[dict], None]) -> Callable[[Path], None]:
         cfg = json.loads((d / "genai_config.json").read_text())
         edit(cfg["model"])
         (d / "genai_config.json").write_text(json.dumps(cfg))
+
     return change
 
 
 def write(name: str, text: str | bytes) -> Callable[[Path], None]:
     def change(d: Path) -> None:
         (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+
     return change
 
 
@@ -81,8 +83,9 @@ def remove(name: str) -> Callable[[Path], None]:
 
 
 def chat_with(template: str) -> Callable[[Env], Any]:
-    return lambda e: generate(load(e.model_dir(write("chat_template.jinja", template))), "hi", chat=True,
-                              max_new_tokens=1)
+    return lambda e: generate(
+        load(e.model_dir(write("chat_template.jinja", template))), "hi", chat=True, max_new_tokens=1
+    )
 
 
 def gen(**kw: Any) -> Callable[[Env], Any]:
@@ -107,6 +110,7 @@ def step(ids: Any, needed: int = 8, **kw: Any) -> Callable[[Env], Any]:
         with DynamicCache() as cache, Stepper(e.toy, cache, "cpu", needed) as s:
             s.step([1, 2])
             s.step(ids, **kw)
+
     return run
 
 
@@ -116,176 +120,472 @@ def prompt_file(content: bytes | None) -> Callable[[Env], Any]:
         if content is not None:
             f.write_bytes(content)
         return e.cli("generate", "--prompt-file", str(f), "--max-new-tokens", "1")
+
     return run
 
 
 CASES = [
     # model directories and their configs
     Case("model", 'load("nope")', "ModelError", "neither a built-in name", lambda e: load("nope")),
-    Case("model", 'load("toy", precision="int8")', "ConfigError", "choose one of ('fp32', 'fp16', 'int4')",
-         lambda e: load("toy", precision="int8")),
-    Case("model", "a directory without genai_config.json", "ModelError", "has no genai_config.json",
-         lambda e: load(e.model_dir(remove("genai_config.json")))),
-    Case("model", "genai_config.json that is not JSON", "ModelError", "is not valid JSON",
-         lambda e: load(e.model_dir(write("genai_config.json", "{model: ")))),
-    Case("model", "genai_config.json holding a list", "ModelError", "must hold a JSON object, not list",
-         lambda e: load(e.model_dir(write("genai_config.json", "[1, 2]")))),
-    Case("model", 'num_hidden_layers: "two"', "ModelError", "'model.decoder.num_hidden_layers' is 'two'",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_hidden_layers="two"))))),
-    Case("model", "num_hidden_layers: 2.5", "ModelError", "is 2.5; it must be a non-negative integer",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_hidden_layers=2.5))))),
-    Case("model", "num_key_value_heads that disagrees with the graph", "ModelError", "num_key_value_heads = 4",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_key_value_heads=4))))),
-    Case("model", "head_size that disagrees with the graph", "ModelError", "head_size = 32",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(head_size=32))))),
-    Case("model", "vocab_size that disagrees with the graph", "ModelError", "vocab_size = 1000",
-         lambda e: load(e.model_dir(genai(lambda m: m.update(vocab_size=1000))))),
-    Case("model", "context_length longer than the rotary table", "ModelError", "context_length = 8192",
-         lambda e: load(e.model_dir(genai(lambda m: m.update(context_length=8192))))),
-    Case("model", "a decoder filename that is missing", "ModelError", "'other.onnx' named in",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(filename="other.onnx"))))),
-    Case("model", 'eos_token_id: "x"', "ModelError", "eos_token_id 'x' must be an integer",
-         lambda e: load(e.model_dir(genai(lambda m: m.update(eos_token_id="x"))))),
-    Case("model", "past_key_names without %d", "ModelError", "must hold one %d",
-         lambda e: load(e.model_dir(genai(lambda m: m["decoder"]["inputs"].update(past_key_names="past.key"))))),
-    Case("model", "config.json but no model.onnx (an Optimum layout, incomplete)", "ModelError",
-         "has a config.json but no model.onnx",
-         lambda e: load(e.model_dir(lambda d: (remove("genai_config.json")(d), remove("model.onnx")(d),
-                                               write("config.json", '{"model_type": "llama"}')(d))))),
+    Case(
+        "model",
+        'load("toy", precision="int8")',
+        "ConfigError",
+        "choose one of ('fp32', 'fp16', 'int4')",
+        lambda e: load("toy", precision="int8"),
+    ),
+    Case(
+        "model",
+        "a directory without genai_config.json",
+        "ModelError",
+        "has no genai_config.json",
+        lambda e: load(e.model_dir(remove("genai_config.json"))),
+    ),
+    Case(
+        "model",
+        "genai_config.json that is not JSON",
+        "ModelError",
+        "is not valid JSON",
+        lambda e: load(e.model_dir(write("genai_config.json", "{model: "))),
+    ),
+    Case(
+        "model",
+        "genai_config.json holding a list",
+        "ModelError",
+        "must hold a JSON object, not list",
+        lambda e: load(e.model_dir(write("genai_config.json", "[1, 2]"))),
+    ),
+    Case(
+        "model",
+        'num_hidden_layers: "two"',
+        "ModelError",
+        "'model.decoder.num_hidden_layers' is 'two'",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_hidden_layers="two")))),
+    ),
+    Case(
+        "model",
+        "num_hidden_layers: 2.5",
+        "ModelError",
+        "is 2.5; it must be a non-negative integer",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_hidden_layers=2.5)))),
+    ),
+    Case(
+        "model",
+        "num_key_value_heads that disagrees with the graph",
+        "ModelError",
+        "num_key_value_heads = 4",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(num_key_value_heads=4)))),
+    ),
+    Case(
+        "model",
+        "head_size that disagrees with the graph",
+        "ModelError",
+        "head_size = 32",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(head_size=32)))),
+    ),
+    Case(
+        "model",
+        "vocab_size that disagrees with the graph",
+        "ModelError",
+        "vocab_size = 1000",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(vocab_size=1000)))),
+    ),
+    Case(
+        "model",
+        "context_length longer than the rotary table",
+        "ModelError",
+        "context_length = 8192",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(context_length=8192)))),
+    ),
+    Case(
+        "model",
+        "a decoder filename that is missing",
+        "ModelError",
+        "'other.onnx' named in",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"].update(filename="other.onnx")))),
+    ),
+    Case(
+        "model",
+        'eos_token_id: "x"',
+        "ModelError",
+        "eos_token_id 'x' must be an integer",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(eos_token_id="x")))),
+    ),
+    Case(
+        "model",
+        "past_key_names without %d",
+        "ModelError",
+        "must hold one %d",
+        lambda e: load(e.model_dir(genai(lambda m: m["decoder"]["inputs"].update(past_key_names="past.key")))),
+    ),
+    Case(
+        "model",
+        "config.json but no model.onnx (an Optimum layout, incomplete)",
+        "ModelError",
+        "has a config.json but no model.onnx",
+        lambda e: load(
+            e.model_dir(
+                lambda d: (
+                    remove("genai_config.json")(d),
+                    remove("model.onnx")(d),
+                    write("config.json", '{"model_type": "llama"}')(d),
+                )
+            )
+        ),
+    ),
     # tokenizers and chat templates
-    Case("tokenizer", "no tokenizer.json", "ModelError", "has no tokenizer.json",
-         lambda e: load(e.model_dir(remove("tokenizer.json")))),
-    Case("tokenizer", "a corrupt tokenizer.json", "ModelError", "could not be read by the tokenizers library",
-         lambda e: load(e.model_dir(write("tokenizer.json", '{"model": 3')))),
-    Case("tokenizer", "tokenizer.json of the wrong structure", "ModelError", "must be a Hugging Face tokenizer",
-         lambda e: load(e.model_dir(write("tokenizer.json", '{"model": 3}')))),
-    Case("tokenizer", "a chat template with a syntax error", "ModelError", "chat template of model",
-         chat_with("{% for m in messages %}{{ m['content'] }")),
-    Case("tokenizer", "a chat template that fails while rendering", "ModelError", "failed while rendering",
-         chat_with("{{ messages[0]['content'].nosuch() }}")),
-    Case("tokenizer", "a chat template that raises (raise_exception)", "ConfigError",
-         "chat template error: system role not supported",
-         chat_with("{{ raise_exception('system role not supported') }}")),
-    Case("tokenizer", "tokenizer_config.json that is not JSON (no .jinja beside it)", "ModelError",
-         "is not a JSON object",
-         lambda e: generate(load(e.model_dir(lambda d: (remove("chat_template.jinja")(d),
-                                                         write("tokenizer_config.json", "{oops")(d)))),
-                            "hi", chat=True, max_new_tokens=1)),
-    Case("tokenizer", "chat=True on a model without a chat template", "ModelError", "has no chat template",
-         lambda e: generate(load(e.model_dir(lambda d: (remove("chat_template.jinja")(d),
-                                                         write("tokenizer_config.json", "{}")(d)))),
-                            "hi", chat=True, max_new_tokens=1)),
+    Case(
+        "tokenizer",
+        "no tokenizer.json",
+        "ModelError",
+        "has no tokenizer.json",
+        lambda e: load(e.model_dir(remove("tokenizer.json"))),
+    ),
+    Case(
+        "tokenizer",
+        "a corrupt tokenizer.json",
+        "ModelError",
+        "could not be read by the tokenizers library",
+        lambda e: load(e.model_dir(write("tokenizer.json", '{"model": 3'))),
+    ),
+    Case(
+        "tokenizer",
+        "tokenizer.json of the wrong structure",
+        "ModelError",
+        "must be a Hugging Face tokenizer",
+        lambda e: load(e.model_dir(write("tokenizer.json", '{"model": 3}'))),
+    ),
+    Case(
+        "tokenizer",
+        "a chat template with a syntax error",
+        "ModelError",
+        "chat template of model",
+        chat_with("{% for m in messages %}{{ m['content'] }"),
+    ),
+    Case(
+        "tokenizer",
+        "a chat template that fails while rendering",
+        "ModelError",
+        "failed while rendering",
+        chat_with("{{ messages[0]['content'].nosuch() }}"),
+    ),
+    Case(
+        "tokenizer",
+        "a chat template that raises (raise_exception)",
+        "ConfigError",
+        "chat template error: system role not supported",
+        chat_with("{{ raise_exception('system role not supported') }}"),
+    ),
+    Case(
+        "tokenizer",
+        "tokenizer_config.json that is not JSON (no .jinja beside it)",
+        "ModelError",
+        "is not a JSON object",
+        lambda e: generate(
+            load(e.model_dir(lambda d: (remove("chat_template.jinja")(d), write("tokenizer_config.json", "{oops")(d)))),
+            "hi",
+            chat=True,
+            max_new_tokens=1,
+        ),
+    ),
+    Case(
+        "tokenizer",
+        "chat=True on a model without a chat template",
+        "ModelError",
+        "has no chat template",
+        lambda e: generate(
+            load(e.model_dir(lambda d: (remove("chat_template.jinja")(d), write("tokenizer_config.json", "{}")(d)))),
+            "hi",
+            chat=True,
+            max_new_tokens=1,
+        ),
+    ),
     # prompts and token ids
     Case("prompt", 'generate(model, "")', "ConfigError", "the prompt is empty", gen(prompt="")),
-    Case("prompt", "bytes instead of text", "ConfigError", "prompt must be text, chat messages or token ids",
-         gen(prompt=b"hello")),
-    Case("prompt", "text the tokenizer refuses (a lone surrogate)", "ConfigError", "refused the text",
-         gen(prompt="ok \ud800")),
+    Case(
+        "prompt",
+        "bytes instead of text",
+        "ConfigError",
+        "prompt must be text, chat messages or token ids",
+        gen(prompt=b"hello"),
+    ),
+    Case(
+        "prompt",
+        "text the tokenizer refuses (a lone surrogate)",
+        "ConfigError",
+        "refused the text",
+        gen(prompt="ok \ud800"),
+    ),
     Case("prompt", "token id -1", "ConfigError", "token id -1 is outside the vocabulary [0, 512)", gen(prompt=[-1])),
-    Case("prompt", "token id 100000 (vocabulary 512)", "ConfigError", "token id 100000 is outside",
-         gen(prompt=[100000])),
+    Case(
+        "prompt", "token id 100000 (vocabulary 512)", "ConfigError", "token id 100000 is outside", gen(prompt=[100000])
+    ),
     Case("prompt", "token ids [1.7, 2.2]", "ConfigError", "must be a 1-D list of ints", gen(prompt=[1.7, 2.2])),
-    Case("prompt", "a chat message without a role", "ConfigError", "must be a dict with 'role' and 'content'",
-         gen(prompt=[{"content": "hi"}])),
+    Case(
+        "prompt",
+        "a chat message without a role",
+        "ConfigError",
+        "must be a dict with 'role' and 'content'",
+        gen(prompt=[{"content": "hi"}]),
+    ),
     Case("prompt", 'chat="yes"', "ConfigError", "chat='yes' must be True or False", gen(chat="yes")),
     Case("prompt", "Stepper.step([-1])", "ConfigError", "token id -1 is outside", step([-1])),
     Case("prompt", "Stepper.step([1.7, 2.2])", "ConfigError", "must be a 1-D list of ints", step([1.7, 2.2])),
-    Case("prompt", "Stepper.step past the positions it was opened for", "ConfigError",
-         "exceeds the 3 positions this stepper was opened for", step([3, 4], needed=3)),
-    Case("prompt", 'Stepper.step(ids, logits_out="some")', "ConfigError", "logits_out='some' is not valid",
-         step([3], logits_out="some")),
-    Case("prompt", "Stepper(model, cache, device, needed=0)", "ConfigError", "needed=0 must be a positive int",
-         lambda e: Stepper(e.toy, DynamicCache(), "cpu", 0)),
+    Case(
+        "prompt",
+        "Stepper.step past the positions it was opened for",
+        "ConfigError",
+        "exceeds the 3 positions this stepper was opened for",
+        step([3, 4], needed=3),
+    ),
+    Case(
+        "prompt",
+        'Stepper.step(ids, logits_out="some")',
+        "ConfigError",
+        "logits_out='some' is not valid",
+        step([3], logits_out="some"),
+    ),
+    Case(
+        "prompt",
+        "Stepper(model, cache, device, needed=0)",
+        "ConfigError",
+        "needed=0 must be a positive int",
+        lambda e: Stepper(e.toy, DynamicCache(), "cpu", 0),
+    ),
     # caches
-    Case("cache", "StaticCache(0)", "ConfigError", "max_cache_len=0 must be a positive int",
-         lambda e: StaticCache(0)),
-    Case("cache", 'StaticCache("8")', "ConfigError", "max_cache_len='8' (str) must be a positive int",
-         lambda e: StaticCache("8")),
-    Case("cache", "StaticCache(8192) on a 4096-token model", "ConfigError", "larger than model toy's context",
-         gen(cache=StaticCache(8192))),
-    Case("cache", "StaticCache(4) for a 3-token prompt + 5 tokens", "CapacityError",
-         "7 positions are needed but max_cache_len is 4", gen(cache=StaticCache(4), max_new_tokens=5)),
-    Case("cache", "DynamicCache past the context length (5,000 new tokens)", "CapacityError",
-         "holds at most 4096 (its context length", gen(cache=DynamicCache(), max_new_tokens=5000)),
+    Case("cache", "StaticCache(0)", "ConfigError", "max_cache_len=0 must be a positive int", lambda e: StaticCache(0)),
+    Case(
+        "cache",
+        'StaticCache("8")',
+        "ConfigError",
+        "max_cache_len='8' (str) must be a positive int",
+        lambda e: StaticCache("8"),
+    ),
+    Case(
+        "cache",
+        "StaticCache(8192) on a 4096-token model",
+        "ConfigError",
+        "larger than model toy's context",
+        gen(cache=StaticCache(8192)),
+    ),
+    Case(
+        "cache",
+        "StaticCache(4) for a 3-token prompt + 5 tokens",
+        "CapacityError",
+        "7 positions are needed but max_cache_len is 4",
+        gen(cache=StaticCache(4), max_new_tokens=5),
+    ),
+    Case(
+        "cache",
+        "DynamicCache past the context length (5,000 new tokens)",
+        "CapacityError",
+        "holds at most 4096 (its context length",
+        gen(cache=DynamicCache(), max_new_tokens=5000),
+    ),
     Case("cache", 'cache="static"', "ConfigError", "cache must be a kvlab cache", gen(cache="static")),
-    Case("cache", "one cache in two generations at once", "CacheStateError", "serves one generation at a time",
-         nested_use),
+    Case(
+        "cache",
+        "one cache in two generations at once",
+        "CacheStateError",
+        "serves one generation at a time",
+        nested_use,
+    ),
     Case("cache", "a cache used after dispose()", "CacheStateError", "was disposed; create a new one", disposed),
     # sampling
-    Case("sampling", 'Sampling(do_sample="no")', "ConfigError", "do_sample='no' must be True or False",
-         lambda e: Sampling(do_sample="no")),
-    Case("sampling", "Sampling(temperature=0)", "ConfigError", "temperature=0 must be a finite number > 0",
-         lambda e: Sampling(temperature=0)),
-    Case("sampling", 'Sampling(temperature=float("nan"))', "ConfigError", "temperature=nan must be a finite",
-         lambda e: Sampling(temperature=float("nan"))),
-    Case("sampling", 'Sampling(temperature=float("inf"))', "ConfigError", "temperature=inf must be a finite",
-         lambda e: Sampling(temperature=float("inf"))),
-    Case("sampling", "Sampling(top_k=-1)", "ConfigError", "top_k=-1 must be an int >= 0",
-         lambda e: Sampling(top_k=-1)),
-    Case("sampling", "top_k=100000 on a 512-token vocabulary", "ConfigError",
-         "top_k=100000 is larger than the vocabulary (512 tokens)",
-         gen(sampling=Sampling(do_sample=True, top_k=100000))),
-    Case("sampling", "Sampling(top_p=1.5)", "ConfigError", "top_p=1.5 must be in (0, 1]",
-         lambda e: Sampling(top_p=1.5)),
-    Case("sampling", "Sampling(seed=-1)", "ConfigError", "seed=-1 must be None or an int >= 0",
-         lambda e: Sampling(seed=-1)),
-    Case("sampling", "Sampling(seed=1.5)", "ConfigError", "seed=1.5 must be None or an int",
-         lambda e: Sampling(seed=1.5)),
-    Case("sampling", 'sampling={"do_sample": True}', "ConfigError", "sampling must be a kvlab.Sampling",
-         gen(sampling={"do_sample": True})),
+    Case(
+        "sampling",
+        'Sampling(do_sample="no")',
+        "ConfigError",
+        "do_sample='no' must be True or False",
+        lambda e: Sampling(do_sample="no"),
+    ),
+    Case(
+        "sampling",
+        "Sampling(temperature=0)",
+        "ConfigError",
+        "temperature=0 must be a finite number > 0",
+        lambda e: Sampling(temperature=0),
+    ),
+    Case(
+        "sampling",
+        'Sampling(temperature=float("nan"))',
+        "ConfigError",
+        "temperature=nan must be a finite",
+        lambda e: Sampling(temperature=float("nan")),
+    ),
+    Case(
+        "sampling",
+        'Sampling(temperature=float("inf"))',
+        "ConfigError",
+        "temperature=inf must be a finite",
+        lambda e: Sampling(temperature=float("inf")),
+    ),
+    Case("sampling", "Sampling(top_k=-1)", "ConfigError", "top_k=-1 must be an int >= 0", lambda e: Sampling(top_k=-1)),
+    Case(
+        "sampling",
+        "top_k=100000 on a 512-token vocabulary",
+        "ConfigError",
+        "top_k=100000 is larger than the vocabulary (512 tokens)",
+        gen(sampling=Sampling(do_sample=True, top_k=100000)),
+    ),
+    Case(
+        "sampling", "Sampling(top_p=1.5)", "ConfigError", "top_p=1.5 must be in (0, 1]", lambda e: Sampling(top_p=1.5)
+    ),
+    Case(
+        "sampling",
+        "Sampling(seed=-1)",
+        "ConfigError",
+        "seed=-1 must be None or an int >= 0",
+        lambda e: Sampling(seed=-1),
+    ),
+    Case(
+        "sampling", "Sampling(seed=1.5)", "ConfigError", "seed=1.5 must be None or an int", lambda e: Sampling(seed=1.5)
+    ),
+    Case(
+        "sampling",
+        'sampling={"do_sample": True}',
+        "ConfigError",
+        "sampling must be a kvlab.Sampling",
+        gen(sampling={"do_sample": True}),
+    ),
     # generation options
-    Case("option", "max_new_tokens=0", "ConfigError", "max_new_tokens=0 must be a positive int",
-         gen(max_new_tokens=0)),
-    Case("option", "max_new_tokens=2.5", "ConfigError", "max_new_tokens=2.5 must be a positive int",
-         gen(max_new_tokens=2.5)),
-    Case("option", 'stop_on_eos="no"', "ConfigError", "stop_on_eos='no' must be True or False",
-         gen(stop_on_eos="no")),
+    Case("option", "max_new_tokens=0", "ConfigError", "max_new_tokens=0 must be a positive int", gen(max_new_tokens=0)),
+    Case(
+        "option",
+        "max_new_tokens=2.5",
+        "ConfigError",
+        "max_new_tokens=2.5 must be a positive int",
+        gen(max_new_tokens=2.5),
+    ),
+    Case("option", 'stop_on_eos="no"', "ConfigError", "stop_on_eos='no' must be True or False", gen(stop_on_eos="no")),
     Case("option", "on_step=[3] (not callable)", "ConfigError", "3", gen(on_step=[3])),
-    Case("option", "prefill_model without a prefill_device", "ConfigError",
-         "prefill_model needs a prefill_device", gen(prefill_model="toy")),
+    Case(
+        "option",
+        "prefill_model without a prefill_device",
+        "ConfigError",
+        "prefill_model needs a prefill_device",
+        gen(prefill_model="toy"),
+    ),
     # devices
-    Case("device", 'open_device("tpu")', "ConfigError", "device 'tpu' is not valid; choose one of",
-         lambda e: open_device("tpu")),
-    Case("device", 'buffer_cache_mode="huge"', "ConfigError", "buffer cache mode 'huge' is not valid",
-         lambda e: open_device("webgpu", buffer_cache_mode="huge")),
-    Case("device", 'open_device("cpu", spinning="no")', "ConfigError", "spinning='no' must be True or False",
-         lambda e: open_device("cpu", spinning="no")),
-    Case("device", 'open_device("cpu", threads=0)', "ConfigError", "threads=0 must be a positive int",
-         lambda e: open_device("cpu", threads=0)),
-    Case("device", 'open_device("webgpu", threads=2)', "ConfigError", "apply to device 'cpu' only",
-         lambda e: open_device("webgpu", threads=2)),
+    Case(
+        "device",
+        'open_device("tpu")',
+        "ConfigError",
+        "device 'tpu' is not valid; choose one of",
+        lambda e: open_device("tpu"),
+    ),
+    Case(
+        "device",
+        'buffer_cache_mode="huge"',
+        "ConfigError",
+        "buffer cache mode 'huge' is not valid",
+        lambda e: open_device("webgpu", buffer_cache_mode="huge"),
+    ),
+    Case(
+        "device",
+        'open_device("cpu", spinning="no")',
+        "ConfigError",
+        "spinning='no' must be True or False",
+        lambda e: open_device("cpu", spinning="no"),
+    ),
+    Case(
+        "device",
+        'open_device("cpu", threads=0)',
+        "ConfigError",
+        "threads=0 must be a positive int",
+        lambda e: open_device("cpu", threads=0),
+    ),
+    Case(
+        "device",
+        'open_device("webgpu", threads=2)',
+        "ConfigError",
+        "apply to device 'cpu' only",
+        lambda e: open_device("webgpu", threads=2),
+    ),
     # the command line (in-process; one line on stderr)
-    Case("CLI", "kvlab generate --device tpu", "exit 2", "invalid choice: 'tpu'",
-         lambda e: e.cli("generate", "--device", "tpu")),
-    Case("CLI", "kvlab generate --max-new-tokens x", "exit 2", "invalid int value: 'x'",
-         lambda e: e.cli("generate", "--max-new-tokens", "x")),
-    Case("CLI", "kvlab generate --precision int8", "exit 1", "precision 'int8' is not valid",
-         lambda e: e.cli("generate", "--precision", "int8")),
+    Case(
+        "CLI",
+        "kvlab generate --device tpu",
+        "exit 2",
+        "invalid choice: 'tpu'",
+        lambda e: e.cli("generate", "--device", "tpu"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --max-new-tokens x",
+        "exit 2",
+        "invalid int value: 'x'",
+        lambda e: e.cli("generate", "--max-new-tokens", "x"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --precision int8",
+        "exit 1",
+        "precision 'int8' is not valid",
+        lambda e: e.cli("generate", "--precision", "int8"),
+    ),
     Case("CLI", "kvlab frobnicate", "exit 2", "invalid choice: 'frobnicate'", lambda e: e.cli("frobnicate")),
-    Case("CLI", "kvlab generate --max-new-tokens 0", "exit 1", "--max-new-tokens 0 must be >= 1",
-         lambda e: e.cli("generate", "--max-new-tokens", "0")),
-    Case("CLI", "kvlab generate --cache dynamic --max-cache-len 64", "exit 1",
-         "--max-cache-len applies to --cache static only",
-         lambda e: e.cli("generate", "--cache", "dynamic", "--max-cache-len", "64")),
-    Case("CLI", "kvlab generate --model nope", "exit 1", "neither a built-in name",
-         lambda e: e.cli("generate", "--model", "nope")),
-    Case("CLI", "kvlab generate --prompt-file missing.txt", "exit 1", "No such file or directory",
-         prompt_file(None)),
-    Case("CLI", "kvlab generate --prompt-file (Latin-1 bytes)", "exit 1", "is not UTF-8 text (byte 3",
-         prompt_file(b"caf\xe9 au lait")),
-    Case("CLI", "kvlab generate --prompt '' ", "exit 1", "the prompt is empty",
-         lambda e: e.cli("generate", "--prompt", "")),
-    Case("CLI", "kvlab generate --max-cache-len 4 --prompt hi --max-new-tokens 8", "exit 1",
-         "positions are needed but max_cache_len is 4",
-         lambda e: e.cli("generate", "--max-cache-len", "4", "--prompt", "hi", "--max-new-tokens", "8")),
-    Case("CLI", "kvlab generate --sample --top-p 2", "exit 1", "top_p=2.0 must be in (0, 1]",
-         lambda e: e.cli("generate", "--sample", "--top-p", "2")),
-    Case("CLI", "kvlab generate --seed -3", "exit 1", "seed=-3 must be None or an int >= 0",
-         lambda e: e.cli("generate", "--seed", "-3")),
-    Case("CLI", "kvlab bench --contexts 1k,x", "exit 1", "--contexts",
-         lambda e: e.cli("bench", "--contexts", "1k,x")),
-    Case("CLI", "kvlab bench --devices tpu", "exit 1", "'tpu' is not valid",
-         lambda e: e.cli("bench", "--devices", "tpu")),
+    Case(
+        "CLI",
+        "kvlab generate --max-new-tokens 0",
+        "exit 1",
+        "--max-new-tokens 0 must be >= 1",
+        lambda e: e.cli("generate", "--max-new-tokens", "0"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --cache dynamic --max-cache-len 64",
+        "exit 1",
+        "--max-cache-len applies to --cache static only",
+        lambda e: e.cli("generate", "--cache", "dynamic", "--max-cache-len", "64"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --model nope",
+        "exit 1",
+        "neither a built-in name",
+        lambda e: e.cli("generate", "--model", "nope"),
+    ),
+    Case("CLI", "kvlab generate --prompt-file missing.txt", "exit 1", "No such file or directory", prompt_file(None)),
+    Case(
+        "CLI",
+        "kvlab generate --prompt-file (Latin-1 bytes)",
+        "exit 1",
+        "is not UTF-8 text (byte 3",
+        prompt_file(b"caf\xe9 au lait"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --prompt '' ",
+        "exit 1",
+        "the prompt is empty",
+        lambda e: e.cli("generate", "--prompt", ""),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --max-cache-len 4 --prompt hi --max-new-tokens 8",
+        "exit 1",
+        "positions are needed but max_cache_len is 4",
+        lambda e: e.cli("generate", "--max-cache-len", "4", "--prompt", "hi", "--max-new-tokens", "8"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --sample --top-p 2",
+        "exit 1",
+        "top_p=2.0 must be in (0, 1]",
+        lambda e: e.cli("generate", "--sample", "--top-p", "2"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --seed -3",
+        "exit 1",
+        "seed=-3 must be None or an int >= 0",
+        lambda e: e.cli("generate", "--seed", "-3"),
+    ),
+    Case("CLI", "kvlab bench --contexts 1k,x", "exit 1", "--contexts", lambda e: e.cli("bench", "--contexts", "1k,x")),
+    Case(
+        "CLI", "kvlab bench --devices tpu", "exit 1", "'tpu' is not valid", lambda e: e.cli("bench", "--devices", "tpu")
+    ),
 ]
 
 

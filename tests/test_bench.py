@@ -17,8 +17,9 @@ KVLAB = str(Path(sys.executable).parent / "kvlab")
 
 
 def test_bench_quick_writes_valid_paired_results(tmp_path):
-    proc = subprocess.run([KVLAB, "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [KVLAB, "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "results.json").read_text())
     env, rows = result["environment"], result["rows"]
@@ -29,21 +30,29 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
     assert bw["best"] == max([bw["copy_1t"], bw["copy_2t"], bw["read_1t"], bw["read_2t"], *bw["paired"]])
     for r in rows:
         assert r["roofline_fraction_min"] <= r["roofline_fraction"] <= r["roofline_fraction_max"]
-        assert 0 < r["roofline_fraction_at_run_best"] and r["bandwidth_gbps"] <= bw["best"]
+        assert r["roofline_fraction_at_run_best"] > 0 and r["bandwidth_gbps"] <= bw["best"]
         assert 0 <= r["cpu_steal_fraction"] < 1  # the hypervisor's share of this VM's CPU time during the row
     runtime = ("onnxruntime-ep-webgpu", "0.4.0") if installed() else ("onnxruntime-webgpu", "1.27.0")  # this env's
     assert env["versions"][runtime[0]] == runtime[1] and env["bandwidth_gbps"]["best"] > 0
     assert env["backend_package"] == runtime[0]
     assert env["commit"] and env["cpu"]
     assert {(r["device"], r["cache_kind"] or r["runner"]) for r in rows} >= {
-        ("cpu", "dynamic"), ("cpu", "static"), ("cpu", "genai"), ("webgpu", "dynamic"), ("webgpu", "static")}
+        ("cpu", "dynamic"),
+        ("cpu", "static"),
+        ("cpu", "genai"),
+        ("webgpu", "dynamic"),
+        ("webgpu", "static"),
+    }
     # every variant produced the same tokens; the matmuls-only floor makes none
     assert all(r["valid"] and r["tokens_equal"] is (None if r["variant"] == "matmuls only" else True) for r in rows)
     floor = [r for r in rows if r["variant"] == "matmuls only"]
     assert {r["device"] for r in floor} == {"cpu"} and all(r["kv_read_bytes"] == 0 for r in floor)
     t = RECIPES["toy"]  # the floor reads the projections and the lm_head, nothing else
-    per_layer = t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim + t.heads * t.head_dim * t.hidden \
+    per_layer = (
+        t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim
+        + t.heads * t.head_dim * t.hidden
         + 3 * t.hidden * t.intermediate
+    )
     assert all(r["weight_bytes"] == 4 * (t.layers * per_layer + t.hidden * t.vocab) for r in floor)
     assert "matmuls alone" in proc.stdout
     for r in rows:
@@ -95,12 +104,20 @@ def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
     parts = sum(r["ms_per_step"] for r in rows if r["op"] != "(run)")
     assert abs(parts - ops["(run)"]["ms_per_step"]) < 1e-6 and ops["(run)"]["share"] == 1.0
     assert ort.opened("cpu") is None and "profile" not in ort.open_device("cpu").ep_options
-    proc = subprocess.run([KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "2"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1 and "new_tokens=2 leaves no decode run to profile" in proc.stderr
     out = tmp_path / "ops.csv"
-    proc = subprocess.run([KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "4", "--csv",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "4", "--csv", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "GroupQueryAttention" in proc.stdout and out.read_text().startswith("op,ms_per_step,nodes_per_step,share")
 
@@ -111,8 +128,15 @@ def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
     from kvlab.bench import Plan, report, run_plan
     from kvlab.ort import opened
 
-    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 4}, static_lens=[], reps=2,
-                genai=False, matmuls_only=False)
+    plan = Plan(
+        targets=[("toy", "cpu")],
+        contexts={"cpu": [32]},
+        new_tokens={"cpu": 4},
+        static_lens=[],
+        reps=2,
+        genai=False,
+        matmuls_only=False,
+    )
     result = run_plan(plan, log=lambda line: None)
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"dynamic", "static@35", "static@35 4KiB-pages"}
@@ -141,8 +165,18 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
     assert run_matmuls_only(path, "cpu", 4) > 0
     open_device("cpu").forget(path)
     before = len(open_device("cpu").sessions)
-    run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 3}, static_lens=[], reps=1,
-                  genai=False, small_pages_twin=False), log=lambda line: None)
+    run_plan(
+        Plan(
+            targets=[("toy", "cpu")],
+            contexts={"cpu": [16]},
+            new_tokens={"cpu": 3},
+            static_lens=[],
+            reps=1,
+            genai=False,
+            small_pages_twin=False,
+        ),
+        log=lambda line: None,
+    )
     assert len(open_device("cpu").sessions) == before  # the toy model's session was there already
 
 
@@ -163,14 +197,33 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     # medians of sums are not sums of medians: per step the parts add up exactly, so the medians are close
     assert abs(sum(rows[p] for p in bench.anatomy.PHASES[:-1]) - r["kvlab_step_ms"]) < 0.5 * r["kvlab_step_ms"]
     out = tmp_path / "phases.json"
-    proc = subprocess.run([KVLAB, "profile", "--phases", "--model", "toy", "--context", "16", "--new-tokens", "4",
-                           "--rounds", "1", "--no-genai", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            KVLAB,
+            "profile",
+            "--phases",
+            "--model",
+            "toy",
+            "--context",
+            "16",
+            "--new-tokens",
+            "4",
+            "--rounds",
+            "1",
+            "--no-genai",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "runtime binds inputs" in proc.stdout and "Python's own time" in proc.stdout
     assert json.loads(out.read_text())["rounds"] == 1
-    proc = subprocess.run([KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "rounds=0 must be an int >= 1" in proc.stderr
 
 
@@ -180,11 +233,19 @@ def test_a_context_past_a_models_length_is_refused_before_anything_runs(toy):
     from kvlab import ConfigError
     from kvlab.bench import Plan, run_plan
 
-    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [16, toy.info.context_length]}, new_tokens={"cpu": 4},
-                reps=1, small_pages_twin=False)
+    plan = Plan(
+        targets=[("toy", "cpu")],
+        contexts={"cpu": [16, toy.info.context_length]},
+        new_tokens={"cpu": 4},
+        reps=1,
+        small_pages_twin=False,
+    )
     logged: list[str] = []
-    with pytest.raises(ConfigError, match=rf"context 4096 \+ 4 new tokens exceed toy's context length 4096; use "
-                                          rf"contexts up to 4092"):
+    with pytest.raises(
+        ConfigError,
+        match=r"context 4096 \+ 4 new tokens exceed toy's context length 4096; use "
+        r"contexts up to 4092",
+    ):
         run_plan(plan, log=logged.append)
     assert logged == []  # not even the bandwidth measurement ran
 
@@ -201,11 +262,32 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
 
     disposition = signal.SIG_DFL if ctrl_c == "default" else signal.SIG_IGN
     out = tmp_path / "out"
-    proc = subprocess.Popen([KVLAB, "bench", "--models", "toy", "--devices", "cpu", "--contexts", "16,32,3000,4000",
-                             "--new-tokens", "64", "--reps", "1", "--max-cache-lens", "1", "--no-charts", "--out",
-                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
+    proc = subprocess.Popen(
+        [
+            KVLAB,
+            "bench",
+            "--models",
+            "toy",
+            "--devices",
+            "cpu",
+            "--contexts",
+            "16,32,3000,4000",
+            "--new-tokens",
+            "64",
+            "--reps",
+            "1",
+            "--max-cache-lens",
+            "1",
+            "--no-charts",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
+    )
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -215,7 +297,8 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
     rest, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (seen, rest, err)
     assert [e for e in err.splitlines() if e.startswith("kvlab")] == [
-        "kvlab: interrupted (every cache and device tensor was released)"], err
+        "kvlab: interrupted (every cache and device tensor was released)"
+    ], err
     assert "stopped early: wrote the contexts that finished" in rest, rest
     result = json.loads((out / "results.json").read_text())
     assert result["complete"] is False
@@ -229,6 +312,16 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
 def test_a_finished_bench_says_it_is_complete(tmp_path):
     from kvlab.bench import Plan, run_plan
 
-    result = run_plan(Plan(targets=[("toy", "cpu")], contexts={"cpu": [16]}, new_tokens={"cpu": 4}, reps=1,
-                           small_pages_twin=False, matmuls_only=False, genai={"cpu": False}), log=lambda _: None)
+    result = run_plan(
+        Plan(
+            targets=[("toy", "cpu")],
+            contexts={"cpu": [16]},
+            new_tokens={"cpu": 4},
+            reps=1,
+            small_pages_twin=False,
+            matmuls_only=False,
+            genai={"cpu": False},
+        ),
+        log=lambda _: None,
+    )
     assert result["complete"] is True and {r["context"] for r in result["rows"]} == {16}

@@ -16,8 +16,8 @@ import pytest
 import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, ModelError, StaticCache, Stepper, generate, open_device
 from kvlab.core.layout import ConvState, FullAttention, LinearAttention, SlidingWindow
-from kvlab.ort.faults import Injected, fault, raising_hook
 from kvlab.ort.device import backend
+from kvlab.ort.faults import Injected, fault, raising_hook
 from kvlab.ort.plugin import installed as on_the_plugin_ep
 from kvlab.ort.references import hf_checkpoint, transformers_greedy
 
@@ -42,7 +42,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def reference(models):
-    """transformers' greedy tokens (its own generate and caches) for each preset, on the checkpoint it was built from."""
+    """transformers' greedy tokens (its own generate and caches) for each preset, on its checkpoint."""
     return {name: transformers_greedy(m, PROMPT, NEW) for name, m in models.items()}
 
 
@@ -66,7 +66,9 @@ def test_inspection_tells_each_layers_kind_from_the_graph(models, name):
             assert all(e.dims == (1, 2, 0, 32) and e.grows for e in layer.entries)
         elif type(layer.kind) is LinearAttention:  # conv_dim = 2 * (2 key heads x 32) + 4 value heads x 32
             assert [(e.role, e.dims, e.op) for e in layer.entries] == [
-                ("conv", (1, 256, 3), "CausalConvWithState"), ("recurrent", (1, 4, 32, 32), "LinearAttention")]
+                ("conv", (1, 256, 3), "CausalConvWithState"),
+                ("recurrent", (1, 4, 32, 32), "LinearAttention"),
+            ]
         else:  # LFM2: hidden x (conv_L_cache - 1)
             assert [(e.role, e.dims, e.op) for e in layer.entries] == [("conv", (1, 128, 2), "CausalConvWithState")]
     assert info.num_layers == 8 and info.shares_buffers
@@ -81,7 +83,9 @@ def test_the_memory_report_is_per_layer_and_known_before_allocating(models):
     state = 256 * 3 * 4 + 4 * 32 * 32 * 4  # conv + recurrent, float32
     assert rows[0].kind == "linear attention (recurrent state)" and rows[0].growing_bytes == 0
     assert rows[0].fixed_bytes == 2 * state and rows[0].tensors == 4  # two buffers per state (swap)
-    assert rows[3].kind == "full attention" and rows[3].fixed_bytes == 0 and rows[3].growing_bytes == 2 * 2 * 1024 * 32 * 4
+    assert (
+        rows[3].kind == "full attention" and rows[3].fixed_bytes == 0 and rows[3].growing_bytes == 2 * 2 * 1024 * 32 * 4
+    )
     assert hybrid.bytes_per_token == 2 * 2 * 2 * 32 * 4 and hybrid.fixed_bytes == 6 * 2 * state
     assert hybrid.total_bytes == 1024 * hybrid.bytes_per_token + hybrid.fixed_bytes
     assert "2 of 8 layers grow" in str(hybrid)
@@ -118,9 +122,15 @@ def test_the_window_is_applied(models, reference, name):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).eval()
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
-                          do_sample=False, pad_token_id=0)
-    assert out[0, len(PROMPT):].tolist() != reference[name]
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    assert out[0, len(PROMPT) :].tolist() != reference[name]
 
 
 @pytest.mark.webgpu
@@ -133,8 +143,9 @@ def test_both_caches_are_token_identical_to_transformers_on_webgpu(models, refer
     before = dev.live_tensors
     for kind, cache in caches_for(model, "webgpu").items():
         with cache:
-            g = generate(model, PROMPT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=NEW,
-                         stop_on_eos=False)
+            g = generate(
+                model, PROMPT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=NEW, stop_on_eos=False
+            )
             assert g.token_ids == reference[name], kind
             if kind == "static":
                 assert all(r.new_buffers == 0 for r in g.records[2:])  # after the handoff
@@ -183,8 +194,9 @@ def test_memory_per_layer_is_exact_against_the_tensors_held(models, name, device
 FAULTS = [("run", None), ("after-run", None), ("in-place", None), ("commit", None), ("after-run", KeyboardInterrupt())]
 
 
-def _decode_with_retries(model, cache, dev, prompt, new, hooks=(), catch=(Injected, KeyboardInterrupt,
-                                                                          kvlab.InPlaceError)):
+def _decode_with_retries(
+    model, cache, dev, prompt, new, hooks=(), catch=(Injected, KeyboardInterrupt, kvlab.InPlaceError)
+):
     tokens, failures = [], 0
     with Stepper(model, cache, dev, len(prompt) + new - 1, hooks) as stepper:
         feed = np.array(prompt)
@@ -225,15 +237,16 @@ def test_a_failed_step_leaves_the_states_as_they_were(models, reference, device,
 
 def _webgpu_from_one_token(models, cache):
     cache.reset()
-    return generate(models["hybrid-toy"], PROMPT[:1], cache=cache, device="webgpu", max_new_tokens=NEW,
-                    stop_on_eos=False).token_ids
+    return generate(
+        models["hybrid-toy"], PROMPT[:1], cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False
+    ).token_ids
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_a_hook_that_raises_rolls_the_states_back(models, reference, kind):
     model, dev = models["hybrid-toy"], open_device("cpu")
     baseline = dev.live_tensors
-    with (DynamicCache() if kind == "dynamic" else StaticCache(64)) as cache:
+    with DynamicCache() if kind == "dynamic" else StaticCache(64) as cache:
         tokens, failures = _decode_with_retries(model, cache, dev, PROMPT, NEW, hooks=[raising_hook(4)])
     assert failures == 1 and tokens == reference["hybrid-toy"] and dev.live_tensors == baseline
 
@@ -272,9 +285,12 @@ def test_an_unknown_layer_kind_is_named_with_its_input_output_and_op(models, tmp
     node = next(n for n in graph.graph.node if n.op_type == "CausalConvWithState")
     node.op_type = "ShortConvWithState"  # a layer kind kvlab has no rule for
     onnx.save(graph, str(d / "model.onnx"))
-    with pytest.raises(ModelError, match=r"the state input 'past.0.conv' / output 'present.0.conv' is read by "
-                                         r"ShortConvWithState node '/model/layers.0/conv/CausalConvWithState' and "
-                                         r"written by ShortConvWithState node .*a layer kind kvlab does not know"):
+    with pytest.raises(
+        ModelError,
+        match=r"the state input 'past.0.conv' / output 'present.0.conv' is read by "
+        r"ShortConvWithState node '/model/layers.0/conv/CausalConvWithState' and "
+        r"written by ShortConvWithState node .*a layer kind kvlab does not know",
+    ):
         kvlab.load(d)
 
 
@@ -283,8 +299,11 @@ def test_an_undeclared_state_input_is_named_with_the_op_reading_it(models, tmp_p
     cfg = json.loads((d / "genai_config.json").read_text())
     del cfg["model"]["decoder"]["inputs"]["past_conv_names"]
     (d / "genai_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelError, match=r"graph inputs \['past.0.conv', .*are not handled by kvlab \('past.0.conv' "
-                                         r"is read by CausalConvWithState node '/model/layers.0/conv/"):
+    with pytest.raises(
+        ModelError,
+        match=r"graph inputs \['past.0.conv', .*are not handled by kvlab \('past.0.conv' "
+        r"is read by CausalConvWithState node '/model/layers.0/conv/",
+    ):
         kvlab.load(d)
 
 
@@ -298,7 +317,9 @@ def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models
         with StaticCache(64, states="in-place") as cache:
             generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=2)
         return
-    with pytest.raises(ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"):
+    with pytest.raises(
+        ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"
+    ):
         generate(model, PROMPT, cache=StaticCache(64, states="in-place"), device="webgpu", max_new_tokens=2)
     dev = open_device("webgpu")
     info, session = model.info, dev.session(model.onnx_path)
@@ -336,8 +357,13 @@ def test_in_place_is_checked_for_states_too(models):
 def test_the_builds_record_their_graph_rewrites(models):
     recipe = lambda name: json.loads((models[name].info.path / "kvlab_recipe.json").read_text())  # noqa: E731
     hybrid = " ".join(recipe("hybrid-toy")["graph_rewrites"])
-    for what in ("state_window=0 dropped", "LinearAttentionGate ->", "GatedRMSNorm ->", "MRotaryEmbedding",
-                 "position_ids: [3, batch, sequence] -> [batch, sequence]"):
+    for what in (
+        "state_window=0 dropped",
+        "LinearAttentionGate ->",
+        "GatedRMSNorm ->",
+        "MRotaryEmbedding",
+        "position_ids: [3, batch, sequence] -> [batch, sequence]",
+    ):
         assert what in hybrid
     assert len(recipe("mistral-toy")["graph_rewrites"]) == 8  # the window, on every layer
     assert recipe("gemma2-toy")["graph_rewrites"] == []

@@ -44,24 +44,38 @@ def jupyter(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's `chromium` (or set KVLAB_CHROMIUM)")
     kernels = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list"], capture_output=True, text=True)
-    assert " kvlab " in kernels.stdout + " ", ("the notebooks' kernel 'kvlab' is not installed: run "
-                                              "`bash scripts/setup.sh --test`\n" + kernels.stdout)
+    assert " kvlab " in kernels.stdout + " ", (
+        "the notebooks' kernel 'kvlab' is not installed: run `bash scripts/setup.sh --test`\n" + kernels.stdout
+    )
     root = tmp_path_factory.mktemp("lab")
     for notebook in (NOTEBOOK, *OPENED):
         shutil.copy(notebook, root / notebook.name)
     shutil.copytree(NOTEBOOK.parent / "images", root / "images")
     # JupyterLab 4 renders only the cells in view by default; render them all so the dashboard stays in the DOM
     # wherever the page is scrolled. And no news pop-up over the screenshot.
-    for plugin, setting in (("notebook-extension/tracker", '{"windowingMode": "none"}'),
-                            ("apputils-extension/notification", '{"fetchNews": "false"}')):
+    for plugin, setting in (
+        ("notebook-extension/tracker", '{"windowingMode": "none"}'),
+        ("apputils-extension/notification", '{"fetchNews": "false"}'),
+    ):
         path = root / ".settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(setting)
     port, token = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--ServerApp.allow_root=True", f"--LabApp.user_settings_dir={root / '.settings'}",
-           f"--LabApp.workspaces_dir={root / '.workspaces'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.allow_root=True",
+        f"--LabApp.user_settings_dir={root / '.settings'}",
+        f"--LabApp.workspaces_dir={root / '.workspaces'}",
+    ]
     log = (root / "server.log").open("w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     base = f"http://127.0.0.1:{port}"
@@ -97,8 +111,10 @@ def page(jupyter):
 
 
 def _rows(lab) -> list[list[str]]:
-    return [[c.strip() for c in row.locator("td").all_inner_texts()]
-            for row in lab.locator(".kvlab-results table tbody tr").all()]
+    return [
+        [c.strip() for c in row.locator("td").all_inner_texts()]
+        for row in lab.locator(".kvlab-results table tbody tr").all()
+    ]
 
 
 def _wait_rows(lab, n: int, timeout_s: float = 120) -> list[list[str]]:
@@ -117,8 +133,12 @@ def _legend(lab) -> list[str]:
 
 def _figure_outputs(notebook: Path) -> int:
     nb = json.loads(notebook.read_text())
-    return sum("application/vnd.plotly.v1+json" in o.get("data", {})
-               for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+    return sum(
+        "application/vnd.plotly.v1+json" in o.get("data", {})
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+        for o in c["outputs"]
+    )
 
 
 def _open_without_running(page, base: str, token: str, notebook: Path):
@@ -142,8 +162,10 @@ def test_a_notebook_opens_with_every_chart_drawn_and_unmodified(jupyter, page, n
     panel = _open_without_running(page, *jupyter, notebook)
     want = _figure_outputs(notebook)
     assert want >= 8, f"{notebook.name} has only {want} figure outputs"
-    drawn = "[...document.querySelectorAll('.jp-OutputArea-output')].filter(o => o.querySelector('.js-plotly-plot') || " \
-            "[...o.querySelectorAll('img')].some(i => i.naturalWidth > 100)).length"
+    drawn = (
+        "[...document.querySelectorAll('.jp-OutputArea-output')].filter(o => o.querySelector('.js-plotly-plot') || "
+        "[...o.querySelectorAll('img')].some(i => i.naturalWidth > 100)).length"
+    )
     page.wait_for_function(f"() => {drawn} >= {want}", timeout=60_000)
     assert "VBox(children" not in panel.inner_text() and "Figure({" not in panel.inner_text()
     _not_modified(page, notebook)
@@ -156,7 +178,9 @@ def test_notebook_02_before_running_shows_the_dashboard_picture(jupyter, page):
     picture = panel.locator("img[src*='02_cachelab.png']").first
     picture.wait_for(timeout=30_000)
     assert page.evaluate("(img) => img.naturalWidth", picture.element_handle()) > 600
-    panel.get_by_text("kvlab CacheLab dashboard (live widgets): run this cell to show it").first.wait_for(timeout=30_000)
+    panel.get_by_text("kvlab CacheLab dashboard (live widgets): run this cell to show it").first.wait_for(
+        timeout=30_000
+    )
     assert "VBox(children" not in panel.inner_text()
     _not_modified(page, NOTEBOOK)
 
@@ -180,11 +204,14 @@ def _drive_notebook_02(page, base: str, token: str) -> None:
     for _ in range(2):
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel").get_by_text(
-            "Run All Cells", exact=True).click()
+            "Run All Cells", exact=True
+        ).click()
         try:
-            page.wait_for_function("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
-                                   ".some(e => e.textContent.includes('*') || /\\d/.test(e.textContent))",
-                                   timeout=20_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+                ".some(e => e.textContent.includes('*') || /\\d/.test(e.textContent))",
+                timeout=20_000,
+            )
             break
         except Exception:  # noqa: BLE001 - playwright's TimeoutError; try once more
             continue
@@ -208,8 +235,11 @@ def _drive_notebook_02(page, base: str, token: str) -> None:
     lab.locator(".kvlab-run button, button.kvlab-run").first.click()
     rows = _wait_rows(lab, len(before) + 1)
     assert rows[-1][4] == "dynamic" and rows[-1][5] == "-" and rows[-1][9].startswith("ok"), rows[-1]
-    page.wait_for_function("() => [...document.querySelectorAll('.kvlab-cachelab .legendtext')]"
-                           f".some(e => e.textContent.startsWith('#{len(before) + 1} dynamic'))", timeout=30_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.kvlab-cachelab .legendtext')]"
+        f".some(e => e.textContent.startsWith('#{len(before) + 1} dynamic'))",
+        timeout=30_000,
+    )
 
     # By hand: back to static with max_cache_len 200.
     lab.locator(".kvlab-cache-type button", has_text="static").click()
@@ -221,12 +251,17 @@ def _drive_notebook_02(page, base: str, token: str) -> None:
     rows = _wait_rows(lab, len(before) + 2)
     assert rows[-1][4] == "static" and rows[-1][5] == "200" and rows[-1][9].startswith("ok"), rows[-1]
     n = len(before) + 2
-    page.wait_for_function("() => [...document.querySelectorAll('.kvlab-cachelab .legendtext')]"
-                           f".some(e => e.textContent.startsWith('#{n} static(200)'))", timeout=30_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.kvlab-cachelab .legendtext')]"
+        f".some(e => e.textContent.startsWith('#{n} static(200)'))",
+        timeout=30_000,
+    )
     legend = _legend(lab)
     assert any(t.startswith(f"#{n - 1} dynamic") for t in legend), legend
-    points = page.evaluate("() => document.querySelector('.kvlab-cachelab .js-plotly-plot')"
-                           ".data.filter(t => t.name.startsWith('#" + str(n) + " ')).map(t => t.x.length)")
+    points = page.evaluate(
+        "() => document.querySelector('.kvlab-cachelab .js-plotly-plot')"
+        ".data.filter(t => t.name.startsWith('#" + str(n) + " ')).map(t => t.x.length)"
+    )
     assert points and points[0] == 23, points  # 24 new tokens: 23 decode steps drawn for the new run
     assert "webgpu" in lab.locator(".gtitle").first.text_content()
 

@@ -56,8 +56,9 @@ def lifecycle_machine(toy: kvlab.Model, device: str, kind: str, reference: list[
             self.ref = Reference(kind)
 
         def _generate(self, new_tokens: int, **kw) -> kvlab.Generation:
-            return generate(toy, PROMPT, cache=self.cache, device=dev, max_new_tokens=new_tokens,
-                            stop_on_eos=False, **kw)
+            return generate(
+                toy, PROMPT, cache=self.cache, device=dev, max_new_tokens=new_tokens, stop_on_eos=False, **kw
+            )
 
         @precondition(lambda self: not self.ref.disposed)
         @rule(new_tokens=st.integers(1, MAX_LEN))
@@ -79,8 +80,11 @@ def lifecycle_machine(toy: kvlab.Model, device: str, kind: str, reference: list[
                 self._generate(toy.info.context_length)
 
         @precondition(lambda self: not self.ref.disposed)
-        @rule(data=st.data(), point=st.sampled_from(["run", "after-run", "commit", "hook"]),
-              error=st.sampled_from(list(ERRORS)))
+        @rule(
+            data=st.data(),
+            point=st.sampled_from(["run", "after-run", "commit", "hook"]),
+            error=st.sampled_from(list(ERRORS)),
+        )
         def failing_generation(self, data, point, error):
             ran["failing_generation"] += 1
             new_tokens = data.draw(st.integers(1, 21))
@@ -112,11 +116,12 @@ def lifecycle_machine(toy: kvlab.Model, device: str, kind: str, reference: list[
                     if threaded and i == 0:
                         refused = []
 
-                        def other() -> None:
+                        def other(refused=refused) -> None:
                             try:
                                 self._generate(2)
                             except CacheStateError as exc:
                                 refused.append(exc)
+
                         t = threading.Thread(target=other)
                         t.start()
                         t.join()
@@ -171,8 +176,13 @@ def test_the_cache_lifecycle_against_a_reference_model(toy, device, kind):
     reference = generate(toy, PROMPT, device=device, max_new_tokens=MAX_LEN, stop_on_eos=False).token_ids
     ran: Counter = Counter()
     machine = lifecycle_machine(toy, device, kind, reference, ran)
-    machine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=16, deadline=None,
-                                         derandomize=True, suppress_health_check=list(HealthCheck))
+    machine.TestCase.settings = settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=16,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     machine.TestCase().runTest()
     print(f"{device} {kind}: {dict(ran)}")
     assert ran["sequences"] >= EXAMPLES and all(ran[r] > 0 for r in RULES), ran

@@ -8,9 +8,18 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab import (CacheStateError, CapacityError, ConfigError, DynamicCache, InPlaceError, ModelError,
-                   StaticCache, Stepper, generate)
-from kvlab import open_device
+from kvlab import (
+    CacheStateError,
+    CapacityError,
+    ConfigError,
+    DynamicCache,
+    InPlaceError,
+    ModelError,
+    StaticCache,
+    Stepper,
+    generate,
+    open_device,
+)
 from kvlab.ort.session import Binding
 
 CACHES = {"dynamic": lambda: DynamicCache(), "static": lambda: StaticCache(64)}
@@ -170,13 +179,12 @@ def test_static_binds_one_buffer_as_past_and_present(toy):
 def test_static_writes_in_place_on_device(toy, device):
     """The tokens the runtime wrote into the shared buffer are the ones a DynamicCache got as presents."""
     dev = open_device(device)
-    with StaticCache(16) as s, DynamicCache() as d:
-        with Stepper(toy, s, dev, 6) as a, Stepper(toy, d, dev, 6) as b:
-            for toks in ([3, 4, 5], [6], [7]):
-                a.step(np.array(toks))
-                b.step(np.array(toks))
-            static_k = s.tensors[0].numpy()[:, :, :5]
-            dynamic_k = d.tensors[0].numpy()
+    with StaticCache(16) as s, DynamicCache() as d, Stepper(toy, s, dev, 6) as a, Stepper(toy, d, dev, 6) as b:
+        for toks in ([3, 4, 5], [6], [7]):
+            a.step(np.array(toks))
+            b.step(np.array(toks))
+        static_k = s.tensors[0].numpy()[:, :, :5]
+        dynamic_k = d.tensors[0].numpy()
     np.testing.assert_allclose(static_k, dynamic_k, atol=1e-5)
 
 

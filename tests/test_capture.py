@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 import kvlab
 from kvlab import CacheStateError, DeviceError, ModelError, StaticCache, generate, open_device
@@ -19,8 +20,6 @@ from kvlab.ort import faults
 from kvlab.ort.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
 from kvlab.ort.device import backend
 from kvlab.ort.plugin import PluginWebGpu
-
-from conftest import run_python
 
 pytestmark = pytest.mark.webgpu
 PROMPT = [7, 81, 190, 33]  # four tokens: 1.27's SwiftShader prefill is right up to query position 3
@@ -34,8 +33,9 @@ def toy_graph() -> kvlab.Model:
 
 def _static_tokens(model, **kw) -> list[int]:
     with StaticCache(64) as cache:
-        return generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False,
-                        **kw).token_ids
+        return generate(
+            model, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False, **kw
+        ).token_ids
 
 
 def test_the_graph_build_is_the_same_model(toy, toy_graph):
@@ -66,8 +66,15 @@ def test_a_cpu_prefill_hands_off_to_the_captured_cache(toy, toy_graph):
         cpu = generate(toy, long_prompt, cache=cache, device="cpu", max_new_tokens=NEW, stop_on_eos=False)
     with CapturedStaticCache(64) as cache:
         assert type(cache.twin()) is StaticCache
-        g = generate(toy_graph, long_prompt, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False,
-                     prefill_device="cpu")
+        g = generate(
+            toy_graph,
+            long_prompt,
+            cache=cache,
+            device="webgpu",
+            max_new_tokens=NEW,
+            stop_on_eos=False,
+            prefill_device="cpu",
+        )
         assert (cache.captures, cache.replays) == (1, NEW - 2)
     assert [r.phase for r in g.records[:2]] == ["prefill", "handoff"]
     assert g.token_ids == cpu.token_ids
@@ -76,7 +83,8 @@ def test_a_cpu_prefill_hands_off_to_the_captured_cache(toy, toy_graph):
 def test_reset_and_reuse_replay_without_recapture(toy_graph):
     """Two generations through one cache: 2 x (NEW - 1) decode runs, one capture, the rest replays; ONNX
     Runtime's own log (severity info) counts the replays."""
-    r = run_python(f"""
+    r = run_python(
+        f"""
 import kvlab
 from kvlab.ort.capture import CapturedStaticCache
 m = kvlab.load('toy', graph_capture=True)
@@ -87,7 +95,9 @@ b = kvlab.generate(m, {PROMPT[::-1]}, cache=cache, device='webgpu', max_new_toke
 c = kvlab.generate(m, {PROMPT}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)
 print('KVLAB', cache.captures, cache.replays, a.token_ids == c.token_ids, a.token_ids != b.token_ids, flush=True)
 cache.dispose()
-""", env={"KVLAB_ORT_LOG_SEVERITY": "1"})
+""",
+        env={"KVLAB_ORT_LOG_SEVERITY": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     log = r.stdout + r.stderr
     decode_runs = 3 * (NEW - 1)
@@ -153,8 +163,11 @@ def test_a_model_not_built_for_capture_is_refused(toy):
     dev = open_device("webgpu")
     base, sessions = dev.live_tensors, dev.sessions
     with CapturedStaticCache(64) as cache:
-        with pytest.raises(ModelError, match=r"cannot be captured: its attention takes the total length from the "
-                                             r"attention mask's length \(Shape node .*graph_capture=True"):
+        with pytest.raises(
+            ModelError,
+            match=r"cannot be captured: its attention takes the total length from the "
+            r"attention mask's length \(Shape node .*graph_capture=True",
+        ):
             generate(toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
         assert not cache.allocated and dev.live_tensors == base and dev.sessions == sessions  # before anything
 
@@ -181,11 +194,19 @@ def _with_constant_of_shape(src: Path, out: Path) -> Path:
     model = onnx.load(str(out / "model.onnx"))
     last = next(n for n in model.graph.node if "logits" in n.output)
     last.output[list(last.output).index("logits")] = "logits_before"
-    model.graph.node.extend([
-        helper.make_node("Shape", ["logits_before"], ["logits_shape"], name="kvlab_test/Shape"),
-        helper.make_node("ConstantOfShape", ["logits_shape"], ["logits_zeros"], name="kvlab_test/ConstantOfShape",
-                         value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])),
-        helper.make_node("Add", ["logits_before", "logits_zeros"], ["logits"], name="kvlab_test/Add")])
+    model.graph.node.extend(
+        [
+            helper.make_node("Shape", ["logits_before"], ["logits_shape"], name="kvlab_test/Shape"),
+            helper.make_node(
+                "ConstantOfShape",
+                ["logits_shape"],
+                ["logits_zeros"],
+                name="kvlab_test/ConstantOfShape",
+                value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
+            ),
+            helper.make_node("Add", ["logits_before", "logits_zeros"], ["logits"], name="kvlab_test/Add"),
+        ]
+    )
     (out / "model.onnx.data").unlink()
     onnx.save(model, str(out / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
     return out
@@ -195,9 +216,15 @@ def test_a_node_on_the_cpu_ep_is_refused_by_name(toy_graph, tmp_path):
     model = kvlab.load(_with_constant_of_shape(toy_graph.info.path, tmp_path / "cos"))
     dev = open_device("webgpu")
     base = dev.live_tensors
-    with CapturedStaticCache(64) as cache, pytest.raises(DeviceError, match=r"graph capture refused for model cos .*"
-                                                                            r"ConstantOfShape 'kvlab_test/Constant"
-                                                                            r"OfShape'"):
+    with (
+        CapturedStaticCache(64) as cache,
+        pytest.raises(
+            DeviceError,
+            match=r"graph capture refused for model cos .*"
+            r"ConstantOfShape 'kvlab_test/Constant"
+            r"OfShape'",
+        ),
+    ):
         generate(model, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
     assert dev.live_tensors == base
     assert not [s for s in dev.sessions if "cos" in s]  # neither the refused session nor the diagnosis is kept
@@ -225,7 +252,7 @@ def test_the_capture_session_is_opened_with_the_option(toy_graph):
 
 
 # -- the command line
-def _kvlab(*args: str) -> "subprocess.CompletedProcess":
+def _kvlab(*args: str):
     import subprocess
     import sys
 
@@ -235,8 +262,20 @@ def _kvlab(*args: str) -> "subprocess.CompletedProcess":
 def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
     import json
 
-    r = _kvlab("compare", "--device", "webgpu", "--graph-capture", "--prompt", "abc", "--max-new-tokens", "6",
-               "--ignore-eos", "--max-cache-len", "64", "--json")
+    r = _kvlab(
+        "compare",
+        "--device",
+        "webgpu",
+        "--graph-capture",
+        "--prompt",
+        "abc",
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+        "--max-cache-len",
+        "64",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert list(out["runs"]) == ["dynamic", "static", "static graph"] and out["identical"] is True
@@ -244,11 +283,14 @@ def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
     assert out["runs"]["static graph"]["summary"]["tensors_per_step"] == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["generate", "--graph-capture"], "--graph-capture records WebGPU command buffers; it needs --device webgpu"),
-    (["generate", "--graph-capture", "--device", "webgpu", "--cache", "dynamic"], "needs --cache static"),
-    (["compare", "--graph-capture", "--device", "cpu"], "needs --device webgpu, not cpu"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "--graph-capture"], "--graph-capture records WebGPU command buffers; it needs --device webgpu"),
+        (["generate", "--graph-capture", "--device", "webgpu", "--cache", "dynamic"], "needs --cache static"),
+        (["compare", "--graph-capture", "--device", "cpu"], "needs --device webgpu, not cpu"),
+    ],
+)
 def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
     r = _kvlab(*args)
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -259,19 +301,41 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
     the loop thread's CPU time per step, from paired runs."""
     import json
 
-    r = _kvlab("bench", "--models", "toy", "--devices", "webgpu", "--contexts", "4", "--new-tokens", "5", "--reps",
-               "2", "--graph-capture", "--genai-on", "webgpu", "--max-cache-lens", "64", "--no-charts", "--out",
-               str(tmp_path))
+    r = _kvlab(
+        "bench",
+        "--models",
+        "toy",
+        "--devices",
+        "webgpu",
+        "--contexts",
+        "4",
+        "--new-tokens",
+        "5",
+        "--reps",
+        "2",
+        "--graph-capture",
+        "--genai-on",
+        "webgpu",
+        "--max-cache-lens",
+        "64",
+        "--no-charts",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     by = {row["variant"]: row for row in rows}
     assert set(by) >= {"dynamic", "static@64", "static@64 graph", "genai", "genai graph"}
     assert all(row["valid"] and row["tokens_equal"] for row in rows)
     for row in rows:
-        assert row["cpu_ms"] > 0 and 0 < row["thread_cpu_ms"] and len(row["cpu_ms_runs"]) == 2
+        assert row["cpu_ms"] > 0 and row["thread_cpu_ms"] > 0 and len(row["cpu_ms_runs"]) == 2
     assert by["static@64 graph"]["model"] == "toy" and by["static@64 graph"]["tensors_per_step"] == 0
     assert [by[v]["model_build"] for v in ("static@64", "static@64 graph", "genai", "genai graph")] == [
-        "standard", "enable_webgpu_graph", "standard", "enable_webgpu_graph"]
+        "standard",
+        "enable_webgpu_graph",
+        "standard",
+        "enable_webgpu_graph",
+    ]
     assert "graph capture static@64 graph vs static@64: step" in r.stdout
     assert "graph capture genai graph vs genai: step" in r.stdout
 
@@ -296,10 +360,13 @@ def test_gpu_memory_traces_hook_every_runner(monkeypatch, toy, toy_graph):
     monkeypatch.setattr(plan, "GpuMemory", CountingNvml)
     ids, new = np.array([7, 81, 190, 33], np.int64), 4
     plain, captured = GenaiPeer(toy, "webgpu"), GenaiPeer(toy_graph, "webgpu", graph_capture=True)
-    runners = {Variant(KVLAB, CacheSpec("static", 16)): lambda hooks=(): run_kvlab(toy, ids, lambda: StaticCache(16),
-                                                                                    "webgpu", new, hooks),
-               Variant(GENAI): lambda hooks=(): plain.run(ids, new, hooks),
-               Variant(GENAI_GRAPH): lambda hooks=(): captured.run(ids, new, hooks)}
+    runners = {
+        Variant(KVLAB, CacheSpec("static", 16)): lambda hooks=(): run_kvlab(
+            toy, ids, lambda: StaticCache(16), "webgpu", new, hooks
+        ),
+        Variant(GENAI): lambda hooks=(): plain.run(ids, new, hooks),
+        Variant(GENAI_GRAPH): lambda hooks=(): captured.run(ids, new, hooks),
+    }
     traces = plan.memory_traces(runners)
     assert set(traces) == set(runners)
     for v, t in traces.items():

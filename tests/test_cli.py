@@ -19,8 +19,19 @@ def kvlab(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def test_compare_json_smollm2_cpu():
-    r = kvlab("compare", "--model", "smollm2", "--device", "cpu", "--chat", "--prompt",
-              "What is the capital of France?", "--max-new-tokens", "20", "--json")
+    r = kvlab(
+        "compare",
+        "--model",
+        "smollm2",
+        "--device",
+        "cpu",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-new-tokens",
+        "20",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["identical"] is True and set(out["runs"]) == {"dynamic", "static"}
@@ -34,40 +45,86 @@ def test_compare_json_smollm2_cpu():
 def test_compare_table_toy_webgpu(tmp_path):
     prompt = tmp_path / "p.txt"
     prompt.write_text("kv caches on webgpu")
-    r = kvlab("compare", "--model", "toy", "--device", "webgpu", "--prompt-file", str(prompt),
-              "--max-new-tokens", "6", "--ignore-eos")
+    r = kvlab(
+        "compare",
+        "--model",
+        "toy",
+        "--device",
+        "webgpu",
+        "--prompt-file",
+        str(prompt),
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+    )
     assert r.returncode == 0, r.stderr
     assert "outputs identical: True" in r.stdout and "SwiftShader" in r.stdout or "hardware" in r.stdout
     assert "static@256" in r.stdout and "tok/s" in r.stdout
     assert "greedy token chosen on the device" not in r.stdout  # by default on the host
-    dev = kvlab("compare", "--model", "toy", "--device", "webgpu", "--prompt-file", str(prompt),
-                "--max-new-tokens", "6", "--ignore-eos", "--token-on-device")
+    dev = kvlab(
+        "compare",
+        "--model",
+        "toy",
+        "--device",
+        "webgpu",
+        "--prompt-file",
+        str(prompt),
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+        "--token-on-device",
+    )
     assert dev.returncode == 0, dev.stderr
     assert dev.stdout.count("; the greedy token chosen on the device)") == 2  # said per run
     assert "outputs identical: True" in dev.stdout
 
 
 def test_generate_and_python_dash_m():
-    r = subprocess.run([sys.executable, "-m", "kvlab", "generate", "--model", "toy", "--cache", "static",
-                        "--max-cache-len", "64", "--prompt", "hi", "--max-new-tokens", "4", "--ignore-eos", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvlab",
+            "generate",
+            "--model",
+            "toy",
+            "--cache",
+            "static",
+            "--max-cache-len",
+            "64",
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "4",
+            "--ignore-eos",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert list(out["runs"]) == ["static"] and len(out["runs"]["static"]["token_ids"]) == 4
     assert out["max_cache_len"] == 64
 
 
-@pytest.mark.parametrize("args, message", [
-    (["generate", "--model", "toy", "--max-cache-len", "0"], "max_cache_len=0 must be a positive int"),
-    (["generate", "--model", "toy", "--max-cache-len", "3", "--prompt", "far too long a prompt"],
-     "positions are needed but max_cache_len is 3"),
-    (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
-    (["generate", "--model", "toy", "--prompt", ""], "the prompt is empty"),
-    (["generate", "--model", "toy", "--sample", "--token-on-device"], "sampling (do_sample=True) needs the logits"),
-    (["generate", "--model", "toy", "--cache", "dynamic", "--max-cache-len", "8"], "applies to --cache static"),
-    (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
-    (["generate", "--model", "toy", "--max-cache-len", "99999"], "larger than model toy's context length 4096"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "--model", "toy", "--max-cache-len", "0"], "max_cache_len=0 must be a positive int"),
+        (
+            ["generate", "--model", "toy", "--max-cache-len", "3", "--prompt", "far too long a prompt"],
+            "positions are needed but max_cache_len is 3",
+        ),
+        (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
+        (["generate", "--model", "toy", "--prompt", ""], "the prompt is empty"),
+        (["generate", "--model", "toy", "--sample", "--token-on-device"], "sampling (do_sample=True) needs the logits"),
+        (["generate", "--model", "toy", "--cache", "dynamic", "--max-cache-len", "8"], "applies to --cache static"),
+        (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
+        (["generate", "--model", "toy", "--max-cache-len", "99999"], "larger than model toy's context length 4096"),
+    ],
+)
 def test_errors_exit_nonzero_with_message_on_stderr(args, message):
     r = kvlab(*args)
     assert r.returncode == 1 and r.stdout == ""
@@ -86,7 +143,9 @@ def test_doctor_json():
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     if installed():  # .venv-plugin: onnxruntime + the plugin EP, never the built-in wheel beside them
-        assert out["versions"]["onnxruntime-ep-webgpu"] == "0.4.0" and out["versions"]["onnxruntime-webgpu"] == "missing"
+        assert (
+            out["versions"]["onnxruntime-ep-webgpu"] == "0.4.0" and out["versions"]["onnxruntime-webgpu"] == "missing"
+        )
         assert out["backend"].startswith("onnxruntime-ep-webgpu")
     else:
         assert out["versions"]["onnxruntime-webgpu"] == "1.27.0" and out["versions"]["onnxruntime"] == "missing"
@@ -112,13 +171,13 @@ def test_a_sigterm_is_ctrl_c_and_waits_for_an_atomic_block(ctrl_c):
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)
         reached = []
-        with pytest.raises(KeyboardInterrupt):
-            with atomic():
-                signal.raise_signal(signal.SIGTERM)
-                reached.append("the end of the block")
+        with pytest.raises(KeyboardInterrupt), atomic():
+            signal.raise_signal(signal.SIGTERM)
+            reached.append("the end of the block")
         assert reached == ["the end of the block"]
-        assert signal.getsignal(signal.SIGINT) is (signal.default_int_handler if ctrl_c == "default"
-                                                    else signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGINT) is (
+            signal.default_int_handler if ctrl_c == "default" else signal.SIG_IGN
+        )
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

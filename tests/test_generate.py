@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from kvlab import COLUMNS, ConfigError, DynamicCache, Recorder, Sampling, StaticCache, generate
@@ -47,8 +46,9 @@ def test_kvlab_matches_transformers(smollm2, long_prompt, smol_runs):
 
 def test_chat_answer_is_right(smollm2):
     with StaticCache(128) as c:
-        g = generate(smollm2, [{"role": "user", "content": "What is the capital of France?"}], cache=c,
-                     max_new_tokens=30)
+        g = generate(
+            smollm2, [{"role": "user", "content": "What is the capital of France?"}], cache=c, max_new_tokens=30
+        )
     assert g.text == "The capital of France is Paris." and g.stop_reason == "eos"
     assert g.token_ids[-1] in smollm2.info.eos_token_ids
 
@@ -101,12 +101,15 @@ def test_seeded_sampling_is_reproducible_and_differs_from_greedy(toy):
     assert a.token_ids == b.token_ids != greedy.token_ids
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ("", "the prompt is empty"),
-    ([], "prompt must be text, chat messages or token ids"),
-    ([1, 2, 99999], r"token id 99999 is outside the vocabulary \[0, 512\)"),
-    ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("", "the prompt is empty"),
+        ([], "prompt must be text, chat messages or token ids"),
+        ([1, 2, 99999], r"token id 99999 is outside the vocabulary \[0, 512\)"),
+        ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
+    ],
+)
 def test_bad_prompts(toy, prompt, message):
     c = StaticCache(16)
     with pytest.raises(ConfigError, match=message):

@@ -11,8 +11,9 @@ from kvlab.ort.buffer_pool import BUCKETS, MiB, bucket_of, predict_churn
 
 def _manifest(tmp_path, library: str):
     path = tmp_path / "gpu_icd.json"
-    path.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library,
-                                                                          "api_version": "1.3.0"}}))
+    path.write_text(
+        json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library, "api_version": "1.3.0"}})
+    )
     return str(path)
 
 
@@ -110,9 +111,9 @@ def test_the_recorded_buffer_cache_modes_read_as_their_readme_says():
     first = [json.loads(p.read_text()) for p in sorted(data.glob("[a-z]*/*/results.json")) if p.parts[-3] != "again"]
     again = [json.loads(p.read_text()) for p in sorted((data / "again").glob("*/*/results.json"))]
     rows = recorded.modes_table(first)
-    assert {(r["model"], r["mode"]) for r in rows} == {("kv-heavy", m) for m in ("bucket", "simple", "lazyRelease",
-                                                                               "disabled")} | {
-        ("phi4-kv-fp16", m) for m in ("simple", "lazyRelease", "disabled")} | {("smollm2-shape", "bucket")}
+    assert {(r["model"], r["mode"]) for r in rows} == {
+        ("kv-heavy", m) for m in ("bucket", "simple", "lazyRelease", "disabled")
+    } | {("phi4-kv-fp16", m) for m in ("simple", "lazyRelease", "disabled")} | {("smollm2-shape", "bucket")}
     for r in rows:
         assert r["tokens equal"] and r["genai ms"] and r["static new buffers per step"] == 0, r
         assert r["dynamic tensors per step"] in (24, 60, 64), r

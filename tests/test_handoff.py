@@ -21,8 +21,7 @@ def test_handoff_tokens_equal_an_all_cpu_run(name, n_prompt, new, kind):
     dev = open_device("webgpu")
     before = dev.live_tensors
     with KINDS[kind]() as c:
-        g = generate(model, ids, cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=new,
-                     stop_on_eos=False)
+        g = generate(model, ids, cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=new, stop_on_eos=False)
     assert g.token_ids == ref.token_ids
     assert dev.live_tensors == before  # the device cache was disposed, the CPU twin too
     f = g.frame()
@@ -43,8 +42,9 @@ def test_handoff_on_smollm2(smollm2, long_prompt):
     with StaticCache(512) as c:
         ref = generate(smollm2, long_prompt, cache=c, device="cpu", max_new_tokens=4, stop_on_eos=False)
     with StaticCache(512) as c:
-        g = generate(smollm2, long_prompt, cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=4,
-                     stop_on_eos=False)
+        g = generate(
+            smollm2, long_prompt, cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=4, stop_on_eos=False
+        )
     assert g.token_ids == ref.token_ids
 
 
@@ -52,12 +52,16 @@ def test_layout_mismatch_is_refused_and_nothing_is_left(toy, kv_heavy):
     dev = open_device("webgpu")
     before = dev.live_tensors
     c = StaticCache(64)
-    with pytest.raises(ConfigError, match=r"cannot hand off KV of toy on cpu .* to kv-heavy on webgpu .* must be equal"):
-        generate(kv_heavy, [1, 2, 3], cache=c, device="webgpu", prefill_device="cpu", prefill_model=toy,
-                 max_new_tokens=2)
+    with pytest.raises(
+        ConfigError, match=r"cannot hand off KV of toy on cpu .* to kv-heavy on webgpu .* must be equal"
+    ):
+        generate(
+            kv_heavy, [1, 2, 3], cache=c, device="webgpu", prefill_device="cpu", prefill_model=toy, max_new_tokens=2
+        )
     assert c.seq_length == 0 and dev.live_tensors == before + 24  # allocated, empty, reusable
-    g = generate(kv_heavy, [1, 2, 3], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=2,
-                 stop_on_eos=False)
+    g = generate(
+        kv_heavy, [1, 2, 3], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=2, stop_on_eos=False
+    )
     assert len(g.token_ids) == 2
     c.dispose()
     assert dev.live_tensors == before
@@ -116,8 +120,7 @@ def test_a_failed_copy_leaves_the_device_cache_empty_and_reusable(toy, kind, mon
     assert c.seq_length == 0 and c.live_bytes == (c.max_cache_len * toy.info.bytes_per_token if kind == "static" else 0)
     monkeypatch.setattr(caches, "copy_tensor", real)
     ref = generate(toy, [5, 6, 7, 8], device="cpu", max_new_tokens=3, stop_on_eos=False)
-    g = generate(toy, [5, 6, 7, 8], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=3,
-                 stop_on_eos=False)
+    g = generate(toy, [5, 6, 7, 8], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=3, stop_on_eos=False)
     assert g.token_ids == ref.token_ids
     c.dispose()
     assert gpu.live_tensors == before

@@ -7,15 +7,16 @@ import mmap
 from pathlib import Path
 
 import pytest
+from conftest import run_python
 
 from kvlab import ConfigError, open_device
 from kvlab.ort import memory
 
-from conftest import run_python
-
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-needs_thp = pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(),
-                               reason="transparent huge pages are absent or set to never on this kernel")
+needs_thp = pytest.mark.skipif(
+    not THP.exists() or "[never]" in THP.read_text(),
+    reason="transparent huge pages are absent or set to never on this kernel",
+)
 
 
 @needs_thp

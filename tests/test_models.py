@@ -36,8 +36,12 @@ def test_chat_template_matches_transformers(smollm2):
 
     from kvlab.ort.references import hf_checkpoint
 
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why cache keys?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Why cache keys?"},
+    ]
     hf = AutoTokenizer.from_pretrained(hf_checkpoint(smollm2))
     want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert smollm2.apply_chat_template(messages) == want
@@ -55,16 +59,19 @@ def _copy(model, tmp_path):
     return shutil.copytree(model.info.path, tmp_path / "m")
 
 
-@pytest.mark.parametrize("breakage, message", [
-    ("missing_dir", "is neither a built-in name .* nor an existing directory"),
-    ("no_config", "has no genai_config.json: not an onnxruntime-genai model builder output"),
-    ("bad_json", "genai_config.json is not valid JSON"),
-    ("no_layers", "genai_config.json has no 'model.decoder.num_hidden_layers'"),
-    ("no_onnx", "the decoder file 'model.onnx' named in genai_config.json is missing"),
-    ("bad_onnx", "is not a readable ONNX model"),
-    ("encoder", "has an encoder; kvlab supports decoder-only models"),
-    ("no_tokenizer", "has no tokenizer.json"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("missing_dir", "is neither a built-in name .* nor an existing directory"),
+        ("no_config", "has no genai_config.json: not an onnxruntime-genai model builder output"),
+        ("bad_json", "genai_config.json is not valid JSON"),
+        ("no_layers", "genai_config.json has no 'model.decoder.num_hidden_layers'"),
+        ("no_onnx", "the decoder file 'model.onnx' named in genai_config.json is missing"),
+        ("bad_onnx", "is not a readable ONNX model"),
+        ("encoder", "has an encoder; kvlab supports decoder-only models"),
+        ("no_tokenizer", "has no tokenizer.json"),
+    ],
+)
 def test_malformed_model_dirs(toy, tmp_path, breakage, message):
     d = _copy(toy, tmp_path)
     cfg = json.loads((d / "genai_config.json").read_text())
@@ -91,15 +98,21 @@ def test_malformed_model_dirs(toy, tmp_path, breakage, message):
 
 
 def test_unknown_model_name():
-    with pytest.raises(ModelError, match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2, phi4-kv, smollm2-shape, sliding-toy, gemma2-toy, mistral-toy, hybrid-toy, conv-toy\)"):
+    with pytest.raises(
+        ModelError,
+        match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2, phi4-kv, smollm2-shape, sliding-toy, "
+        r"gemma2-toy, mistral-toy, hybrid-toy, conv-toy\)",
+    ):
         kvlab.load("tiny")
 
 
 def test_user_directory_loads_like_a_builtin(toy, tmp_path):
     model = kvlab.load(_copy(toy, tmp_path))
     assert model.name == "m" and model.info.num_layers == toy.info.num_layers
-    assert kvlab.generate(model, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids == \
-        kvlab.generate(toy, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids
+    assert (
+        kvlab.generate(model, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids
+        == kvlab.generate(toy, [1, 2], max_new_tokens=3, stop_on_eos=False).token_ids
+    )
 
 
 def test_recipes_are_validated():
@@ -107,8 +120,18 @@ def test_recipes_are_validated():
         TinyLlama(layers=1, hidden=64, heads=6, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
     with pytest.raises(kvlab.ConfigError, match=r"TinyLlama.layers=0 must be a positive int"):
         TinyLlama(layers=0, hidden=64, heads=4, kv_heads=4, head_dim=16, intermediate=64, vocab=300, context=64)
-    assert set(RECIPES) == {"toy", "kv-heavy", "smollm2", "phi4-kv", "smollm2-shape", "sliding-toy", "gemma2-toy",
-                            "mistral-toy", "hybrid-toy", "conv-toy"}
+    assert set(RECIPES) == {
+        "toy",
+        "kv-heavy",
+        "smollm2",
+        "phi4-kv",
+        "smollm2-shape",
+        "sliding-toy",
+        "gemma2-toy",
+        "mistral-toy",
+        "hybrid-toy",
+        "conv-toy",
+    }
     assert byte_tokenizer(300).get_vocab_size() == 259
 
 
@@ -128,7 +151,9 @@ def _write_attention_graph(out, head_dim: int, q_norm: bool = False):
     LayerNormalization between them, where a folded scale would be normalized away."""
     import numpy as np
     import onnx
-    from onnx import TensorProto as T, helper as h, numpy_helper
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper
 
     heads, kv_heads, hidden, past, length = 4, 2, 32, 20, 32
     rng = np.random.default_rng(head_dim)
@@ -136,28 +161,49 @@ def _write_attention_graph(out, head_dim: int, q_norm: bool = False):
     nodes = [h.make_node("MatMul", ["x", "w"], ["qkv"])]
     if q_norm:
         nodes.append(h.make_node("LayerNormalization", ["qkv", "g"], ["qkv_n"], axis=-1))
-    nodes.append(h.make_node("GroupQueryAttention", ["qkv_n" if q_norm else "qkv", "", "", "pk", "pv", "seqlens_k",
-                                                     "total", "cos", "sin"], ["out", "pk_out", "pv_out"],
-                             domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, do_rotary=1))
+    nodes.append(
+        h.make_node(
+            "GroupQueryAttention",
+            ["qkv_n" if q_norm else "qkv", "", "", "pk", "pv", "seqlens_k", "total", "cos", "sin"],
+            ["out", "pk_out", "pv_out"],
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            do_rotary=1,
+        )
+    )
     kv = lambda name: h.make_tensor_value_info(name, T.FLOAT, [1, kv_heads, length, head_dim])  # noqa: E731
     # q and k of unit scale, so no one score saturates the softmax and a wrongly scaled query shows
-    inits = [numpy_helper.from_array(rng.normal(0, hidden ** -0.5, size=(hidden, width)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "cos"),
-             numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "sin")]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, hidden**-0.5, size=(hidden, width)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "cos"),
+        numpy_helper.from_array(rng.normal(size=(length, head_dim // 2)).astype(np.float32), "sin"),
+    ]
     if q_norm:
         inits.append(numpy_helper.from_array(np.ones(width, np.float32), "g"))
-    graph = h.make_graph(nodes, "gqa", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, hidden]), kv("pk"), kv("pv"),
-                                        h.make_tensor_value_info("seqlens_k", T.INT32, [1]),
-                                        h.make_tensor_value_info("total", T.INT32, [])],
-                         [h.make_tensor_value_info("out", T.FLOAT, [1, 1, heads * head_dim]), kv("pk_out"),
-                          kv("pv_out")], inits)
+    graph = h.make_graph(
+        nodes,
+        "gqa",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, [1, 1, hidden]),
+            kv("pk"),
+            kv("pv"),
+            h.make_tensor_value_info("seqlens_k", T.INT32, [1]),
+            h.make_tensor_value_info("total", T.INT32, []),
+        ],
+        [h.make_tensor_value_info("out", T.FLOAT, [1, 1, heads * head_dim]), kv("pk_out"), kv("pv_out")],
+        inits,
+    )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
     onnx.save(model, out, save_as_external_data=True, location="weights.data", size_threshold=0)
-    feeds = {"x": rng.normal(size=(1, 1, hidden)).astype(np.float32),
-             "pk": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
-             "pv": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
-             "seqlens_k": np.array([past], np.int32), "total": np.array(past + 1, np.int32)}
+    feeds = {
+        "x": rng.normal(size=(1, 1, hidden)).astype(np.float32),
+        "pk": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
+        "pv": rng.normal(size=(1, kv_heads, length, head_dim)).astype(np.float32),
+        "seqlens_k": np.array([past], np.int32),
+        "total": np.array(past + 1, np.int32),
+    }
     return feeds
 
 
@@ -175,8 +221,11 @@ def test_attention_scale_folding_is_exact_and_only_where_exact(tmp_path, head_di
     before, weights = run(), (tmp_path / "weights.data").read_bytes()
     assert fold_attention_scale(path) == folds
     after = run()
-    scale = [a.f for a in next(n for n in onnx.load(str(path)).graph.node if n.op_type == "GroupQueryAttention")
-             .attribute if a.name == "scale"]
+    scale = [
+        a.f
+        for a in next(n for n in onnx.load(str(path)).graph.node if n.op_type == "GroupQueryAttention").attribute
+        if a.name == "scale"
+    ]
     if folds:
         assert scale == [1.0] and (tmp_path / "weights.data").read_bytes() != weights
     else:

@@ -25,9 +25,22 @@ NOTEBOOK_TIMEOUT_S = 600
 
 
 def nbval_command(notebook: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--nbval-lax",
-            "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "--nbval-sanitize-with", str(SANITIZE),
-            str(notebook.relative_to(REPO))]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--nbval-lax",
+        "--nbval-current-env",
+        f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
+        "--nbval-sanitize-with",
+        str(SANITIZE),
+        str(notebook.relative_to(REPO)),
+    ]
 
 
 @pytest.mark.webgpu
@@ -35,10 +48,11 @@ def nbval_command(notebook: Path) -> list[str]:
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_under_nbval(notebook: Path) -> None:
     if notebook.stem == "02_max_cache_len_lab" and installed():
-        pytest.skip("notebook 02 switches the WebGPU buffer cache mode in one kernel, which the plugin EP refuses "
-                    "(one WebGPU context per process; tests/test_plugin.py)")
-    proc = subprocess.run(nbval_command(notebook), cwd=REPO, capture_output=True, text=True,
-                          timeout=NOTEBOOK_TIMEOUT_S)
+        pytest.skip(
+            "notebook 02 switches the WebGPU buffer cache mode in one kernel, which the plugin EP refuses "
+            "(one WebGPU context per process; tests/test_plugin.py)"
+        )
+    proc = subprocess.run(nbval_command(notebook), cwd=REPO, capture_output=True, text=True, timeout=NOTEBOOK_TIMEOUT_S)
     assert proc.returncode == 0, f"nbval failed on {notebook.name}:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
 
 
@@ -49,7 +63,9 @@ def test_notebook_is_committed_executed(notebook: Path) -> None:
     the PNGs every chart carries (``kvlab.lab.style.static_images``: 100-200 KB each)."""
     nb = json.loads(notebook.read_text())
     assert nb["metadata"].get("kernelspec", {}).get("name") == "kvlab", f"{notebook.name}: kernelspec is not 'kvlab'"
-    counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [
+        c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()
+    ]
     assert counts and None not in counts, f"{notebook.name}: has unexecuted code cells {counts}"
     assert counts == sorted(counts), f"{notebook.name}: cells were not run top to bottom: {counts}"
     assert notebook.stat().st_size < 2_500_000, f"{notebook.name} is {notebook.stat().st_size:,} bytes"

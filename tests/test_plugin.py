@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 import kvlab
 from kvlab import DeviceError, open_device
 from kvlab.ort.builtin import BuiltinWebGpu
 from kvlab.ort.device import backend
 from kvlab.ort.plugin import PluginWebGpu, installed
-
-from conftest import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_PYTHON = REPO / ".venv-plugin" / "bin" / "python"
@@ -107,13 +106,18 @@ def test_genai_runs_the_plugin_ep_beside_kvlab_in_one_process(toy):
     from kvlab.ort.references import genai_greedy
 
     with kvlab.StaticCache(64) as cache:
-        ours = kvlab.generate(toy, [7, 81, 190, 33], cache=cache, device="webgpu", max_new_tokens=8,
-                              stop_on_eos=False).token_ids
+        ours = kvlab.generate(
+            toy, [7, 81, 190, 33], cache=cache, device="webgpu", max_new_tokens=8, stop_on_eos=False
+        ).token_ids
     assert genai_greedy(toy, [7, 81, 190, 33], 8, device="webgpu") == ours
     assert genai_greedy(toy, [7, 81, 190, 33], 8, device="webgpu") == ours  # a second genai model: no new registration
     with kvlab.StaticCache(64) as cache:  # and kvlab's sessions still open afterwards
-        assert kvlab.generate(toy, [7, 81, 190, 33], cache=cache, device="webgpu", max_new_tokens=8,
-                              stop_on_eos=False).token_ids == ours
+        assert (
+            kvlab.generate(
+                toy, [7, 81, 190, 33], cache=cache, device="webgpu", max_new_tokens=8, stop_on_eos=False
+            ).token_ids
+            == ours
+        )
 
 
 @on_plugin
@@ -136,8 +140,7 @@ with kvlab.StaticCache(64) as cache:
 
 @on_plugin
 def test_doctor_names_the_plugin_backend():
-    r = subprocess.run([sys.executable, "-m", "kvlab", "doctor", "--json"], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-m", "kvlab", "doctor", "--json"], capture_output=True, text=True, timeout=600)
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["problems"] == [], r.stdout[-2000:] + r.stderr[-2000:]
     assert out["backend"] == "onnxruntime-ep-webgpu (WebGPU plugin EP on onnxruntime)"
@@ -152,10 +155,24 @@ def test_the_whole_suite_passes_on_the_plugin_ep():
     depend on the ONNX Runtime package. Left out, as they run nothing of it: the PyTorch backend's tests and its
     notebook (05), and the browser test, whose JupyterLab kernel is the `kvlab` kernel of .venv either way."""
     assert PLUGIN_PYTHON.is_file(), f"{PLUGIN_PYTHON} is missing: run `bash scripts/setup.sh --test`"
-    proc = subprocess.run([str(PLUGIN_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
-                           *[f"--ignore=tests/{f}" for f in SAME_ON_BOTH_PACKAGES],
-                           "--deselect=tests/test_notebooks.py::test_notebook_runs_under_nbval[05_pytorch_cuda_graphs]"],
-                          cwd=REPO, capture_output=True, text=True, timeout=3500, env={**os.environ, INNER: "1"})
+    proc = subprocess.run(
+        [
+            str(PLUGIN_PYTHON),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+            *[f"--ignore=tests/{f}" for f in SAME_ON_BOTH_PACKAGES],
+            "--deselect=tests/test_notebooks.py::test_notebook_runs_under_nbval[05_pytorch_cuda_graphs]",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3500,
+        env={**os.environ, INNER: "1"},
+    )
     tail = proc.stdout[-6000:]
     assert proc.returncode == 0, f"the suite failed in .venv-plugin:\n{tail}\n{proc.stderr[-2000:]}"
     assert " passed" in tail.splitlines()[-1]

@@ -63,10 +63,10 @@ def test_float16_on_webgpu_runs_where_the_adapter_computes_in_float16_and_is_ref
         return
     cpu = generate(toy_p, PROMPT, device="cpu", max_new_tokens=8, stop_on_eos=False)
     with cache, DynamicCache() as d:
-        a = generate(toy_p, PROMPT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=8,
-                     stop_on_eos=False)
-        b = generate(toy_p, PROMPT, cache=d, device="webgpu", prefill_device="cpu", max_new_tokens=8,
-                     stop_on_eos=False)
+        a = generate(
+            toy_p, PROMPT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=8, stop_on_eos=False
+        )
+        b = generate(toy_p, PROMPT, cache=d, device="webgpu", prefill_device="cpu", max_new_tokens=8, stop_on_eos=False)
     assert a.token_ids == b.token_ids == cpu.token_ids
     assert (a.frame().new_buffers[2:] == 0).all() and dev.live_tensors == before
 
@@ -75,8 +75,11 @@ def test_int4_weight_bytes_are_the_packed_weights_and_their_scales():
     """MatMulNBits holds 4 bits per weight and one float16 scale per block of 32, for every projection and the
     lm_head (computed here from the recipe's shapes, not from the graph)."""
     t = RECIPES["toy"]
-    per_layer = t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim + t.heads * t.head_dim * t.hidden \
+    per_layer = (
+        t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim
+        + t.heads * t.head_dim * t.hidden
         + 3 * t.hidden * t.intermediate
+    )
     weights = t.layers * per_layer + t.hidden * t.vocab
     by_op = weight_bytes_by_op(kvlab.load("toy", precision="int4"))
     assert by_op["MatMulNBits"] == weights // 2 + weights // 32 * 2
@@ -84,11 +87,14 @@ def test_int4_weight_bytes_are_the_packed_weights_and_their_scales():
     assert weight_bytes_per_token(kvlab.load("toy", precision="int4")) < 0.2 * fp32
 
 
-@pytest.mark.parametrize("precision, message", [
-    ("bf16", r"precision 'bf16' cannot run here: the builder's bf16 graph uses MultiHeadAttention"),
-    ("q8", r"precision 'q8' is not valid; choose one of \('fp32', 'fp16', 'int4'\)"),
-    (True, r"precision True is not valid"),
-])
+@pytest.mark.parametrize(
+    "precision, message",
+    [
+        ("bf16", r"precision 'bf16' cannot run here: the builder's bf16 graph uses MultiHeadAttention"),
+        ("q8", r"precision 'q8' is not valid; choose one of \('fp32', 'fp16', 'int4'\)"),
+        (True, r"precision True is not valid"),
+    ],
+)
 def test_precisions_that_cannot_run_are_named(precision, message):
     with pytest.raises(ConfigError, match=message):
         kvlab.load("toy", precision=precision)
@@ -129,8 +135,12 @@ def test_smollm2_int4_both_caches_identical_on_cpu(long_prompt):
 def test_an_optimum_export_loads_with_its_graphs_facts(optimum_toy, toy):
     m = kvlab.load(optimum_toy)
     i = m.info
-    assert (i.num_layers, i.num_kv_heads, i.head_dim, i.vocab_size) == (toy.info.num_layers, toy.info.num_kv_heads,
-                                                                        toy.info.head_dim, toy.info.vocab_size)
+    assert (i.num_layers, i.num_kv_heads, i.head_dim, i.vocab_size) == (
+        toy.info.num_layers,
+        toy.info.num_kv_heads,
+        toy.info.head_dim,
+        toy.info.vocab_size,
+    )
     assert set(i.input_names) == {"input_ids", "attention_mask", "position_ids"} and not i.shares_buffers
 
 
@@ -151,8 +161,11 @@ def test_a_dynamic_cache_runs_an_optimum_export_like_the_builders_model(optimum_
 def test_a_static_cache_refuses_an_optimum_export_with_the_reason_and_the_way_out(optimum_toy):
     m = kvlab.load(optimum_toy)
     cache = StaticCache(32)
-    with pytest.raises(ModelError, match=r"StaticCache cannot use model .*'present.0.key' is made by 'Concat'.*"
-                                         r"Rebuild the model with the onnxruntime-genai builder"):
+    with pytest.raises(
+        ModelError,
+        match=r"StaticCache cannot use model .*'present.0.key' is made by 'Concat'.*"
+        r"Rebuild the model with the onnxruntime-genai builder",
+    ):
         generate(m, PROMPT, cache=cache, max_new_tokens=2)
     assert not cache.allocated
 
@@ -163,10 +176,14 @@ def test_the_bool_gather_rewrite_keeps_every_output(optimum_toy):
     model = onnx.load(str(optimum_toy / "model.onnx"))
     names = cast_bool_gathers(model)
     assert names and all(n.startswith("/model/") for n in names)
-    feeds = {"input_ids": np.array([PROMPT[:6]], np.int64), "attention_mask": np.ones((1, 6), np.int64),
-             "position_ids": np.arange(6, dtype=np.int64)[None]}
-    feeds.update({f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, 16), np.float32) for i in range(2)
-                  for kv in ("key", "value")})
+    feeds = {
+        "input_ids": np.array([PROMPT[:6]], np.int64),
+        "attention_mask": np.ones((1, 6), np.int64),
+        "position_ids": np.arange(6, dtype=np.int64)[None],
+    }
+    feeds.update(
+        {f"past_key_values.{i}.{kv}": np.zeros((1, 2, 0, 16), np.float32) for i in range(2) for kv in ("key", "value")}
+    )
     a = ort.InferenceSession(str(optimum_toy / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
     b = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for x, y in zip(a, b):

@@ -19,15 +19,24 @@ NEW = 8
 CACHES = {"dynamic": DynamicCache, "static": lambda: StaticCache(32)}
 # (point, error): a run that fails, an allocation, a tensor wrap, the in-place check, the commit, and Ctrl-C at
 # every boundary of a step: before the run, after it (outputs made, not yet owned), inside the commit
-FAULTS = [("run", None), ("after-run", None), ("allocate", None), ("wrap", None), ("in-place", None),
-          ("commit", None), ("run", KeyboardInterrupt()), ("after-run", KeyboardInterrupt()),
-          ("commit", KeyboardInterrupt())]
+FAULTS = [
+    ("run", None),
+    ("after-run", None),
+    ("allocate", None),
+    ("wrap", None),
+    ("in-place", None),
+    ("commit", None),
+    ("run", KeyboardInterrupt()),
+    ("after-run", KeyboardInterrupt()),
+    ("commit", KeyboardInterrupt()),
+]
 
 
 @pytest.fixture(scope="module")
 def reference(toy):
-    return {d: generate(toy, PROMPT, device=d, max_new_tokens=NEW, stop_on_eos=False).token_ids
-            for d in ("cpu", "webgpu")}
+    return {
+        d: generate(toy, PROMPT, device=d, max_new_tokens=NEW, stop_on_eos=False).token_ids for d in ("cpu", "webgpu")
+    }
 
 
 def _decode_with_retries(toy, cache, dev, hooks=(), catch=(Injected, KeyboardInterrupt, kvlab.InPlaceError)):
@@ -77,8 +86,9 @@ def test_a_step_that_fails_anywhere_leaves_nothing_behind_and_retries(toy, refer
 
 @pytest.mark.parametrize("kind", list(CACHES))
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
-@pytest.mark.parametrize("error", [RuntimeError("a hook with a bug"), KeyboardInterrupt()],
-                         ids=["error", "KeyboardInterrupt"])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("a hook with a bug"), KeyboardInterrupt()], ids=["error", "KeyboardInterrupt"]
+)
 def test_a_hook_that_raises_rolls_its_step_back(toy, reference, device, kind, error):
     """A step's hooks run after the cache committed it; one that raises fails the step: the commit is undone
     (the length and, for a dynamic cache, the previous presents come back) and the step can be retried."""
@@ -115,8 +125,10 @@ print("closed")
     assert r.stdout.split() == ["cpu", "0", "webgpu", "0", "closed"]
 
 
-UNDER_DEBUG = pytest.mark.skipif(bool(__import__("os").environ.get("KVLAB_UNDER_DEBUG_ALLOCATOR")),
-                                 reason="this is the run under the debug allocators")
+UNDER_DEBUG = pytest.mark.skipif(
+    bool(__import__("os").environ.get("KVLAB_UNDER_DEBUG_ALLOCATOR")),
+    reason="this is the run under the debug allocators",
+)
 DEBUG_SUBSET = ["tests/test_reliability.py", "tests/test_caches.py", "tests/test_handoff.py"]
 
 
@@ -131,10 +143,21 @@ def test_the_step_paths_under_the_debug_allocators():
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONMALLOC": "debug", "MALLOC_CHECK_": "3", "MALLOC_PERTURB_": "165",
-           "KVLAB_UNDER_DEBUG_ALLOCATOR": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEBUG_SUBSET],
-                       cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=1500)
+    env = {
+        **os.environ,
+        "PYTHONMALLOC": "debug",
+        "MALLOC_CHECK_": "3",
+        "MALLOC_PERTURB_": "165",
+        "KVLAB_UNDER_DEBUG_ALLOCATOR": "1",
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEBUG_SUBSET],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     tail = r.stdout[-3000:] + r.stderr[-2000:]
     print(tail.strip().splitlines()[-1])
     assert r.returncode == 0, tail
@@ -151,19 +174,43 @@ def test_an_exception_kept_until_exit_does_not_crash_the_process_at_exit():
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONMALLOC": "debug", "MALLOC_CHECK_": "3", "MALLOC_PERTURB_": "165",
-           "KVLAB_UNDER_DEBUG_ALLOCATOR": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "hook_that_raises and webgpu and static and error"], cwd=Path(__file__).resolve().parents[1],
-                       env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONMALLOC": "debug",
+        "MALLOC_CHECK_": "3",
+        "MALLOC_PERTURB_": "165",
+        "KVLAB_UNDER_DEBUG_ALLOCATOR": "1",
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "hook_that_raises and webgpu and static and error",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
     assert "1 passed" in r.stdout
 
 
-@pytest.mark.parametrize("error, code, line", [(KeyboardInterrupt(), 130, "kvlab: interrupted"),
-                                               (ZeroDivisionError("a defect"), 2, "kvlab: internal error: "
-                                                                                  "ZeroDivisionError: a defect")],
-                         ids=["KeyboardInterrupt", "defect"])
+@pytest.mark.parametrize(
+    "error, code, line",
+    [
+        (KeyboardInterrupt(), 130, "kvlab: interrupted"),
+        (ZeroDivisionError("a defect"), 2, "kvlab: internal error: ZeroDivisionError: a defect"),
+    ],
+    ids=["KeyboardInterrupt", "defect"],
+)
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_the_command_line_turns_ctrl_c_and_defects_into_one_line(capsys, device, error, code, line):
     from kvlab.cli import main
@@ -185,14 +232,25 @@ def test_a_handoff_whose_copy_fails_leaves_both_devices_clean_and_retries(toy, k
     cpu, gpu = open_device("cpu"), open_device("webgpu")
     before = (cpu.live_tensors, gpu.live_tensors)
     with CACHES[kind]() as cache:
-        run = lambda: generate(toy, PROMPT, cache=cache, device=gpu, prefill_device=cpu,  # noqa: E731
-                               max_new_tokens=NEW, stop_on_eos=False)
+
+        def run():
+            return generate(
+                toy,
+                PROMPT,
+                cache=cache,
+                device=gpu,
+                prefill_device=cpu,
+                max_new_tokens=NEW,
+                stop_on_eos=False,
+            )
+
         with fault("copy", at_call=2, error=error) as state, pytest.raises((Injected, KeyboardInterrupt)):
             run()
         assert state["raised"] == 1 and cache.seq_length == 0
         held = toy.info.layout.tensors if kind == "static" else 0  # a static cache keeps its (empty) buffers
         assert (cpu.live_tensors, gpu.live_tensors) == (before[0], before[1] + held)
-        uninterrupted = generate(toy, PROMPT, device=gpu, prefill_device=cpu, max_new_tokens=NEW,
-                                 stop_on_eos=False).token_ids
+        uninterrupted = generate(
+            toy, PROMPT, device=gpu, prefill_device=cpu, max_new_tokens=NEW, stop_on_eos=False
+        ).token_ids
         assert run().token_ids == uninterrupted
     assert (cpu.live_tensors, gpu.live_tensors) == before

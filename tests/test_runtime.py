@@ -6,13 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 from kvlab import ConfigError, DeviceError, open_device
 from kvlab.ort.adapters import find_webgpu_adapter
 from kvlab.ort.device import BUFFER_CACHE_MODES
 from kvlab.ort.plugin import installed
-
-from conftest import run_python
 
 
 def test_webgpu_adapter_is_found_and_labelled():
@@ -33,8 +32,10 @@ def test_webgpu_sessions_run_on_webgpu(toy):
 
 def test_no_adapter_is_an_error_not_a_silent_cpu_fallback():
     """A machine without any Vulkan driver: point the loader at a missing driver in a fresh process."""
-    r = run_python("import kvlab; kvlab.open_device('webgpu')",
-                   env={"VK_ICD_FILENAMES": "/nonexistent/icd.json", "KVLAB_WEBGPU_ADAPTER": "hardware"})
+    r = run_python(
+        "import kvlab; kvlab.open_device('webgpu')",
+        env={"VK_ICD_FILENAMES": "/nonexistent/icd.json", "KVLAB_WEBGPU_ADAPTER": "hardware"},
+    )
     assert r.returncode != 0
     assert "DeviceError: device 'webgpu' has no adapter" in r.stderr and "scripts/setup.sh" in r.stderr
 
@@ -86,8 +87,9 @@ print('reopened', d2.ep_options)
 """
     if installed():  # the plugin's context outlives its sessions once a tensor crossed: refused (tests/test_plugin.py)
         code = code.replace("d2 = kvlab.open_device", "try:\n    d2 = kvlab.open_device").replace(
-            "print('reopened', d2.ep_options)", "    print('reopened', d2.ep_options)\nexcept kvlab.DeviceError as e:\n"
-            "    print('reopen refused:', e)")
+            "print('reopened', d2.ep_options)",
+            "    print('reopened', d2.ep_options)\nexcept kvlab.DeviceError as e:\n    print('reopen refused:', e)",
+        )
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert "refused: the webgpu device is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
@@ -113,7 +115,8 @@ def one_round():
     return ptrs, rss_bytes() - base
 rounds = [one_round() for _ in range(4)]
 reused = [len(set(a[0]) & set(b[0])) for a, b in zip(rounds, rounds[1:])]
-print(json.dumps({"reused": reused, "rss1": rounds[0][1], "requested": sum(4*(1024*1024 + i*65536) for i in range(12))}))
+requested = sum(4 * (1024 * 1024 + i * 65536) for i in range(12))
+print(json.dumps({"reused": reused, "rss1": rounds[0][1], "requested": requested}))
 """
 
 
@@ -127,8 +130,11 @@ def mode_effects():
     return out
 
 
-@pytest.mark.skipif(installed(), reason="on the plugin EP (0.4.0) this probe saw no buffer handed back in "
-                    "'simple' mode (0 of 12 each round, 2026-12-01): what each mode does there is not established")
+@pytest.mark.skipif(
+    installed(),
+    reason="on the plugin EP (0.4.0) this probe saw no buffer handed back in "
+    "'simple' mode (0 of 12 each round, 2026-12-01): what each mode does there is not established",
+)
 def test_buffer_cache_modes_really_take_effect(mode_effects):
     """Each mode leaves its own fingerprint (measured through buffer identity and process memory; on
     SwiftShader GPU memory is host memory): 'simple' hands back every freed buffer of the same size, round

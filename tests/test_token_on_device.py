@@ -26,8 +26,9 @@ def test_tokens_equal_the_host_greedy_path(toy, device, kind):
     runs = {}
     for on_device in (False, True):
         with CACHES[kind]() as cache:
-            runs[on_device] = generate(toy, PROMPT, cache=cache, device=device, max_new_tokens=20, stop_on_eos=False,
-                                       token_on_device=on_device)
+            runs[on_device] = generate(
+                toy, PROMPT, cache=cache, device=device, max_new_tokens=20, stop_on_eos=False, token_on_device=on_device
+            )
     assert runs[True].token_ids == runs[False].token_ids and len(runs[True].token_ids) == 20
     assert dev.live_tensors == before  # the two token tensors went with the stepper
 
@@ -57,8 +58,9 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
     happened. A host-side step in between (logits asked for) makes the next one feed its ids from the host."""
     ids = toy.encode(PROMPT)
     with StaticCache(64) as cache:
-        want = generate(toy, ids, cache=cache, device=device, max_new_tokens=10, stop_on_eos=False,
-                        token_on_device=False).token_ids
+        want = generate(
+            toy, ids, cache=cache, device=device, max_new_tokens=10, stop_on_eos=False, token_on_device=False
+        ).token_ids
     with StaticCache(64) as cache, Stepper(toy, cache, open_device(device), 64, token_on_device=True) as st:
         tokens = [st.step(ids, logits_out="none")[1].token]
         while len(tokens) < 10:
@@ -78,6 +80,7 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
 def test_the_label_says_where_the_token_was_chosen(toy, device):
     """Opt-in (which path is faster depends on the model's vocabulary, data/gpu/token/): the default chooses on the
     host, and each run's label says which path ran."""
+
     def run(**kw):
         return generate(toy, PROMPT, device=device, max_new_tokens=6, stop_on_eos=False, **kw)
 
@@ -103,8 +106,16 @@ def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
     same paired rounds, with the same tokens."""
     from kvlab.bench import Plan, report, run_plan
 
-    plan = Plan(targets=[("toy", "cpu")], contexts={"cpu": [32]}, new_tokens={"cpu": 6}, reps=2, genai=False,
-                small_pages_twin=False, matmuls_only=False, token_on_device=True)
+    plan = Plan(
+        targets=[("toy", "cpu")],
+        contexts={"cpu": [32]},
+        new_tokens={"cpu": 6},
+        reps=2,
+        genai=False,
+        small_pages_twin=False,
+        matmuls_only=False,
+        token_on_device=True,
+    )
     rows = run_plan(plan, log=lambda _: None)["rows"]
     names = [r["variant"] for r in rows]
     assert names == ["dynamic", "static@37", "static@37 token-on-device"]
@@ -138,9 +149,23 @@ def test_step_phases_with_the_token_on_device(toy):
     r = bench.step_phases(toy, "webgpu", context=16, new_tokens=5, rounds=1, genai=False, token_on_device=True)
     assert r["token_on_device"] and r["kvlab_tokens_repeat"]
     with StaticCache(64) as cache:
-        want = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
-                        stop_on_eos=False, token_on_device=False).token_ids
+        want = generate(
+            toy,
+            bench.plan.prompt_ids(toy, 16),
+            cache=cache,
+            device="webgpu",
+            max_new_tokens=5,
+            stop_on_eos=False,
+            token_on_device=False,
+        ).token_ids
     with StaticCache(64) as cache:
-        got = generate(toy, bench.plan.prompt_ids(toy, 16), cache=cache, device="webgpu", max_new_tokens=5,
-                       stop_on_eos=False, token_on_device=True).token_ids
+        got = generate(
+            toy,
+            bench.plan.prompt_ids(toy, 16),
+            cache=cache,
+            device="webgpu",
+            max_new_tokens=5,
+            stop_on_eos=False,
+            token_on_device=True,
+        ).token_ids
     assert got == want

@@ -9,17 +9,20 @@ import pytest
 torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch (kvlab[build])")
 pytest.importorskip("transformers", reason="the PyTorch backend needs transformers (kvlab[build])")
 
-import kvlab  # noqa: E402
-from kvlab import pytorch as tb  # noqa: E402
-from kvlab.core.labels import CacheSpec  # noqa: E402
-from kvlab.pytorch import fuse, graphs as tg  # noqa: E402
-from kvlab import CapacityError, ConfigError, DeviceError  # noqa: E402
-
 from conftest import run_python  # noqa: E402
 
+import kvlab  # noqa: E402
+from kvlab import CapacityError, ConfigError, DeviceError  # noqa: E402
+from kvlab import pytorch as tb  # noqa: E402
+from kvlab.core.labels import CacheSpec  # noqa: E402
+from kvlab.pytorch import fuse  # noqa: E402
+from kvlab.pytorch import graphs as tg  # noqa: E402
+
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU; this machine has none "
-                                                 "(the recorded H200 results are in data/h200)")
+needs_cuda = pytest.mark.skipif(
+    not CUDA,
+    reason="CUDA graph capture needs a CUDA GPU; this machine has none (the recorded H200 results are in data/h200)",
+)
 PROMPT = list(range(3, 40))  # 37 token ids, valid in every vocabulary here
 
 
@@ -40,9 +43,11 @@ def test_backend_reexports_the_graph_runner():
 
 
 def test_import_pulls_neither_onnxruntime_nor_tokenizers():
-    out = run_python("import sys, kvlab.pytorch, kvlab.bench.pytorch; "
-                     "print(sorted(m for m in ('onnxruntime', 'onnxruntime_genai', 'tokenizers', 'torch') "
-                     "if m in sys.modules))")
+    out = run_python(
+        "import sys, kvlab.pytorch, kvlab.bench.pytorch; "
+        "print(sorted(m for m in ('onnxruntime', 'onnxruntime_genai', 'tokenizers', 'torch') "
+        "if m in sys.modules))"
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -117,8 +122,9 @@ def test_traced_fused_step_matches_eager(toy_dynamic):
     assert fuse.fuse_modules(model)["qkv"] == 0  # idempotent
     for attention in ("packed-gqa", "reduce"):  # the decode attentions: the same tokens, eager and traced
         for mode, backend in (("eager", "inductor"), ("compile", "eager")):
-            runner = tg.GraphRunner(tb.load("toy"), 64, mode=mode, compile_backend=backend, fuse=True,
-                                    attention=attention)
+            runner = tg.GraphRunner(
+                tb.load("toy"), 64, mode=mode, compile_backend=backend, fuse=True, attention=attention
+            )
             assert runner.fused["attention"] == 1
             assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids, (attention, mode)
     with pytest.raises(ConfigError, match="attention='flash' is not valid; choose one of"):
@@ -168,8 +174,15 @@ def test_smollm2_torch_matches_ort_static_cache(smollm2):
     """Cross-framework parity: kvlab's ONNX Runtime StaticCache (CPU EP) and the PyTorch path (dynamic, static,
     graph runner step) give the same greedy tokens on SmolLM2-135M with its real weights."""
     with kvlab.StaticCache(max_cache_len=128) as cache:
-        ort = kvlab.generate(smollm2, "What is the capital of France?", chat=True, cache=cache, device="cpu",
-                             max_new_tokens=12, stop_on_eos=False)
+        ort = kvlab.generate(
+            smollm2,
+            "What is the capital of France?",
+            chat=True,
+            cache=cache,
+            device="cpu",
+            max_new_tokens=12,
+            stop_on_eos=False,
+        )
     model = tb.load("smollm2")
     assert model.encode("What is the capital of France?", chat=True) == ort.prompt_ids
     dyn = tb.generate(model, ort.prompt_ids, cache="dynamic", max_new_tokens=12, stop_on_eos=False)
@@ -186,8 +199,12 @@ def test_bench_runs_on_cpu(tmp_path):
     r = res["results"]
     assert r["graph-eager"]["tokens"] == r["eager-dynamic"]["tokens"] and r["graph-eager"]["tokens_equal_eager_dynamic"]
     assert len(r["eager-dynamic"]["top2_margin"]["first_20"]) == 6
-    assert r["graph-eager"]["teacher_forced"] == {"steps": 6, "agree": 6, "differ_at": [],
-                                                  "eager_top2_margin_at_differ": []}
+    assert r["graph-eager"]["teacher_forced"] == {
+        "steps": 6,
+        "agree": 6,
+        "differ_at": [],
+        "eager_top2_margin_at_differ": [],
+    }
     import json
 
     (tmp_path / "tiny_float32.json").write_text(json.dumps(res))
@@ -195,19 +212,27 @@ def test_bench_runs_on_cpu(tmp_path):
     assert "| 6/6 |" in torch_bench.summarize(tmp_path)
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda m: tb.generate(m, PROMPT, cache="paged"), ConfigError, "cache='paged'"),
-    (lambda m: tb.generate(m, PROMPT, max_new_tokens=0), ConfigError, "max_new_tokens=0"),
-    (lambda m: tb.generate(m, PROMPT, cache=kvlab.StaticCache(max_cache_len=8)), CapacityError, "max_cache_len=8"),
-    (lambda m: tb.generate(m, [3, 999999]), ConfigError, "outside the vocabulary"),
-    (lambda m: tb.generate("toy", PROMPT), ConfigError, "TorchModel"),
-    (lambda m: tg.GraphRunner(m, 64, mode="turbo"), ConfigError, "mode='turbo'"),
-    (lambda m: tg.GraphRunner(m, 1, mode="eager"), ConfigError, "max_cache_len=1"),
-    (lambda m: tg.GraphRunner(m, 10**6, mode="eager"), ConfigError, "max_position_embeddings"),
-    (lambda m: tg.GraphRunner(m, 16, mode="eager").decode_greedy(PROMPT, 4), CapacityError, "max_cache_len=16"),
-    (lambda m: tg.GraphRunner(m, 64, mode="eager", keep_logits=False).generate(
-        PROMPT, max_new_tokens=4, sampling=kvlab.Sampling(do_sample=True)), ConfigError, "keep_logits=True"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda m: tb.generate(m, PROMPT, cache="paged"), ConfigError, "cache='paged'"),
+        (lambda m: tb.generate(m, PROMPT, max_new_tokens=0), ConfigError, "max_new_tokens=0"),
+        (lambda m: tb.generate(m, PROMPT, cache=kvlab.StaticCache(max_cache_len=8)), CapacityError, "max_cache_len=8"),
+        (lambda m: tb.generate(m, [3, 999999]), ConfigError, "outside the vocabulary"),
+        (lambda m: tb.generate("toy", PROMPT), ConfigError, "TorchModel"),
+        (lambda m: tg.GraphRunner(m, 64, mode="turbo"), ConfigError, "mode='turbo'"),
+        (lambda m: tg.GraphRunner(m, 1, mode="eager"), ConfigError, "max_cache_len=1"),
+        (lambda m: tg.GraphRunner(m, 10**6, mode="eager"), ConfigError, "max_position_embeddings"),
+        (lambda m: tg.GraphRunner(m, 16, mode="eager").decode_greedy(PROMPT, 4), CapacityError, "max_cache_len=16"),
+        (
+            lambda m: tg.GraphRunner(m, 64, mode="eager", keep_logits=False).generate(
+                PROMPT, max_new_tokens=4, sampling=kvlab.Sampling(do_sample=True)
+            ),
+            ConfigError,
+            "keep_logits=True",
+        ),
+    ],
+)
 def test_bad_inputs_are_named(ttoy, call, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
         call(ttoy)
@@ -252,14 +277,25 @@ def test_cuda_graph_runner_matches_eager_with_zero_allocations():
 def test_cuda_fused_compiled_graph_matches_eager(attention):
     model = tb.random_model("tiny", device="cuda", dtype="float32", std=0.08)
     ref = tb.generate(model, PROMPT, max_new_tokens=24, stop_on_eos=False)
-    runner = tg.GraphRunner(model, 96, mode="compile", fuse=True, attention=attention, keep_logits=False,
-                            compile_mode="max-autotune-no-cudagraphs")
+    runner = tg.GraphRunner(
+        model,
+        96,
+        mode="compile",
+        fuse=True,
+        attention=attention,
+        keep_logits=False,
+        compile_mode="max-autotune-no-cudagraphs",
+    )
     assert runner.decode_greedy(PROMPT, 24) == ref.token_ids
-    assert runner.decode_greedy(PROMPT[:20], 24) == tb.generate(model, PROMPT[:20], max_new_tokens=24,
-                                                                stop_on_eos=False).token_ids
+    assert (
+        runner.decode_greedy(PROMPT[:20], 24)
+        == tb.generate(model, PROMPT[:20], max_new_tokens=24, stop_on_eos=False).token_ids
+    )
 
 
 def test_records_are_numpy_free_ints(toy_dynamic):
     r = toy_dynamic.records[1]
-    assert all(isinstance(getattr(r, c), (int, float, str)) and not isinstance(getattr(r, c), np.generic)
-               for c in [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS])
+    assert all(
+        isinstance(getattr(r, c), (int, float, str)) and not isinstance(getattr(r, c), np.generic)
+        for c in [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS]
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_python
 
 import kvlab
 from kvlab import CacheSpec, DeviceLabel, open_device
@@ -19,13 +19,12 @@ from kvlab.lab.widgets import CacheLab
 from kvlab.ort.buffer_pool import bucket_positions
 from kvlab.ort.plugin import installed as on_the_plugin_ep
 
-from conftest import run_python
-
 
 @pytest.fixture
 def lab(toy) -> CacheLab:
-    return CacheLab(toy, device="cpu", cache_type="static", max_cache_len=64, prompt_tokens=16, new_tokens=8,
-                    throttle_s=0.0)
+    return CacheLab(
+        toy, device="cpu", cache_type="static", max_cache_len=64, prompt_tokens=16, new_tokens=8, throttle_s=0.0
+    )
 
 
 def test_run_button_runs_and_fills_chart_and_table(lab):
@@ -103,9 +102,12 @@ def test_bad_arguments_name_the_valid_choices(toy):
 
 
 @pytest.mark.webgpu
-@pytest.mark.skipif(on_the_plugin_ep(), reason="the plugin EP keeps one WebGPU context per process, so a second "
-                    "buffer cache mode is refused there (tests/test_plugin.py::"
-                    "test_other_context_options_in_one_process_are_refused)")
+@pytest.mark.skipif(
+    on_the_plugin_ep(),
+    reason="the plugin EP keeps one WebGPU context per process, so a second "
+    "buffer cache mode is refused there (tests/test_plugin.py::"
+    "test_other_context_options_in_one_process_are_refused)",
+)
 def test_buffer_cache_mode_switch_needs_every_webgpu_cache_disposed():
     """In a fresh process (one WebGPU context per process): the lab reopens the context with the new mode, refuses
     while a user's cache still holds WebGPU tensors, and succeeds once it is disposed."""
@@ -145,10 +147,21 @@ def _frame(device: str, positions: range, tensors: int = 24, per_tensor_token: i
     rows = []
     for i, p in enumerate(positions):
         length = p + 1
-        rows.append({c: 0 for c in kvlab.COLUMNS} | {
-            "step": i + 1, "phase": "decode", "device": device, "position": p, "n_tokens": 1, "wall_ms": 1.0 + i,
-            "cache_tensors_allocated": tensors, "cache_bytes_allocated": tensors * length * per_tensor_token,
-            "live_cache_bytes": tensors * length * per_tensor_token, "used_cache_bytes": tensors * length * per_tensor_token})
+        rows.append(
+            {c: 0 for c in kvlab.COLUMNS}
+            | {
+                "step": i + 1,
+                "phase": "decode",
+                "device": device,
+                "position": p,
+                "n_tokens": 1,
+                "wall_ms": 1.0 + i,
+                "cache_tensors_allocated": tensors,
+                "cache_bytes_allocated": tensors * length * per_tensor_token,
+                "live_cache_bytes": tensors * length * per_tensor_token,
+                "used_cache_bytes": tensors * length * per_tensor_token,
+            }
+        )
     df = pd.DataFrame(rows, columns=list(kvlab.COLUMNS))
     adapter = Adapter("SwiftShader Device (Subzero)", "software", "vulkan")
     df.attrs = {"label": RunLabel("kv-heavy", "float32", DeviceLabel(device, adapter), CacheSpec("dynamic"))}
@@ -180,18 +193,45 @@ def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy
 
 def test_sweep_labels_recorded_results_with_their_environment():
     variants = lambda c: [("dynamic", None, False), ("static", 4160, False), ("static", c + 5, True)]  # noqa: E731
-    result = {"environment": {"date": "2026-11-29 08:00:00 UTC", "cpu": "AMD EPYC", "backend_package": "onnxruntime-webgpu",
-                              "backend_version": "1.27.0", "commit": "abc1234"},
-              "rows": [{"model": "kv-heavy", "device": "webgpu", "adapter": "SwiftShader (software)",
-                        "buffer_cache_mode": "bucket", "dtype": "float32", "context": c, "kv_tensor_mib": c / 256,
-                        "variant": f"{kind}@{n}" if n else kind, "runner": "kvlab", "cache_kind": kind,
-                        "max_cache_len": n, "fitted": fitted, "cache_variant": "", "new_tokens": 6,
-                        "decode_ms": 100.0, "decode_ms_min": 90.0, "decode_ms_max": 110.0}
-                       for c in (256, 1024, 2048) for kind, n, fitted in variants(c)]}
+    result = {
+        "environment": {
+            "date": "2026-11-29 08:00:00 UTC",
+            "cpu": "AMD EPYC",
+            "backend_package": "onnxruntime-webgpu",
+            "backend_version": "1.27.0",
+            "commit": "abc1234",
+        },
+        "rows": [
+            {
+                "model": "kv-heavy",
+                "device": "webgpu",
+                "adapter": "SwiftShader (software)",
+                "buffer_cache_mode": "bucket",
+                "dtype": "float32",
+                "context": c,
+                "kv_tensor_mib": c / 256,
+                "variant": f"{kind}@{n}" if n else kind,
+                "runner": "kvlab",
+                "cache_kind": kind,
+                "max_cache_len": n,
+                "fitted": fitted,
+                "cache_variant": "",
+                "new_tokens": 6,
+                "decode_ms": 100.0,
+                "decode_ms_min": 90.0,
+                "decode_ms_max": 110.0,
+            }
+            for c in (256, 1024, 2048)
+            for kind, n, fitted in variants(c)
+        ],
+    }
     fig = recorded.sweep(recorded=result, recorded_model="kv-heavy", recorded_device="webgpu")
     assert all("(recorded)" in t.name and t.line.dash == "dot" for t in fig.data)
-    assert sorted(t.name for t in fig.data) == ["dynamic bucket (recorded)", "static@4160 bucket (recorded)",
-                                                "static@fit bucket (recorded)"]  # one line per variant
+    assert sorted(t.name for t in fig.data) == [
+        "dynamic bucket (recorded)",
+        "static@4160 bucket (recorded)",
+        "static@fit bucket (recorded)",
+    ]  # one line per variant
     assert all(len(t.x) == 3 for t in fig.data)
     title = fig.layout.title.text
     assert "RECORDED, not live: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
@@ -254,8 +294,9 @@ def test_the_buffer_watch_sees_a_static_cache_write_in_place_and_a_dynamic_one_n
     for cache in (kvlab.DynamicCache(), kvlab.StaticCache(32)):
         with cache:
             watch = BufferWatch(cache)
-            kvlab.generate(toy, [5, 6, 7, 8], cache=cache, device=device, max_new_tokens=6, stop_on_eos=False,
-                           on_step=watch)
+            kvlab.generate(
+                toy, [5, 6, 7, 8], cache=cache, device=device, max_new_tokens=6, stop_on_eos=False, on_step=watch
+            )
             watches.append(watch)
     dynamic, static = watches
     tensors = toy.info.layout.tensors
@@ -276,8 +317,14 @@ def test_the_recorded_staircase_draws_both_pool_modes_with_the_predicted_churn()
     result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/stairs/results.json").read_text())
     fig = recorded.staircase(result)
     names = [t.name for t in fig.data]
-    assert {"dynamic, pool bucket", "static, pool bucket", "dynamic, pool disabled", "static, pool disabled",
-            "predicted, pool bucket", "counted, pool bucket"} <= set(names)
+    assert {
+        "dynamic, pool bucket",
+        "static, pool bucket",
+        "dynamic, pool disabled",
+        "static, pool disabled",
+        "predicted, pool bucket",
+        "counted, pool bucket",
+    } <= set(names)
     predicted = next(t for t in fig.data if t.name == "predicted, pool bucket")
     contexts = [int(x) for x in predicted.x]
     per_token = 8 * 128 * 4  # kv-heavy: 8 KV heads x 128, float32

@@ -9,5 +9,17 @@ from .profile import op_profile
 from .results import report, write
 from .weights import matmuls_only_model, run_matmuls_only, weight_bytes_per_token
 
-__all__ = ["Interrupted", "Plan", "matmuls_only_model", "memory_bandwidth", "op_profile", "report", "roofline_ms",
-           "run_matmuls_only", "run_plan", "step_phases", "weight_bytes_per_token", "write"]
+__all__ = [
+    "Interrupted",
+    "Plan",
+    "matmuls_only_model",
+    "memory_bandwidth",
+    "op_profile",
+    "report",
+    "roofline_ms",
+    "run_matmuls_only",
+    "run_plan",
+    "step_phases",
+    "weight_bytes_per_token",
+    "write",
+]

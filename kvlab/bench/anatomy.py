@@ -12,8 +12,9 @@ phases timed inside it (checks, slicing); "between steps" is the token-to-token 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -44,12 +45,14 @@ class _Phases:
                 return real(*args, **kwargs)
             finally:
                 self.open[phase] += time.perf_counter() - start
+
         return wrapper
 
     def run(self, real: Callable[..., Any]) -> Callable[..., Any]:
         """Binding.run: ONNX Runtime's run (the result's own clock) and what follows it (reading back buffers); the
         runtime's copies of host inputs made while binding them (the result's ``bind_seconds``) are taken out of
         "bind inputs"."""
+
         def wrapper(binding: Binding, *args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             result = real(binding, *args, **kwargs)
@@ -59,15 +62,23 @@ class _Phases:
             self.open["runtime binds inputs"] += result.bind_seconds
             self.open["bind inputs"] -= result.bind_seconds
             return result
+
         return wrapper
 
     def record(self, rec: StepRecord) -> None:
         now = time.perf_counter()
         if rec.phase == "decode" and self._last_record is not None:
             wall = rec.wall_ms / 1e3
-            step = dict(self.open, **{"rest of the step": wall - sum(self.open.values()),
-                                      "between steps": (now - self._last_record) - wall, "wall": wall,
-                                      "token to token": now - self._last_record, "python": rec.overhead_ms / 1e3})
+            step = dict(
+                self.open,
+                **{
+                    "rest of the step": wall - sum(self.open.values()),
+                    "between steps": (now - self._last_record) - wall,
+                    "wall": wall,
+                    "token to token": now - self._last_record,
+                    "python": rec.overhead_ms / 1e3,
+                },
+            )
             self.steps.append(step)
         self._last_record = now
         self.open = dict.fromkeys(IN_STEP, 0.0)
@@ -75,12 +86,14 @@ class _Phases:
 
 @contextmanager
 def _wrapped(p: _Phases) -> Iterator[None]:
-    targets = [(StaticCache, "binding", p.timed("bind cache", StaticCache.binding)),
-               (StaticCache, "commit", p.timed("commit", StaticCache.commit)),
-               (Binding, "input", p.timed("bind inputs", Binding.input)),
-               (Binding, "output", p.timed("bind inputs", Binding.output)),
-               (Binding, "run", p.run(Binding.run)),
-               (generation, "greedy", p.timed("choose", generation.greedy))]
+    targets = [
+        (StaticCache, "binding", p.timed("bind cache", StaticCache.binding)),
+        (StaticCache, "commit", p.timed("commit", StaticCache.commit)),
+        (Binding, "input", p.timed("bind inputs", Binding.input)),
+        (Binding, "output", p.timed("bind inputs", Binding.output)),
+        (Binding, "run", p.run(Binding.run)),
+        (generation, "greedy", p.timed("choose", generation.greedy)),
+    ]
     with ExitStack() as stack:
         for owner, name, wrapper in targets:
             original = owner.__dict__[name]
@@ -93,9 +106,16 @@ def _median_ms(steps: list[dict[str, float]], key: str) -> float:
     return float(np.median([s[key] for s in steps])) * 1e3
 
 
-def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024, new_tokens: int = 32,
-                rounds: int = 3, check_every: int = 1, genai: bool = True,
-                token_on_device: bool = False) -> dict[str, Any]:
+def step_phases(
+    model: Model | str,
+    device: str = "webgpu",
+    context: int = 1024,
+    new_tokens: int = 32,
+    rounds: int = 3,
+    check_every: int = 1,
+    genai: bool = True,
+    token_on_device: bool = False,
+) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
@@ -112,35 +132,61 @@ def step_phases(model: Model | str, device: str = "webgpu", context: int = 1024,
     for _ in range(rounds):
         p = _Phases()
         with StaticCache(context + new_tokens, check_every=check_every) as cache, _wrapped(p):
-            g = generate(model, ids, cache=cache, device=device, max_new_tokens=new_tokens, stop_on_eos=False,
-                         on_step=p.record, token_on_device=token_on_device)
+            g = generate(
+                model,
+                ids,
+                cache=cache,
+                device=device,
+                max_new_tokens=new_tokens,
+                stop_on_eos=False,
+                on_step=p.record,
+                token_on_device=token_on_device,
+            )
         mine = p.steps[1:]  # after the first decode step, as genai's
         steps += mine
         kv_tokens.append(g.token_ids)
         if peer is not None:
             stamps: list[float] = []
-            run = peer.run(ids, new_tokens, hooks=[lambda: stamps.append(time.perf_counter())])
+            run = peer.run(ids, new_tokens, hooks=[lambda stamps=stamps: stamps.append(time.perf_counter())])
             genai_tokens.append(run.token_ids)
-            pairs.append((_median_ms(mine, "wall"), run.decode_ms, _median_ms(mine, "token to token"),
-                          float(np.median(np.diff(stamps[1:]))) * 1e3))  # genai: after its first decode call
+            pairs.append(
+                (
+                    _median_ms(mine, "wall"),
+                    run.decode_ms,
+                    _median_ms(mine, "token to token"),
+                    float(np.median(np.diff(stamps[1:]))) * 1e3,
+                )
+            )  # genai: after its first decode call
     rows = [{"phase": ph, "ms_per_step": _median_ms(steps, ph)} for ph in PHASES]
     t2t = _median_ms(steps, "token to token")
     for r in rows:
         r["share"] = r["ms_per_step"] / t2t
     out: dict[str, Any] = {
-        "model": model.name, "precision": model.info.dtype_name, "device": device, "context": context,
-        "new_tokens": new_tokens, "rounds": rounds, "check_every": check_every, "token_on_device": token_on_device,
+        "model": model.name,
+        "precision": model.info.dtype_name,
+        "device": device,
+        "context": context,
+        "new_tokens": new_tokens,
+        "rounds": rounds,
+        "check_every": check_every,
+        "token_on_device": token_on_device,
         "rows": rows,
-        "kvlab_step_ms": _median_ms(steps, "wall"), "kvlab_token_to_token_ms": t2t,
+        "kvlab_step_ms": _median_ms(steps, "wall"),
+        "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time
         "python_share": _median_ms(steps, "python") / _median_ms(steps, "wall"),
-        "kvlab_tokens_repeat": all(t == kv_tokens[0] for t in kv_tokens)}
+        "kvlab_tokens_repeat": all(t == kv_tokens[0] for t in kv_tokens),
+    }
     if peer is not None:
         k_step, g_step, k_t2t, g_t2t = (np.array(c) for c in zip(*pairs))
-        out.update(genai_version=peer.version, genai_step_ms=float(np.median(g_step)),
-                   genai_token_to_token_ms=float(np.median(g_t2t)),
-                   step_ratio=float(np.median(k_step / g_step)),  # paired by round
-                   token_to_token_ratio=float(np.median(k_t2t / g_t2t)),
-                   step_ratios=(k_step / g_step).tolist(), token_to_token_ratios=(k_t2t / g_t2t).tolist(),
-                   tokens_equal_genai=all(t == kv_tokens[0] for t in genai_tokens))
+        out.update(
+            genai_version=peer.version,
+            genai_step_ms=float(np.median(g_step)),
+            genai_token_to_token_ms=float(np.median(g_t2t)),
+            step_ratio=float(np.median(k_step / g_step)),  # paired by round
+            token_to_token_ratio=float(np.median(k_t2t / g_t2t)),
+            step_ratios=(k_step / g_step).tolist(),
+            token_to_token_ratios=(k_t2t / g_t2t).tolist(),
+            tokens_equal_genai=all(t == kv_tokens[0] for t in genai_tokens),
+        )
     return out

@@ -3,25 +3,34 @@ counters, device copy bandwidth (the HBM roofline), kernels per step (torch.prof
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def environment() -> dict[str, Any]:
     import torch
     import transformers
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda": torch.version.cuda, "platform": platform.platform()}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+    }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count)
-        try:
-            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
     return env
 
 
@@ -98,10 +107,13 @@ def _kernel_profile(fn: Callable[[], None], steps: int, dev) -> dict[str, Any]:
     for e in kernels:
         names.setdefault(e.name, []).append(e.device_time if hasattr(e, "device_time") else e.cuda_time)
     top = sorted(((sum(v), len(v), k) for k, v in names.items()), reverse=True)[:8]
-    return {"kernels_per_step": len(kernels) / steps,
-            "kernel_ms_per_step": sum(sum(v) for v in names.values()) / steps / 1e3,
-            "top_kernels": [{"name": k[:90], "calls_per_step": c / steps, "ms_per_step": t / steps / 1e3}
-                            for t, c, k in top]}
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_ms_per_step": sum(sum(v) for v in names.values()) / steps / 1e3,
+        "top_kernels": [
+            {"name": k[:90], "calls_per_step": c / steps, "ms_per_step": t / steps / 1e3} for t, c, k in top
+        ],
+    }
 
 
 def set_inductor(options: dict[str, Any]) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,10 +36,12 @@ def memory_bandwidth(size_mib: int = 256, repeats: int = 5) -> dict[str, float]:
         for t in ts:
             t.join()
 
-    out = {"copy_1t": 2 * a.nbytes / best(lambda: np.copyto(b, a)) / 1e9,
-           "copy_2t": 2 * a.nbytes / best(lambda: on_two_threads(lambda h: np.copyto(b[h], a[h]))) / 1e9,
-           "read_1t": a.nbytes / best(lambda: np.dot(a, a)) / 1e9,
-           "read_2t": a.nbytes / best(lambda: on_two_threads(lambda h: np.dot(a[h], a[h]))) / 1e9}
+    out = {
+        "copy_1t": 2 * a.nbytes / best(lambda: np.copyto(b, a)) / 1e9,
+        "copy_2t": 2 * a.nbytes / best(lambda: on_two_threads(lambda h: np.copyto(b[h], a[h]))) / 1e9,
+        "read_1t": a.nbytes / best(lambda: np.dot(a, a)) / 1e9,
+        "read_2t": a.nbytes / best(lambda: on_two_threads(lambda h: np.dot(a[h], a[h]))) / 1e9,
+    }
     out["best"] = max(out.values())
     return out
 

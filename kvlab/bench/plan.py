@@ -10,9 +10,10 @@ measured before every round and after the last: each round's roofline uses the h
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +21,9 @@ from ..core.errors import ConfigError, check_choice
 from ..ort import Model, close_device, load, open_device
 from ..ort.backend import DEVICES
 from ..ort.device import BUFFER_CACHE_MODES
+from ..ort.gpu_memory import GpuMemory
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
-from ..ort.gpu_memory import GpuMemory
 from .variants import GENAI_GRAPH, KVLAB, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
@@ -33,8 +34,9 @@ class Plan:
 
     targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # crossed with the targets
-    contexts: dict[str, list[int]] = field(default_factory=lambda: {
-        "cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]})
+    contexts: dict[str, list[int]] = field(
+        default_factory=lambda: {"cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]}
+    )
     new_tokens: dict[str, int] = field(default_factory=lambda: {"cpu": 64, "webgpu": 6})
     static_lens: list[int] = field(default_factory=lambda: [4160])
     static_fit: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # + context+new
@@ -62,9 +64,15 @@ class Plan:
             self.token_on_device = dict.fromkeys(DEVICES, self.token_on_device)
 
     @classmethod
-    def quick(cls) -> "Plan":
-        return cls(targets=[("toy", "cpu"), ("toy", "webgpu")], contexts={"cpu": [64, 256], "webgpu": [64, 256]},
-                   new_tokens={"cpu": 8, "webgpu": 4}, static_lens=[512], reps=2, small_pages_twin=False)
+    def quick(cls) -> Plan:
+        return cls(
+            targets=[("toy", "cpu"), ("toy", "webgpu")],
+            contexts={"cpu": [64, 256], "webgpu": [64, 256]},
+            new_tokens={"cpu": 8, "webgpu": 4},
+            static_lens=[512],
+            reps=2,
+            small_pages_twin=False,
+        )
 
 
 @dataclass
@@ -89,8 +97,9 @@ def interleaved(runners: dict[Variant, Callable[..., Run]], reps: int) -> Rounds
             runs[v].append(fn())
     measured.append(memory_bandwidth(repeats=3)["best"])
     steal, total = (b - a for a, b in zip(steal_start, cpu_times()))
-    return Rounds(runs, [max(pair) for pair in zip(measured, measured[1:])], measured,
-                  steal / total if total else float("nan"))
+    return Rounds(
+        runs, [max(pair) for pair in zip(measured, measured[1:])], measured, steal / total if total else float("nan")
+    )
 
 
 def memory_traces(runners: dict[Variant, Callable[..., Run]]) -> dict[Variant, dict[str, Any]]:
@@ -103,8 +112,11 @@ def memory_traces(runners: dict[Variant, Callable[..., Run]]) -> dict[Variant, d
             continue
         trace.sample()  # before the run
         fn(hooks=[trace] if v.runner == KVLAB else [trace.sample])  # kvlab: a step hook; genai: per token
-        out[v] = {"gpu_memory_bytes": trace.bytes, "gpu_memory_growth_bytes": trace.bytes[-1] - trace.bytes[0],
-                  "gpu_memory_max_bytes": max(trace.bytes)}
+        out[v] = {
+            "gpu_memory_bytes": trace.bytes,
+            "gpu_memory_growth_bytes": trace.bytes[-1] - trace.bytes[0],
+            "gpu_memory_max_bytes": max(trace.bytes),
+        }
     return out
 
 
@@ -119,15 +131,24 @@ def summarize(runs: dict[Variant, list[Run]], baseline: Variant) -> dict[Variant
     for v, rs in runs.items():
         ms = [r.decode_ms for r in rs]
         ratios = [r.decode_ms / b.decode_ms for r, b in zip(rs, ref)]
-        out[v] = {"decode_ms": float(np.median(ms)), "decode_ms_min": min(ms), "decode_ms_max": max(ms),
-                  "decode_ms_runs": ms,  # per round, in order: pairs any two variants
-                  "ratio_to_dynamic": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                  "overhead_ms": _nanmedian([r.overhead_ms for r in rs]), "tensors_per_step": rs[0].tensors_per_step,
-                  "cpu_ms": _nanmedian([r.cpu_ms for r in rs]), "thread_cpu_ms": _nanmedian([r.thread_cpu_ms for r in rs]),
-                  "cpu_ms_runs": [r.cpu_ms for r in rs], "thread_cpu_ms_runs": [r.thread_cpu_ms for r in rs],
-                  "new_buffers_per_step": rs[-1].new_buffers_per_step, "bytes_per_step": rs[0].bytes_per_step,
-                  "tokens_equal": None if rs[0].token_ids is None else all(r.token_ids == ref[0].token_ids
-                                                                           for r in rs)}
+        out[v] = {
+            "decode_ms": float(np.median(ms)),
+            "decode_ms_min": min(ms),
+            "decode_ms_max": max(ms),
+            "decode_ms_runs": ms,  # per round, in order: pairs any two variants
+            "ratio_to_dynamic": float(np.median(ratios)),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "overhead_ms": _nanmedian([r.overhead_ms for r in rs]),
+            "tensors_per_step": rs[0].tensors_per_step,
+            "cpu_ms": _nanmedian([r.cpu_ms for r in rs]),
+            "thread_cpu_ms": _nanmedian([r.thread_cpu_ms for r in rs]),
+            "cpu_ms_runs": [r.cpu_ms for r in rs],
+            "thread_cpu_ms_runs": [r.thread_cpu_ms for r in rs],
+            "new_buffers_per_step": rs[-1].new_buffers_per_step,
+            "bytes_per_step": rs[0].bytes_per_step,
+            "tokens_equal": None if rs[0].token_ids is None else all(r.token_ids == ref[0].token_ids for r in rs),
+        }
     return out
 
 
@@ -147,9 +168,11 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
         model, new = models[name, precision], plan.new_tokens[device]
         for context in plan.contexts[device]:
             if context + new > model.info.context_length:
-                raise ConfigError(f"context {context} + {new} new tokens exceed {model.name}'s context length "
-                                  f"{model.info.context_length}; use contexts up to "
-                                  f"{model.info.context_length - new}")
+                raise ConfigError(
+                    f"context {context} + {new} new tokens exceed {model.name}'s context length "
+                    f"{model.info.context_length}; use contexts up to "
+                    f"{model.info.context_length - new}"
+                )
     return models
 
 
@@ -180,18 +203,26 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     return _result(plan, bandwidth, rows, sum(genai_huge), complete=True)
 
 
-def _result(plan: Plan, bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: int,
-            complete: bool) -> dict[str, Any]:
+def _result(
+    plan: Plan, bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: int, complete: bool
+) -> dict[str, Any]:
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
-        row["roofline_fraction_at_run_best"] = roofline_ms(row["weight_bytes"] + row["kv_read_bytes"],
-                                                           bandwidth["best"]) / row["decode_ms"]
-    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows,
-            "complete": complete}
+        row["roofline_fraction_at_run_best"] = (
+            roofline_ms(row["weight_bytes"] + row["kv_read_bytes"], bandwidth["best"]) / row["decode_ms"]
+        )
+    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows, "complete": complete}
 
 
-def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[str], None], tmp: Path,
-              bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: list[int]) -> None:
+def _run_plan(
+    plan: Plan,
+    models: dict[tuple[str, str], Model],
+    log: Callable[[str], None],
+    tmp: Path,
+    bandwidth: dict[str, Any],
+    rows: list[dict[str, Any]],
+    genai_huge: list[int],
+) -> None:
     from tqdm.auto import tqdm
 
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
@@ -199,13 +230,16 @@ def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[s
         model_name = model.name
         genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
         genai_huge.append(genai.huge_pages["bytes"] if genai else 0)
-        graph_model = load(name, precision=precision, graph_capture=True) if plan.graph_capture and \
-            device == "webgpu" else None
+        graph_model = (
+            load(name, precision=precision, graph_capture=True) if plan.graph_capture and device == "webgpu" else None
+        )
         genai_graph = None
         weights = weight_bytes_per_token(model)
-        for mode in (plan.buffer_cache_modes if device == "webgpu" else [None]):
+        for mode in plan.buffer_cache_modes if device == "webgpu" else [None]:
             if device == "webgpu":
-                genai = genai_graph = setting = runners = None  # genai's sessions hold the WebGPU context: they go first
+                genai = genai_graph = setting = runners = (
+                    None  # genai's sessions hold the WebGPU context: they go first
+                )
                 close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
                 dev = open_device("webgpu", buffer_cache_mode=mode)
                 genai = GenaiPeer(model, "webgpu") if plan.genai.get(device) else None  # joins the new context
@@ -221,11 +255,25 @@ def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[s
             floor, floor_bytes = matmuls_only_model(model, tmp / model_name) if with_floor else (None, 0)
             new = plan.new_tokens[device]
             for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
-                setting = Setting(model, device, prompt_ids(model, context), new, genai, small, floor,
-                                  prefill=plan.prefill_on.get(device), graph_model=graph_model,
-                                  genai_graph=genai_graph)
-                runners, kept = variants(setting, plan.static_lens, plan.static_fit.get(device, True),
-                                         tuple(plan.check_every), plan.token_on_device[device])
+                setting = Setting(
+                    model,
+                    device,
+                    prompt_ids(model, context),
+                    new,
+                    genai,
+                    small,
+                    floor,
+                    prefill=plan.prefill_on.get(device),
+                    graph_model=graph_model,
+                    genai_graph=genai_graph,
+                )
+                runners, kept = variants(
+                    setting,
+                    plan.static_lens,
+                    plan.static_fit.get(device, True),
+                    tuple(plan.check_every),
+                    plan.token_on_device[device],
+                )
                 try:
                     rounds = interleaved(runners, plan.reps)
                     traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}
@@ -240,20 +288,39 @@ def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[s
                 for v, s in summary.items():
                     w, kv = (floor_bytes, 0) if v.runner == MATMULS_ONLY else (weights, kv_read)
                     paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[v])]
-                    done.append({"model": model_name, "device": device, "adapter": str(dev.adapter),
-                                 "adapter_kind": dev.adapter.kind, "precision": precision,
-                                 "weights": model.info.weights, "buffer_cache_mode": mode or "",
-                                 "dtype": model.info.dtype_name, "context": context,
-                                 "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
-                                 "new_tokens": new, **v.fields(), "reps": plan.reps, "valid": valid,
-                                 "model_build": "enable_webgpu_graph" if v.runner == GENAI_GRAPH or (
-                                     v.cache is not None and v.cache.variant.startswith("graph")) else "standard",
-                                 "prefill_on": setting.prefill or device,
-                                 "weight_bytes": w, "kv_read_bytes": kv, "bandwidth_gbps": bw,
-                                 "roofline_ms": roofline_ms(w + kv, bw), "roofline_fraction": float(np.median(paired)),
-                                 "roofline_fraction_min": min(paired), "roofline_fraction_max": max(paired),
-                                 "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
-                                 "cpu_steal_fraction": rounds.steal_fraction, **s, **traces.get(v, {})})
+                    done.append(
+                        {
+                            "model": model_name,
+                            "device": device,
+                            "adapter": str(dev.adapter),
+                            "adapter_kind": dev.adapter.kind,
+                            "precision": precision,
+                            "weights": model.info.weights,
+                            "buffer_cache_mode": mode or "",
+                            "dtype": model.info.dtype_name,
+                            "context": context,
+                            "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
+                            "new_tokens": new,
+                            **v.fields(),
+                            "reps": plan.reps,
+                            "valid": valid,
+                            "model_build": "enable_webgpu_graph"
+                            if v.runner == GENAI_GRAPH or (v.cache is not None and v.cache.variant.startswith("graph"))
+                            else "standard",
+                            "prefill_on": setting.prefill or device,
+                            "weight_bytes": w,
+                            "kv_read_bytes": kv,
+                            "bandwidth_gbps": bw,
+                            "roofline_ms": roofline_ms(w + kv, bw),
+                            "roofline_fraction": float(np.median(paired)),
+                            "roofline_fraction_min": min(paired),
+                            "roofline_fraction_max": max(paired),
+                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
+                            "cpu_steal_fraction": rounds.steal_fraction,
+                            **s,
+                            **traces.get(v, {}),
+                        }
+                    )
                 bandwidth["paired"].extend(rounds.measured)
                 rows.extend(done)  # one step: an interrupt leaves a context's rows all in or all out
                 log(_row_line(model_name, device, mode, context, summary, valid))
@@ -266,5 +333,8 @@ def _run_plan(plan: Plan, models: dict[tuple[str, str], Model], log: Callable[[s
 
 def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:
     parts = [f"{v.name} {s['decode_ms']:.1f} ms (x{s['ratio_to_dynamic']:.2f})" for v, s in summary.items()]
-    return f"{model}/{device}{'/' + mode if mode else ''} ctx {context}: " + ", ".join(parts) + \
-        ("" if valid else "  INVALID: tokens differ")
+    return (
+        f"{model}/{device}{'/' + mode if mode else ''} ctx {context}: "
+        + ", ".join(parts)
+        + ("" if valid else "  INVALID: tokens differ")
+    )

@@ -14,8 +14,9 @@ from ..ort import Model, StaticCache, close_device, generate, load, open_device
 from .plan import prompt_ids
 
 
-def op_profile(model: Model | str, device: str = "cpu", context: int = 256, new_tokens: int = 16,
-               **device_options: Any) -> list[dict[str, Any]]:
+def op_profile(
+    model: Model | str, device: str = "cpu", context: int = 256, new_tokens: int = 16, **device_options: Any
+) -> list[dict[str, Any]]:
     """Where a static-cache decode step's time goes, by ONNX operator type, from ONNX Runtime's own profiler.
 
     Opens a profiled device of its own (the process's open device of that name is closed first: its caches must
@@ -24,16 +25,24 @@ def op_profile(model: Model | str, device: str = "cpu", context: int = 256, new_
     scheduling, thread hand-offs) and "(run)" (the whole run). Profiling itself adds a little to each node. On
     WebGPU a node's time is its CPU-side submission, not GPU execution."""
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 3:
-        raise ConfigError(f"new_tokens={new_tokens!r} leaves no decode run to profile (the prefill and the first "
-                          "decode run are skipped); use an int >= 3")
+        raise ConfigError(
+            f"new_tokens={new_tokens!r} leaves no decode run to profile (the prefill and the first "
+            "decode run are skipped); use an int >= 3"
+        )
     model = load(model)
     close_device(device)
     with tempfile.TemporaryDirectory() as tmp:
         dev = open_device(device, profile=os.path.join(tmp, "ort"), **device_options)
         try:
             with StaticCache(context + new_tokens) as cache:
-                generate(model, prompt_ids(model, context), cache=cache, device=dev, max_new_tokens=new_tokens,
-                         stop_on_eos=False)
+                generate(
+                    model,
+                    prompt_ids(model, context),
+                    cache=cache,
+                    device=dev,
+                    max_new_tokens=new_tokens,
+                    stop_on_eos=False,
+                )
         finally:
             close_device(device)
         events = json.loads(Path(dev.profiles[str(Path(model.onnx_path).resolve())]).read_text())
@@ -47,8 +56,10 @@ def op_profile(model: Model | str, device: str = "cpu", context: int = 256, new_
     rows = [{"op": op, "ms_per_step": sum(d) / n / 1e3, "nodes_per_step": len(d) / n} for op, d in per_op.items()]
     rows.sort(key=lambda r: -r["ms_per_step"])
     inside = sum(r["ms_per_step"] for r in rows)
-    rows += [{"op": "(between nodes)", "ms_per_step": run_us / 1e3 - inside, "nodes_per_step": 0.0},
-             {"op": "(run)", "ms_per_step": run_us / 1e3, "nodes_per_step": sum(r["nodes_per_step"] for r in rows)}]
+    rows += [
+        {"op": "(between nodes)", "ms_per_step": run_us / 1e3 - inside, "nodes_per_step": 0.0},
+        {"op": "(run)", "ms_per_step": run_us / 1e3, "nodes_per_step": sum(r["nodes_per_step"] for r in rows)},
+    ]
     for r in rows:
         r["share"] = r["ms_per_step"] / (run_us / 1e3)
     return rows

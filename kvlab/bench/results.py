@@ -25,14 +25,29 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
     env = describe()
     cpu = opened("cpu")
     huge = {**memory.state(), "cpu_session_bytes": cpu.huge_page_bytes if cpu else 0, "genai_bytes": genai_huge_bytes}
-    env.update({"backend_package": backend().package, "backend_version": backend().version,
-                "bandwidth_gbps": bandwidth, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "huge_pages": huge,
-                "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                "cpu_ep_options": open_device("cpu").ep_options or "defaults (ORT: one thread per physical core, "
-                                                                    "spinning on; kvlab: huge pages on)"})
+    env.update(
+        {
+            "backend_package": backend().package,
+            "backend_version": backend().version,
+            "bandwidth_gbps": bandwidth,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "huge_pages": huge,
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "cpu_ep_options": open_device("cpu").ep_options
+            or "defaults (ORT: one thread per physical core, spinning on; kvlab: huge pages on)",
+        }
+    )
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
+        env["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parents[2],
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         env["commit"] = "unknown"
     env["onnxruntime_genai"] = env["versions"].get("onnxruntime-genai", "missing")
@@ -47,14 +62,18 @@ def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
     with files[1].open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
         w.writeheader()
-        w.writerows({k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
-                    for r in result["rows"])
+        w.writerows(
+            {k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
+            for r in result["rows"]
+        )
     if charts and importlib.util.find_spec("plotly") is None:
-        print("kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.lab.recorded."
-              "bench_figure` draws them later)")
+        print(
+            "kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.lab.recorded."
+            "bench_figure` draws them later)"
+        )
         charts = False
     if charts:
-        for (model, device) in sorted({(r["model"], r["device"]) for r in result["rows"]}):
+        for model, device in sorted({(r["model"], r["device"]) for r in result["rows"]}):
             fig = bench_figure(result, model, device)
             stem = out / f"{model}-{device}"
             fig.write_html(stem.with_suffix(".html"), include_plotlyjs="cdn")
@@ -84,25 +103,33 @@ def report(result: dict[str, Any]) -> str:
             line = f"{model} cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
             genai = next((r for r in row if _is(r, GENAI)), None)
             if genai:
-                line += (f"; genai {genai['decode_ms']:.1f} ms -> static/genai "
-                         f"{static['decode_ms'] / genai['decode_ms']:.2f} (target <= 0.9; tokens equal: "
-                         f"{genai['tokens_equal'] and static['tokens_equal']})")
+                line += (
+                    f"; genai {genai['decode_ms']:.1f} ms -> static/genai "
+                    f"{static['decode_ms'] / genai['decode_ms']:.2f} (target <= 0.9; tokens equal: "
+                    f"{genai['tokens_equal'] and static['tokens_equal']})"
+                )
             line += f"; dynamic/static {dynamic['decode_ms'] / static['decode_ms']:.1f}x"
-            line += (f"; roofline {static['roofline_fraction']:.0%} (paired; "
-                     f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); Python's own time "
-                     f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}")
+            line += (
+                f"; roofline {static['roofline_fraction']:.0%} (paired; "
+                f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); Python's own time "
+                f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}"
+            )
             fit = next((r for r in row if _is(r, KVLAB, "static") and r["fitted"]), None)
             floor = next((r for r in row if _is(r, MATMULS_ONLY)), None)
             if floor and fit:  # how far the matrix products alone get; what the rest of a step adds
                 rest = [a - b for a, b in zip(fit["decode_ms_runs"], floor["decode_ms_runs"])]
-                line += (f"; matmuls alone {floor['decode_ms']:.1f} ms = {floor['roofline_fraction']:.0%} of their "
-                         f"roofline (paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
-                         f"(per round {min(rest):.1f} to {max(rest):.1f})")
+                line += (
+                    f"; matmuls alone {floor['decode_ms']:.1f} ms = {floor['roofline_fraction']:.0%} of their "
+                    f"roofline (paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
+                    f"(per round {min(rest):.1f} to {max(rest):.1f})"
+                )
             twin = next((r for r in row if _is(r, KVLAB, "static", SMALL_PAGES)), None)
             if twin and fit:
                 ratios = [a / b for a, b in zip(fit["decode_ms_runs"], twin["decode_ms_runs"])]
-                line += (f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({fit['variant']}, paired, faster in "
-                         f"{sum(x < 1 for x in ratios)}/{len(ratios)})")
+                line += (
+                    f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({fit['variant']}, paired, faster in "
+                    f"{sum(x < 1 for x in ratios)}/{len(ratios)})"
+                )
             lines.append(line)
     for model in sorted({r["model"] for r in rows if r["device"] == "webgpu"}):
         gpu = [r for r in rows if r["model"] == model and r["device"] == "webgpu"]
@@ -111,22 +138,27 @@ def report(result: dict[str, Any]) -> str:
                 row = [r for r in gpu if r["context"] == ctx and r["buffer_cache_mode"] == mode]
                 dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
                 statics = [r for r in row if _is(r, KVLAB, "static")]
-                worst = max((r for r in statics if not r.get("token_on_device")),
-                            key=lambda r: r["ratio_to_dynamic"])
-                line = (f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
-                        + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
-                        + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
-                        + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
-                        + f"; Python's own time {worst['overhead_fraction']:.1%}")
+                worst = max((r for r in statics if not r.get("token_on_device")), key=lambda r: r["ratio_to_dynamic"])
+                line = (
+                    f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
+                    + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
+                    + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
+                    + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
+                    + f"; Python's own time {worst['overhead_fraction']:.1%}"
+                )
                 genai = next((r for r in row if _is(r, GENAI)), None)
                 if genai:
                     ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]
-                    line += (f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
-                             f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})")
+                    line += (
+                        f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
+                        f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})"
+                    )
                     for tok in (r for r in statics if r.get("token_on_device")):
                         ratios = [a / b for a, b in zip(tok["decode_ms_runs"], genai["decode_ms_runs"])]
-                        line += (f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
-                                 f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})")
+                        line += (
+                            f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
+                            f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})"
+                        )
                 lines.append(line)
                 lines += capture_lines(row)
     return "\n".join(lines)
@@ -142,19 +174,34 @@ def capture_lines(row: list[dict[str, Any]]) -> list[str]:
     its uncaptured twin (same size), genai captured against genai plain; wall time, the process's CPU time and
     the loop thread's CPU time per decode step."""
     out = []
-    pairs = [(r, next((u for u in row if _is(u, KVLAB, "static", r["cache_variant"].replace("graph", "", 1).lstrip("+"))
-                       and u["max_cache_len"] == r["max_cache_len"]), None))
-             for r in row if r["runner"] == KVLAB and r["cache_variant"].startswith("graph")]
+    pairs = [
+        (
+            r,
+            next(
+                (
+                    u
+                    for u in row
+                    if _is(u, KVLAB, "static", r["cache_variant"].replace("graph", "", 1).lstrip("+"))
+                    and u["max_cache_len"] == r["max_cache_len"]
+                ),
+                None,
+            ),
+        )
+        for r in row
+        if r["runner"] == KVLAB and r["cache_variant"].startswith("graph")
+    ]
     g, gg = next((r for r in row if _is(r, GENAI)), None), next((r for r in row if _is(r, GENAI_GRAPH)), None)
     if g and gg:
         pairs.append((gg, g))
     for cap, plain in pairs:
         if plain is None:
             continue
-        out.append(f"    graph capture {cap['variant']} vs {plain['variant']}: step {cap['decode_ms']:.2f} vs "
-                   f"{plain['decode_ms']:.2f} ms, paired {_paired(cap, plain)}; process CPU/step "
-                   f"{cap['cpu_ms']:.2f} vs {plain['cpu_ms']:.2f} ms ({_paired(cap, plain, 'cpu_ms_runs')}); loop "
-                   f"thread CPU/step {cap['thread_cpu_ms']:.2f} vs {plain['thread_cpu_ms']:.2f} ms "
-                   f"({_paired(cap, plain, 'thread_cpu_ms_runs')}); tokens equal: "
-                   f"{bool(cap['tokens_equal'] and plain['tokens_equal'])}")
+        out.append(
+            f"    graph capture {cap['variant']} vs {plain['variant']}: step {cap['decode_ms']:.2f} vs "
+            f"{plain['decode_ms']:.2f} ms, paired {_paired(cap, plain)}; process CPU/step "
+            f"{cap['cpu_ms']:.2f} vs {plain['cpu_ms']:.2f} ms ({_paired(cap, plain, 'cpu_ms_runs')}); loop "
+            f"thread CPU/step {cap['thread_cpu_ms']:.2f} vs {plain['thread_cpu_ms']:.2f} ms "
+            f"({_paired(cap, plain, 'thread_cpu_ms_runs')}); tokens equal: "
+            f"{bool(cap['tokens_equal'] and plain['tokens_equal'])}"
+        )
     return out

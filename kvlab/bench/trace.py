@@ -19,31 +19,55 @@ from ..ort.gpu_memory import GpuMemory
 from .plan import prompt_ids
 
 
-def trace(model: Model, device: str, context: int, steps: int, caches: tuple[str, ...] = ("dynamic", "static"),
-          prefill_device: str | None = None) -> dict[str, Any]:
+def trace(
+    model: Model,
+    device: str,
+    context: int,
+    steps: int,
+    caches: tuple[str, ...] = ("dynamic", "static"),
+    prefill_device: str | None = None,
+) -> dict[str, Any]:
     """``steps`` decode steps after a ``context``-token prompt, once per cache kind: records and GPU memory."""
     ids = prompt_ids(model, context)
     runs = {}
     for kind in caches:
         memory = GpuMemory()
         memory.sample(-1)  # before the cache exists
-        with (StaticCache(context + steps) if kind == "static" else DynamicCache()) as cache:
-            g = generate(model, ids, cache=cache, device=device, max_new_tokens=steps + 1, stop_on_eos=False,
-                         prefill_device=prefill_device, on_step=[memory])
+        with StaticCache(context + steps) if kind == "static" else DynamicCache() as cache:
+            g = generate(
+                model,
+                ids,
+                cache=cache,
+                device=device,
+                max_new_tokens=steps + 1,
+                stop_on_eos=False,
+                prefill_device=prefill_device,
+                on_step=[memory],
+            )
         f = g.frame()
         dec = f[f.phase == "decode"]
-        runs[kind] = {"cache": str(g.cache), "decode_ms": decode_median(g.records),
-                      "decode_ms_first_100": float(np.median(dec.wall_ms[:100])),
-                      "decode_ms_last_100": float(np.median(dec.wall_ms[-100:])),
-                      "tensors_allocated_per_step": float(dec.cache_tensors_allocated.mean()),
-                      "new_buffers_in_decode": int(dec.new_buffers.sum()),
-                      "gpu_memory": {"steps": memory.steps, "bytes": memory.bytes, **memory.describe()},
-                      "records": f.drop(columns=["device", "copied_from"]).to_dict(orient="list"),
-                      "token_ids": g.token_ids}
+        runs[kind] = {
+            "cache": str(g.cache),
+            "decode_ms": decode_median(g.records),
+            "decode_ms_first_100": float(np.median(dec.wall_ms[:100])),
+            "decode_ms_last_100": float(np.median(dec.wall_ms[-100:])),
+            "tensors_allocated_per_step": float(dec.cache_tensors_allocated.mean()),
+            "new_buffers_in_decode": int(dec.new_buffers.sum()),
+            "gpu_memory": {"steps": memory.steps, "bytes": memory.bytes, **memory.describe()},
+            "records": f.drop(columns=["device", "copied_from"]).to_dict(orient="list"),
+            "token_ids": g.token_ids,
+        }
     tokens = [r["token_ids"] for r in runs.values()]
-    return {"model": model.name, "precision": model.info.precision, "device": str(open_device(device).label),
-            "context": context, "steps": steps, "tokens_equal": all(t == tokens[0] for t in tokens),
-            "environment": {**describe(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, "runs": runs}
+    return {
+        "model": model.name,
+        "precision": model.info.precision,
+        "device": str(open_device(device).label),
+        "context": context,
+        "steps": steps,
+        "tokens_equal": all(t == tokens[0] for t in tokens),
+        "environment": {**describe(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
+        "runs": runs,
+    }
 
 
 def conformance(models: list[Model], device: str = "webgpu", prompt_tokens: int = 48) -> list[dict[str, Any]]:
@@ -53,10 +77,19 @@ def conformance(models: list[Model], device: str = "webgpu", prompt_tokens: int 
         ids = prompt_ids(model, prompt_tokens)
         for mode in ("prefill", "decode"):
             r = check(model, ids, device=device, reference="cpu", mode=mode)
-            rows.append({"model": model.name, "precision": model.info.precision, "mode": mode,
-                         "device": str(r.device), "atol": r.atol, "max_abs_diff": float(r.max_abs_diff.max()),
-                         "first_divergence": r.first_divergence,
-                         "argmax_differs": int((~r.argmax_equal).sum()), "positions": int(r.argmax_equal.size)})
+            rows.append(
+                {
+                    "model": model.name,
+                    "precision": model.info.precision,
+                    "mode": mode,
+                    "device": str(r.device),
+                    "atol": r.atol,
+                    "max_abs_diff": float(r.max_abs_diff.max()),
+                    "first_divergence": r.first_divergence,
+                    "argmax_differs": int((~r.argmax_equal).sum()),
+                    "positions": int(r.argmax_equal.size),
+                }
+            )
     return rows
 
 

@@ -4,19 +4,19 @@ named by fields, and one run of each."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..core.cache import Cache
+from ..core.frames import decode_median
 from ..core.generation import positions_needed
 from ..core.labels import CacheSpec
-from ..core.frames import decode_median
 from ..core.records import StepHook, StepRecord
-from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
-from ..ort import memory
+from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, memory, open_device
 from ..ort.device import private_device
 from ..ort.references import genai_decode, genai_model
 from .weights import run_matmuls_only
@@ -43,9 +43,15 @@ class Variant:
     def fields(self) -> dict[str, Any]:
         """The row fields that name it (what plots and reports select by)."""
         c = self.cache
-        return {"variant": self.name, "runner": self.runner, "cache_kind": c.kind if c else "",
-                "max_cache_len": c.max_cache_len if c else None, "fitted": self.fitted,
-                "cache_variant": c.variant if c else "", "token_on_device": self.token_on_device}
+        return {
+            "variant": self.name,
+            "runner": self.runner,
+            "cache_kind": c.kind if c else "",
+            "max_cache_len": c.max_cache_len if c else None,
+            "fitted": self.fitted,
+            "cache_variant": c.variant if c else "",
+            "token_on_device": self.token_on_device,
+        }
 
 
 @dataclass
@@ -72,8 +78,7 @@ class CpuClock:
         self.stamps: list[tuple[str, float, float]] = []
 
     def __call__(self, record: StepRecord | None = None) -> None:
-        self.stamps.append((record.phase if record is not None else "decode", time.process_time(),
-                            time.thread_time()))
+        self.stamps.append((record.phase if record is not None else "decode", time.process_time(), time.thread_time()))
 
     def medians(self) -> tuple[float, float]:
         """(process, thread) CPU ms per decode step: medians over steps that follow a stamped step."""
@@ -86,8 +91,16 @@ class CpuClock:
 def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None = None) -> Run:
     med = lambda column: decode_median(records, column)  # noqa: E731
     cpu, thread = clock.medians() if clock is not None else (float("nan"), float("nan"))
-    return Run(tokens, med("wall_ms"), med("overhead_ms"), med("cache_tensors_allocated"), med("new_buffers"),
-               med("cache_bytes_allocated"), cpu, thread)
+    return Run(
+        tokens,
+        med("wall_ms"),
+        med("overhead_ms"),
+        med("cache_tensors_allocated"),
+        med("new_buffers"),
+        med("cache_bytes_allocated"),
+        cpu,
+        thread,
+    )
 
 
 def small_pages_device() -> Device:
@@ -96,12 +109,27 @@ def small_pages_device() -> Device:
     return private_device("cpu", huge_pages=False)
 
 
-def run_kvlab(model: Model, ids: np.ndarray, make_cache: Callable[[], Cache], device: str | Device, new: int,
-              hooks: Sequence[StepHook] = (), token_on_device: bool = False) -> Run:
+def run_kvlab(
+    model: Model,
+    ids: np.ndarray,
+    make_cache: Callable[[], Cache],
+    device: str | Device,
+    new: int,
+    hooks: Sequence[StepHook] = (),
+    token_on_device: bool = False,
+) -> Run:
     clock = CpuClock()
     with make_cache() as cache:
-        g = generate(model, ids, cache=cache, device=device, max_new_tokens=new, stop_on_eos=False,
-                     on_step=[clock, *hooks], token_on_device=token_on_device)
+        g = generate(
+            model,
+            ids,
+            cache=cache,
+            device=device,
+            max_new_tokens=new,
+            stop_on_eos=False,
+            on_step=[clock, *hooks],
+            token_on_device=token_on_device,
+        )
     return run_of(g.token_ids, g.records, clock)
 
 
@@ -120,13 +148,24 @@ def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Pref
     return Prefilled(cache, record.token)
 
 
-def run_handoff(model: Model, pre: Prefilled, make_cache: Callable[[], Cache], device: str, new: int,
-                hooks: Sequence[StepHook] = (), token_on_device: bool = False) -> Run:
+def run_handoff(
+    model: Model,
+    pre: Prefilled,
+    make_cache: Callable[[], Cache],
+    device: str,
+    new: int,
+    hooks: Sequence[StepHook] = (),
+    token_on_device: bool = False,
+) -> Run:
     records: list[StepRecord] = []
     clock = CpuClock()
     needed = positions_needed(pre.cache.seq_length, new)
-    with make_cache() as cache, Stepper(model, cache, open_device(device), needed, [clock, records.append, *hooks],
-                                        token_on_device=token_on_device) as st:
+    with (
+        make_cache() as cache,
+        Stepper(
+            model, cache, open_device(device), needed, [clock, records.append, *hooks], token_on_device=token_on_device
+        ) as st,
+    ):
         st.receive(pre.cache)
         tokens = [pre.first_token]
         while len(tokens) < new:
@@ -179,8 +218,9 @@ class Setting:
     genai_graph: GenaiPeer | None = None  # genai with graph capture, on that model
 
 
-def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,),
-             token_on_device: bool = False) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
+def variants(
+    s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,), token_on_device: bool = False
+) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
     """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
     disposal). ``token_on_device``: each static cache also with the greedy token kept on the device, right after
@@ -189,7 +229,8 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
     caches: dict[Variant, tuple[Callable[[], Cache], Model]] = {
-        Variant(KVLAB, CacheSpec("dynamic")): (DynamicCache, s.model)}
+        Variant(KVLAB, CacheSpec("dynamic")): (DynamicCache, s.model)
+    }
     for n in lens:
         for k in check_every:
             make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
@@ -206,11 +247,13 @@ def variants(s: Setting, static_lens: list[int], fit: bool, check_every: tuple[i
         tok = v.token_on_device
         if s.prefill is not None:  # the prefill side is the cache's twin (a captured cache's: a plain static one)
             kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
-            out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(m, pre, make, s.device,
-                                                                                             s.new, hooks, tok)
+            out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
+                m, pre, make, s.device, s.new, hooks, tok
+            )
         else:
-            out[v] = lambda hooks=(), make=make, m=model, tok=tok: run_kvlab(m, s.ids, make, s.device, s.new, hooks,
-                                                                            tok)
+            out[v] = lambda hooks=(), make=make, m=model, tok=tok: run_kvlab(
+                m, s.ids, make, s.device, s.new, hooks, tok
+            )
         if floor and v.fitted:  # right after the fitted static cache: pairs close in time
             out[Variant(MATMULS_ONLY)] = floor
     if s.small is not None:  # after the open device's session exists, so its collapse cannot reach this one's memory

@@ -65,9 +65,13 @@ def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
         nbytes += k * n * 4
     if not nodes:
         raise ConfigError(f"{model.name} has no fp32 MatMul with a weight initializer: no matmuls-only floor")
-    graph = helper.make_graph(nodes, "matmuls_only",
-                              [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(rows)],
-                              outputs, weights)
+    graph = helper.make_graph(
+        nodes,
+        "matmuls_only",
+        [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, k]) for k in sorted(rows)],
+        outputs,
+        weights,
+    )
     floor = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=src.ir_version)
     out.mkdir(parents=True, exist_ok=True)
     for w in weights:  # ORT reads external data only from the model file's own directory: no links out of it,

@@ -1,7 +1,9 @@
-"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance. Every failure is one line on stderr, never a
-traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error 1, Ctrl-C 130, a defect 2 (``kvlab: internal
-error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM (``timeout``, a job scheduler) stops a command as
-Ctrl-C does: through the same releases, and ``kvlab bench`` keeps the contexts it finished."""
+"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance.
+
+Every failure is one line on stderr, never a traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error
+1, Ctrl-C 130, a defect 2 (``kvlab: internal error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM
+(``timeout``, a job scheduler) stops a command as Ctrl-C does: through the same releases, and ``kvlab bench``
+keeps the contexts it finished."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..core.errors import ConfigError, KvlabError
 from .args import parser
@@ -68,7 +70,10 @@ def command(args: argparse.Namespace) -> int:
         if os.environ.get("KVLAB_TRACEBACK"):
             raise
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"kvlab: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-              f"(at {Path(where.filename).name}:{where.lineno}; KVLAB_TRACEBACK=1 shows the traceback; please "
-              "report it)", file=sys.stderr)
+        print(
+            f"kvlab: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            f"(at {Path(where.filename).name}:{where.lineno}; KVLAB_TRACEBACK=1 shows the traceback; please "
+            "report it)",
+            file=sys.stderr,
+        )
         return 2

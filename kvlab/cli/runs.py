@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..core.layout import check_max_cache_len
 from ..core.errors import ConfigError
 from ..core.generation import Generation, Sampling, positions_needed
+from ..core.layout import check_max_cache_len
 from ..ort import generate, load, make_cache, open_device
 from ..ort.capture import CapturedStaticCache
 from ..presets import BUILTIN_NAMES
@@ -28,8 +29,10 @@ def prompt_text(args: argparse.Namespace) -> str:
         except OSError as exc:
             raise ConfigError(f"--prompt-file {str(args.prompt_file)!r}: {exc.strerror}") from exc
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"--prompt-file {str(args.prompt_file)!r} is not UTF-8 text (byte {exc.start}: "
-                              f"{exc.object[exc.start:exc.start + 1]!r}); save it as UTF-8") from exc
+            raise ConfigError(
+                f"--prompt-file {str(args.prompt_file)!r} is not UTF-8 text (byte {exc.start}: "
+                f"{exc.object[exc.start : exc.start + 1]!r}); save it as UTF-8"
+            ) from exc
     return DEFAULT_PROMPT if args.prompt is None else args.prompt
 
 
@@ -43,12 +46,15 @@ GRAPH = "static graph"  # the kind --graph-capture adds: a CapturedStaticCache o
 def graph_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> tuple[str, ...]:
     """The runs --graph-capture asks for: generate's static run becomes the captured one; compare adds it."""
     if args.device != "webgpu":
-        raise ConfigError(f"--graph-capture records WebGPU command buffers; it needs --device webgpu, not "
-                          f"{args.device}")
+        raise ConfigError(
+            f"--graph-capture records WebGPU command buffers; it needs --device webgpu, not {args.device}"
+        )
     if args.command == "generate":
         if kinds != ("static",):
-            raise ConfigError("--graph-capture needs --cache static (a captured graph has fixed shapes; a dynamic "
-                              "cache's grow every step)")
+            raise ConfigError(
+                "--graph-capture needs --cache static (a captured graph has fixed shapes; a dynamic "
+                "cache's grow every step)"
+            )
         return (GRAPH,)
     return (*kinds, GRAPH)
 
@@ -68,10 +74,14 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
     model = load(args.model, precision=args.precision, progress=not args.json)
     ids = model.encode(prompt_text(args), chat=args.chat)
     needed = positions_needed(len(ids), args.max_new_tokens)
-    size = (check_max_cache_len(args.max_cache_len) if args.max_cache_len is not None
-            else default_max_cache_len(needed, model.info.context_length))
-    sampling = Sampling(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed)
+    size = (
+        check_max_cache_len(args.max_cache_len)
+        if args.max_cache_len is not None
+        else default_max_cache_len(needed, model.info.context_length)
+    )
+    sampling = Sampling(
+        do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
     memory = str(make_cache("static", size).memory_report(model.info)) if {"static", GRAPH} & set(kinds) else ""
     runs: dict[str, Generation] = {}
     for kind in kinds:
@@ -80,11 +90,25 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
         else:
             cache, run_model = make_cache(kind, size if kind == "static" else None), model
         with cache:
-            runs[kind] = generate(run_model, ids, cache=cache, device=device, max_new_tokens=args.max_new_tokens,
-                                  sampling=sampling, stop_on_eos=not args.ignore_eos,
-                                  token_on_device=args.token_on_device and kind != GRAPH)
-    return {"model": model.name, "device": device.label, "dtype": model.info.dtype_name,
-            "prompt_tokens": len(ids), "max_cache_len": size, "static_memory": memory, "runs": runs}
+            runs[kind] = generate(
+                run_model,
+                ids,
+                cache=cache,
+                device=device,
+                max_new_tokens=args.max_new_tokens,
+                sampling=sampling,
+                stop_on_eos=not args.ignore_eos,
+                token_on_device=args.token_on_device and kind != GRAPH,
+            )
+    return {
+        "model": model.name,
+        "device": device.label,
+        "dtype": model.info.dtype_name,
+        "prompt_tokens": len(ids),
+        "max_cache_len": size,
+        "static_memory": memory,
+        "runs": runs,
+    }
 
 
 def _summary(g: Generation) -> dict[str, Any]:
@@ -92,9 +116,11 @@ def _summary(g: Generation) -> dict[str, Any]:
     edge = max(1, min(3, len(dec) // 2))
     median = lambda rs, key: float(np.median([getattr(r, key) for r in rs])) if rs else float("nan")  # noqa: E731
     return {
-        "cache": str(g.cache), "new_tokens": len(g.token_ids),
+        "cache": str(g.cache),
+        "new_tokens": len(g.token_ids),
         "tokens_per_s": 1e3 / median(dec, "wall_ms") if dec else float("nan"),
-        "first_steps_ms": median(dec[:edge], "wall_ms"), "last_steps_ms": median(dec[-edge:], "wall_ms"),
+        "first_steps_ms": median(dec[:edge], "wall_ms"),
+        "last_steps_ms": median(dec[-edge:], "wall_ms"),
         "tensors_per_step": median(dec, "cache_tensors_allocated"),
         "bytes_per_step": median(dec, "cache_bytes_allocated"),
         "new_buffers_per_step": median(dec, "new_buffers"),
@@ -106,9 +132,18 @@ def _table(rows: list[dict[str, Any]]) -> str:
     head = ["cache", "tok/s", "first ms", "last ms", "tensors/step", "MiB/step", "new bufs/step", "py ms/step"]
     lines = [head]
     for r in rows:
-        lines.append([r["cache"], f"{r['tokens_per_s']:.1f}", f"{r['first_steps_ms']:.1f}", f"{r['last_steps_ms']:.1f}",
-                      f"{r['tensors_per_step']:g}", f"{r['bytes_per_step'] / 2**20:.3f}",
-                      f"{r['new_buffers_per_step']:g}", f"{r['overhead_ms']:.2f}"])
+        lines.append(
+            [
+                r["cache"],
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['first_steps_ms']:.1f}",
+                f"{r['last_steps_ms']:.1f}",
+                f"{r['tensors_per_step']:g}",
+                f"{r['bytes_per_step'] / 2**20:.3f}",
+                f"{r['new_buffers_per_step']:g}",
+                f"{r['overhead_ms']:.2f}",
+            ]
+        )
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in lines)
 
@@ -124,16 +159,20 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         json.dump(out, sys.stdout, indent=1, default=float)
         print()
         return
-    print(f"model {result['model']} ({result['dtype']}), device {result['device']}, prompt {result['prompt_tokens']} "
-          f"tokens, static max_cache_len {result['max_cache_len']}")
+    print(
+        f"model {result['model']} ({result['dtype']}), device {result['device']}, prompt {result['prompt_tokens']} "
+        f"tokens, static max_cache_len {result['max_cache_len']}"
+    )
     if result["static_memory"]:
         print(result["static_memory"])
-    for kind, g in runs.items():
+    for g in runs.values():
         where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
         print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
     print("\n" + _table([_summary(g) for g in runs.values()]))
-    print("(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
-          "bufs counts never-seen buffer identities, a proxy)")
+    print(
+        "(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
+        "bufs counts never-seen buffer identities, a proxy)"
+    )
     if len(runs) >= 2:
         print(f"\noutputs identical: {_identical(runs)}")
 

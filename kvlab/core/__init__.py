@@ -2,14 +2,33 @@
 result, the cache contract and lifecycle, errors."""
 
 from .cache import Cache
-from .errors import (CacheStateError, CapacityError, ConfigError, DeviceError, InPlaceError, KvlabError,
-                     ModelError)
+from .errors import CacheStateError, CapacityError, ConfigError, DeviceError, InPlaceError, KvlabError, ModelError
+from .frames import Recorder
 from .generation import Generation, Sampling
 from .labels import Adapter, CacheSpec, DeviceLabel
-from .frames import Recorder
 from .layout import CacheLayout, KVLayout, LayerSpec, MemoryReport
 from .records import COLUMNS, CacheStep, StepRecord
 
-__all__ = ["Adapter", "COLUMNS", "Cache", "CacheSpec", "CacheStateError", "CacheStep", "CapacityError", "ConfigError",
-           "DeviceError", "DeviceLabel", "Generation", "InPlaceError", "CacheLayout", "KVLayout", "KvlabError", "LayerSpec", "MemoryReport",
-           "ModelError", "Recorder", "Sampling", "StepRecord"]
+__all__ = [
+    "Adapter",
+    "COLUMNS",
+    "Cache",
+    "CacheSpec",
+    "CacheStateError",
+    "CacheStep",
+    "CapacityError",
+    "ConfigError",
+    "DeviceError",
+    "DeviceLabel",
+    "Generation",
+    "InPlaceError",
+    "CacheLayout",
+    "KVLayout",
+    "KvlabError",
+    "LayerSpec",
+    "MemoryReport",
+    "ModelError",
+    "Recorder",
+    "Sampling",
+    "StepRecord",
+]

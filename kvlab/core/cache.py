@@ -18,8 +18,9 @@ once; ``receive(other)`` takes over a sequence another cache of the same kind ho
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import CacheStateError, CapacityError, ConfigError
 from .labels import CacheSpec
@@ -46,19 +47,23 @@ class Cache:
 
     # -- lifecycle
     @contextmanager
-    def use(self, info: Any, device: Any, needed: int) -> Iterator["Cache"]:
+    def use(self, info: Any, device: Any, needed: int) -> Iterator[Cache]:
         """Hold the cache for one generation of ``needed`` positions of the model ``info`` describes (its
         ``name`` and KV ``layout``) on ``device``, starting from an empty sequence."""
         self._check_alive()
         if not self._lock.acquire(blocking=False):
-            raise CacheStateError(f"this {self.kind} cache is in use by another generation; a cache serves one "
-                                  "generation at a time (make one cache per concurrent generation)")
+            raise CacheStateError(
+                f"this {self.kind} cache is in use by another generation; a cache serves one "
+                "generation at a time (make one cache per concurrent generation)"
+            )
         try:
             self._attach(info, device)
             if needed > info.context_length:
-                raise CapacityError(f"{needed} positions are needed but model {info.name} holds at most "
-                                    f"{info.context_length} (its context length: its rotary table ends there); "
-                                    "shorten the prompt or max_new_tokens")
+                raise CapacityError(
+                    f"{needed} positions are needed but model {info.name} holds at most "
+                    f"{info.context_length} (its context length: its rotary table ends there); "
+                    "shorten the prompt or max_new_tokens"
+                )
             self.check_capacity(needed)
             self._reset()
             self._allocate()
@@ -69,8 +74,10 @@ class Cache:
     def _attach(self, info: Any, device: Any) -> None:
         mine = self._info
         if mine is not None and (mine.layout != info.layout or self._device is not device):
-            raise CacheStateError(f"this cache is bound to model {mine.name} on {self._device.name} ({mine.layout})"
-                                  f"; it cannot serve {info.name} on {device.name} ({info.layout}). Use a new cache.")
+            raise CacheStateError(
+                f"this cache is bound to model {mine.name} on {self._device.name} ({mine.layout})"
+                f"; it cannot serve {info.name} on {device.name} ({info.layout}). Use a new cache."
+            )
         self._info, self._device = info, device
 
     def _check_alive(self) -> None:
@@ -107,7 +114,7 @@ class Cache:
     def in_use(self) -> bool:
         return self._lock.locked()
 
-    def __enter__(self) -> "Cache":
+    def __enter__(self) -> Cache:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -171,7 +178,7 @@ class Cache:
         """Undo the last commit (its step failed after it): the sequence is as it was before that step."""
         raise NotImplementedError
 
-    def twin(self) -> "Cache":
+    def twin(self) -> Cache:
         """A new, empty cache of the same kind and size (e.g. the CPU side of a handoff)."""
         raise NotImplementedError
 
@@ -185,7 +192,7 @@ class Cache:
         raise NotImplementedError
 
     # -- cross-device handoff
-    def receive(self, src: "Cache") -> tuple[CacheStep, int]:
+    def receive(self, src: Cache) -> tuple[CacheStep, int]:
         """Take over the sequence ``src`` holds on another device (e.g. a CPU prefill): copy its KV into this
         cache. Returns the step's allocations and the bytes copied. On any failure nothing is half-copied: this
         cache stays empty (length 0) and reusable."""
@@ -195,19 +202,23 @@ class Cache:
         if src.kind != self.kind:  # e.g. a captured static cache takes a plain one's (a CPU prefill)
             raise ConfigError(f"a {self.kind} cache cannot receive a {src.kind} cache's KV; use the same kind")
         if self.seq_length:
-            raise CacheStateError(f"this cache already holds a sequence of {self.seq_length} tokens; a handoff "
-                                  "needs an empty cache (reset it first)")
+            raise CacheStateError(
+                f"this cache already holds a sequence of {self.seq_length} tokens; a handoff "
+                "needs an empty cache (reset it first)"
+            )
         if not src.seq_length or src._info is None:
             raise CacheStateError("the source cache holds no sequence to hand off")
         theirs, mine = src._info, self._info
         if theirs.layout != mine.layout:
-            raise ConfigError(f"cannot hand off KV of {theirs.name} on {src._device.name} ({theirs.layout}) to "
-                              f"{mine.name} on {self._device.name} ({mine.layout}): they must be equal")
+            raise ConfigError(
+                f"cannot hand off KV of {theirs.name} on {src._device.name} ({theirs.layout}) to "
+                f"{mine.name} on {self._device.name} ({mine.layout}): they must be equal"
+            )
         self._device.check_copy_from(src._device)
         self.check_capacity(src.seq_length)
         step, copied = self._receive(src)
         self.seq_length = src.seq_length
         return step, copied
 
-    def _receive(self, src: "Cache") -> tuple[CacheStep, int]:
+    def _receive(self, src: Cache) -> tuple[CacheStep, int]:
         raise NotImplementedError

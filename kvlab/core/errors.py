@@ -1,6 +1,6 @@
 """kvlab's exceptions. Every message names the offending value and what would be valid."""
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class KvlabError(Exception):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -4,14 +4,15 @@ each loop needs (positions a generation needs, when it stops, where two token se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError, check_flag
-from .labels import RunLabel
 from .frames import decode_median, frame
+from .labels import RunLabel
 from .records import COLUMNS, StepRecord
 
 
@@ -38,8 +39,10 @@ class Sampling:
 
     def check_vocabulary(self, vocab_size: int) -> None:
         if self.top_k > vocab_size:
-            raise ConfigError(f"top_k={self.top_k} is larger than the vocabulary ({vocab_size} tokens); use at most "
-                              f"{vocab_size} (or 0 to disable the cut)")
+            raise ConfigError(
+                f"top_k={self.top_k} is larger than the vocabulary ({vocab_size} tokens); use at most "
+                f"{vocab_size} (or 0 to disable the cut)"
+            )
 
     def chooser(self) -> Callable[[np.ndarray], int]:
         """A function from one position's logits [vocab] to the next token."""
@@ -67,23 +70,27 @@ def _real(value: Any) -> bool:
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
 
 
-def check_sampling(sampling: Any, vocab_size: int) -> "Sampling":
+def check_sampling(sampling: Any, vocab_size: int) -> Sampling:
     """The sampling settings of a generation (greedy when None), checked against the model's vocabulary."""
     if sampling is None:
         return Sampling()
     if not isinstance(sampling, Sampling):
-        raise ConfigError(f"sampling must be a kvlab.Sampling (e.g. Sampling(do_sample=True, seed=0)), got "
-                          f"{type(sampling).__name__} {sampling!r:.60}")
+        raise ConfigError(
+            f"sampling must be a kvlab.Sampling (e.g. Sampling(do_sample=True, seed=0)), got "
+            f"{type(sampling).__name__} {sampling!r:.60}"
+        )
     sampling.check_vocabulary(vocab_size)
     return sampling
 
 
-def attach_partial(exc: BaseException, partial: "Generation") -> None:
+def attach_partial(exc: BaseException, partial: Generation) -> None:
     """Hand the tokens made before a failure to whoever catches it: ``exc.partial`` (and a note saying so)."""
     try:
         exc.partial = partial  # type: ignore[attr-defined]
-        exc.add_note(f"kvlab: {len(partial.token_ids)} tokens were generated before this error; they are in "
-                     "the exception's .partial (a kvlab.Generation)")
+        exc.add_note(
+            f"kvlab: {len(partial.token_ids)} tokens were generated before this error; they are in "
+            "the exception's .partial (a kvlab.Generation)"
+        )
     except (AttributeError, TypeError):  # an exception type that takes no attributes
         pass
 
@@ -134,8 +141,9 @@ def check_new_tokens(max_new_tokens: Any) -> int:
     return int(max_new_tokens)
 
 
-def stop_reason(tokens: Sequence[int], max_new_tokens: int, stop_on_eos: bool,
-                eos_token_ids: Sequence[int]) -> str | None:
+def stop_reason(
+    tokens: Sequence[int], max_new_tokens: int, stop_on_eos: bool, eos_token_ids: Sequence[int]
+) -> str | None:
     """Why generation stops after ``tokens`` ("eos", "max_new_tokens"), or None to go on."""
     if stop_on_eos and tokens and tokens[-1] in eos_token_ids:
         return "eos"
@@ -144,13 +152,16 @@ def stop_reason(tokens: Sequence[int], max_new_tokens: int, stop_on_eos: bool,
 
 def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
     """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
-    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1:  # a step's own feed: fast
-        if ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size:
-            return ids
+    fast = type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1  # a step's own token ids
+    if fast and (
+        ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size
+    ):
+        return ids
     ids = np.asarray(ids)
     if ids.ndim == 2 and ids.shape[0] != 1:
-        raise ConfigError(f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a "
-                          "time (batch size 1)")
+        raise ConfigError(
+            f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a time (batch size 1)"
+        )
     ids = ids.reshape(-1) if ids.ndim == 2 else ids
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ConfigError(f"token ids must be a 1-D list of ints, got shape {ids.shape} dtype {ids.dtype}")

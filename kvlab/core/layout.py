@@ -40,8 +40,10 @@ class KVLayout:
         return (1, self.num_kv_heads, length, self.head_dim)
 
     def __str__(self) -> str:
-        return (f"{self.num_layers} layers x (K, V) of {self.num_kv_heads} heads x {self.head_dim}, "
-                f"{np.dtype(self.dtype).name}")
+        return (
+            f"{self.num_layers} layers x (K, V) of {self.num_kv_heads} heads x {self.head_dim}, "
+            f"{np.dtype(self.dtype).name}"
+        )
 
 
 # -- layer kinds: what one decoder layer keeps between steps (one small class each)
@@ -215,8 +217,10 @@ class CacheLayout:
     @cached_property
     def uniform(self) -> bool:
         """Every layer full attention with KV of one shape (the layout kvlab's first models all have)."""
-        return all(type(layer.kind) is FullAttention for layer in self.layers) and \
-            len({(e.dims, np.dtype(e.dtype)) for e in self.entries}) == 1
+        return (
+            all(type(layer.kind) is FullAttention for layer in self.layers)
+            and len({(e.dims, np.dtype(e.dtype)) for e in self.entries}) == 1
+        )
 
     def tensor_shape(self, length: int) -> tuple[int, ...]:
         """The shape of the first growing entry (every entry's, when ``uniform``)."""
@@ -225,28 +229,43 @@ class CacheLayout:
     def memory(self, length: int, state_copies: int = 1) -> tuple[LayerMemory, ...]:
         """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each
         state (a StaticCache that swaps two buffers per state holds 2)."""
-        return tuple(LayerMemory(layer.index, layer.kind.name, state_copies * layer.fixed_bytes,
-                                 length * layer.bytes_per_token,
-                                 sum(1 if e.grows else state_copies for e in layer.entries))
-                     for layer in self.layers)
+        return tuple(
+            LayerMemory(
+                layer.index,
+                layer.kind.name,
+                state_copies * layer.fixed_bytes,
+                length * layer.bytes_per_token,
+                sum(1 if e.grows else state_copies for e in layer.entries),
+            )
+            for layer in self.layers
+        )
 
-    def report(self, length: int, state_copies: int = 1, kind: str = "StaticCache") -> "MemoryReport":
+    def report(self, length: int, state_copies: int = 1, kind: str = "StaticCache") -> MemoryReport:
         rows = self.memory(length, state_copies)
         fixed = sum(r.fixed_bytes for r in rows)
-        return MemoryReport(length, self.bytes_per_token, fixed + sum(r.growing_bytes for r in rows),
-                            sum(r.tensors for r in rows), self.tensor_shape(length), fixed_bytes=fixed,
-                            layers=rows, kind=kind, uniform=self.uniform)
+        return MemoryReport(
+            length,
+            self.bytes_per_token,
+            fixed + sum(r.growing_bytes for r in rows),
+            sum(r.tensors for r in rows),
+            self.tensor_shape(length),
+            fixed_bytes=fixed,
+            layers=rows,
+            kind=kind,
+            uniform=self.uniform,
+        )
 
     def __str__(self) -> str:
         if self.uniform and self.entries:
             e = self.entries[0]
-            return (f"{len(self.layers)} layers x (K, V) of {e.dims[1]} heads x {e.dims[3]}, "
-                    f"{np.dtype(e.dtype).name}")
+            return f"{len(self.layers)} layers x (K, V) of {e.dims[1]} heads x {e.dims[3]}, {np.dtype(e.dtype).name}"
         kinds: dict[str, int] = {}
         for layer in self.layers:
             kinds[layer.kind.name] = kinds.get(layer.kind.name, 0) + 1
-        return (f"{len(self.layers)} layers ({', '.join(f'{n} x {k}' for k, n in kinds.items())}), "
-                f"{self.bytes_per_token:,} bytes per token + {self.fixed_bytes:,} bytes of state, {self.dtype.name}")
+        return (
+            f"{len(self.layers)} layers ({', '.join(f'{n} x {k}' for k, n in kinds.items())}), "
+            f"{self.bytes_per_token:,} bytes per token + {self.fixed_bytes:,} bytes of state, {self.dtype.name}"
+        )
 
 
 @dataclass(frozen=True)
@@ -266,17 +285,30 @@ class MemoryReport:
 
     def __str__(self) -> str:
         if self.uniform:
-            return (f"{self.kind}: {self.tensors} tensors of {list(self.tensor_shape)}, {self.bytes_per_token:,} "
-                    f"bytes per token, {self.total_bytes / 2**20:,.1f} MiB at max_cache_len={self.max_cache_len}")
+            return (
+                f"{self.kind}: {self.tensors} tensors of {list(self.tensor_shape)}, {self.bytes_per_token:,} "
+                f"bytes per token, {self.total_bytes / 2**20:,.1f} MiB at max_cache_len={self.max_cache_len}"
+            )
         growing = sum(1 for r in self.layers if r.growing_bytes)
-        return (f"{self.kind}: {self.tensors} tensors, {growing} of {len(self.layers)} layers grow "
-                f"({self.bytes_per_token:,} bytes per token), {self.fixed_bytes:,} bytes of fixed state; "
-                f"{self.total_bytes / 2**20:,.2f} MiB at max_cache_len={self.max_cache_len}")
+        return (
+            f"{self.kind}: {self.tensors} tensors, {growing} of {len(self.layers)} layers grow "
+            f"({self.bytes_per_token:,} bytes per token), {self.fixed_bytes:,} bytes of fixed state; "
+            f"{self.total_bytes / 2**20:,.2f} MiB at max_cache_len={self.max_cache_len}"
+        )
 
     def table(self) -> list[dict[str, object]]:
         """One row per layer: kind, fixed bytes, growing bytes, tensors (for a DataFrame)."""
-        return [{"layer": r.layer, "kind": r.kind, "fixed_bytes": r.fixed_bytes, "growing_bytes": r.growing_bytes,
-                 "total_bytes": r.total_bytes, "tensors": r.tensors} for r in self.layers]
+        return [
+            {
+                "layer": r.layer,
+                "kind": r.kind,
+                "fixed_bytes": r.fixed_bytes,
+                "growing_bytes": r.growing_bytes,
+                "total_bytes": r.total_bytes,
+                "tensors": r.tensors,
+            }
+            for r in self.layers
+        ]
 
 
 def check_max_cache_len(value: object) -> int:

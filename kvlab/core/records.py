@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable
+from typing import Any
 
 # column -> (meaning, "exact" | "proxy" | "label")
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -16,21 +17,34 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "n_tokens": ("tokens fed in this step", "exact"),
     "token": ("the token chosen from this step's logits (-1 for a handoff)", "exact"),
     "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
-    "run_ms": ("wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
-               "host inputs to the device)", "exact"),
+    "run_ms": (
+        "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
+        "host inputs to the device)",
+        "exact",
+    ),
     "overhead_ms": ("wall_ms - run_ms: Python's own time in the step", "exact"),
-    "cache_tensors_allocated": ("KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
-                                "one-time lazy allocation (static); 0 means every present was written in place",
-                                "exact"),
-    "cache_bytes_allocated": ("bytes of those tensors as requested (the WebGPU pool rounds up to its buckets)",
-                              "exact"),
-    "new_buffers": ("of those, buffers whose identity (data_ptr) this cache had never seen: identity-based; a "
-                    "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers", "proxy"),
+    "cache_tensors_allocated": (
+        "KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
+        "one-time lazy allocation (static); 0 means every present was written in place",
+        "exact",
+    ),
+    "cache_bytes_allocated": (
+        "bytes of those tensors as requested (the WebGPU pool rounds up to its buckets)",
+        "exact",
+    ),
+    "new_buffers": (
+        "of those, buffers whose identity (data_ptr) this cache had never seen: identity-based; a "
+        "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers",
+        "proxy",
+    ),
     "live_cache_bytes": ("bytes of KV tensors alive after the step (as requested)", "exact"),
     "used_cache_bytes": ("bytes the tokens held need: cache length x bytes per token", "exact"),
     "copy_bytes": ("bytes copied between devices in this step (handoff only)", "exact"),
-    "rss_bytes": ("process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
-                  "includes everything else the process holds", "proxy"),
+    "rss_bytes": (
+        "process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
+        "includes everything else the process holds",
+        "proxy",
+    ),
 }
 
 
@@ -70,15 +84,44 @@ class CacheStep:
     live_bytes: int = 0  # bytes of cache tensors alive after the step
 
 
-def step_record(*, step: int, phase: str, device: str, position: int, n_tokens: int, token: int, wall_ms: float,
-                run_ms: float, memory: CacheStep, used_cache_bytes: int, copy_bytes: int = 0, copied_from: str = "",
-                kind: type[StepRecord] = StepRecord, **extra: Any) -> StepRecord:
+def step_record(
+    *,
+    step: int,
+    phase: str,
+    device: str,
+    position: int,
+    n_tokens: int,
+    token: int,
+    wall_ms: float,
+    run_ms: float,
+    memory: CacheStep,
+    used_cache_bytes: int,
+    copy_bytes: int = 0,
+    copied_from: str = "",
+    kind: type[StepRecord] = StepRecord,
+    **extra: Any,
+) -> StepRecord:
     """The one way a record is made: overhead and RSS derived here; ``extra`` fills a subclass's own columns."""
-    return kind(step=step, phase=phase, device=device, copied_from=copied_from, position=position,
-                n_tokens=n_tokens, token=token, wall_ms=wall_ms, run_ms=run_ms, overhead_ms=wall_ms - run_ms,
-                cache_tensors_allocated=memory.allocated_tensors, cache_bytes_allocated=memory.allocated_bytes,
-                new_buffers=memory.new_buffers, live_cache_bytes=memory.live_bytes,
-                used_cache_bytes=used_cache_bytes, copy_bytes=copy_bytes, rss_bytes=rss_bytes(), **extra)
+    return kind(
+        step=step,
+        phase=phase,
+        device=device,
+        copied_from=copied_from,
+        position=position,
+        n_tokens=n_tokens,
+        token=token,
+        wall_ms=wall_ms,
+        run_ms=run_ms,
+        overhead_ms=wall_ms - run_ms,
+        cache_tensors_allocated=memory.allocated_tensors,
+        cache_bytes_allocated=memory.allocated_bytes,
+        new_buffers=memory.new_buffers,
+        live_cache_bytes=memory.live_bytes,
+        used_cache_bytes=used_cache_bytes,
+        copy_bytes=copy_bytes,
+        rss_bytes=rss_bytes(),
+        **extra,
+    )
 
 
 def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
@@ -95,8 +138,9 @@ def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
     if bad:
         from .errors import ConfigError
 
-        raise ConfigError(f"on_step hook {bad[0]!r} is not callable; give a function of one StepRecord (or a "
-                          "list of them)")
+        raise ConfigError(
+            f"on_step hook {bad[0]!r} is not callable; give a function of one StepRecord (or a list of them)"
+        )
     return hooks
 
 

@@ -41,8 +41,10 @@ class BufferWatch:
         if self.cache.device is None or record.device != self.cache.device.name:
             return  # a step on another device (a CPU prefill before its handoff to this cache)
         ptrs = [t.data_ptr for t in self.cache.tensors]
-        row = ["in place" if i < len(self._last) and p == self._last[i] else
-               "recycled" if p in self._seen else "fresh" for i, p in enumerate(ptrs)]
+        row = [
+            "in place" if i < len(self._last) and p == self._last[i] else "recycled" if p in self._seen else "fresh"
+            for i, p in enumerate(ptrs)
+        ]
         self._seen.update(ptrs)
         self._last = ptrs
         self.steps.append(record.step)

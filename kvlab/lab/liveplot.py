@@ -22,14 +22,21 @@ class LivePlot:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        base = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                             subplot_titles=("decode step latency (ms, log scale)",
-                                             "KV memory: reserved (solid) vs used (dashed), KiB"))
+        base = make_subplots(
+            rows=1,
+            cols=2,
+            horizontal_spacing=0.1,
+            subplot_titles=("decode step latency (ms, log scale)", "KV memory: reserved (solid) vs used (dashed), KiB"),
+        )
         self.figure = go.FigureWidget(base)
-        self.figure.update_layout(height=420, width=1000, template="plotly_white",
-                                  margin={"t": 95, "b": 40, "l": 55, "r": 20},
-                                  legend={"orientation": "h", "y": -0.2, "x": 0},
-                                  title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01})
+        self.figure.update_layout(
+            height=420,
+            width=1000,
+            template="plotly_white",
+            margin={"t": 95, "b": 40, "l": 55, "r": 20},
+            legend={"orientation": "h", "y": -0.2, "x": 0},
+            title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01},
+        )
         self.figure.update_xaxes(title_text="cache length (tokens)")
         self.figure.update_yaxes(type="log", dtick=1, row=1, col=1)  # first steps of a new context compile shaders
         self.figure.update_yaxes(rangemode="tozero", row=1, col=2)
@@ -50,12 +57,45 @@ class LivePlot:
         with self.figure.batch_update():
             if len(self.figure.data) >= 3 * self.max_runs:
                 self.figure.data = self.figure.data[3:]
-            self.figure.add_trace(go.Scatter(x=[], y=[], name=name, mode="lines+markers", legendgroup=name,
-                                             line={"color": color}, marker={"size": 4}), row=1, col=1)
-            self.figure.add_trace(go.Scatter(x=[], y=[], name=f"{name}: reserved", mode="lines", legendgroup=name,
-                                             line={"color": color, "width": 3}, showlegend=False), row=1, col=2)
-            self.figure.add_trace(go.Scatter(x=[], y=[], name=f"{name}: used", mode="lines", legendgroup=name,
-                                             line={"color": color, "dash": "dash"}, showlegend=False), row=1, col=2)
+            self.figure.add_trace(
+                go.Scatter(
+                    x=[],
+                    y=[],
+                    name=name,
+                    mode="lines+markers",
+                    legendgroup=name,
+                    line={"color": color},
+                    marker={"size": 4},
+                ),
+                row=1,
+                col=1,
+            )
+            self.figure.add_trace(
+                go.Scatter(
+                    x=[],
+                    y=[],
+                    name=f"{name}: reserved",
+                    mode="lines",
+                    legendgroup=name,
+                    line={"color": color, "width": 3},
+                    showlegend=False,
+                ),
+                row=1,
+                col=2,
+            )
+            self.figure.add_trace(
+                go.Scatter(
+                    x=[],
+                    y=[],
+                    name=f"{name}: used",
+                    mode="lines",
+                    legendgroup=name,
+                    line={"color": color, "dash": "dash"},
+                    showlegend=False,
+                ),
+                row=1,
+                col=2,
+            )
             self.figure.layout.title.text = title
         self._traces = tuple(self.figure.data[-3:])  # type: ignore[assignment]
         self._xs, self._lat, self._mem_x, self._res, self._used = [], [], [], [], []

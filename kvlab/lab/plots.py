@@ -11,7 +11,8 @@ a dotted line where each KV tensor reaches a bucket size, so you can see whether
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,6 @@ from ..core.errors import check_choice
 from ..core.generation import first_divergence
 from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
 from .style import add_bucket_lines, cache_colors, go, legend_below, title, top_margin, unit
-
 
 Y_COLUMNS = ("wall_ms", "run_ms", "overhead_ms")  # the timings a latency plot can draw
 
@@ -53,8 +53,14 @@ def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_tok
     return add_bucket_lines(fig, bpt, xmax)
 
 
-def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",), buckets: bool | None = None,
-            bytes_per_tensor_token: float | None = None) -> Any:
+def latency(
+    runs: Any,
+    *,
+    y: str = "wall_ms",
+    phases: Sequence[str] = ("decode",),
+    buckets: bool | None = None,
+    bytes_per_tensor_token: float | None = None,
+) -> Any:
     """Per-step latency vs cache length, one line per run; dotted lines where a KV tensor reaches 4/8/12/16 MiB.
 
     ``buckets``: draw the WebGPU bucket lines (default: when any run is on WebGPU; the CPU EP has no such pool)."""
@@ -65,19 +71,35 @@ def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",
     xmax = 0
     for r, f, x, name, color in lines(runs, labels, phases):
         xmax = max(xmax, int(x.max()) if len(x) else 0)
-        fig.add_trace(go().Scatter(
-            x=x, y=f[y], name=name, mode="lines+markers", marker={"size": 4, "color": color},
-            line={"dash": "dot" if r.recorded else "solid", "color": color},
-            customdata=np.stack([f["step"], f["phase"], f["cache_tensors_allocated"], f["new_buffers"]], axis=-1),
-            hovertemplate=("cache length %{x}<br>%{y:.1f} ms<br>step %{customdata[0]} (%{customdata[1]})<br>"
-                           "KV tensors allocated %{customdata[2]}, new buffers %{customdata[3]}<extra>%{fullData.name}"
-                           "</extra>")))
+        fig.add_trace(
+            go().Scatter(
+                x=x,
+                y=f[y],
+                name=name,
+                mode="lines+markers",
+                marker={"size": 4, "color": color},
+                line={"dash": "dot" if r.recorded else "solid", "color": color},
+                customdata=np.stack([f["step"], f["phase"], f["cache_tensors_allocated"], f["new_buffers"]], axis=-1),
+                hovertemplate=(
+                    "cache length %{x}<br>%{y:.1f} ms<br>step %{customdata[0]} (%{customdata[1]})<br>"
+                    "KV tensors allocated %{customdata[2]}, new buffers %{customdata[3]}<extra>%{fullData.name}"
+                    "</extra>"
+                ),
+            )
+        )
     note = _recorded_note(runs)
     if (_buckets_default(runs) if buckets is None else buckets) and runs:
         note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
     t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
-    fig.update_layout(title=t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)",
-                      yaxis_rangemode="tozero", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    fig.update_layout(
+        title=t,
+        xaxis_title="cache length after the step (tokens)",
+        yaxis_title=f"{y} (ms)",
+        yaxis_rangemode="tozero",
+        legend=legend_below(),
+        template="plotly_white",
+        margin=top_margin(t),
+    )
     return fig
 
 
@@ -86,23 +108,43 @@ def allocations(runs: Any) -> Any:
     from plotly.subplots import make_subplots
 
     runs, common, labels, scale, units = _scaled(runs, lambda f: f["cache_bytes_allocated"].sum())
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("KV tensors allocated in the step", f"KV {units} allocated in the step",
-                                        f"cumulative KV {units} allocated"))
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=(
+            "KV tensors allocated in the step",
+            f"KV {units} allocated in the step",
+            f"cumulative KV {units} allocated",
+        ),
+    )
     for r, f, x, name, color in lines(runs, labels):
         style = {"color": color, "dash": "dot" if r.recorded else "solid"}
         kw = {"legendgroup": name, "line": style, "marker": {"size": 4, "color": color}}
-        fig.add_trace(go().Scatter(x=x, y=f["cache_tensors_allocated"], name=name, mode="lines+markers", **kw),
-                      row=1, col=1)
-        fig.add_trace(go().Scatter(x=x, y=f["cache_bytes_allocated"] / scale, name=name, mode="lines+markers",
-                                   showlegend=False, **kw), row=2, col=1)
-        fig.add_trace(go().Scatter(x=x, y=f["cache_bytes_allocated"].cumsum() / scale, name=name, mode="lines",
-                                   showlegend=False, **kw), row=3, col=1)
+        fig.add_trace(
+            go().Scatter(x=x, y=f["cache_tensors_allocated"], name=name, mode="lines+markers", **kw), row=1, col=1
+        )
+        fig.add_trace(
+            go().Scatter(
+                x=x, y=f["cache_bytes_allocated"] / scale, name=name, mode="lines+markers", showlegend=False, **kw
+            ),
+            row=2,
+            col=1,
+        )
+        fig.add_trace(
+            go().Scatter(
+                x=x, y=f["cache_bytes_allocated"].cumsum() / scale, name=name, mode="lines", showlegend=False, **kw
+            ),
+            row=3,
+            col=1,
+        )
     fig.update_xaxes(title_text="cache length after the step (tokens)", row=3, col=1)
     fig.update_yaxes(tickformat="d", rangemode="tozero", row=1, col=1)  # counts: no decimals
     t = title("KV cache allocations per step", common, _recorded_note(runs))
-    fig.update_layout(title=t, height=660, legend=legend_below(-0.1), template="plotly_white",
-                      margin=top_margin(t, extra=20))
+    fig.update_layout(
+        title=t, height=660, legend=legend_below(-0.1), template="plotly_white", margin=top_margin(t, extra=20)
+    )
     return fig
 
 
@@ -110,14 +152,37 @@ def memory(runs: Any) -> Any:
     """KV memory reserved (live cache tensors) vs used (tokens held x bytes per token) vs cache length."""
     runs, common, labels, scale, units = _scaled(runs, lambda f: f["live_cache_bytes"].max())
     fig = go().Figure()
-    for r, f, x, name, color in lines(runs, labels):
-        fig.add_trace(go().Scatter(x=x, y=f["live_cache_bytes"] / scale, name=f"{name}: reserved", mode="lines",
-                                   line={"color": color, "width": 3}, legendgroup=name))
-        fig.add_trace(go().Scatter(x=x, y=f["used_cache_bytes"] / scale, name=f"{name}: used", mode="lines",
-                                   line={"color": color, "dash": "dash"}, legendgroup=name))
+    for _, f, x, name, color in lines(runs, labels):
+        fig.add_trace(
+            go().Scatter(
+                x=x,
+                y=f["live_cache_bytes"] / scale,
+                name=f"{name}: reserved",
+                mode="lines",
+                line={"color": color, "width": 3},
+                legendgroup=name,
+            )
+        )
+        fig.add_trace(
+            go().Scatter(
+                x=x,
+                y=f["used_cache_bytes"] / scale,
+                name=f"{name}: used",
+                mode="lines",
+                line={"color": color, "dash": "dash"},
+                legendgroup=name,
+            )
+        )
     t = title("KV memory: reserved vs used", common, _recorded_note(runs))
-    fig.update_layout(title=t, xaxis_title="cache length after the step (tokens)", yaxis_title=units,
-                      yaxis_rangemode="tozero", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    fig.update_layout(
+        title=t,
+        xaxis_title="cache length after the step (tokens)",
+        yaxis_title=units,
+        yaxis_rangemode="tozero",
+        legend=legend_below(),
+        template="plotly_white",
+        margin=top_margin(t),
+    )
     return fig
 
 
@@ -128,19 +193,33 @@ def conformance(result: Any) -> Any:
     fig = go().Figure()
     fig.add_trace(go().Bar(x=ok["position"], y=ok["max_abs_diff"], name="same argmax", marker_color="#1f77b4"))
     fig.add_trace(go().Bar(x=bad["position"], y=bad["max_abs_diff"], name="argmax differs", marker_color="#d62728"))
-    fig.add_hline(y=result.atol, line={"dash": "dot", "color": "#888"}, annotation_text=f"atol {result.atol:g}",
-                  annotation_position="bottom right")
+    fig.add_hline(
+        y=result.atol,
+        line={"dash": "dot", "color": "#888"},
+        annotation_text=f"atol {result.atol:g}",
+        annotation_position="bottom right",
+    )
     first = result.first_divergence
     note = "all positions agree" if first is None else f"first divergence at position {first}"
-    t = title(f"{result.mode} logits, position by position: is {result.device.name} the same as "
-              f"{result.reference.name}?", f"model {result.model} \u00b7 {result.device} vs {result.reference}", note)
-    fig.update_layout(title=t, xaxis_title="position", yaxis_title="max |logit difference|", yaxis_type="log",
-                      barmode="overlay", legend=legend_below(), template="plotly_white", margin=top_margin(t))
+    t = title(
+        f"{result.mode} logits, position by position: is {result.device.name} the same as {result.reference.name}?",
+        f"model {result.model} \u00b7 {result.device} vs {result.reference}",
+        note,
+    )
+    fig.update_layout(
+        title=t,
+        xaxis_title="position",
+        yaxis_title="max |logit difference|",
+        yaxis_type="log",
+        barmode="overlay",
+        legend=legend_below(),
+        template="plotly_white",
+        margin=top_margin(t),
+    )
     return fig
 
 
-def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a", "b"),
-               decode: Any = None) -> Any:
+def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a", "b"), decode: Any = None) -> Any:
     """Token-by-token comparison as a styled table; the first divergence is highlighted in red."""
     import pandas as pd
 
@@ -160,7 +239,7 @@ def token_diff(a: Sequence[int], b: Sequence[int], names: tuple[str, str] = ("a"
             return ["background-color: #fdeaea"] * len(row)
         return [""] * len(row)
 
-    caption = ("identical" if first is None else f"first divergence at generated token {first}")
+    caption = "identical" if first is None else f"first divergence at generated token {first}"
     return df.style.apply(paint, axis=1).set_caption(f"{names[0]} vs {names[1]}: {caption}")
 
 
@@ -177,33 +256,74 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
 
     n = len(watches)
     titles = [f"{w.name}: the buffer of each KV tensor after each step" for w in watches]
-    fig = make_subplots(rows=n + 2, cols=1, shared_xaxes=True, vertical_spacing=0.05,
-                        row_heights=[1.0] * n + [0.6, 0.6],
-                        subplot_titles=(*titles, "fresh buffers per step (a handle never held before)",
-                                        "wall time per step (ms)"))
+    fig = make_subplots(
+        rows=n + 2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.05,
+        row_heights=[1.0] * n + [0.6, 0.6],
+        subplot_titles=(*titles, "fresh buffers per step (a handle never held before)", "wall time per step (ms)"),
+    )
     code = {s: i for i, s in enumerate(STATES)}
     scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
     colors = cache_colors(w.cache.spec for w in watches)
     for row, (w, color) in enumerate(zip(watches, colors), start=1):
         z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
-        fig.add_trace(go().Heatmap(x=w.lengths, y=list(range(z.shape[0])), z=z, zmin=0, zmax=len(STATES) - 1,
-                                   colorscale=scale, showscale=False, xgap=1, ygap=1,
-                                   customdata=np.array(w.states).T,
-                                   hovertemplate="length %{x}, KV tensor %{y}: %{customdata}<extra>"
-                                                 f"{w.name}</extra>"), row=row, col=1)
+        fig.add_trace(
+            go().Heatmap(
+                x=w.lengths,
+                y=list(range(z.shape[0])),
+                z=z,
+                zmin=0,
+                zmax=len(STATES) - 1,
+                colorscale=scale,
+                showscale=False,
+                xgap=1,
+                ygap=1,
+                customdata=np.array(w.states).T,
+                hovertemplate=f"length %{{x}}, KV tensor %{{y}}: %{{customdata}}<extra>{w.name}</extra>",
+            ),
+            row=row,
+            col=1,
+        )
         fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
-        fig.add_trace(go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color,
-                               legendgroup=w.name), row=n + 1, col=1)
-        fig.add_trace(go().Scatter(x=w.lengths, y=w.wall_ms, name=w.name, mode="lines+markers", showlegend=False,
-                                   line={"color": color}, legendgroup=w.name), row=n + 2, col=1)
+        fig.add_trace(
+            go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color, legendgroup=w.name),
+            row=n + 1,
+            col=1,
+        )
+        fig.add_trace(
+            go().Scatter(
+                x=w.lengths,
+                y=w.wall_ms,
+                name=w.name,
+                mode="lines+markers",
+                showlegend=False,
+                line={"color": color},
+                legendgroup=w.name,
+            ),
+            row=n + 2,
+            col=1,
+        )
     for state in STATES:  # a legend for the map's colours
-        fig.add_trace(go().Bar(x=[None], y=[None], name=f"buffer {state}", marker_color=STATE_COLORS[state]),
-                      row=1, col=1)
+        fig.add_trace(
+            go().Bar(x=[None], y=[None], name=f"buffer {state}", marker_color=STATE_COLORS[state]), row=1, col=1
+        )
     fig.update_yaxes(tickformat="d", rangemode="tozero", row=n + 1, col=1)
     fig.update_yaxes(rangemode="tozero", row=n + 2, col=1)
     fig.update_xaxes(title_text="cache length after the step (tokens)", row=n + 2, col=1)
-    t = title("GPU buffer churn, drawn", common, "fresh = a buffer handle this run never held before (a proxy for "
-              "CreateBuffer: a lower bound if Dawn reuses an address)")
-    fig.update_layout(title=t, height=260 * n + 420, barmode="group", legend=legend_below(-0.08),
-                      template="plotly_white", margin=top_margin(t, extra=20))
+    t = title(
+        "GPU buffer churn, drawn",
+        common,
+        "fresh = a buffer handle this run never held before (a proxy for "
+        "CreateBuffer: a lower bound if Dawn reuses an address)",
+    )
+    fig.update_layout(
+        title=t,
+        height=260 * n + 420,
+        barmode="group",
+        legend=legend_below(-0.08),
+        template="plotly_white",
+        margin=top_margin(t, extra=20),
+    )
     return fig

@@ -3,8 +3,9 @@ adapter, runtime, cache), and the legend and title texts made from those fields.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..core.generation import Generation
 from ..core.labels import RunLabel
@@ -45,11 +46,15 @@ def as_run(obj: Any, name: str = "") -> Run:
     if isinstance(obj, pd.DataFrame):
         label = obj.attrs.get("label")
         if not isinstance(label, RunLabel):
-            raise ValueError(f"a DataFrame passed to kvlab.lab.plots needs attrs['label'], a kvlab RunLabel (what "
-                             f"produced it), got {label!r}; or pass the kvlab.Generation itself")
+            raise ValueError(
+                f"a DataFrame passed to kvlab.lab.plots needs attrs['label'], a kvlab RunLabel (what "
+                f"produced it), got {label!r}; or pass the kvlab.Generation itself"
+            )
         return Run(obj, label, name or obj.attrs.get("name", ""), obj.attrs.get("recorded", ""))
-    raise TypeError(f"cannot plot {type(obj).__name__}; pass kvlab.Generation objects, kvlab.lab.Run objects "
-                    "or DataFrames labelled as Generation.frame() labels them")
+    raise TypeError(
+        f"cannot plot {type(obj).__name__}; pass kvlab.Generation objects, kvlab.lab.Run objects "
+        "or DataFrames labelled as Generation.frame() labels them"
+    )
 
 
 def as_runs(objs: Any) -> list[Run]:
@@ -63,9 +68,13 @@ def as_runs(objs: Any) -> list[Run]:
 def common_and_labels(runs: Sequence[Run], context: bool = True) -> tuple[str, list[str]]:
     """The title part every run shares, and one legend label per run naming what differs (the cache always).
     The runtime that ran them goes on a line of its own in the title (or into the labels when it differs)."""
-    parts: list[Callable[[Run], str]] = [lambda r: f"model {r.label.model} ({r.label.dtype})",
-                                         lambda r: device_text(r.label.device, r.label.prefill_device)
-                                         + (", greedy token on the device" if r.label.token_on_device else "")]
+    parts: list[Callable[[Run], str]] = [
+        lambda r: f"model {r.label.model} ({r.label.dtype})",
+        lambda r: (
+            device_text(r.label.device, r.label.prefill_device)
+            + (", greedy token on the device" if r.label.token_on_device else "")
+        ),
+    ]
     if context:
         parts.append(lambda r: r.context)
     runtime: Callable[[Run], str] = lambda r: runtime_text(r.label.device)  # noqa: E731

@@ -4,7 +4,8 @@ nothing parses them."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..core.labels import CacheSpec, DeviceLabel
 from ..ort.buffer_pool import MiB, bucket_positions
@@ -52,8 +53,7 @@ def device_text(device: DeviceLabel, prefill: DeviceLabel | None = None) -> str:
 
 def title(what: str, common: str, note: str = "") -> dict[str, Any]:
     text = f"<b>{what}</b><br><sup>{common}{'<br>' + note if note else ''}</sup>"
-    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top",
-            "pad": {"t": 30}}
+    return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 30}}
 
 
 def top_margin(t: dict[str, Any], extra: int = 0) -> dict[str, int]:
@@ -81,15 +81,20 @@ def add_bucket_lines(fig: Any, bytes_per_tensor_token: float | None, xmax: float
     beyond = []
     for mib, pos in bucket_positions(bytes_per_tensor_token).items():
         if pos <= xmax * 1.02:
-            fig.add_vline(x=pos, line={"dash": "dot", "color": "#888", "width": 1},
-                          annotation={"text": f"KV tensor {mib} MiB", "textangle": -90,
-                                      "font": {"size": 10, "color": "#666"}},
-                          annotation_position="top left")
+            fig.add_vline(
+                x=pos,
+                line={"dash": "dot", "color": "#888", "width": 1},
+                annotation={"text": f"KV tensor {mib} MiB", "textangle": -90, "font": {"size": 10, "color": "#666"}},
+                annotation_position="top left",
+            )
         else:
             beyond.append(f"{mib} MiB at {pos:,}")
     per = f"{bytes_per_tensor_token:,.0f} bytes/token per KV tensor"
-    return f"WebGPU buckets: {per}; beyond this range: {', '.join(beyond)} tokens" if beyond else \
-        f"WebGPU buckets drawn ({per})"
+    return (
+        f"WebGPU buckets: {per}; beyond this range: {', '.join(beyond)} tokens"
+        if beyond
+        else f"WebGPU buckets drawn ({per})"
+    )
 
 
 def go():

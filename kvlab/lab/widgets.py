@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -60,8 +61,10 @@ def open_webgpu(mode: str) -> Device:
     try:
         close_device("webgpu")
     except DeviceError as exc:
-        raise DeviceError(f"the WebGPU context is open with buffer cache mode {current.label.buffer_cache_mode!r}; switching "
-                          f"to {mode!r} needs a fresh context, but {exc}. Or restart the kernel.") from exc
+        raise DeviceError(
+            f"the WebGPU context is open with buffer cache mode {current.label.buffer_cache_mode!r}; switching "
+            f"to {mode!r} needs a fresh context, but {exc}. Or restart the kernel."
+        ) from exc
     return open_device("webgpu", buffer_cache_mode=mode)
 
 
@@ -76,10 +79,22 @@ class CacheLab:
     """Controls for cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode;
     a Run button; a live chart; a status line (memory plan, errors); a table with one row per run."""
 
-    def __init__(self, model: str | Model = "toy", *, models: Sequence[str] | None = None, device: str = "webgpu",
-                 cache_type: str = "static", max_cache_len: int = 128, prompt_tokens: int = 32,
-                 new_tokens: int = 24, buffer_cache_mode: str = "bucket", throttle_s: float = 0.25,
-                 max_runs: int = 4, progress: bool = True, allow_slow: bool = False):
+    def __init__(
+        self,
+        model: str | Model = "toy",
+        *,
+        models: Sequence[str] | None = None,
+        device: str = "webgpu",
+        cache_type: str = "static",
+        max_cache_len: int = 128,
+        prompt_tokens: int = 32,
+        new_tokens: int = 24,
+        buffer_cache_mode: str = "bucket",
+        throttle_s: float = 0.25,
+        max_runs: int = 4,
+        progress: bool = True,
+        allow_slow: bool = False,
+    ):
         import ipywidgets as w
 
         check_choice(cache_type, CACHE_KINDS, "cache_type=")
@@ -95,47 +110,96 @@ class CacheLab:
         style = {"description_width": "110px"}
         lay = w.Layout(width="330px")
         self.model = w.Dropdown(options=names, value=first, description="model", style=style, layout=lay)
-        self.cache_type = w.ToggleButtons(options=list(CACHE_KINDS), value=cache_type, description="cache",
-                                          style={**style, "button_width": "104px"},
-                                          layout=w.Layout(width="340px", display="flex", flex_flow="row"))
-        self.max_cache_len = w.BoundedIntText(value=max_cache_len, min=1, max=1 << 16, description="max_cache_len",
-                                              style=style, layout=lay)
-        self.prompt_tokens = w.IntSlider(value=prompt_tokens, min=1, max=2048, description="prompt tokens",
-                                         continuous_update=False, style=style, layout=lay)
-        self.new_tokens = w.IntSlider(value=new_tokens, min=1, max=256, description="new tokens",
-                                      continuous_update=False, style=style, layout=lay)
+        self.cache_type = w.ToggleButtons(
+            options=list(CACHE_KINDS),
+            value=cache_type,
+            description="cache",
+            style={**style, "button_width": "104px"},
+            layout=w.Layout(width="340px", display="flex", flex_flow="row"),
+        )
+        self.max_cache_len = w.BoundedIntText(
+            value=max_cache_len, min=1, max=1 << 16, description="max_cache_len", style=style, layout=lay
+        )
+        self.prompt_tokens = w.IntSlider(
+            value=prompt_tokens,
+            min=1,
+            max=2048,
+            description="prompt tokens",
+            continuous_update=False,
+            style=style,
+            layout=lay,
+        )
+        self.new_tokens = w.IntSlider(
+            value=new_tokens, min=1, max=256, description="new tokens", continuous_update=False, style=style, layout=lay
+        )
         self.device = w.Dropdown(options=list(DEVICES), value=device, description="device", style=style, layout=lay)
-        self.buffer_cache_mode = w.Dropdown(options=list(BUFFER_CACHE_MODES), value=buffer_cache_mode,
-                                            description="buffer cache", style=style, layout=lay)
-        self.run_button = w.Button(description="Run", button_style="primary", icon="play",
-                                   layout=w.Layout(width="120px"))
+        self.buffer_cache_mode = w.Dropdown(
+            options=list(BUFFER_CACHE_MODES),
+            value=buffer_cache_mode,
+            description="buffer cache",
+            style=style,
+            layout=lay,
+        )
+        self.run_button = w.Button(
+            description="Run", button_style="primary", icon="play", layout=w.Layout(width="120px")
+        )
         self.plan = w.HTML()
         self.status = w.HTML()
         self.table = w.HTML()
-        self.progress_bar = w.IntProgress(value=0, min=0, max=1, description="tokens",
-                                          layout=w.Layout(width="200px", visibility="hidden"))
+        self.progress_bar = w.IntProgress(
+            value=0, min=0, max=1, description="tokens", layout=w.Layout(width="200px", visibility="hidden")
+        )
         self.plot = LivePlot(throttle_s, max_runs)
-        for widget, cls in ((self.model, "model"), (self.cache_type, "cache-type"),
-                            (self.max_cache_len, "max-cache-len"), (self.prompt_tokens, "prompt-tokens"),
-                            (self.new_tokens, "new-tokens"), (self.device, "device"),
-                            (self.buffer_cache_mode, "buffer-cache-mode"), (self.run_button, "run"),
-                            (self.plan, "plan"), (self.status, "status"), (self.table, "results")):
+        for widget, cls in (
+            (self.model, "model"),
+            (self.cache_type, "cache-type"),
+            (self.max_cache_len, "max-cache-len"),
+            (self.prompt_tokens, "prompt-tokens"),
+            (self.new_tokens, "new-tokens"),
+            (self.device, "device"),
+            (self.buffer_cache_mode, "buffer-cache-mode"),
+            (self.run_button, "run"),
+            (self.plan, "plan"),
+            (self.status, "status"),
+            (self.table, "results"),
+        ):
             widget.add_class(f"kvlab-{cls}")
         self.runs: list[Generation] = []
         self._warmed: set[tuple[Any, ...]] = set()  # settings already warmed up (see _warm_up)
         self.rows: list[dict[str, Any]] = []
         self.last_error: Exception | None = None
         self.running = False
-        for control in (self.model, self.cache_type, self.max_cache_len, self.prompt_tokens, self.new_tokens,
-                        self.device, self.buffer_cache_mode):
+        for control in (
+            self.model,
+            self.cache_type,
+            self.max_cache_len,
+            self.prompt_tokens,
+            self.new_tokens,
+            self.device,
+            self.buffer_cache_mode,
+        ):
             control.observe(self._update_plan, names="value")
         self.run_button.on_click(lambda _: self.run())
-        controls = w.VBox([self.model, self.cache_type, self.max_cache_len, self.prompt_tokens, self.new_tokens,
-                           self.device, self.buffer_cache_mode, w.HBox([self.run_button, self.progress_bar])],
-                          layout=w.Layout(min_width="360px"))
-        self.widget = w.VBox([
-            w.HBox([controls, w.VBox([self.plan, self.status], layout=w.Layout(flex="1", padding="0 0 0 12px"))]),
-            self.plot.box, self.table])
+        controls = w.VBox(
+            [
+                self.model,
+                self.cache_type,
+                self.max_cache_len,
+                self.prompt_tokens,
+                self.new_tokens,
+                self.device,
+                self.buffer_cache_mode,
+                w.HBox([self.run_button, self.progress_bar]),
+            ],
+            layout=w.Layout(min_width="360px"),
+        )
+        self.widget = w.VBox(
+            [
+                w.HBox([controls, w.VBox([self.plan, self.status], layout=w.Layout(flex="1", padding="0 0 0 12px"))]),
+                self.plot.box,
+                self.table,
+            ]
+        )
         self.widget.add_class("kvlab-cachelab")
         self._render_table()
         self._update_plan()
@@ -144,8 +208,10 @@ class CacheLab:
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict) and "text/plain" in bundle:  # what a viewer without the live widget shows
-            bundle["text/plain"] = ("kvlab CacheLab dashboard (live widgets): run this cell to show it. Its controls, "
-                                    "chart and table are drawn by the running kernel.")
+            bundle["text/plain"] = (
+                "kvlab CacheLab dashboard (live widgets): run this cell to show it. Its controls, "
+                "chart and table are drawn by the running kernel."
+            )
         return bundle
 
     @property
@@ -175,17 +241,24 @@ class CacheLab:
         self.buffer_cache_mode.disabled = self.device.value != "webgpu"
         info = self.get_model().info
         need = self.needed()
-        lines = [f"<b>{html.escape(info.name)}</b> ({info.dtype_name}): {2 * info.num_layers} KV tensors, "
-                 f"{info.bytes_per_token:,} bytes per token; this run needs <b>{need}</b> positions "
-                 f"({self.prompt_tokens.value} prompt + {self.new_tokens.value} new - 1)."]
+        lines = [
+            f"<b>{html.escape(info.name)}</b> ({info.dtype_name}): {2 * info.num_layers} KV tensors, "
+            f"{info.bytes_per_token:,} bytes per token; this run needs <b>{need}</b> positions "
+            f"({self.prompt_tokens.value} prompt + {self.new_tokens.value} new - 1)."
+        ]
         if static:
             report = StaticCache(self.max_cache_len.value).memory_report(info)
             fits = need <= self.max_cache_len.value
-            lines.append(f"Static: reserves {_mib(report.total_bytes)} once ({self.max_cache_len.value} positions); "
-                         f"the run will use {_mib(need * info.bytes_per_token)}. " +
-                         ("<span style='color:#2ca02c'>fits</span>" if fits else
-                          "<span style='color:#d62728'><b>does not fit</b>: the run will be refused before "
-                          "anything is allocated</span>"))
+            lines.append(
+                f"Static: reserves {_mib(report.total_bytes)} once ({self.max_cache_len.value} positions); "
+                f"the run will use {_mib(need * info.bytes_per_token)}. "
+                + (
+                    "<span style='color:#2ca02c'>fits</span>"
+                    if fits
+                    else "<span style='color:#d62728'><b>does not fit</b>: the run will be refused before "
+                    "anything is allocated</span>"
+                )
+            )
         else:
             lines.append("Dynamic: the runtime allocates new, one-token-longer KV tensors every step.")
         if self.device.value == "webgpu":
@@ -200,8 +273,10 @@ class CacheLab:
         have = dev.label.buffer_cache_mode
         if have == want:
             return f"WebGPU buffer cache mode in force: <b>{have}</b>."
-        return (f"The WebGPU context is open with mode <b>{have}</b>; Run closes it and opens a fresh one with "
-                f"<b>{want}</b> (only possible when no cache holds WebGPU tensors: {dev.live_tensors} alive now).")
+        return (
+            f"The WebGPU context is open with mode <b>{have}</b>; Run closes it and opens a fresh one with "
+            f"<b>{want}</b> (only possible when no cache holds WebGPU tensors: {dev.live_tensors} alive now)."
+        )
 
     # -- running
     def run(self) -> Generation | None:
@@ -233,25 +308,42 @@ class CacheLab:
         cache_type, new = self.cache_type.value, self.new_tokens.value
         ids = prompt_ids(model, self.prompt_tokens.value)
         mode = self.buffer_cache_mode.value if self.device.value == "webgpu" else "-"
-        row.update({"run": len(self.rows) + 1, "model": model.name, "device": self.device.value,
-                    "buffer cache": mode, "cache": cache_type,
-                    "max_cache_len": self.max_cache_len.value if cache_type == "static" else "-",
-                    "prompt": len(ids), "new": new, "needed": self.needed()})
+        row.update(
+            {
+                "run": len(self.rows) + 1,
+                "model": model.name,
+                "device": self.device.value,
+                "buffer cache": mode,
+                "cache": cache_type,
+                "max_cache_len": self.max_cache_len.value if cache_type == "static" else "-",
+                "prompt": len(ids),
+                "new": new,
+                "needed": self.needed(),
+            }
+        )
         dev = open_webgpu(mode) if self.device.value == "webgpu" else open_device("cpu")
-        if dev.name == "webgpu" and dev.adapter.kind == "software" and model.name in SLOW_ON_SOFTWARE \
-                and not self.allow_slow:
-            raise ConfigError(f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes at "
-                              "seconds per token; choose device 'cpu' or the toy model here "
-                              "(CacheLab(..., allow_slow=True) to run it anyway)")
+        if (
+            dev.name == "webgpu"
+            and dev.adapter.kind == "software"
+            and model.name in SLOW_ON_SOFTWARE
+            and not self.allow_slow
+        ):
+            raise ConfigError(
+                f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes at "
+                "seconds per token; choose device 'cpu' or the toy model here "
+                "(CacheLab(..., allow_slow=True) to run it anyway)"
+            )
         cache = make_cache(cache_type, self.max_cache_len.value if cache_type == "static" else None)
         before = dev.live_tensors
         label = f"#{row['run']} {cache_type}" + (f"({self.max_cache_len.value})" if cache_type == "static" else "")
         label += f" \u00b7 {dev.name}" + (f" {mode}" if dev.name == "webgpu" else "")
         mode_note = f" \u00b7 buffer cache {mode}" if dev.name == "webgpu" else ""
-        title = (f"<b>{model.name} ({model.info.dtype_name}) on {dev.name}: {html.escape(str(dev.adapter))}</b>"
-                 f"<br><sup>run #{row['run']}: {cache_type} cache"
-                 f"{f' (max_cache_len={self.max_cache_len.value})' if cache_type == 'static' else ''}, prompt "
-                 f"{len(ids)} + {new} new tokens{mode_note} \u00b7 {runtime_text(dev.label)}</sup>")
+        title = (
+            f"<b>{model.name} ({model.info.dtype_name}) on {dev.name}: {html.escape(str(dev.adapter))}</b>"
+            f"<br><sup>run #{row['run']}: {cache_type} cache"
+            f"{f' (max_cache_len={self.max_cache_len.value})' if cache_type == 'static' else ''}, prompt "
+            f"{len(ids)} + {new} new tokens{mode_note} \u00b7 {runtime_text(dev.label)}</sup>"
+        )
         self._warm_up(model, ids, dev, cache_type, mode)
         self.plot.start(label, KIND_COLORS[cache_type], title)
         bar = self._progress(new, label)
@@ -259,31 +351,41 @@ class CacheLab:
         try:
             with cache:
                 try:
-                    g = generate(model, ids, cache=cache, device=dev, max_new_tokens=new, stop_on_eos=False,
-                                 on_step=hooks)
+                    g = generate(
+                        model, ids, cache=cache, device=dev, max_new_tokens=new, stop_on_eos=False, on_step=hooks
+                    )
                 except CapacityError as exc:
                     held = bool(getattr(cache, "allocated", False))
                     added = dev.live_tensors - before
                     row.update({"result": "CapacityError", "new buffers": added})
-                    raise CapacityError(f"{exc}. Nothing was allocated: the cache holds "
-                                        f"{'buffers' if held else 'no buffers'} and {added} tensors were added on "
-                                        f"{dev.name}.") from exc
+                    raise CapacityError(
+                        f"{exc}. Nothing was allocated: the cache holds "
+                        f"{'buffers' if held else 'no buffers'} and {added} tensors were added on "
+                        f"{dev.name}."
+                    ) from exc
         finally:
             self.plot.finish()
             if bar is not None:
                 bar.close()
         f = g.frame()
-        row.update({"result": f"ok: {len(g.token_ids)} tokens", "decode ms (median)": round(g.decode_ms(), 1),
-                    "reserved KiB": round(f["live_cache_bytes"].max() / 1024, 1),
-                    "used KiB": round(f["used_cache_bytes"].iloc[-1] / 1024, 1),
-                    "allocated KiB (all steps)": round(f["cache_bytes_allocated"].sum() / 1024, 1),
-                    "new buffers": int(f["new_buffers"].sum()),
-                    "first tokens": " ".join(str(t) for t in g.token_ids[:6])})
+        row.update(
+            {
+                "result": f"ok: {len(g.token_ids)} tokens",
+                "decode ms (median)": round(g.decode_ms(), 1),
+                "reserved KiB": round(f["live_cache_bytes"].max() / 1024, 1),
+                "used KiB": round(f["used_cache_bytes"].iloc[-1] / 1024, 1),
+                "allocated KiB (all steps)": round(f["cache_bytes_allocated"].sum() / 1024, 1),
+                "new buffers": int(f["new_buffers"].sum()),
+                "first tokens": " ".join(str(t) for t in g.token_ids[:6]),
+            }
+        )
         self.runs.append(g)
-        self.status.value = (f"<span style='color:#2ca02c'>run #{row['run']} done</span> (after an untimed warm-up "
-                             f"the first time these settings ran): {len(g.token_ids)} tokens, "
-                             f"median decode step {g.decode_ms():.1f} ms on {html.escape(str(g.device))}; cache disposed "
-                             f"({dev.live_tensors - before} tensors left on {dev.name}).")
+        self.status.value = (
+            f"<span style='color:#2ca02c'>run #{row['run']} done</span> (after an untimed warm-up "
+            f"the first time these settings ran): {len(g.token_ids)} tokens, "
+            f"median decode step {g.decode_ms():.1f} ms on {html.escape(str(g.device))}; cache disposed "
+            f"({dev.live_tensors - before} tensors left on {dev.name})."
+        )
         return g
 
     def _warm_up(self, model: Model, ids: np.ndarray, dev: Device, cache_type: str, mode: str) -> None:
@@ -321,8 +423,10 @@ class CacheLab:
         self.last_error = exc
         if row is not None and row and "result" not in row:
             row["result"] = type(exc).__name__
-        self.status.value = ("<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;"
-                             f"background:#fdeaea'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>")
+        self.status.value = (
+            "<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;"
+            f"background:#fdeaea'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
+        )
 
     # -- results
     @property
@@ -337,8 +441,12 @@ class CacheLab:
             self.table.value = "<p><i>No runs yet: set the controls and press Run.</i></p>"
             return
         df = self.results.astype(object).map(_cell)
-        self.table.value = (_TABLE_CSS + "<div style='overflow-x:auto'>" +
-                            df.to_html(index=False, classes="kvlab-results-table", border=0, escape=True) + "</div>")
+        self.table.value = (
+            _TABLE_CSS
+            + "<div style='overflow-x:auto'>"
+            + df.to_html(index=False, classes="kvlab-results-table", border=0, escape=True)
+            + "</div>"
+        )
 
 
 _TABLE_CSS = """<style>

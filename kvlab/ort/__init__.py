@@ -9,5 +9,18 @@ from .generate import generate
 from .models import Model, ModelInfo, load
 from .stepper import Stepper
 
-__all__ = ["CapturedStaticCache", "Device", "DynamicCache", "Model", "ModelInfo", "StaticCache", "Stepper", "close_device", "generate",
-           "load", "make_cache", "open_device", "opened"]
+__all__ = [
+    "CapturedStaticCache",
+    "Device",
+    "DynamicCache",
+    "Model",
+    "ModelInfo",
+    "StaticCache",
+    "Stepper",
+    "close_device",
+    "generate",
+    "load",
+    "make_cache",
+    "open_device",
+    "opened",
+]

@@ -9,9 +9,8 @@ import glob
 import json
 import os
 import platform
-import re
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import check_choice
@@ -26,9 +25,15 @@ _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
 # the libraries a GPU's Vulkan driver loads before it can start, by the Debian/Ubuntu package that ships each
 # (the NVIDIA driver's libGLX_nvidia.so.0 needs glvnd: measured on a headless NVIDIA H200 machine, where without
 # them the loader found no device)
-LIBRARY_PACKAGES = {"libGLX.so.0": "libglx0", "libGLdispatch.so.0": "libglvnd0", "libEGL.so.1": "libegl1",
-                    "libOpenGL.so.0": "libopengl0", "libGL.so.1": "libgl1", "libGLESv2.so.2": "libgles2",
-                    "libvulkan.so.1": "libvulkan1"}
+LIBRARY_PACKAGES = {
+    "libGLX.so.0": "libglx0",
+    "libGLdispatch.so.0": "libglvnd0",
+    "libEGL.so.1": "libegl1",
+    "libOpenGL.so.0": "libopengl0",
+    "libGL.so.1": "libgl1",
+    "libGLESv2.so.2": "libgles2",
+    "libvulkan.so.1": "libvulkan1",
+}
 GLVND_PACKAGES = ("libvulkan1", "libglvnd0", "libglx0", "libegl1", "libopengl0", "libgl1", "libgles2")
 
 
@@ -69,7 +74,9 @@ def _configure_vulkan(choice: str) -> str:
     if choice == "hardware" or (choice == "auto" and hardware):
         if hardware and not any(os.path.dirname(f) in LOADER_ICD_DIRS for f in hardware):
             os.environ["VK_DRIVER_FILES"] = os.pathsep.join(hardware)  # where the loader would not look
-            return f"hardware Vulkan drivers outside the loader's search path: VK_DRIVER_FILES={os.pathsep.join(hardware)}"
+            return (
+                f"hardware Vulkan drivers outside the loader's search path: VK_DRIVER_FILES={os.pathsep.join(hardware)}"
+            )
         return "hardware Vulkan drivers: " + (", ".join(hardware) or "none found")
     if not os.path.exists(SWIFTSHADER_ICD):
         return f"no hardware Vulkan driver and no SwiftShader ({SWIFTSHADER_ICD} missing)"
@@ -78,16 +85,28 @@ def _configure_vulkan(choice: str) -> str:
 
 
 class _VkApplicationInfo(ctypes.Structure):
-    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("pApplicationName", ctypes.c_char_p),
-                ("applicationVersion", ctypes.c_uint32), ("pEngineName", ctypes.c_char_p),
-                ("engineVersion", ctypes.c_uint32), ("apiVersion", ctypes.c_uint32)]
+    _fields_ = [
+        ("sType", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("pApplicationName", ctypes.c_char_p),
+        ("applicationVersion", ctypes.c_uint32),
+        ("pEngineName", ctypes.c_char_p),
+        ("engineVersion", ctypes.c_uint32),
+        ("apiVersion", ctypes.c_uint32),
+    ]
 
 
 class _VkInstanceCreateInfo(ctypes.Structure):
-    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-                ("pApplicationInfo", ctypes.POINTER(_VkApplicationInfo)), ("enabledLayerCount", ctypes.c_uint32),
-                ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
-                ("ppEnabledExtensionNames", ctypes.c_void_p)]
+    _fields_ = [
+        ("sType", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("flags", ctypes.c_uint32),
+        ("pApplicationInfo", ctypes.POINTER(_VkApplicationInfo)),
+        ("enabledLayerCount", ctypes.c_uint32),
+        ("ppEnabledLayerNames", ctypes.c_void_p),
+        ("enabledExtensionCount", ctypes.c_uint32),
+        ("ppEnabledExtensionNames", ctypes.c_void_p),
+    ]
 
 
 class _VkFeatureChain(ctypes.Structure):  # VkPhysicalDeviceFeatures2 (its 55 VkBool32 core features)
@@ -95,14 +114,23 @@ class _VkFeatureChain(ctypes.Structure):  # VkPhysicalDeviceFeatures2 (its 55 Vk
 
 
 class _VkFloat16Int8(ctypes.Structure):  # VkPhysicalDeviceShaderFloat16Int8Features
-    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("shaderFloat16", ctypes.c_uint32),
-                ("shaderInt8", ctypes.c_uint32)]
+    _fields_ = [
+        ("sType", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("shaderFloat16", ctypes.c_uint32),
+        ("shaderInt8", ctypes.c_uint32),
+    ]
 
 
 class _Vk16BitStorage(ctypes.Structure):  # VkPhysicalDevice16BitStorageFeatures
-    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("storageBuffer16BitAccess", ctypes.c_uint32),
-                ("uniformAndStorageBuffer16BitAccess", ctypes.c_uint32), ("storagePushConstant16", ctypes.c_uint32),
-                ("storageInputOutput16", ctypes.c_uint32)]
+    _fields_ = [
+        ("sType", ctypes.c_uint32),
+        ("pNext", ctypes.c_void_p),
+        ("storageBuffer16BitAccess", ctypes.c_uint32),
+        ("uniformAndStorageBuffer16BitAccess", ctypes.c_uint32),
+        ("storagePushConstant16", ctypes.c_uint32),
+        ("storageInputOutput16", ctypes.c_uint32),
+    ]
 
 
 _VK_DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
@@ -141,8 +169,13 @@ def vulkan_adapters() -> list[VulkanDevice]:
             vk.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handle), props)
             device_type = int.from_bytes(props.raw[16:20], "little")
             name = props.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")
-            found.append(VulkanDevice(name, _VK_DEVICE_TYPES.get(device_type, "other"),
-                                      _shader_f16(features2, handle) if features2 else None))
+            found.append(
+                VulkanDevice(
+                    name,
+                    _VK_DEVICE_TYPES.get(device_type, "other"),
+                    _shader_f16(features2, handle) if features2 else None,
+                )
+            )
         return found
     finally:
         vk.vkDestroyInstance(instance, None)
@@ -183,8 +216,9 @@ class DriverProblem:
     packages: tuple[str, ...]  # Debian/Ubuntu packages that provide them
 
 
-def driver_problems(manifests: list[str] | None = None,
-                    needs: dict[str, str] = LIBRARY_PACKAGES) -> list[DriverProblem]:
+def driver_problems(
+    manifests: list[str] | None = None, needs: dict[str, str] = LIBRARY_PACKAGES
+) -> list[DriverProblem]:
     """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its driver
     library cannot be loaded, or a library that GPU drivers load at start (glvnd's, for NVIDIA's
     libGLX_nvidia.so.0) is missing. Loading a library only maps it; nothing starts."""

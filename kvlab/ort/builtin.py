@@ -33,7 +33,6 @@ class BuiltinWebGpu(Backend):
 
     def __init__(self) -> None:
         import onnxruntime as ort
-
         from onnxruntime.capi import _pybind_state as c
 
         self.ort, self._c = ort, c
@@ -80,12 +79,17 @@ class BuiltinWebGpu(Backend):
         if device.name == "webgpu" and "WebGpuExecutionProvider" not in sess.get_providers():
             raise DeviceError(
                 "the WebGPU EP could not start (ONNX Runtime fell back to the CPU EP, which kvlab never does "
-                f"silently); providers in force: {sess.get_providers()}. {device.adapter_hint()}")
+                f"silently); providers in force: {sess.get_providers()}. {device.adapter_hint()}"
+            )
         return sess
 
     def placement(self, sess: Any) -> list[str]:
-        return [f"{n.op_type}:{n.name}" for sg in sess.get_provider_graph_assignment_info()
-                if sg.ep_name == "CPUExecutionProvider" for n in sg.get_nodes()]
+        return [
+            f"{n.op_type}:{n.name}"
+            for sg in sess.get_provider_graph_assignment_info()
+            if sg.ep_name == "CPUExecutionProvider"
+            for n in sg.get_nodes()
+        ]
 
     # -- values
     def host_value(self, array: np.ndarray) -> Any:
@@ -123,11 +127,16 @@ class BuiltinWebGpu(Backend):
 
             elem = helper.np_dtype_to_tensor_dtype(dtype)
             if dtype == np.float16:
-                node, inputs = helper.make_node("Identity", ["x"], ["y"]), [helper.make_tensor_value_info("x", elem, None)]
+                node, inputs = (
+                    helper.make_node("Identity", ["x"], ["y"]),
+                    [helper.make_tensor_value_info("x", elem, None)],
+                )
             else:
                 node = helper.make_node("Expand", ["value", "shape"], ["y"])
-                inputs = [helper.make_tensor_value_info("value", elem, []),
-                          helper.make_tensor_value_info("shape", TensorProto.INT64, [None])]
+                inputs = [
+                    helper.make_tensor_value_info("value", elem, []),
+                    helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+                ]
             graph = helper.make_graph([node], "kvlab_zeros", inputs, [helper.make_tensor_value_info("y", elem, None)])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 9

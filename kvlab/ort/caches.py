@@ -16,9 +16,9 @@ import numpy as np
 
 from ..core.atomic import atomic
 from ..core.cache import Cache
-from ..core.layout import CacheEntry, MemoryReport, check_max_cache_len
 from ..core.errors import CacheStateError, CapacityError, ConfigError, InPlaceError, ModelError, check_choice
 from ..core.labels import CacheSpec
+from ..core.layout import CacheEntry, MemoryReport, check_max_cache_len
 from ..core.records import CacheStep
 from .device import Device, copy_tensor
 from .models import ModelInfo
@@ -61,7 +61,7 @@ class DynamicCache(Cache):
     def tensors(self) -> tuple[DeviceTensor, ...]:
         return tuple(self._presents)
 
-    def twin(self) -> "DynamicCache":
+    def twin(self) -> DynamicCache:
         return DynamicCache()
 
     def held(self) -> list[tuple[CacheEntry, tuple[DeviceTensor, ...]]]:
@@ -92,8 +92,11 @@ class DynamicCache(Cache):
             want = info.layout.tensor_shape(length)
             bad = [(n, result.new[n].shape, want) for n in names if result.new[n].shape != want]
         else:  # keys and values one step longer, states as they were
-            bad = [(n, result.new[n].shape, e.shape(length)) for n, e in zip(names, info.entries)
-                   if result.new[n].shape != e.shape(length)]
+            bad = [
+                (n, result.new[n].shape, e.shape(length))
+                for n, e in zip(names, info.entries)
+                if result.new[n].shape != e.shape(length)
+            ]
         if bad:
             raise InPlaceError(f"present {bad[0][0]} came back with shape {bad[0][1]}, expected {bad[0][2]}")
         with atomic():
@@ -143,10 +146,12 @@ def _first_pasts(info: ModelInfo) -> list[np.ndarray]:
 
 
 STATE_MODES = ("swap", "in-place")
-WEBGPU_IN_PLACE = ("onnxruntime-webgpu 1.27 rejects a state bound as both input and output of a run ('WebGPU "
-                   "validation failed. [Buffer (unlabeled)] usage (Storage(read-write)|Storage(read-only)) includes "
-                   "writable usage and another usage in the same synchronization scope', measured on "
-                   "CausalConvWithState and LinearAttention)")
+WEBGPU_IN_PLACE = (
+    "onnxruntime-webgpu 1.27 rejects a state bound as both input and output of a run ('WebGPU "
+    "validation failed. [Buffer (unlabeled)] usage (Storage(read-write)|Storage(read-only)) includes "
+    "writable usage and another usage in the same synchronization scope', measured on "
+    "CausalConvWithState and LinearAttention)"
+)
 
 
 class StaticCache(Cache):
@@ -156,9 +161,10 @@ class StaticCache(Cache):
 
     Fixed-size states (conv, recurrent) are allocated once too. ``states="swap"`` (default): two buffers per
     state, one read and the other written, their roles swapped at each commit; a step that fails leaves the state
-    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (CPU EP, and WebGPU on the plugin
-    EP; not 1.27's WebGPU EP): one buffer, read and written by the same run (half the state memory); a step that fails after its run has
-    overwritten the state, which cannot be undone: the cache then refuses to go on until it is reset."""
+    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (CPU EP, and WebGPU
+    on the plugin EP; not 1.27's WebGPU EP): one buffer, read and written by the same run (half the state memory); a
+    step that fails after its run has overwritten the state, which cannot be undone: the cache then refuses to go on
+    until it is reset."""
 
     kind = "static"
 
@@ -199,7 +205,7 @@ class StaticCache(Cache):
     def allocated(self) -> bool:
         return bool(self._buffers or self._state_buffers)
 
-    def twin(self) -> "StaticCache":
+    def twin(self) -> StaticCache:
         return StaticCache(self.max_cache_len, self.check_every, self.states)
 
     def held(self) -> list[tuple[CacheEntry, tuple[DeviceTensor, ...]]]:
@@ -207,8 +213,10 @@ class StaticCache(Cache):
         if self._info is None or not self.allocated:
             return []
         kv = iter(self._buffers)
-        return [(e, (next(kv),) if e.grows or not self._state_buffers else tuple(self._state_buffers[i]))
-                for i, e in enumerate(self._info.entries)]
+        return [
+            (e, (next(kv),) if e.grows or not self._state_buffers else tuple(self._state_buffers[i]))
+            for i, e in enumerate(self._info.entries)
+        ]
 
     @property
     def state_copies(self) -> int:
@@ -222,18 +230,28 @@ class StaticCache(Cache):
         if not info.shares_buffers:
             raise ModelError(f"StaticCache cannot use model {info.name}: {info.sharing_problem}")
         if self.max_cache_len > info.context_length:
-            raise ConfigError(f"max_cache_len={self.max_cache_len} is larger than model {info.name}'s context "
-                              f"length {info.context_length}; use at most {info.context_length}")
-        if self.states == "in-place" and device.name == "webgpu" and info.layout.states and \
-                not device.backend.webgpu_states_in_place:
-            raise ConfigError(f"StaticCache(states='in-place') cannot run model {info.name}'s states on WebGPU: "
-                              f"{WEBGPU_IN_PLACE}; use states='swap' (the default)")
+            raise ConfigError(
+                f"max_cache_len={self.max_cache_len} is larger than model {info.name}'s context "
+                f"length {info.context_length}; use at most {info.context_length}"
+            )
+        if (
+            self.states == "in-place"
+            and device.name == "webgpu"
+            and info.layout.states
+            and not device.backend.webgpu_states_in_place
+        ):
+            raise ConfigError(
+                f"StaticCache(states='in-place') cannot run model {info.name}'s states on WebGPU: "
+                f"{WEBGPU_IN_PLACE}; use states='swap' (the default)"
+            )
         super()._attach(info, device)
 
     def check_capacity(self, needed: int) -> None:
         if needed > self.max_cache_len:
-            raise CapacityError(f"{needed} positions are needed but max_cache_len is {self.max_cache_len}; "
-                                f"use StaticCache(max_cache_len>={needed}) or shorten the prompt or max_new_tokens")
+            raise CapacityError(
+                f"{needed} positions are needed but max_cache_len is {self.max_cache_len}; "
+                f"use StaticCache(max_cache_len>={needed}) or shorten the prompt or max_new_tokens"
+            )
 
     def _allocate(self) -> None:
         """All or nothing: on any failure every buffer made so far is released and the cache stays unallocated."""
@@ -247,8 +265,9 @@ class StaticCache(Cache):
         else:  # growing entries at max_cache_len, then each state's buffer(s)
             states = [i for i, e in enumerate(layout.entries) if not e.grows]
             specs = [(e.shape(self.max_cache_len), e.dtype) for e in layout.entries if e.grows]
-            specs += [(layout.entries[i].dims, layout.entries[i].dtype) for i in states for _ in
-                      range(self.state_copies)]
+            specs += [
+                (layout.entries[i].dims, layout.entries[i].dtype) for i in states for _ in range(self.state_copies)
+            ]
         made = zeros_all(self._device, specs)
         if layout.uniform:
             self._buffers = made
@@ -257,11 +276,12 @@ class StaticCache(Cache):
             kv = sum(1 for e in layout.entries if e.grows)
             self._buffers = made[:kv]
             copies = self.state_copies
-            self._state_buffers = {i: made[kv + k * copies: kv + (k + 1) * copies] for k, i in enumerate(states)}
+            self._state_buffers = {i: made[kv + k * copies : kv + (k + 1) * copies] for k, i in enumerate(states)}
             self._expected = {}
         self._steady = CacheStep(live_bytes=self.live_bytes)  # what every later step does to memory: nothing
-        self._allocated_this_use = CacheStep(len(made), sum(t.nbytes for t in made), self._count_new(made),
-                                             self.live_bytes)
+        self._allocated_this_use = CacheStep(
+            len(made), sum(t.nbytes for t in made), self._count_new(made), self.live_bytes
+        )
 
     def binding(self, session: Session, n_new: int) -> Binding:
         self._check_alive()
@@ -286,8 +306,9 @@ class StaticCache(Cache):
         if self._lost:
             raise CacheStateError(self._lost)
         if self._unsettled:  # in-place: the last binding ran (or may have) without a commit
-            self._lost = self._lost_because("a step failed after binding its states in place (its run may have "
-                                            "overwritten them)")
+            self._lost = self._lost_because(
+                "a step failed after binding its states in place (its run may have overwritten them)"
+            )
             raise CacheStateError(self._lost)
         key = (id(session), self.seq_length == 0, self._current)
         b = self._bindings.get(key)
@@ -319,9 +340,11 @@ class StaticCache(Cache):
         return b, expected
 
     def _lost_because(self, why: str) -> str:
-        return (f"this static cache's states were updated in place and no longer match its {self.seq_length} "
-                f"tokens: {why}; that cannot be undone. Reset the cache (generate() does) or use "
-                "StaticCache(states='swap'), whose failed steps leave the states as they were")
+        return (
+            f"this static cache's states were updated in place and no longer match its {self.seq_length} "
+            f"tokens: {why}; that cannot be undone. Reset the cache (generate() does) or use "
+            "StaticCache(states='swap'), whose failed steps leave the states as they were"
+        )
 
     def commit(self, result: RunResult, n_new: int) -> CacheStep:
         """Checks that the runtime returned every present in the buffer bound for it (ONNX Runtime writes a
@@ -331,9 +354,11 @@ class StaticCache(Cache):
         self._runs += 1
         if returned is not None and not self._expected.items() <= returned.items():  # one C comparison
             name = next(n for n, ptr in self._expected.items() if returned.get(n) != ptr)
-            raise InPlaceError(f"{name} was not written in place: the runtime returned buffer "
-                               f"{returned.get(name) or 0:#x}, the cache bound {self._expected[name]:#x}; the cache "
-                               f"length stays {self.seq_length}")
+            raise InPlaceError(
+                f"{name} was not written in place: the runtime returned buffer "
+                f"{returned.get(name) or 0:#x}, the cache bound {self._expected[name]:#x}; the cache "
+                f"length stays {self.seq_length}"
+            )
         with atomic():
             self.seq_length += n_new
             step, self._allocated_this_use = self._allocated_this_use, None
@@ -360,8 +385,10 @@ class StaticCache(Cache):
         """One whole-tensor copy per buffer: the source is a static cache of the same max_cache_len (its states:
         the buffers holding them now)."""
         if src.max_cache_len != self.max_cache_len:
-            raise ConfigError(f"the source static cache has max_cache_len={src.max_cache_len}, this one "
-                              f"{self.max_cache_len}: whole-buffer copies need equal sizes")
+            raise ConfigError(
+                f"the source static cache has max_cache_len={src.max_cache_len}, this one "
+                f"{self.max_cache_len}: whole-buffer copies need equal sizes"
+            )
         if src._lost:
             raise CacheStateError(src._lost)
         pairs = list(zip(src._buffers, self._buffers))

@@ -55,9 +55,11 @@ def capture_problem(info: Any) -> str:
     if not info.shares_buffers:
         return info.sharing_problem
     if "position_ids" in info.input_names:
-        return (f"it takes position_ids as an input ({info.input_names['position_ids']!r}), which kvlab feeds from "
-                "the host; a builder model derives positions from the mask. Rebuild it with the onnxruntime-genai "
-                "builder and --extra_options enable_webgpu_graph=true")
+        return (
+            f"it takes position_ids as an input ({info.input_names['position_ids']!r}), which kvlab feeds from "
+            "the host; a builder model derives positions from the mask. Rebuild it with the onnxruntime-genai "
+            "builder and --extra_options enable_webgpu_graph=true"
+        )
     graph = load_graph(info.onnx_path)
     read_by = uses(graph)
     frontier, seen = [info.input_names.get("attention_mask", "attention_mask")], set()
@@ -66,11 +68,13 @@ def capture_problem(info: Any) -> str:
         seen.add(name)
         for node, _ in read_by.get(name, []):
             if node.op_type == "Shape":
-                return (f"its attention takes the total length from the attention mask's length (Shape node "
-                        f"{node.name!r}), so a fixed [1, max_cache_len] mask would make it attend to max_cache_len "
-                        "positions. Build it for capture: kvlab.load(name, graph_capture=True), or the "
-                        "onnxruntime-genai builder with --extra_options enable_webgpu_graph=true (its total length "
-                        "is the number of ones in the mask)")
+                return (
+                    f"its attention takes the total length from the attention mask's length (Shape node "
+                    f"{node.name!r}), so a fixed [1, max_cache_len] mask would make it attend to max_cache_len "
+                    "positions. Build it for capture: kvlab.load(name, graph_capture=True), or the "
+                    "onnxruntime-genai builder with --extra_options enable_webgpu_graph=true (its total length "
+                    "is the number of ones in the mask)"
+                )
             if node.op_type == "Cast":
                 frontier += [o for o in node.output if o not in seen]
     return ""
@@ -90,13 +94,16 @@ def open_capture_session(device: Any, model: Any) -> Session:
         finally:
             device.forget(model.onnx_path, DIAGNOSIS_OPTIONS)
         ops = sorted({n.split(":", 1)[0] for n in cpu})
-        named = ", ".join(f"{n.split(':', 1)[0]} {n.split(':', 1)[1]!r}" if n.split(":", 1)[1] else n.split(":", 1)[0]
-                          for n in cpu[:6])
+        named = ", ".join(
+            f"{n.split(':', 1)[0]} {n.split(':', 1)[1]!r}" if n.split(":", 1)[1] else n.split(":", 1)[0]
+            for n in cpu[:6]
+        )
         raise DeviceError(
             f"graph capture refused for model {model.name} on {device.label.runtime}: a captured graph must run "
             f"entirely on WebGPU, and ONNX Runtime places {len(cpu)} node(s) on the CPU EP ({named}"
             f"{' ...' if len(cpu) > 6 else ''}; op types {ops}: no WebGPU kernel for them in this package). Remove "
-            "or replace them, or run this model with a plain StaticCache") from exc
+            "or replace them, or run this model with a plain StaticCache"
+        ) from exc
 
 
 def run_options(ort: Any, graph_id: int) -> Any:
@@ -111,7 +118,7 @@ class CaptureBinding(Binding):
     into after each run (the copy waits for the GPU, so it is timed with the run, as an uncaptured run's own copy
     of its logits to the host is)."""
 
-    def __init__(self, session: Session, cache: "CapturedStaticCache"):
+    def __init__(self, session: Session, cache: CapturedStaticCache):
         super().__init__(session)
         info, feeds = cache._info, cache._feeds
         self._ids_name, self._mask_name = info.input_names["input_ids"], info.input_names["attention_mask"]
@@ -155,8 +162,10 @@ class CaptureBinding(Binding):
         if name != self._logits_name or isinstance(target, DeviceTensor):
             raise DeviceError(f"a captured step writes {self._logits_name!r} to the host, not {name!r}")
         if target.shape != self._logits.shape or target.dtype != self._logits.dtype or not target.flags.c_contiguous:
-            raise ConfigError(f"the captured step's logits are {self._logits.shape} {self._logits.dtype}; the host "
-                              f"array bound is {target.shape} {target.dtype}")
+            raise ConfigError(
+                f"the captured step's logits are {self._logits.shape} {self._logits.dtype}; the host "
+                f"array bound is {target.shape} {target.dtype}"
+            )
         if self._host_logits is None or self._host_logits[0] != id(target):
             self._host_logits = (id(target), (target, self._backend.host_value(target)))
 
@@ -211,8 +220,10 @@ class CapturedStaticCache(StaticCache):
     def session(self, device: Any, model: Any) -> Session:
         """The capturing session (checked first: device, then model)."""
         if device.name != "webgpu":
-            raise DeviceError(f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
-                              "device 'webgpu', or a plain StaticCache on the CPU")
+            raise DeviceError(
+                f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
+                "device 'webgpu', or a plain StaticCache on the CPU"
+            )
         problem = capture_problem(model.info)
         if problem:
             raise ModelError(f"model {model.name} cannot be captured: {problem}")
@@ -234,8 +245,14 @@ class CapturedStaticCache(StaticCache):
             return
         info = self._info
         try:
-            made = zeros_all(self._device, [((1, 1), np.int64), ((1, self.max_cache_len), np.int64),
-                                            ((1, 1, info.vocab_size), np.dtype(info.logits_dtype))])
+            made = zeros_all(
+                self._device,
+                [
+                    ((1, 1), np.int64),
+                    ((1, self.max_cache_len), np.int64),
+                    ((1, 1, info.vocab_size), np.dtype(info.logits_dtype)),
+                ],
+            )
         except BaseException:
             with atomic():
                 StaticCache._release_all(self)
@@ -250,8 +267,7 @@ class CapturedStaticCache(StaticCache):
             return b
         self._check_alive()
         if not self._buffers:
-            raise CacheStateError("the captured static cache has no buffers: use it through generate() / "
-                                  "cache.use()")
+            raise CacheStateError("the captured static cache has no buffers: use it through generate() / cache.use()")
         self.check_capacity(self.seq_length + n_new)
         if self._capture is None or self._capture.session is not session:
             if self._capture is not None:  # another session (the device was reopened): the old graph goes
@@ -275,4 +291,3 @@ class CapturedStaticCache(StaticCache):
         release_all(list(self._feeds.values()))
         self._feeds = {}
         super()._release_all()
-

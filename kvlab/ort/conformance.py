@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.labels import DeviceLabel
 from ..core.errors import check_choice
+from ..core.labels import DeviceLabel
 from .caches import DynamicCache
 from .device import open_device
 from .models import Model, load
@@ -45,15 +45,25 @@ class Conformance:
     def frame(self):
         import pandas as pd
 
-        return pd.DataFrame({"position": np.arange(self.max_abs_diff.size), "max_abs_diff": self.max_abs_diff,
-                             "argmax_equal": self.argmax_equal})
+        return pd.DataFrame(
+            {
+                "position": np.arange(self.max_abs_diff.size),
+                "max_abs_diff": self.max_abs_diff,
+                "argmax_equal": self.argmax_equal,
+            }
+        )
 
     def summary(self) -> str:
-        where = ("all positions agree" if self.agrees else
-                 f"first divergence at position {self.first_divergence}; "
-                 f"{int((~self.argmax_equal).sum())} of {self.argmax_equal.size} positions pick another argmax")
-        return (f"{self.model} {self.mode}: {self.device} vs {self.reference}: max |diff| "
-                f"{float(self.max_abs_diff.max()):.3g} (atol {self.atol:g}); {where}")
+        where = (
+            "all positions agree"
+            if self.agrees
+            else f"first divergence at position {self.first_divergence}; "
+            f"{int((~self.argmax_equal).sum())} of {self.argmax_equal.size} positions pick another argmax"
+        )
+        return (
+            f"{self.model} {self.mode}: {self.device} vs {self.reference}: max |diff| "
+            f"{float(self.max_abs_diff.max()):.3g} (atol {self.atol:g}); {where}"
+        )
 
 
 def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -> np.ndarray:
@@ -62,7 +72,7 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
     with DynamicCache() as cache, Stepper(model, cache, open_device(device), len(ids)) as stepper:
         if mode == "prefill":
             return stepper.step(ids, logits_out="all")[0]
-        return np.stack([stepper.step(ids[i:i + 1], logits_out="all")[0][0] for i in range(len(ids))])
+        return np.stack([stepper.step(ids[i : i + 1], logits_out="all")[0][0] for i in range(len(ids))])
 
 
 # how far two devices' logits may differ and still count as the same, by the dtype they compute in. Measured on
@@ -72,8 +82,15 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
 ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 
-def check(model: Model | str, prompt, *, device: str = "webgpu", reference: str = "cpu", mode: str = "prefill",
-          atol: float | None = None) -> Conformance:
+def check(
+    model: Model | str,
+    prompt,
+    *,
+    device: str = "webgpu",
+    reference: str = "cpu",
+    mode: str = "prefill",
+    atol: float | None = None,
+) -> Conformance:
     """Compare ``device`` against ``reference`` on the same tokens, position by position (``atol``: by default
     the one for the dtype the model's logits are in, ``ATOL``)."""
     model = load(model)
@@ -81,5 +98,12 @@ def check(model: Model | str, prompt, *, device: str = "webgpu", reference: str 
     ids = model.encode(prompt)
     got = logits_per_position(model, ids, device, mode).astype(np.float32)
     ref = logits_per_position(model, ids, reference, mode).astype(np.float32)
-    return Conformance(model.name, open_device(device).label, open_device(reference).label, mode, atol,
-                       np.abs(got - ref).max(axis=1), got.argmax(axis=1) == ref.argmax(axis=1))
+    return Conformance(
+        model.name,
+        open_device(device).label,
+        open_device(reference).label,
+        mode,
+        atol,
+        np.abs(got - ref).max(axis=1),
+        got.argmax(axis=1) == ref.argmax(axis=1),
+    )

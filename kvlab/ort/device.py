@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-
 import json
 import os
 import platform
@@ -26,10 +25,10 @@ import numpy as np
 
 from ..core.errors import ConfigError, DeviceError, check_choice, check_flag
 from ..core.labels import Adapter, DeviceLabel, cpu_adapter
+from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
-from . import plugin
 from .graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from .session import Session, drop_every_binding, drop_every_session
 from .tensors import DeviceTensor, release_everything
@@ -55,8 +54,7 @@ class Device:
         return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode)
 
     # -- sessions and tensors
-    def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None
-                ) -> Session:
+    def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None) -> Session:
         """The (cached) session of an .onnx file on this device; ``options``: EP options of this session alone
         (e.g. ``{"enableGraphCapture": "1"}``), cached apart from the plain session."""
         self._check_open()
@@ -77,11 +75,14 @@ class Device:
 
         model = onnx.load(str(onnx_file))  # with its weights: the rewritten model is opened from memory
         if model.ByteSize() >= 2**31:
-            raise DeviceError(f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
-                              "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB")
+            raise DeviceError(
+                f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
+                "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB"
+            )
         names = cast_bool_gathers(model)
-        return model.SerializeToString(), [f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes "
-                                           "on bool Gather)" for n in names]
+        return model.SerializeToString(), [
+            f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)" for n in names
+        ]
 
     def _check_f16(self, onnx_file: Path, label: str) -> None:
         """Refuse a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before any kernel
@@ -91,9 +92,11 @@ class Device:
             return
         graph = load_graph(onnx_file)
         if any(elem_type(v) == FLOAT16 for v in [*graph.graph.input, *graph.graph.output]):
-            raise DeviceError(f"{label} computes in float16, but the WebGPU adapter {self.adapter} has no shader-f16 "
-                              "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
-                              "'cpu', on a GPU adapter, or use precision fp32")
+            raise DeviceError(
+                f"{label} computes in float16, but the WebGPU adapter {self.adapter} has no shader-f16 "
+                "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
+                "'cpu', on a GPU adapter, or use precision fp32"
+            )
 
     @property
     def sessions(self) -> tuple[str, ...]:
@@ -117,10 +120,12 @@ class Device:
             raise ConfigError(f"tensor shape {shape} has a negative dimension")
         return self.backend.zeros(shape, np.dtype(dtype), self)
 
-    def check_copy_from(self, src: "Device") -> None:
+    def check_copy_from(self, src: Device) -> None:
         if (src.name, self.name) not in self.backend.copy_paths:
-            raise DeviceError(f"{self.backend.name} cannot copy tensors from {src.name} to {self.name}; supported: "
-                              f"{sorted(self.backend.copy_paths)}")
+            raise DeviceError(
+                f"{self.backend.name} cannot copy tensors from {src.name} to {self.name}; supported: "
+                f"{sorted(self.backend.copy_paths)}"
+            )
 
     def _track(self, tensor: DeviceTensor, sign: int) -> None:
         with self._lock:
@@ -152,9 +157,11 @@ class Device:
 
     @staticmethod
     def adapter_hint() -> str:
-        return ("No WebGPU adapter: on Debian/Ubuntu run `bash scripts/setup.sh` (installs libvulkan1 and "
-                "chromium-common, whose SwiftShader driver kvlab uses when there is no GPU), or install your GPU's "
-                "Vulkan driver. `kvlab doctor` shows what was found.")
+        return (
+            "No WebGPU adapter: on Debian/Ubuntu run `bash scripts/setup.sh` (installs libvulkan1 and "
+            "chromium-common, whose SwiftShader driver kvlab uses when there is no GPU), or install your GPU's "
+            "Vulkan driver. `kvlab doctor` shows what was found."
+        )
 
     def _check_open(self) -> None:
         if self.closed:
@@ -166,8 +173,10 @@ class Device:
         if self.closed:
             return
         if self._live:
-            raise DeviceError(f"{len(self._live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
-                              f"{self.name}; dispose the caches that hold them before closing the device")
+            raise DeviceError(
+                f"{len(self._live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
+                f"{self.name}; dispose the caches that hold them before closing the device"
+            )
         if "profile" in self.ep_options:
             self.profiles = {key: s.ort.end_profiling() for key, s in self._sessions.items()}
         self._sessions.clear()
@@ -208,8 +217,9 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
     return options
 
 
-def cpu_options(threads: int | None = None, spinning: bool | None = None,
-                huge_pages: bool | None = None) -> dict[str, str]:
+def cpu_options(
+    threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
+) -> dict[str, str]:
     """CPU EP options (ORT's defaults otherwise: one thread per physical core, spinning on; kvlab's: huge pages
     on)."""
     options = {}
@@ -224,10 +234,16 @@ def cpu_options(threads: int | None = None, spinning: bool | None = None,
     return options
 
 
-def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = None,
-                validation_mode: str | None = None, threads: int | None = None,
-                spinning: bool | None = None, huge_pages: bool | None = None,
-                profile: str | os.PathLike | None = None) -> Device:
+def open_device(
+    name: str | Device = "cpu",
+    *,
+    buffer_cache_mode: str | None = None,
+    validation_mode: str | None = None,
+    threads: int | None = None,
+    spinning: bool | None = None,
+    huge_pages: bool | None = None,
+    profile: str | os.PathLike | None = None,
+) -> Device:
     """The process's device of that name, opened on first use. Asking for options that differ from the open
     device's is an error (for WebGPU the context would silently keep its own); close the device first.
 
@@ -243,23 +259,30 @@ def open_device(name: str | Device = "cpu", *, buffer_cache_mode: str | None = N
         raise ConfigError("buffer_cache_mode and validation_mode apply to device 'webgpu' only, not 'cpu'")
     if name != "cpu" and (threads is not None or spinning is not None or huge_pages is not None):
         raise ConfigError("threads, spinning and huge_pages apply to device 'cpu' only, not 'webgpu'")
-    options = (webgpu_options(buffer_cache_mode, validation_mode) if name == "webgpu"
-               else cpu_options(threads, spinning, huge_pages))
+    options = (
+        webgpu_options(buffer_cache_mode, validation_mode)
+        if name == "webgpu"
+        else cpu_options(threads, spinning, huge_pages)
+    )
     if profile is not None:
         options["profile"] = str(profile)
     dev = _OPEN.get(name)
     if dev is not None:
         differing = {k: v for k, v in options.items() if dev.ep_options.get(k, v) != v or k not in dev.ep_options}
         if differing:
-            raise DeviceError(f"the {name} device is already open with {dev.ep_options or 'default options'}; "
-                              f"{differing} would not take effect on its sessions. Dispose your caches and call "
-                              f"kvlab.close_device({name!r}) first (or use a new process).")
+            raise DeviceError(
+                f"the {name} device is already open with {dev.ep_options or 'default options'}; "
+                f"{differing} would not take effect on its sessions. Dispose your caches and call "
+                f"kvlab.close_device({name!r}) first (or use a new process)."
+            )
         return dev
     if name == "webgpu":
         adapter = find_webgpu_adapter()
         if adapter is None:
-            raise DeviceError("device 'webgpu' has no adapter: the Vulkan loader found no GPU driver and no "
-                              "SwiftShader. " + Device.adapter_hint())
+            raise DeviceError(
+                "device 'webgpu' has no adapter: the Vulkan loader found no GPU driver and no "
+                "SwiftShader. " + Device.adapter_hint()
+            )
     else:
         adapter = cpu_adapter()
     dev = Device(name, backend(), adapter, options)
@@ -304,13 +327,19 @@ def close_device(name: str) -> None:
 def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
     """Copy a whole tensor into another of the same shape and dtype (host<->device or device<->device)."""
     if src.shape != dst.shape or src.dtype != dst.dtype:
-        raise ConfigError(f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}: shapes and dtypes "
-                          "must match")
+        raise ConfigError(
+            f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}: shapes and dtypes must match"
+        )
     dst.device.check_copy_from(src.device)
     dst.device.backend.copy(src.ortvalue(), dst.ortvalue())
 
 
 def describe() -> dict[str, Any]:
     """Machine-readable environment summary (used in benchmark results and doctor)."""
-    return {"backend": backend().name, "versions": versions(), "platform": platform.platform(),
-            "cpu": cpu_adapter().name, "vulkan": json.dumps([asdict(d) for d in vulkan_adapters()])}
+    return {
+        "backend": backend().name,
+        "versions": versions(),
+        "platform": platform.platform(),
+        "cpu": cpu_adapter().name,
+        "vulkan": json.dumps([asdict(d) for d in vulkan_adapters()]),
+    }

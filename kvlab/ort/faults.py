@@ -18,8 +18,9 @@ block and raises at its ``at_call``-th call; everything else stays the real runt
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..core.errors import check_choice
 from .builtin import HELPER_LABEL
@@ -36,9 +37,15 @@ class Injected(RuntimeError):
 
 
 def _targets(point: str) -> list[tuple[type, str]]:
-    return {"run": [(Binding, "run")], "after-run": [(Binding, "run")], "in-place": [(Binding, "run")],
-            "allocate": [(Device, "zeros")], "wrap": [(DeviceTensor, "__init__")], "copy": [(type(backend()), "copy")],
-            "commit": [(DynamicCache, "commit"), (StaticCache, "commit")]}[point]
+    return {
+        "run": [(Binding, "run")],
+        "after-run": [(Binding, "run")],
+        "in-place": [(Binding, "run")],
+        "allocate": [(Device, "zeros")],
+        "wrap": [(DeviceTensor, "__init__")],
+        "copy": [(type(backend()), "copy")],
+        "commit": [(DynamicCache, "commit"), (StaticCache, "commit")],
+    }[point]
 
 
 @contextmanager
@@ -76,6 +83,7 @@ def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> I
             if due():
                 raise exc
             return real(self, *args, **kwargs)
+
         return wrapper
 
     for cls, name, _ in saved:

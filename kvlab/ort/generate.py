@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from ..core.cache import Cache
 from ..core.errors import ConfigError, check_flag
-from ..core.generation import (Generation, Sampling, attach_partial, check_new_tokens, check_sampling,
-                               positions_needed, stop_reason)
+from ..core.generation import (
+    Generation,
+    Sampling,
+    attach_partial,
+    check_new_tokens,
+    check_sampling,
+    positions_needed,
+    stop_reason,
+)
 from ..core.labels import RunLabel
 from ..core.records import StepHook, StepRecord, hook_list
 from .caches import DynamicCache
@@ -19,11 +27,21 @@ from .models import Model, load
 from .stepper import Stepper
 
 
-def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, device: Device | str = "cpu",
-             max_new_tokens: int = 32, chat: bool = False, sampling: Sampling | None = None,
-             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
-             prefill_device: Device | str | None = None, prefill_model: Model | str | None = None,
-             token_on_device: bool = False) -> Generation:
+def generate(
+    model: Model | str,
+    prompt: Any,
+    *,
+    cache: Cache | None = None,
+    device: Device | str = "cpu",
+    max_new_tokens: int = 32,
+    chat: bool = False,
+    sampling: Sampling | None = None,
+    stop_on_eos: bool = True,
+    on_step: StepHook | Iterable[StepHook] | None = None,
+    prefill_device: Device | str | None = None,
+    prefill_model: Model | str | None = None,
+    token_on_device: bool = False,
+) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
     The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
@@ -44,8 +62,10 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     dev = open_device(device)
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
     if check_flag("token_on_device", token_on_device) and sampling is not None and sampling.do_sample:
-        raise ConfigError("token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
-                          "the logits on the host: use token_on_device=False")
+        raise ConfigError(
+            "token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
+            "the logits on the host: use token_on_device=False"
+        )
     user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
@@ -66,14 +86,18 @@ def generate(model: Model | str, prompt: Any, *, cache: Cache | None = None, dev
     eos = model.info.eos_token_ids
 
     def result(stop: str) -> Generation:
-        label = RunLabel(model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None,
-                         token_on_device)
+        label = RunLabel(
+            model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None, token_on_device
+        )
         return Generation(label, ids.tolist(), list(tokens), model.decode(tokens), stop, list(records))
 
     try:
-        with cache if own_cache else nullcontext(), \
-                Stepper(model, cache, dev, positions_needed(len(ids), new_tokens), hooks,
-                        token_on_device=token_on_device) as stepper:
+        with (
+            cache if own_cache else nullcontext(),
+            Stepper(
+                model, cache, dev, positions_needed(len(ids), new_tokens), hooks, token_on_device=token_on_device
+            ) as stepper,
+        ):
             feed = ids
             if pre is not None:
                 with pre.cache, pre:

@@ -55,5 +55,9 @@ class GpuMemory:
             self.bytes.append(value)
 
     def describe(self) -> dict[str, Any]:
-        return {"available": self.available, "device": self.device, "driver": self.driver,
-                "source": "NVML per-process used GPU memory (driver accounting)"}
+        return {
+            "available": self.available,
+            "device": self.device,
+            "driver": self.driver,
+            "source": "NVML per-process used GPU memory (driver accounting)",
+        }

@@ -62,8 +62,11 @@ def bool_gathers(model: Any) -> list[int]:
     typed = shape_inference.infer_shapes(model)
     types = {v.name: elem_type(v) for v in [*typed.graph.value_info, *typed.graph.input]}
     types.update({t.name: t.data_type for t in model.graph.initializer})
-    return [i for i, n in enumerate(model.graph.node)
-            if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.BOOL]
+    return [
+        i
+        for i, n in enumerate(model.graph.node)
+        if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.BOOL
+    ]
 
 
 def cast_bool_gathers(model: Any) -> list[str]:
@@ -80,14 +83,21 @@ def cast_bool_gathers(model: Any) -> list[str]:
             nodes.append(node)
             continue
         data, out = node.input[0], node.output[0]
-        nodes.append(helper.make_node("Cast", [data], [f"{data}/kvlab_int32"], to=TensorProto.INT32,
-                                      name=f"{node.name}/kvlab_to_int32"))
-        gather = helper.make_node("Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"],
-                                  name=node.name)
+        nodes.append(
+            helper.make_node(
+                "Cast", [data], [f"{data}/kvlab_int32"], to=TensorProto.INT32, name=f"{node.name}/kvlab_to_int32"
+            )
+        )
+        gather = helper.make_node(
+            "Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"], name=node.name
+        )
         gather.attribute.extend(node.attribute)
         nodes.append(gather)
-        nodes.append(helper.make_node("Cast", [f"{out}/kvlab_int32"], [out], to=TensorProto.BOOL,
-                                      name=f"{node.name}/kvlab_to_bool"))
+        nodes.append(
+            helper.make_node(
+                "Cast", [f"{out}/kvlab_int32"], [out], to=TensorProto.BOOL, name=f"{node.name}/kvlab_to_bool"
+            )
+        )
         names.append(node.name)
     del model.graph.node[:]
     model.graph.node.extend(nodes)

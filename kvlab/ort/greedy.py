@@ -42,13 +42,26 @@ def greedy_graph(model: Any) -> Path:
     m = onnx.load(str(src), load_external_data=False)  # weights stay where they are, referenced by relative path
     g = m.graph
     g.initializer.append(helper.make_tensor("kvlab_last_position", TensorProto.INT64, [], [-1]))
-    g.node.extend([
-        helper.make_node("Gather", [model.info.logits_name, "kvlab_last_position"], ["kvlab_last_logits"], axis=1,
-                         name="kvlab/last_logits"),  # [1, vocab]
-        helper.make_node("Cast", ["kvlab_last_logits"], ["kvlab_last_logits_f32"], to=TensorProto.FLOAT,
-                         name="kvlab/last_logits_f32"),
-        helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax"),
-        helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host")])
+    g.node.extend(
+        [
+            helper.make_node(
+                "Gather",
+                [model.info.logits_name, "kvlab_last_position"],
+                ["kvlab_last_logits"],
+                axis=1,
+                name="kvlab/last_logits",
+            ),  # [1, vocab]
+            helper.make_node(
+                "Cast",
+                ["kvlab_last_logits"],
+                ["kvlab_last_logits_f32"],
+                to=TensorProto.FLOAT,
+                name="kvlab/last_logits_f32",
+            ),
+            helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax"),
+            helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"),
+        ]
+    )
     g.output.extend([helper.make_tensor_value_info(n, TensorProto.INT64, [1, 1]) for n in (NEXT, NEXT_HOST)])
     tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
     try:
@@ -56,9 +69,11 @@ def greedy_graph(model: Any) -> Path:
         os.replace(tmp, dst)  # atomic: a concurrent reader sees the old file or the new one
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise ModelError(f"token_on_device writes model {model.name}'s greedy graph beside its model.onnx, in "
-                         f"{dst.parent}, which failed ({exc.strerror or exc}); copy the model directory somewhere "
-                         "writable and load it from there") from exc
+        raise ModelError(
+            f"token_on_device writes model {model.name}'s greedy graph beside its model.onnx, in "
+            f"{dst.parent}, which failed ({exc.strerror or exc}); copy the model directory somewhere "
+            "writable and load it from there"
+        ) from exc
     return dst
 
 

@@ -47,10 +47,19 @@ class ModelInfo:
         if self.cache_layout is not None:
             return self.cache_layout
         dims = (1, self.num_kv_heads, 0, self.head_dim)
-        return CacheLayout(tuple(LayerSpec(i, FullAttention(), tuple(
-            CacheEntry(i, role, past, present, dims, np.dtype(self.dtype), "GroupQueryAttention")
-            for role, past, present in zip(("key", "value"), p, q)))
-            for i, (p, q) in enumerate(zip(self.past_names, self.present_names))))
+        return CacheLayout(
+            tuple(
+                LayerSpec(
+                    i,
+                    FullAttention(),
+                    tuple(
+                        CacheEntry(i, role, past, present, dims, np.dtype(self.dtype), "GroupQueryAttention")
+                        for role, past, present in zip(("key", "value"), p, q)
+                    ),
+                )
+                for i, (p, q) in enumerate(zip(self.past_names, self.present_names))
+            )
+        )
 
     @property
     def entries(self) -> tuple[CacheEntry, ...]:

@@ -11,15 +11,25 @@ op: kvlab would not know how its size changes from step to step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import ModelError
-from ..core.layout import (GROWING_ROLES, CacheEntry, CacheLayout, ConvState, FullAttention, LayerKind, LayerSpec,
-                           LinearAttention, SlidingWindow)
+from ..core.layout import (
+    GROWING_ROLES,
+    CacheEntry,
+    CacheLayout,
+    ConvState,
+    FullAttention,
+    LayerKind,
+    LayerSpec,
+    LinearAttention,
+    SlidingWindow,
+)
 from .graph import ONNX_DTYPES, elem_type, producers, uses
 
 
@@ -56,8 +66,14 @@ def _readers(read_by: dict, name: str) -> str:
     return ", ".join(f"{n.op_type} node {n.name!r}" for n, _ in found) or "no node"
 
 
-def read_layers(graph: Any, layers: int, declared: dict[str, tuple[int, str, str]], head_dim: int, kv_heads: int,
-                path: Path) -> CacheLayout:
+def _writer(made_by: dict, name: str) -> str:
+    node = made_by.get(name)
+    return f"{node.op_type} node {node.name!r}" if node is not None else "no node"
+
+
+def read_layers(
+    graph: Any, layers: int, declared: dict[str, tuple[int, str, str]], head_dim: int, kv_heads: int, path: Path
+) -> CacheLayout:
     """The ``CacheLayout`` of a graph. ``declared``: past input -> (layer, role, present output), from the config;
     ``head_dim``/``kv_heads`` fill KV dims the graph leaves symbolic."""
     inputs = {i.name: i for i in graph.graph.input}
@@ -73,25 +89,34 @@ def read_layers(graph: Any, layers: int, declared: dict[str, tuple[int, str, str
         if rule is not None and index in rule.pairs:
             out_index, op_role = rule.pairs[index]
             if op_role != role or len(node.output) <= out_index or node.output[out_index] != present:
-                raise ModelError(f"{path}: {past!r} is input {index} of {node.op_type} node {node.name!r}, whose "
-                                 f"output {out_index} is {node.output[out_index] if len(node.output) > out_index else None!r}"
-                                 f" ({op_role}); the config pairs it with {present!r} ({role})")
+                raise ModelError(
+                    f"{path}: {past!r} is input {index} of {node.op_type} node {node.name!r}, whose "
+                    f"output {out_index} is {node.output[out_index] if len(node.output) > out_index else None!r}"
+                    f" ({op_role}); the config pairs it with {present!r} ({role})"
+                )
         elif role in GROWING_ROLES:  # KV written by another op (Concat: past + new): full attention, not shared
             node = made_by.get(present)
         else:
-            raise ModelError(f"{path}: the state input {past!r} / output {present!r} is read by {_readers(read_by, past)}"
-                             f" and written by {made_by[present].op_type + ' node ' + repr(made_by[present].name) if present in made_by else 'no node'}"
-                             f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
-                             "that state changes from step to step")
+            raise ModelError(
+                f"{path}: the state input {past!r} / output {present!r} is read by {_readers(read_by, past)}"
+                f" and written by {_writer(made_by, present)}"
+                f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
+                "that state changes from step to step"
+            )
         per_layer[layer].append((_entry(inputs[past], layer, role, present, node, head_dim, kv_heads, path), node))
     specs = []
     for layer, found in per_layer.items():
         if not found:
-            raise ModelError(f"{path}: layer {layer} (of num_hidden_layers = {layers}) has no cache input in the "
-                             "graph; kvlab knows no layer kind without one (KV shared with another layer cannot be "
-                             "exported by onnxruntime-genai 0.18's builder)")
-        specs.append(LayerSpec(layer, _layer_kind(found), tuple(e for e, _ in sorted(
-            found, key=lambda f: ROLE_ORDER.index(f[0].role)))))
+            raise ModelError(
+                f"{path}: layer {layer} (of num_hidden_layers = {layers}) has no cache input in the "
+                "graph; kvlab knows no layer kind without one (KV shared with another layer cannot be "
+                "exported by onnxruntime-genai 0.18's builder)"
+            )
+        specs.append(
+            LayerSpec(
+                layer, _layer_kind(found), tuple(e for e, _ in sorted(found, key=lambda f: ROLE_ORDER.index(f[0].role)))
+            )
+        )
     return CacheLayout(tuple(specs))
 
 
@@ -106,23 +131,29 @@ def _layer_kind(found: list[tuple[CacheEntry, Any]]) -> LayerKind:
     return FullAttention()  # KV made by Concat or another op: attention over every position
 
 
-def _entry(value_info: Any, layer: int, role: str, present: str, node: Any, head_dim: int, kv_heads: int,
-           path: Path) -> CacheEntry:
+def _entry(
+    value_info: Any, layer: int, role: str, present: str, node: Any, head_dim: int, kv_heads: int, path: Path
+) -> CacheEntry:
     name = value_info.name
     dtype = ONNX_DTYPES.get(elem_type(value_info))
     if not isinstance(dtype, np.dtype):
-        raise ModelError(f"{path}: {name!r} has dtype {dtype or elem_type(value_info)}, which numpy/ONNX Runtime's "
-                         "Python API cannot hold")
+        raise ModelError(
+            f"{path}: {name!r} has dtype {dtype or elem_type(value_info)}, which numpy/ONNX Runtime's "
+            "Python API cannot hold"
+        )
     dims = [d.dim_value if d.HasField("dim_value") else None for d in value_info.type.tensor_type.shape.dim]
     op = node.op_type if node is not None else "?"
     if role in GROWING_ROLES:
         if len(dims) != 4:
-            raise ModelError(f"{path}: KV input {name!r} has rank {len(dims)}; kvlab expects [batch, kv_heads, "
-                             "length, head_dim]")
+            raise ModelError(
+                f"{path}: KV input {name!r} has rank {len(dims)}; kvlab expects [batch, kv_heads, length, head_dim]"
+            )
         shape = (1, dims[1] or kv_heads, 0, dims[3] or head_dim)
     else:
         if not dims or any(d is None for d in dims[1:]):
-            raise ModelError(f"{path}: state input {name!r} ({op}) has shape {dims}; kvlab needs every dimension "
-                             "but the batch to be fixed in the graph")
+            raise ModelError(
+                f"{path}: state input {name!r} ({op}) has shape {dims}; kvlab needs every dimension "
+                "but the batch to be fixed in the graph"
+            )
         shape = (1, *dims[1:])
     return CacheEntry(layer, role, name, present, tuple(int(d) for d in shape), dtype, op)

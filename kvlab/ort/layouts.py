@@ -101,15 +101,21 @@ def declared_genai(path: Path) -> Declared:
     config = _load_json(file)
     model = _get(config, "model", file)
     if "encoder" in model or any(t in str(model.get("type", "")) for t in _WITH_ENCODER):
-        raise ModelError(f"{path}: model type {model.get('type')!r} has an encoder; kvlab supports decoder-only "
-                         "models")
+        raise ModelError(f"{path}: model type {model.get('type')!r} has an encoder; kvlab supports decoder-only models")
     dec = _get(config, "model.decoder", file)
     layers = _int(config, "model.decoder.num_hidden_layers", file)
     ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
-    past = _names(ins.get("past_key_names", "past_key_values.%d.key"),
-                  ins.get("past_value_names", "past_key_values.%d.value"), layers, file)
-    roles = {ins.get("input_ids", "input_ids"): "input_ids", ins.get("attention_mask", "attention_mask"):
-             "attention_mask", **{n: "past" for pair in past for n in pair}}
+    past = _names(
+        ins.get("past_key_names", "past_key_values.%d.key"),
+        ins.get("past_value_names", "past_key_values.%d.value"),
+        layers,
+        file,
+    )
+    roles = {
+        ins.get("input_ids", "input_ids"): "input_ids",
+        ins.get("attention_mask", "attention_mask"): "attention_mask",
+        **{n: "past" for pair in past for n in pair},
+    }
     if "position_ids" in ins:
         roles[ins["position_ids"]] = "position_ids"
     states = {}
@@ -119,13 +125,27 @@ def declared_genai(path: Path) -> Declared:
             _names(*fmt, 1, file)
             states[role] = fmt
     return Declared(
-        "genai_config.json", str(dec.get("filename", "model.onnx")), str(model.get("type", "?")), layers,
+        "genai_config.json",
+        str(dec.get("filename", "model.onnx")),
+        str(model.get("type", "?")),
+        layers,
         _int(config, "model.decoder.num_attention_heads", file, 0),
-        _int(config, "model.decoder.num_key_value_heads", file), _int(config, "model.decoder.head_size", file),
-        _int(config, "model.vocab_size", file), _int(config, "model.context_length", file),
-        _eos(model.get("eos_token_id"), file), roles, past,
-        _names(outs.get("present_key_names", "present.%d.key"), outs.get("present_value_names", "present.%d.value"),
-               layers, file), outs.get("logits", "logits"), states)
+        _int(config, "model.decoder.num_key_value_heads", file),
+        _int(config, "model.decoder.head_size", file),
+        _int(config, "model.vocab_size", file),
+        _int(config, "model.context_length", file),
+        _eos(model.get("eos_token_id"), file),
+        roles,
+        past,
+        _names(
+            outs.get("present_key_names", "present.%d.key"),
+            outs.get("present_value_names", "present.%d.value"),
+            layers,
+            file,
+        ),
+        outs.get("logits", "logits"),
+        states,
+    )
 
 
 def declared_hf(path: Path) -> Declared:
@@ -138,18 +158,38 @@ def declared_hf(path: Path) -> Declared:
         raise ModelError(f"{path} has a config.json but no model.onnx or onnx/model.onnx (found {found or 'none'})")
     text = config.get("text_config", config)  # multimodal configs keep the decoder's numbers there
     if config.get("is_encoder_decoder"):
-        raise ModelError(f"{path}: {config.get('model_type')!r} is an encoder-decoder; kvlab supports decoder-only "
-                         "models")
+        raise ModelError(
+            f"{path}: {config.get('model_type')!r} is an encoder-decoder; kvlab supports decoder-only models"
+        )
     layers, heads = _int(text, "num_hidden_layers", file), _int(text, "num_attention_heads", file)
-    head_dim = _int(text, "head_dim", file, None) if text.get("head_dim") is not None else \
-        _int(text, "hidden_size", file) // max(heads, 1)
+    head_dim = (
+        _int(text, "head_dim", file, None)
+        if text.get("head_dim") is not None
+        else _int(text, "hidden_size", file) // max(heads, 1)
+    )
     past = _names("past_key_values.%d.key", "past_key_values.%d.value", layers, file)
-    roles = {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-             **{n: "past" for pair in past for n in pair}}
-    return Declared("config.json", decoder, str(config.get("model_type", "?")), layers, heads,
-                    _int(text, "num_key_value_heads", file, heads), head_dim, _int(text, "vocab_size", file),
-                    _int(text, "max_position_embeddings", file), _eos(text.get("eos_token_id"), file), roles, past,
-                    _names("present.%d.key", "present.%d.value", layers, file), "logits")
+    roles = {
+        "input_ids": "input_ids",
+        "attention_mask": "attention_mask",
+        "position_ids": "position_ids",
+        **{n: "past" for pair in past for n in pair},
+    }
+    return Declared(
+        "config.json",
+        decoder,
+        str(config.get("model_type", "?")),
+        layers,
+        heads,
+        _int(text, "num_key_value_heads", file, heads),
+        head_dim,
+        _int(text, "vocab_size", file),
+        _int(text, "max_position_embeddings", file),
+        _eos(text.get("eos_token_id"), file),
+        roles,
+        past,
+        _names("present.%d.key", "present.%d.value", layers, file),
+        "logits",
+    )
 
 
 def read_info(path: Path, name: str | None = None) -> ModelInfo:
@@ -159,9 +199,11 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
     elif (path / "config.json").is_file():
         d = declared_hf(path)
     else:
-        raise ModelError(f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
-                         f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
-                         "model.onnx)")
+        raise ModelError(
+            f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
+            f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
+            "model.onnx)"
+        )
     onnx_file = path / d.decoder_file
     if not onnx_file.is_file():
         raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
@@ -173,18 +215,22 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
         d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
         d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
-    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in
-                zip(p, q, ("key", "value"))}
+    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in zip(p, q, ("key", "value"))}
     for role, (fmt_in, fmt_out) in d.states.items():
         declared.update({fmt_in % i: (i, role, fmt_out % i) for i in range(d.layers) if fmt_in % i in inputs})
     extra = [n for n in inputs if n not in d.roles and n not in declared]
     if extra:
         read_by = uses(graph)
-        found = "; ".join(f"{n!r} is read by " + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in
-                                                            read_by.get(n, [])) or "no node") for n in extra[:4])
-        raise ModelError(f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
-                         "attention_mask, position_ids and the cache inputs its config names, read by "
-                         f"{known_ops()}")
+        found = "; ".join(
+            f"{n!r} is read by "
+            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
+            for n in extra[:4]
+        )
+        raise ModelError(
+            f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
+            "attention_mask, position_ids and the cache inputs its config names, read by "
+            f"{known_ops()}"
+        )
     missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
     if missing:
         raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
@@ -198,25 +244,46 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
     problem = ""
     if not_gqa:
         first = next(iter(not_gqa.items()))
-        problem = (f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
-                   f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
-                   f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA")
+        problem = (
+            f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
+            f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
+            f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
+        )
     first = next(iter(declared), None)
-    dtypes = [ONNX_DTYPES.get(t, f"onnx type {t}") for t in
-              (elem_type(inputs[d.past[0][0]] if d.past else inputs[first]) if first else 1,
-               elem_type(outputs[d.logits]))]
+    dtypes = [
+        ONNX_DTYPES.get(t, f"onnx type {t}")
+        for t in (
+            elem_type(inputs[d.past[0][0]] if d.past else inputs[first]) if first else 1,
+            elem_type(outputs[d.logits]),
+        )
+    ]
     for what, dt in zip(("KV cache", "logits"), dtypes):
         if isinstance(dt, str):
             raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
     roles = {role: n for n, role in d.roles.items() if role != "past" and n in inputs}
     return ModelInfo(
-        name=name or path.name, path=path, decoder_file=d.decoder_file, model_type=d.model_type,
-        num_layers=d.layers, num_heads=d.heads, num_kv_heads=d.kv_heads, head_dim=d.head_dim, vocab_size=d.vocab,
-        context_length=d.context, dtype=np.dtype(dtypes[0]), logits_dtype=np.dtype(dtypes[1]),
-        weights=weight_format(graph), eos_token_ids=d.eos, input_names=roles, past_names=d.past,
-        present_names=d.present, logits_name=d.logits, shares_buffers=not not_gqa, sharing_problem=problem,
-        cache_layout=cache)
-
+        name=name or path.name,
+        path=path,
+        decoder_file=d.decoder_file,
+        model_type=d.model_type,
+        num_layers=d.layers,
+        num_heads=d.heads,
+        num_kv_heads=d.kv_heads,
+        head_dim=d.head_dim,
+        vocab_size=d.vocab,
+        context_length=d.context,
+        dtype=np.dtype(dtypes[0]),
+        logits_dtype=np.dtype(dtypes[1]),
+        weights=weight_format(graph),
+        eos_token_ids=d.eos,
+        input_names=roles,
+        past_names=d.past,
+        present_names=d.present,
+        logits_name=d.logits,
+        shares_buffers=not not_gqa,
+        sharing_problem=problem,
+        cache_layout=cache,
+    )
 
 
 def _projection_width(graph: Any, inits: dict, name: str) -> int | None:
@@ -225,8 +292,10 @@ def _projection_width(graph: Any, inits: dict, name: str) -> int | None:
     producer = {o: n for n in graph.graph.node for o in n.output}
     node = producer.get(name)
     if node is not None and node.op_type == "Add":
-        node = next((producer[i] for i in node.input if i in producer
-                     and producer[i].op_type in ("MatMul", "MatMulNBits")), None)
+        node = next(
+            (producer[i] for i in node.input if i in producer and producer[i].op_type in ("MatMul", "MatMulNBits")),
+            None,
+        )
     if node is None:
         return None
     if node.op_type == "MatMulNBits":
@@ -244,10 +313,13 @@ def _dim(value_info: Any, axis: int) -> int | None:
 
 def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Path) -> None:
     """Every declared number the graph also holds must agree with it."""
+
     def agree(what: str, declared: int, actual: int | None, where: str) -> None:
         if actual is not None and declared != actual:
-            raise ModelError(f"{path}: {d.config_file} says {what} = {declared}, but {where} in {d.decoder_file} "
-                             f"says {actual}; the config and the graph disagree")
+            raise ModelError(
+                f"{path}: {d.config_file} says {what} = {declared}, but {where} in {d.decoder_file} "
+                f"says {actual}; the config and the graph disagree"
+            )
 
     for key, _ in d.past:
         agree("num_key_value_heads", d.kv_heads, _dim(inputs[key], 1), f"input {key!r}")
@@ -256,8 +328,12 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
     inits = {t.name: t for t in graph.graph.initializer}
     gqa = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
     if gqa:
-        agree("num_hidden_layers (attention layers)" if not d.states else "the attention layers (KV inputs)",
-              d.layers if not d.states else len(d.past), len(gqa), "the count of GroupQueryAttention nodes")
+        agree(
+            "num_hidden_layers (attention layers)" if not d.states else "the attention layers (KV inputs)",
+            d.layers if not d.states else len(d.past),
+            len(gqa),
+            "the count of GroupQueryAttention nodes",
+        )
     for node in gqa[:1]:
         attrs = {a.name: a.i for a in node.attribute}
         agree("num_key_value_heads", d.kv_heads, attrs.get("kv_num_heads"), f"{node.name!r} kv_num_heads")
@@ -267,10 +343,16 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
         packed = len(node.input) > 2 and not node.input[1] and not node.input[2]  # one q|k|v projection
         per_token = d.heads + 2 * d.kv_heads if packed else d.heads
         if d.heads and width and width % per_token == 0:
-            agree("head_size", d.head_dim, width // per_token,
-                  f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})")
+            agree(
+                "head_size",
+                d.head_dim,
+                width // per_token,
+                f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})",
+            )
         cos = inits.get(node.input[7]) if len(node.input) > 7 else None
         if cos is not None and cos.dims and d.context > cos.dims[0]:
-            raise ModelError(f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "
-                             f"{node.name!r} holds {cos.dims[0]} positions; a longer sequence would fail inside "
-                             "ONNX Runtime ('cos_cache dimension 0 shall not be less than total_sequence_length')")
+            raise ModelError(
+                f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "
+                f"{node.name!r} holds {cos.dims[0]} positions; a longer sequence would fail inside "
+                "ONNX Runtime ('cos_cache dimension 0 shall not be less than total_sequence_length')"
+            )

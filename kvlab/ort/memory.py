@@ -16,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
 HUGE_PAGE = 2 << 20  # x86-64 / arm64 (4 KiB base pages) PMD size
@@ -79,6 +80,7 @@ def collapsing(enabled: bool = True) -> Iterator[dict[str, Any]]:
 
 def state() -> dict[str, Any]:
     """The kernel's THP mode and the anonymous huge-page MiB this process has mapped now (None where unknown)."""
+
     def read(path: str) -> str:
         try:
             return Path(path).read_text()
@@ -86,8 +88,9 @@ def state() -> dict[str, Any]:
             return ""
 
     mode = read("/sys/kernel/mm/transparent_hugepage/enabled").strip()
-    rollup = [line.split()[1] for line in read("/proc/self/smaps_rollup").splitlines()
-              if line.startswith("AnonHugePages:")]
+    rollup = [
+        line.split()[1] for line in read("/proc/self/smaps_rollup").splitlines() if line.startswith("AnonHugePages:")
+    ]
     return {"thp_mode": mode or None, "anon_huge_mib": int(rollup[0]) / 1024 if rollup else None}
 
 

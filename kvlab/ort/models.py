@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +42,10 @@ class Model:
         try:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # the tokenizers library raises a bare Exception for every parse failure
-            raise ModelError(f"{tok_file} could not be read by the tokenizers library ({exc}); it must be a "
-                             "Hugging Face tokenizer.json (re-export or copy it from the model's source)") from exc
+            raise ModelError(
+                f"{tok_file} could not be read by the tokenizers library ({exc}); it must be a "
+                "Hugging Face tokenizer.json (re-export or copy it from the model's source)"
+            ) from exc
 
     @property
     def name(self) -> str:
@@ -66,11 +69,14 @@ class Model:
         except (ValueError, AttributeError) as exc:
             raise ModelError(f"{cfg} is not a JSON object ({exc}); its chat_template cannot be read") from exc
         if isinstance(template, list):  # named templates: [{"name": "default", "template": "..."}, ...]
-            template = next((t.get("template") for t in template if isinstance(t, dict)
-                             and t.get("name") == "default"), None)
+            template = next(
+                (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None
+            )
         if template is not None and not isinstance(template, str):
-            raise ModelError(f"{cfg}: chat_template is {type(template).__name__} {template!r:.40}; it must be a "
-                             "Jinja template string (or a list of named templates with a 'default')")
+            raise ModelError(
+                f"{cfg}: chat_template is {type(template).__name__} {template!r:.40}; it must be a "
+                "Jinja template string (or a list of named templates with a 'default')"
+            )
         return template
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -90,20 +96,28 @@ class Model:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(messages=list(messages),
-                                                              add_generation_prompt=add_generation_prompt)
+            return env.from_string(self.chat_template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt
+            )
         except TemplateSyntaxError as exc:
-            raise ModelError(f"the chat template of model {self.name} is broken: {exc.message} (template line "
-                             f"{exc.lineno}); fix chat_template.jinja or tokenizer_config.json, or pass plain "
-                             "text without --chat") from exc
+            raise ModelError(
+                f"the chat template of model {self.name} is broken: {exc.message} (template line "
+                f"{exc.lineno}); fix chat_template.jinja or tokenizer_config.json, or pass plain "
+                "text without --chat"
+            ) from exc
         except TemplateError as exc:
-            raise ModelError(f"the chat template of model {self.name} failed while rendering: {exc}; fix the "
-                             "template, or pass plain text without --chat") from exc
+            raise ModelError(
+                f"the chat template of model {self.name} failed while rendering: {exc}; fix the "
+                "template, or pass plain text without --chat"
+            ) from exc
 
-    def encode(self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False) -> np.ndarray:
+    def encode(
+        self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False
+    ) -> np.ndarray:
         """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked)."""
-        if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt
-                                              and not isinstance(prompt[0], dict)):
+        if isinstance(prompt, np.ndarray) or (
+            isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
+        ):
             out = self.check_ids(prompt)
         elif isinstance(prompt, str):
             text = self.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
@@ -111,8 +125,9 @@ class Model:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt) and prompt:
             out = self._tokenize(self.apply_chat_template(prompt), special=False)
         else:
-            raise ConfigError(f"prompt must be text, chat messages or token ids; got {type(prompt).__name__} "
-                              f"{prompt!r:.60}")
+            raise ConfigError(
+                f"prompt must be text, chat messages or token ids; got {type(prompt).__name__} {prompt!r:.60}"
+            )
         if out.size == 0:
             raise ConfigError("the prompt is empty (0 tokens); give at least one token")
         return out
@@ -121,8 +136,9 @@ class Model:
         try:
             return np.asarray(self.tokenizer.encode(text, add_special_tokens=special).ids, np.int64)
         except Exception as exc:  # e.g. a lone surrogate (U+D800): not valid Unicode text
-            raise ConfigError(f"the tokenizer of model {self.name} refused the text {text!r:.40} ({exc}); give "
-                              "valid Unicode text") from exc
+            raise ConfigError(
+                f"the tokenizer of model {self.name} refused the text {text!r:.40} ({exc}); give valid Unicode text"
+            ) from exc
 
     def check_ids(self, ids: Any) -> np.ndarray:
         """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
@@ -138,8 +154,13 @@ class Model:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None, progress: bool = True,
-         graph_capture: bool = False) -> Model:
+def load(
+    name_or_dir: str | os.PathLike | Model,
+    *,
+    precision: str | None = None,
+    progress: bool = True,
+    graph_capture: bool = False,
+) -> Model:
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
     cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
     the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
@@ -147,13 +168,17 @@ def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
     if graph_capture and not (isinstance(name_or_dir, str) and name_or_dir in BUILTIN_NAMES):
-        raise ConfigError(f"graph_capture=True builds a built-in model ({', '.join(BUILTIN_NAMES)}) for capture; "
-                          f"{name_or_dir!r} is not one (build a directory with the onnxruntime-genai builder's "
-                          "--extra_options enable_webgpu_graph=true)")
+        raise ConfigError(
+            f"graph_capture=True builds a built-in model ({', '.join(BUILTIN_NAMES)}) for capture; "
+            f"{name_or_dir!r} is not one (build a directory with the onnxruntime-genai builder's "
+            "--extra_options enable_webgpu_graph=true)"
+        )
     if isinstance(name_or_dir, Model):
         if precision is not None:
-            raise ConfigError(f"precision={precision!r} applies when a model is loaded by name; {name_or_dir.name} "
-                              f"is loaded already ({name_or_dir.info.precision})")
+            raise ConfigError(
+                f"precision={precision!r} applies when a model is loaded by name; {name_or_dir.name} "
+                f"is loaded already ({name_or_dir.info.precision})"
+            )
         return name_or_dir
     if not isinstance(name_or_dir, (str, os.PathLike)):
         raise ConfigError(f"model must be a name ({', '.join(BUILTIN_NAMES)}) or a directory, got {name_or_dir!r}")
@@ -161,12 +186,14 @@ def load(name_or_dir: str | os.PathLike | Model, *, precision: str | None = None
     if key in BUILTIN_NAMES:
         precision = check_precision("fp32" if precision is None else precision)
         name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
-        return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture),
-                               name=name))
+        return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture), name=name))
     if not Path(key).exists():
-        raise ModelError(f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing "
-                         "directory")
+        raise ModelError(
+            f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing directory"
+        )
     if precision is not None:
-        raise ConfigError(f"precision={precision!r} applies to built-in models ({', '.join(BUILTIN_NAMES)}); the "
-                          f"directory {key!r} holds the precision it was built in")
+        raise ConfigError(
+            f"precision={precision!r} applies to built-in models ({', '.join(BUILTIN_NAMES)}); the "
+            f"directory {key!r} holds the precision it was built in"
+        )
     return Model(read_info(key))

@@ -42,9 +42,20 @@ EP_NAME = "WebGpuExecutionProvider"
 MIN_ORT = (1, 31)
 SOFTWARE_ADAPTER_ENV = "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER"
 # options of the WebGPU context (ParseWebGpuContextConfig in the EP library): only the context's creator sets them
-CONTEXT_OPTIONS = ("deviceId", "validationMode", "enableRobustness", "preserveDevice", "maxStorageBufferBindingSize",
-                   "maxNumPendingDispatches", "storageBufferCacheMode", "uniformBufferCacheMode",
-                   "queryResolveBufferCacheMode", "defaultBufferCacheMode", "powerPreference", "dawnBackendType")
+CONTEXT_OPTIONS = (
+    "deviceId",
+    "validationMode",
+    "enableRobustness",
+    "preserveDevice",
+    "maxStorageBufferBindingSize",
+    "maxNumPendingDispatches",
+    "storageBufferCacheMode",
+    "uniformBufferCacheMode",
+    "queryResolveBufferCacheMode",
+    "defaultBufferCacheMode",
+    "powerPreference",
+    "dawnBackendType",
+)
 ANCHOR_LABEL = "kvlab's WebGPU context anchor"  # the one-node session that creates the context with its options
 
 _REGISTER_LOCK = threading.Lock()
@@ -71,8 +82,10 @@ class PluginWebGpu(BuiltinWebGpu):
         super().__init__()
         self.ort_version = self.ort.__version__
         if tuple(int(p) for p in self.ort_version.split(".")[:2]) < MIN_ORT:
-            raise DeviceError(f"onnxruntime-ep-webgpu needs onnxruntime >= {'.'.join(map(str, MIN_ORT))}, but "
-                              f"onnxruntime {self.ort_version} is installed; run `bash scripts/setup.sh --plugin`")
+            raise DeviceError(
+                f"onnxruntime-ep-webgpu needs onnxruntime >= {'.'.join(map(str, MIN_ORT))}, but "
+                f"onnxruntime {self.ort_version} is installed; run `bash scripts/setup.sh --plugin`"
+            )
         self.ep_version = metadata.version("onnxruntime-ep-webgpu")
         self.version = f"{self.ep_version} on onnxruntime {self.ort_version}"
         self._ep_device: Any = None
@@ -101,14 +114,21 @@ class PluginWebGpu(BuiltinWebGpu):
                 try:
                     self.ort.register_execution_provider_library("webgpu", ep.get_library_path())
                 except Exception as exc:  # noqa: BLE001 - ORT raises its own types; keep the message
-                    raise DeviceError(f"could not register the WebGPU plugin EP {ep.get_library_path()}: {exc}") from exc
+                    raise DeviceError(
+                        f"could not register the WebGPU plugin EP {ep.get_library_path()}: {exc}"
+                    ) from exc
                 _REGISTERED.add("onnxruntime")
         found = [d for d in self.ort.get_ep_devices() if d.ep_name == EP_NAME]
         if not found:
-            hint = "" if os.environ.get(SOFTWARE_ADAPTER_ENV) == "1" else (
-                f" (a software adapter such as SwiftShader is listed only with {SOFTWARE_ADAPTER_ENV}=1)")
-            raise DeviceError(f"the WebGPU plugin EP lists no device{hint}; devices: "
-                              f"{[d.ep_name for d in self.ort.get_ep_devices()]}. {device.adapter_hint()}")
+            hint = (
+                ""
+                if os.environ.get(SOFTWARE_ADAPTER_ENV) == "1"
+                else (f" (a software adapter such as SwiftShader is listed only with {SOFTWARE_ADAPTER_ENV}=1)")
+            )
+            raise DeviceError(
+                f"the WebGPU plugin EP lists no device{hint}; devices: "
+                f"{[d.ep_name for d in self.ort.get_ep_devices()]}. {device.adapter_hint()}"
+            )
         self._ep_device = found[0]
         return self._ep_device
 
@@ -129,7 +149,8 @@ class PluginWebGpu(BuiltinWebGpu):
             raise DeviceError(
                 f"the WebGPU plugin EP did not take the session (ONNX Runtime fell back to the CPU EP, which it does "
                 f"when the EP rejects an option value: {ep or 'no options'}); providers in force: "
-                f"{sess.get_providers()}. {device.adapter_hint()}")
+                f"{sess.get_providers()}. {device.adapter_hint()}"
+            )
         if device.name == "webgpu" and self._context is None:
             self._context = self._context_of(device)
         return sess
@@ -145,7 +166,8 @@ class PluginWebGpu(BuiltinWebGpu):
                 f"this process's WebGPU context was created with {self._context or 'default options'}; on the "
                 f"plugin EP it outlives its sessions once a tensor has crossed between host and device, so "
                 f"{wanted or 'default options'} would not take effect. Use a new process for other WebGPU context "
-                "options (buffer cache mode, validation mode)")
+                "options (buffer cache mode, validation mode)"
+            )
 
     def release_graph(self, sess: Any, graph_id: int) -> bool:
         sess.release_captured_graph(graph_id)
@@ -188,9 +210,12 @@ class PluginWebGpu(BuiltinWebGpu):
 def _identity_model() -> bytes:
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "kvlab_anchor",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "kvlab_anchor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     return model.SerializeToString()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..core.errors import ConfigError, ModelError
 from .device import backend, open_device
@@ -33,16 +34,18 @@ def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = 
     return og.Model(config)
 
 
-def genai_decode(og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
-                 on_token: Callable[[], Any] | None = None) -> tuple[list[int], list[float]]:
+def genai_decode(
+    og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[], Any] | None = None
+) -> tuple[list[int], list[float]]:
     """Greedy tokens from onnxruntime-genai (static, shared KV buffer), and the wall time (ms) of each
     ``generate_next_token`` call: the first one samples from the prefill's logits, each later one runs one
     decode forward pass first. ``on_token`` is called after each (untimed)."""
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(og_model)
-    params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new_tokens,
-                              min_length=len(prompt_ids) + max_new_tokens)  # no early stop: compare all tokens
+    params.set_search_options(
+        do_sample=False, max_length=len(prompt_ids) + max_new_tokens, min_length=len(prompt_ids) + max_new_tokens
+    )  # no early stop: compare all tokens
     gen = og.Generator(og_model, params)
     gen.append_tokens([list(map(int, prompt_ids))])  # the prefill runs here
     tokens: list[int] = []
@@ -78,6 +81,12 @@ def transformers_greedy(model: Model, prompt_ids: Sequence[int], max_new_tokens:
     hf = AutoModelForCausalLM.from_pretrained(hf_checkpoint(model), dtype=torch.float32).eval()
     ids = torch.tensor([list(map(int, prompt_ids))])
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                          min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    return out[0, ids.shape[1]:].tolist()
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, ids.shape[1] :].tolist()

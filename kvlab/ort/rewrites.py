@@ -29,7 +29,8 @@ transformers 5.24.0, 2026-12-01:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,11 +53,15 @@ def strip_state_window(model: Any) -> list[str]:
         for a in list(node.attribute):
             if a.name == "state_window":
                 if a.i != 0:
-                    raise ModelError(f"{node.op_type} node {node.name!r} has state_window={a.i}; onnxruntime 1.27 "
-                                     "has no such attribute and computes the whole state (state_window 0) only")
+                    raise ModelError(
+                        f"{node.op_type} node {node.name!r} has state_window={a.i}; onnxruntime 1.27 "
+                        "has no such attribute and computes the whole state (state_window 0) only"
+                    )
                 node.attribute.remove(a)
-                done.append(f"{node.name}: state_window=0 dropped (onnxruntime 1.27's {node.op_type} has no such "
-                            "attribute; 0 is its behaviour)")
+                done.append(
+                    f"{node.name}: state_window=0 dropped (onnxruntime 1.27's {node.op_type} has no such "
+                    "attribute; 0 is its behaviour)"
+                )
     return done
 
 
@@ -91,12 +96,16 @@ def decompose_linear_attention_gate(model: Any) -> list[str]:
             return None
         a, dt_bias, neg_exp_a, b = node.input
         p = node.name
-        return ([helper.make_node("Add", [a, dt_bias], [f"{p}/a_dt"], name=f"{p}/Add"),
-                 helper.make_node("Softplus", [f"{p}/a_dt"], [f"{p}/softplus"], name=f"{p}/Softplus"),
-                 helper.make_node("Mul", [f"{p}/softplus", neg_exp_a], [node.output[0]], name=f"{p}/Mul"),
-                 helper.make_node("Sigmoid", [b], [node.output[1]], name=f"{p}/Sigmoid")],
-                f"{p}: LinearAttentionGate -> neg_exp_A * Softplus(a + dt_bias), Sigmoid(b) (not registered in "
-                "onnxruntime 1.27)")
+        return (
+            [
+                helper.make_node("Add", [a, dt_bias], [f"{p}/a_dt"], name=f"{p}/Add"),
+                helper.make_node("Softplus", [f"{p}/a_dt"], [f"{p}/softplus"], name=f"{p}/Softplus"),
+                helper.make_node("Mul", [f"{p}/softplus", neg_exp_a], [node.output[0]], name=f"{p}/Mul"),
+                helper.make_node("Sigmoid", [b], [node.output[1]], name=f"{p}/Sigmoid"),
+            ],
+            f"{p}: LinearAttentionGate -> neg_exp_A * Softplus(a + dt_bias), Sigmoid(b) (not registered in "
+            "onnxruntime 1.27)",
+        )
 
     return _replace(model, rewrite)
 
@@ -111,20 +120,33 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
             return None
         x, weight, gate = node.input
         if weight not in inits or len(inits[weight].dims) != 1:
-            raise ModelError(f"GatedRMSNorm node {node.name!r}: its weight {weight!r} is not a 1-D initializer; "
-                             "kvlab rewrites only the builder's form (one weight per value-head channel)")
+            raise ModelError(
+                f"GatedRMSNorm node {node.name!r}: its weight {weight!r} is not a 1-D initializer; "
+                "kvlab rewrites only the builder's form (one weight per value-head channel)"
+            )
         group, eps, p = int(inits[weight].dims[0]), float(_attr(node, "epsilon", 1e-6)), node.name
         grouped = _const(model, f"{p}/grouped_shape", np.array([0, 0, -1, group], np.int64))
         flat = _const(model, f"{p}/flat_shape", np.array([0, 0, -1], np.int64))
-        return ([helper.make_node("Reshape", [x, grouped], [f"{p}/x4"], name=f"{p}/Reshape_groups"),
-                 helper.make_node("SimplifiedLayerNormalization", [f"{p}/x4", weight], [f"{p}/normed4"],
-                                  name=f"{p}/RMSNorm", axis=-1, epsilon=eps, stash_type=1),
-                 helper.make_node("Reshape", [f"{p}/normed4", flat], [f"{p}/normed"], name=f"{p}/Reshape_back"),
-                 helper.make_node("Sigmoid", [gate], [f"{p}/sigmoid"], name=f"{p}/Sigmoid"),
-                 helper.make_node("Mul", [gate, f"{p}/sigmoid"], [f"{p}/silu"], name=f"{p}/SiLU"),
-                 helper.make_node("Mul", [f"{p}/normed", f"{p}/silu"], [node.output[0]], name=f"{p}/Mul")],
-                f"{p}: GatedRMSNorm -> RMS norm over groups of {group} (eps {eps:g}) x SiLU(gate) (not registered "
-                "in onnxruntime 1.27)")
+        return (
+            [
+                helper.make_node("Reshape", [x, grouped], [f"{p}/x4"], name=f"{p}/Reshape_groups"),
+                helper.make_node(
+                    "SimplifiedLayerNormalization",
+                    [f"{p}/x4", weight],
+                    [f"{p}/normed4"],
+                    name=f"{p}/RMSNorm",
+                    axis=-1,
+                    epsilon=eps,
+                    stash_type=1,
+                ),
+                helper.make_node("Reshape", [f"{p}/normed4", flat], [f"{p}/normed"], name=f"{p}/Reshape_back"),
+                helper.make_node("Sigmoid", [gate], [f"{p}/sigmoid"], name=f"{p}/Sigmoid"),
+                helper.make_node("Mul", [gate, f"{p}/sigmoid"], [f"{p}/silu"], name=f"{p}/SiLU"),
+                helper.make_node("Mul", [f"{p}/normed", f"{p}/silu"], [node.output[0]], name=f"{p}/Mul"),
+            ],
+            f"{p}: GatedRMSNorm -> RMS norm over groups of {group} (eps {eps:g}) x SiLU(gate) (not registered "
+            "in onnxruntime 1.27)",
+        )
 
     return _replace(model, rewrite)
 
@@ -138,11 +160,15 @@ def mrope_to_rope(model: Any) -> list[str]:
         if node.op_type != "MRotaryEmbedding":
             return None
         attrs = {k: _attr(node, k) for k in keep if _attr(node, k) is not None}
-        new = helper.make_node("RotaryEmbedding", list(node.input), list(node.output), name=node.name,
-                               domain=node.domain, **attrs)
-        return ([new], f"{node.name}: MRotaryEmbedding (mrope_section {_attr(node, 'mrope_section')}) -> "
-                       "RotaryEmbedding on one position row (text: the three rows are equal; not registered in "
-                       "onnxruntime 1.27)")
+        new = helper.make_node(
+            "RotaryEmbedding", list(node.input), list(node.output), name=node.name, domain=node.domain, **attrs
+        )
+        return (
+            [new],
+            f"{node.name}: MRotaryEmbedding (mrope_section {_attr(node, 'mrope_section')}) -> "
+            "RotaryEmbedding on one position row (text: the three rows are equal; not registered in "
+            "onnxruntime 1.27)",
+        )
 
     return _replace(model, rewrite)
 
@@ -155,12 +181,16 @@ def text_position_ids(model: Any) -> list[str]:
         return []
     readers = {n.op_type for n in model.graph.node if "position_ids" in n.input}
     if not readers <= {"RotaryEmbedding"}:
-        raise ModelError(f"position_ids [3, batch, sequence] is read by {sorted(readers)}; kvlab makes it [batch, "
-                         "sequence] only where rotary embeddings alone read it")
+        raise ModelError(
+            f"position_ids [3, batch, sequence] is read by {sorted(readers)}; kvlab makes it [batch, "
+            "sequence] only where rotary embeddings alone read it"
+        )
     dims = pos.type.tensor_type.shape.dim
     del dims[0]
-    return [f"position_ids: [3, batch, sequence] -> [batch, sequence] (text: the three M-RoPE rows are equal; "
-            "onnxruntime 1.27's RotaryEmbedding takes rank 2)"]
+    return [
+        "position_ids: [3, batch, sequence] -> [batch, sequence] (text: the three M-RoPE rows are equal; "
+        "onnxruntime 1.27's RotaryEmbedding takes rank 2)"
+    ]
 
 
 def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> list[str]:
@@ -179,8 +209,10 @@ def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> li
                 if a.i != -1:
                     raise ModelError(f"{node.name}: local_window_size is {a.i}, the config says {window}")
                 a.i = window
-                done.append(f"{node.name}: local_window_size -1 -> {window} (builder 0.18 drops a window the "
-                            "config has no layer_types for)")
+                done.append(
+                    f"{node.name}: local_window_size -1 -> {window} (builder 0.18 drops a window the "
+                    "config has no layer_types for)"
+                )
     return done
 
 

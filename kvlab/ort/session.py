@@ -17,8 +17,7 @@ from . import memory
 from .backend import HEAVY_OPS
 from .tensors import DeviceTensor, _Owner
 
-
-_SESSIONS: "weakref.WeakSet[Session]" = weakref.WeakSet()  # for drop_every_session(), at exit
+_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_session(), at exit
 
 
 class Session:
@@ -35,8 +34,10 @@ class Session:
         if device.name == "webgpu":
             heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] in HEAVY_OPS]
             if heavy:
-                raise DeviceError(f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
-                                  f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}")
+                raise DeviceError(
+                    f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
+                    f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}"
+                )
         _SESSIONS.add(self)
 
     @property
@@ -64,7 +65,7 @@ class RunResult:
             t.release()
 
 
-_BINDINGS: "weakref.WeakSet[Binding]" = weakref.WeakSet()  # for drop_every_binding(), at exit
+_BINDINGS: weakref.WeakSet[Binding] = weakref.WeakSet()  # for drop_every_binding(), at exit
 _DATA_PTR = operator.methodcaller("data_ptr")
 
 
@@ -156,8 +157,9 @@ class Binding:
                 result.returned_ptrs = dict(zip(self._order, map(_DATA_PTR, values)))
             else:
                 prebound = self._prebound
-                result.returned_ptrs = {name: value.data_ptr() for name, value in zip(self._order, values)
-                                        if name in prebound}
+                result.returned_ptrs = {
+                    name: value.data_ptr() for name, value in zip(self._order, values) if name in prebound
+                }
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
                 for name, value in zip(self._order, values):
                     if name in self._new:

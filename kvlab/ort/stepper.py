@@ -11,7 +11,8 @@ tensor the runtime made in it is released: call it again.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,21 +34,33 @@ class Stepper:
     ``token_on_device=True``: greedy steps that hand back no logits (``choose`` None, ``logits_out="none"``) take
     the token from the graph (``kvlab.ort.greedy``) and feed it to the next step from the device."""
 
-    def __init__(self, model: Model | str, cache: Cache, device: Device | str, needed: int,
-                 hooks: Sequence[StepHook] = (), token_on_device: bool = False):
+    def __init__(
+        self,
+        model: Model | str,
+        cache: Cache,
+        device: Device | str,
+        needed: int,
+        hooks: Sequence[StepHook] = (),
+        token_on_device: bool = False,
+    ):
         model, device = load(model), open_device(device)
         if not isinstance(cache, Cache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
         check_flag("token_on_device", token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         if token_on_device and type(cache).session is not Cache.session:
-            raise ConfigError(f"token_on_device runs the model's greedy graph on the device's own session; a "
-                              f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache")
+            raise ConfigError(
+                f"token_on_device runs the model's greedy graph on the device's own session; a "
+                f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache"
+            )
         self.token_on_device = token_on_device
         self._feed: TokenFeed | None = None  # while entered, with token_on_device
         # the device's session of the model (its greedy graph with token_on_device), or the cache's own
-        self.session = (device.session(greedy_graph(model), f"model {model.name} (greedy token on the device)")
-                        if token_on_device else cache.session(device, model))
+        self.session = (
+            device.session(greedy_graph(model), f"model {model.name} (greedy token on the device)")
+            if token_on_device
+            else cache.session(device, model)
+        )
         if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
             raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
         self.needed = int(needed)
@@ -56,7 +69,7 @@ class Stepper:
         self._use = cache.use(model.info, device, self.needed)
         self.steps = 0
 
-    def __enter__(self) -> "Stepper":
+    def __enter__(self) -> Stepper:
         self._use.__enter__()
         if self.token_on_device:
             try:
@@ -74,8 +87,9 @@ class Stepper:
         finally:
             self._use.__exit__(*exc)
 
-    def step(self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None,
-             logits_out: str = "last") -> tuple[np.ndarray | None, StepRecord]:
+    def step(
+        self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None, logits_out: str = "last"
+    ) -> tuple[np.ndarray | None, StepRecord]:
         """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
         and the step's record."""
         start = time.perf_counter()
@@ -84,8 +98,10 @@ class Stepper:
         info, tokens = self.model.info, self.model.check_ids(tokens)
         n, position = int(tokens.shape[0]), self.cache.seq_length
         if position + n > self.needed:
-            raise ConfigError(f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
-                              "stepper was opened for")
+            raise ConfigError(
+                f"step of {n} tokens at position {position} exceeds the {self.needed} positions this "
+                "stepper was opened for"
+            )
         feed = self._feed if logits_out == "none" and choose in (None, greedy) else None  # the token on the device
         logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
         b = self.cache.binding(self.session, n)
@@ -110,11 +126,18 @@ class Stepper:
                 last = logits[0, -1]
                 out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
                 token = (choose or greedy)(last)
-            record = step_record(step=self.steps, phase="prefill" if position == 0 else "decode",
-                                 device=self.device.name, position=position, n_tokens=n, token=token,
-                                 wall_ms=(time.perf_counter() - start) * 1e3,
-                                 run_ms=(result.seconds + result.bind_seconds) * 1e3,
-                                 memory=memory, used_cache_bytes=self.cache.used_bytes)
+            record = step_record(
+                step=self.steps,
+                phase="prefill" if position == 0 else "decode",
+                device=self.device.name,
+                position=position,
+                n_tokens=n,
+                token=token,
+                wall_ms=(time.perf_counter() - start) * 1e3,
+                run_ms=(result.seconds + result.bind_seconds) * 1e3,
+                memory=memory,
+                used_cache_bytes=self.cache.used_bytes,
+            )
             self._emit(record)
         except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
             self.cache.rollback(n)
@@ -132,9 +155,20 @@ class Stepper:
         start = time.perf_counter()
         memory, copied = self.cache.receive(src)
         wall = (time.perf_counter() - start) * 1e3
-        record = step_record(step=0, phase="handoff", device=self.device.name, copied_from=src.device.name,
-                             position=0, n_tokens=src.seq_length, token=-1, wall_ms=wall, run_ms=0.0, memory=memory,
-                             used_cache_bytes=self.cache.used_bytes, copy_bytes=copied)
+        record = step_record(
+            step=0,
+            phase="handoff",
+            device=self.device.name,
+            copied_from=src.device.name,
+            position=0,
+            n_tokens=src.seq_length,
+            token=-1,
+            wall_ms=wall,
+            run_ms=0.0,
+            memory=memory,
+            used_cache_bytes=self.cache.used_bytes,
+            copy_bytes=copied,
+        )
         self.steps = 1  # the next step is the first decode step
         if self._feed is not None:
             self._feed.forget()

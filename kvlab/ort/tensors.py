@@ -10,15 +10,18 @@ IOBinding that owns it, and released exactly once.
 from __future__ import annotations
 
 import weakref
-
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError, DeviceError
 
-ONNX_TYPES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float16): "tensor(float16)",
-              np.dtype(np.int64): "tensor(int64)", np.dtype(np.int32): "tensor(int32)"}
+ONNX_TYPES = {
+    np.dtype(np.float32): "tensor(float)",
+    np.dtype(np.float16): "tensor(float16)",
+    np.dtype(np.int64): "tensor(int64)",
+    np.dtype(np.int32): "tensor(int32)",
+}
 
 
 def numpy_dtype(onnx_type: str) -> np.dtype:
@@ -28,13 +31,13 @@ def numpy_dtype(onnx_type: str) -> np.dtype:
     raise ConfigError(f"unsupported tensor type {onnx_type!r}; kvlab handles {sorted(ONNX_TYPES.values())}")
 
 
-_UNRELEASED: "weakref.WeakSet[DeviceTensor]" = weakref.WeakSet()  # for release_everything(), at exit
+_UNRELEASED: weakref.WeakSet[DeviceTensor] = weakref.WeakSet()  # for release_everything(), at exit
 
 
 class DeviceTensor:
     """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is an error."""
 
-    def __init__(self, value: Any, device: Any, owner: "_Owner | None" = None, keep: Any = None):
+    def __init__(self, value: Any, device: Any, owner: _Owner | None = None, keep: Any = None):
         self._value = value  # the OrtValue (never handed out for keeping)
         self._owner = owner  # the IOBinding that really owns the buffer, shared by its outputs
         self._keep = keep  # host memory an OrtValue points into

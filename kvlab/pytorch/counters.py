@@ -33,12 +33,16 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 ALLOC_COLUMNS: dict[str, tuple[str, str]] = {
-    "alloc_requests": ("CUDA: caching-allocator requests during the step (memory_stats allocation.all.allocated "
-                       "delta); CPU: non-view, non-in-place tensors returned by aten ops (opt-in, else -1)",
-                       "exact on CUDA, proxy on CPU"),
+    "alloc_requests": (
+        "CUDA: caching-allocator requests during the step (memory_stats allocation.all.allocated "
+        "delta); CPU: non-view, non-in-place tensors returned by aten ops (opt-in, else -1)",
+        "exact on CUDA, proxy on CPU",
+    ),
     "alloc_bytes": ("bytes of those requests", "exact on CUDA, proxy on CPU"),
-    "segments": ("CUDA: new cudaMalloc segments during the step (segment.all.allocated delta); CPU: -1",
-                 "exact on CUDA"),
+    "segments": (
+        "CUDA: new cudaMalloc segments during the step (segment.all.allocated delta); CPU: -1",
+        "exact on CUDA",
+    ),
 }
 
 
@@ -57,7 +61,7 @@ class AllocCounter:
 
     _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
 
-    def __init__(self, device: "torch.device", cpu_proxy: bool = True):
+    def __init__(self, device: torch.device, cpu_proxy: bool = True):
         self.cuda = device.type == "cuda"
         self.device = device
         self.cpu_proxy = cpu_proxy
@@ -68,7 +72,7 @@ class AllocCounter:
         s = need_torch().cuda.memory_stats(self.device)
         return tuple(int(s.get(k, 0)) for k in self._KEYS)  # type: ignore[return-value]
 
-    def __enter__(self) -> "AllocCounter":
+    def __enter__(self) -> AllocCounter:
         if self.cuda:
             self._before = self._stats()
         elif self.cpu_proxy:
@@ -102,8 +106,9 @@ def _op_output_counter():
             out = func(*args, **(kwargs or {}))
             if func._schema.is_mutable or getattr(func, "is_view", False) or torch.Tag.view_copy in func.tags:
                 return out
-            inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor)}
+            inputs = {
+                t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+            }
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                     self.count += 1

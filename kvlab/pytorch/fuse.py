@@ -5,13 +5,14 @@ Measured on an NVIDIA H200: ``data/h200/README.md``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import ConfigError, check_choice
+from ..core.errors import check_choice
 from .models import TorchModel
 
 ATTENTIONS = ("sdpa", "packed-gqa", "reduce")  # fuse_modules(attention=...): how a decode step attends
@@ -43,13 +44,20 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
             owner = FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
             mod.q_proj, mod.k_proj, mod.v_proj = owner.head(), owner.part(1), owner.part(2)
             done["qkv"] += 1
-        if (all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
-                and hasattr(mod, "act_fn") and type(mod).__name__.endswith("MLP")):
+        if (
+            all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
+            and hasattr(mod, "act_fn")
+            and type(mod).__name__.endswith("MLP")
+        ):
             parent, _, child = name.rpartition(".")
             setattr(model.hf.get_submodule(parent) if parent else model.hf, child, GatedMLP(mod))
             done["gate_up"] += 1
-        if (type(mod).__name__.endswith("RMSNorm") and isinstance(getattr(mod, "weight", None), nn.Parameter)
-                and hasattr(mod, "variance_epsilon") and mod.weight.dim() == 1):
+        if (
+            type(mod).__name__.endswith("RMSNorm")
+            and isinstance(getattr(mod, "weight", None), nn.Parameter)
+            and hasattr(mod, "variance_epsilon")
+            and mod.weight.dim() == 1
+        ):
             parent, _, child = name.rpartition(".")
             setattr(model.hf.get_submodule(parent) if parent else model.hf, child, RMSNorm(mod))
             done["rms_norm"] += 1
@@ -58,12 +66,27 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
 
 def _one_decode_token(query: Any, attention_mask: Any, dropout: float) -> bool:
     """True for the case the decode attentions handle: batch 1, one query token, a [1, 1, 1, L] bool mask."""
-    return (query.shape[0] == 1 and query.shape[2] == 1 and not dropout and attention_mask is not None
-            and attention_mask.dtype == torch.bool and attention_mask.shape[-2] == 1)
+    return (
+        query.shape[0] == 1
+        and query.shape[2] == 1
+        and not dropout
+        and attention_mask is not None
+        and attention_mask.dtype == torch.bool
+        and attention_mask.shape[-2] == 1
+    )
 
 
-def packed_gqa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                         scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+def packed_gqa_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     """sdpa for one decode token with grouped KV heads, without repeating K/V per query head.
 
     With a mask, transformers' sdpa path copies K and V to every query head (repeat_kv): [B, KVH, L, D] ->
@@ -75,15 +98,25 @@ def packed_gqa_attention(module: Any, query: Any, key: Any, value: Any, attentio
     b, h, _, d = query.shape
     kvh = key.shape[1]
     if not _one_decode_token(query, attention_mask, dropout) or kvh == h:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     packed = query.reshape(b, kvh, h // kvh, d)  # head kv * G + g -> (kv, g): repeat_kv's head order
     out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None  # [B, 1, H, D] as transformers returns
 
 
-def reduce_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
-                     scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+def reduce_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     """Attention of one decode token written as broadcast products and sums, in float32.
 
     Under ``torch.compile`` each line becomes (part of) one generated reduction kernel that reads the static
@@ -93,11 +126,12 @@ def reduce_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if not _one_decode_token(query, attention_mask, dropout):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     _, h, _, d = query.shape
     kvh, L = key.shape[1], key.shape[2]
-    scale = d ** -0.5 if scaling is None else scaling
+    scale = d**-0.5 if scaling is None else scaling
     q = query.view(kvh, h // kvh, 1, d).float()  # [KVH, G, 1, D]: query head kv * G + g, as repeat_kv orders them
     scores = (q * key[0, :, None].float()).sum(-1) * scale  # [KVH, G, L]
     scores = scores.masked_fill(~attention_mask.view(1, 1, L), float("-inf"))
@@ -106,8 +140,10 @@ def reduce_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     return out.to(query.dtype).view(1, 1, h, d), None  # [B, 1, H, D] as transformers returns
 
 
-DECODE_ATTENTION = {"packed-gqa": ("kvlab_packed_gqa", packed_gqa_attention),  # name registered with transformers
-                    "reduce": ("kvlab_reduce", reduce_attention)}
+DECODE_ATTENTION = {
+    "packed-gqa": ("kvlab_packed_gqa", packed_gqa_attention),  # name registered with transformers
+    "reduce": ("kvlab_reduce", reduce_attention),
+}
 
 
 def register_attention(name: str, fn: Callable[..., Any]) -> None:
@@ -127,9 +163,21 @@ class FusedLinear(nn.Module):
         self.sizes = [lin.out_features for lin in linears]
         self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
         biases = [lin.bias for lin in linears]
-        self.bias = (None if all(b is None for b in biases) else nn.Parameter(torch.cat(
-            [b.detach() if b is not None else torch.zeros(n, dtype=self.weight.dtype, device=self.weight.device)
-             for b, n in zip(biases, self.sizes)]), requires_grad=False))
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else nn.Parameter(
+                torch.cat(
+                    [
+                        b.detach()
+                        if b is not None
+                        else torch.zeros(n, dtype=self.weight.dtype, device=self.weight.device)
+                        for b, n in zip(biases, self.sizes)
+                    ]
+                ),
+                requires_grad=False,
+            )
+        )
         self._input: Any = None
         self._parts: Any = None
 

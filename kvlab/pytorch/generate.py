@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..core.cache import Cache as KvlabCache
 from ..core.errors import CapacityError, ConfigError
@@ -36,8 +37,10 @@ def make_cache(model: TorchModel, cache: Any, needed: int, max_cache_len: int | 
         return cache
     spec = cache.spec if isinstance(cache, KvlabCache) else CacheSpec(cache) if cache in CACHES else None
     if spec is None:
-        raise ConfigError(f"cache={cache!r}; choose one of {CACHES}, kvlab.DynamicCache(), kvlab.StaticCache(n) or "
-                          "a transformers Cache")
+        raise ConfigError(
+            f"cache={cache!r}; choose one of {CACHES}, kvlab.DynamicCache(), kvlab.StaticCache(n) or "
+            "a transformers Cache"
+        )
     if spec.kind == "dynamic":
         return HFDynamic(config=model.hf.config)
     size = spec.max_cache_len or max_cache_len or needed
@@ -53,25 +56,51 @@ def cache_spec(hf_cache: Any) -> CacheSpec:
 
 def check_capacity(max_cache_len: int, needed: int) -> None:
     if needed > max_cache_len:
-        raise CapacityError(f"{needed} positions needed (prompt + max_new_tokens - 1) but max_cache_len="
-                            f"{max_cache_len}")
+        raise CapacityError(
+            f"{needed} positions needed (prompt + max_new_tokens - 1) but max_cache_len={max_cache_len}"
+        )
 
 
-def sync(device: "torch.device") -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         need_torch().cuda.synchronize(device)
 
 
-def finish_step(records: list, hooks: Sequence[StepHook], model: TorchModel, counter: AllocCounter,
-                tokens: list[int], *, position: int, n: int, token: int, wall: float, run: float, memory: CacheStep,
-                n_new: int, stop_on_eos: bool) -> str | None:
+def finish_step(
+    records: list,
+    hooks: Sequence[StepHook],
+    model: TorchModel,
+    counter: AllocCounter,
+    tokens: list[int],
+    *,
+    position: int,
+    n: int,
+    token: int,
+    wall: float,
+    run: float,
+    memory: CacheStep,
+    n_new: int,
+    stop_on_eos: bool,
+) -> str | None:
     """Record one step (wall in ms, run in s), call every hook and keep its token; returns why generation stops
     now (None: go on). Shared by both PyTorch loops."""
     requests, nbytes, segments = counter.result
-    rec = step_record(step=len(records), phase="prefill" if position == 0 else "decode", device=model.device.type,
-                      position=position, n_tokens=n, token=token, wall_ms=wall, run_ms=run * 1e3, memory=memory,
-                      used_cache_bytes=(position + n) * model.bytes_per_token, kind=TorchStepRecord,
-                      alloc_requests=requests, alloc_bytes=nbytes, segments=segments)
+    rec = step_record(
+        step=len(records),
+        phase="prefill" if position == 0 else "decode",
+        device=model.device.type,
+        position=position,
+        n_tokens=n,
+        token=token,
+        wall_ms=wall,
+        run_ms=run * 1e3,
+        memory=memory,
+        used_cache_bytes=(position + n) * model.bytes_per_token,
+        kind=TorchStepRecord,
+        alloc_requests=requests,
+        alloc_bytes=nbytes,
+        segments=segments,
+    )
     records.append(rec)
     for hook in hooks:
         hook(rec)
@@ -79,10 +108,19 @@ def finish_step(records: list, hooks: Sequence[StepHook], model: TorchModel, cou
     return stop_reason(tokens, n_new, stop_on_eos, model.eos_token_ids)
 
 
-def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_tokens: int = 32,
-             max_cache_len: int | None = None, chat: bool = False, sampling: Sampling | None = None,
-             stop_on_eos: bool = True, on_step: StepHook | Iterable[StepHook] | None = None,
-             count_cpu_allocs: bool = False) -> Generation:
+def generate(
+    model: TorchModel,
+    prompt: Any,
+    *,
+    cache: Any = "dynamic",
+    max_new_tokens: int = 32,
+    max_cache_len: int | None = None,
+    chat: bool = False,
+    sampling: Sampling | None = None,
+    stop_on_eos: bool = True,
+    on_step: StepHook | Iterable[StepHook] | None = None,
+    count_cpu_allocs: bool = False,
+) -> Generation:
     """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
 
     ``cache``: "dynamic" | "static" | kvlab.DynamicCache() | kvlab.StaticCache(n) | a transformers Cache.
@@ -110,9 +148,21 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
                 run = time.perf_counter() - t0
                 logits = out.logits[0, -1].float().cpu().numpy()
             token = choose(logits)
-            stop = finish_step(records, hooks, model, counter, tokens, position=position, n=n, token=token,
-                               wall=(time.perf_counter() - start) * 1e3, run=run, memory=watch.diff(hf_cache),
-                               n_new=n_new, stop_on_eos=stop_on_eos)
+            stop = finish_step(
+                records,
+                hooks,
+                model,
+                counter,
+                tokens,
+                position=position,
+                n=n,
+                token=token,
+                wall=(time.perf_counter() - start) * 1e3,
+                run=run,
+                memory=watch.diff(hf_cache),
+                n_new=n_new,
+                stop_on_eos=stop_on_eos,
+            )
             position += n
             if stop:
                 break
@@ -120,8 +170,15 @@ def generate(model: TorchModel, prompt: Any, *, cache: Any = "dynamic", max_new_
     return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
 
 
-def generation(model: TorchModel, cache: CacheSpec, ids: list[int], tokens: list[int], stop: str,
-               records: list) -> Generation:
+def generation(
+    model: TorchModel, cache: CacheSpec, ids: list[int], tokens: list[int], stop: str, records: list
+) -> Generation:
     """The result of a PyTorch generation, labelled like the ONNX Runtime path's."""
-    return Generation(RunLabel(model.name, model.dtype_name, model.label, cache), list(ids), tokens,
-                      model.decode(tokens), stop, records)
+    return Generation(
+        RunLabel(model.name, model.dtype_name, model.label, cache),
+        list(ids),
+        tokens,
+        model.decode(tokens),
+        stop,
+        records,
+    )

@@ -9,7 +9,8 @@ Measured on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,24 +45,38 @@ class GraphRunner:
     keep_logits=False: the step keeps only its argmax (greedy only; a little faster).
     """
 
-    def __init__(self, model: TorchModel, max_cache_len: int, *, mode: str = "capture", fuse: bool = False,
-                 attention: str = "sdpa", compile_mode: str = "default", compile_backend: str = "inductor",
-                 keep_logits: bool = True, warmup: int = 3):
+    def __init__(
+        self,
+        model: TorchModel,
+        max_cache_len: int,
+        *,
+        mode: str = "capture",
+        fuse: bool = False,
+        attention: str = "sdpa",
+        compile_mode: str = "default",
+        compile_backend: str = "inductor",
+        keep_logits: bool = True,
+        warmup: int = 3,
+    ):
         if not isinstance(model, TorchModel):
             raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
         check_choice(mode, MODES, "mode=")
         attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
         if attn not in (*ATTENTION, *(name for name, _ in DECODE_ATTENTION.values())):
-            raise ConfigError(f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
-                              "with a 4-D mask (load(..., attn_implementation='sdpa'))")
+            raise ConfigError(
+                f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
+                "with a 4-D mask (load(..., attn_implementation='sdpa'))"
+            )
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
             raise ConfigError(f"max_cache_len={max_cache_len!r} must be an int >= 2")
         ctx = getattr(model.config, "max_position_embeddings", None)
         if ctx and max_cache_len > ctx:
             raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")
         if mode == "capture" and model.device.type != "cuda":
-            raise DeviceError(f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
-                              "'cuda' or use mode='eager'")
+            raise DeviceError(
+                f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
+                "'cuda' or use mode='eager'"
+            )
         from transformers import StaticCache
 
         if attention != "sdpa" and not fuse:
@@ -87,8 +102,9 @@ class GraphRunner:
         self.kv_ptrs = [t.data_ptr() for t in KVWatch.tensors(self.cache)]
         if mode == "compile":
             options = {"mode": compile_mode} if compile_backend == "inductor" else {}
-            self._step = torch.compile(self._decode_step, backend=compile_backend, fullgraph=True, dynamic=False,
-                                       **options)
+            self._step = torch.compile(
+                self._decode_step, backend=compile_backend, fullgraph=True, dynamic=False, **options
+            )
         if mode != "eager" and model.device.type == "cuda":
             self._capture(warmup)
         elif mode == "compile":  # CPU: the compiled step runs without a graph (tests check tracing this way)
@@ -116,8 +132,14 @@ class GraphRunner:
         else:
             self._pos = pos
             position_ids = (pos + torch.arange(n, device=ids.device))[None]  # [1, n]
-        out = self.model.hf(input_ids=ids, attention_mask=self._mask(n), position_ids=position_ids,
-                            use_cache=True, logits_to_keep=1, **{self.kw: self.cache})
+        out = self.model.hf(
+            input_ids=ids,
+            attention_mask=self._mask(n),
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.kw: self.cache},
+        )
         return out.logits[0, -1].float()
 
     def _decode_step(self) -> None:
@@ -199,13 +221,20 @@ class GraphRunner:
         self.start(ids)
         for _ in range(n_new - 1):
             self.replay()
-        out = self.history[len(ids): len(ids) + n_new].tolist()  # one sync
+        out = self.history[len(ids) : len(ids) + n_new].tolist()  # one sync
         sync(self.model.device)
         return [int(t) for t in out]
 
-    def generate(self, prompt: Any, *, max_new_tokens: int = 32, chat: bool = False,
-                 sampling: Sampling | None = None, stop_on_eos: bool = True,
-                 on_step: StepHook | Iterable[StepHook] | None = None) -> Generation:
+    def generate(
+        self,
+        prompt: Any,
+        *,
+        max_new_tokens: int = 32,
+        chat: bool = False,
+        sampling: Sampling | None = None,
+        stop_on_eos: bool = True,
+        on_step: StepHook | Iterable[StepHook] | None = None,
+    ) -> Generation:
         """kvlab's contract (records, hooks, sampling) over the graph: one replay and one host sync per token."""
         model, dev = self.model, self.model.device
         n_new = check_new_tokens(max_new_tokens)
@@ -240,15 +269,28 @@ class GraphRunner:
                 if position == 0 or sampling.do_sample:  # greedy decode: the graph already fed its argmax
                     host_tok[0, 0] = token
                     self.tok.copy_(host_tok, non_blocking=True)
-            stop = finish_step(records, hooks, model, counter, tokens, position=position, n=n, token=token,
-                               wall=(time.perf_counter() - start) * 1e3, run=run, memory=memory, n_new=n_new,
-                               stop_on_eos=stop_on_eos)
+            stop = finish_step(
+                records,
+                hooks,
+                model,
+                counter,
+                tokens,
+                position=position,
+                n=n,
+                token=token,
+                wall=(time.perf_counter() - start) * 1e3,
+                run=run,
+                memory=memory,
+                n_new=n_new,
+                stop_on_eos=stop_on_eos,
+            )
             position += n
             if stop:
                 break
         sync(dev)
-        return generation(model, CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, tokens, stop,
-                          records)
+        return generation(
+            model, CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, tokens, stop, records
+        )
 
 
 def argmax_cols(n: int) -> int:

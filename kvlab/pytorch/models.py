@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import presets
 from ..core.errors import ConfigError, DeviceError, ModelError, check_choice
 from ..core.generation import check_token_ids
 from ..core.labels import Adapter, DeviceLabel, cpu_adapter
-from .. import presets
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -29,15 +30,43 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")  # the attention implementations a 4-D mask can drive
 # Random-weight shapes for benchmarks (timings do not depend on weight values).
 SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
-                         rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5),
-    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
-                     rope_theta=500000.0, max_position_embeddings=8192, rms_norm_eps=1e-5),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=False,
-                 max_position_embeddings=4096),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+    ),
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
 }
 
 
@@ -57,8 +86,10 @@ def check_transformers() -> str:
         raise ModelError("the PyTorch backend needs transformers>=5.0,<6: pip install 'kvlab[build]'") from exc
     major = int(transformers.__version__.split(".")[0])
     if not TRANSFORMERS_RANGE[0] <= major < TRANSFORMERS_RANGE[1]:
-        raise ModelError(f"transformers {transformers.__version__} is not supported: kvlab's PyTorch backend needs "
-                         f">={TRANSFORMERS_RANGE[0]}.0,<{TRANSFORMERS_RANGE[1]} (per-layer StaticCache API)")
+        raise ModelError(
+            f"transformers {transformers.__version__} is not supported: kvlab's PyTorch backend needs "
+            f">={TRANSFORMERS_RANGE[0]}.0,<{TRANSFORMERS_RANGE[1]} (per-layer StaticCache API)"
+        )
     return transformers.__version__
 
 
@@ -69,8 +100,9 @@ def cache_kwarg(hf_model: Any) -> str:
         return "cache"
     if "past_key_values" in params:
         return "past_key_values"
-    raise ModelError(f"{type(hf_model).__name__}.forward takes neither cache= nor past_key_values=; "
-                     "not a causal LM with a KV cache")
+    raise ModelError(
+        f"{type(hf_model).__name__}.forward takes neither cache= nor past_key_values=; not a causal LM with a KV cache"
+    )
 
 
 @dataclass
@@ -82,11 +114,11 @@ class TorchModel:
     tokenizer: Any = None  # a transformers tokenizer, or None (token-id prompts only)
 
     @property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         return next(self.hf.parameters()).device
 
     @property
-    def dtype(self) -> "torch.dtype":
+    def dtype(self) -> torch.dtype:
         return next(self.hf.parameters()).dtype
 
     @property
@@ -94,8 +126,7 @@ class TorchModel:
         """The device this model runs on, as a label (adapter: the CPU, or the CUDA GPU's name)."""
         torch = need_torch()
         dev = self.device
-        adapter = (Adapter(torch.cuda.get_device_name(dev), "hardware", "cuda") if dev.type == "cuda"
-                   else cpu_adapter())
+        adapter = Adapter(torch.cuda.get_device_name(dev), "hardware", "cuda") if dev.type == "cuda" else cpu_adapter()
         return DeviceLabel(dev.type, adapter, "torch", torch.__version__)
 
     @property
@@ -126,8 +157,9 @@ class TorchModel:
 
     def encode(self, prompt: Any, chat: bool = False) -> list[int]:
         """Token ids of a text, chat messages (rendered with the template) or ids (checked against the vocab)."""
-        if isinstance(prompt, np.ndarray) or (isinstance(prompt, (list, tuple)) and prompt
-                                              and not isinstance(prompt[0], dict)):
+        if isinstance(prompt, np.ndarray) or (
+            isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
+        ):
             return check_token_ids(prompt, self.vocab_size).tolist()
         if self.tokenizer is None:
             raise ConfigError(f"model {self.name!r} has no tokenizer: give the prompt as token ids")
@@ -138,8 +170,9 @@ class TorchModel:
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
-        raise ConfigError(f"prompt must be a text, chat messages or token ids, got {type(prompt).__name__}: "
-                          f"{prompt!r:.80}")
+        raise ConfigError(
+            f"prompt must be a text, chat messages or token ids, got {type(prompt).__name__}: {prompt!r:.80}"
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -147,14 +180,14 @@ class TorchModel:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def _dtype(dtype: str | Any) -> "torch.dtype":
+def _dtype(dtype: str | Any) -> torch.dtype:
     torch = need_torch()
     if isinstance(dtype, torch.dtype):
         return dtype
     return getattr(torch, check_choice(dtype, DTYPES, "dtype="))
 
 
-def _device(device: str | Any) -> "torch.device":
+def _device(device: str | Any) -> torch.device:
     torch = need_torch()
     try:
         dev = torch.device(device)
@@ -167,15 +200,21 @@ def _device(device: str | Any) -> "torch.device":
     return dev
 
 
-def _placement(device: str | Any, dtype: str | Any, attn_implementation: str) -> tuple["torch.device", "torch.dtype"]:
+def _placement(device: str | Any, dtype: str | Any, attn_implementation: str) -> tuple[torch.device, torch.dtype]:
     """Checked device and dtype for a model about to be made (and the versions and attention it needs)."""
     check_transformers()
     check_choice(attn_implementation, ATTENTION, "attn_implementation=")
     return _device(device), _dtype(dtype)
 
 
-def load(source: str | os.PathLike | Any, *, device: str = "cpu", dtype: str = "float32",
-         attn_implementation: str = "sdpa", name: str | None = None) -> TorchModel:
+def load(
+    source: str | os.PathLike | Any,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    name: str | None = None,
+) -> TorchModel:
     """A transformers causal LM: a kvlab built-in name ("toy", "kv-heavy", "smollm2": the checkpoint the ONNX
     model was built from), a local Hugging Face directory, or an already loaded ``PreTrainedModel``."""
     dev, dt = _placement(device, dtype, attn_implementation)
@@ -193,16 +232,25 @@ def load(source: str | os.PathLike | Any, *, device: str = "cpu", dtype: str = "
         path = presets.ensure_checkpoint(str(source))
         name = name or str(source)
     if not (path / "config.json").is_file():
-        raise ModelError(f"{str(source)!r} is neither a built-in model ({', '.join(presets.BUILTIN_NAMES)}) nor a "
-                         "Hugging Face model directory with a config.json")
+        raise ModelError(
+            f"{str(source)!r} is neither a built-in model ({', '.join(presets.BUILTIN_NAMES)}) nor a "
+            "Hugging Face model directory with a config.json"
+        )
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation).to(dev).eval()
     cache_kwarg(hf)
     tok = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     return TorchModel(hf, name or path.name, tok)
 
 
-def random_model(shape: str = "smollm2-135m", *, device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 std: float = 0.02, attn_implementation: str = "sdpa") -> TorchModel:
+def random_model(
+    shape: str = "smollm2-135m",
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    std: float = 0.02,
+    attn_implementation: str = "sdpa",
+) -> TorchModel:
     """A random-weight Llama of a named shape (``SHAPES``), built directly on ``device`` (no tokenizer)."""
     torch = need_torch()
     check_choice(shape, sorted(SHAPES), "shape=")
