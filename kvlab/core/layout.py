@@ -76,9 +76,9 @@ class FullAttention(LayerKind):
 
 @dataclass(frozen=True)
 class SlidingWindow(LayerKind):
-    """Attention over the last ``window`` positions. On onnxruntime 1.27 its KV buffer still holds every position
-    (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored: a buffer shorter than
-    the sequence is refused), so it grows like full attention; ``attended`` is what a ring buffer would keep."""
+    """Attention over the last ``window`` positions. Its KV buffer still holds every position (GroupQueryAttention's
+    ``local_window_size`` limits what is read, not what is stored: a buffer shorter than the sequence is refused),
+    so it grows like full attention; ``attended`` is what a ring buffer would keep."""
 
     window: int
     grows = True
@@ -312,6 +312,7 @@ class MemoryReport:
 
 
 def check_max_cache_len(value: object) -> int:
+    """``value`` as an int when it is a positive int; else ConfigError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ConfigError(f"max_cache_len={value!r} ({type(value).__name__}) must be a positive int")
     if value <= 0:

@@ -47,7 +47,7 @@ class Backend:
     version = ""
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
     # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
-    # states="in-place"); onnxruntime-webgpu 1.27 rejects it (kvlab.ort.caches.WEBGPU_IN_PLACE)
+    # states="in-place"); where it does not, kvlab.ort.caches.WEBGPU_IN_PLACE says why
     webgpu_states_in_place = False
 
     @property
@@ -61,7 +61,8 @@ class Backend:
     # -- sessions
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
         """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options, and
-        ``options``: WebGPU EP options of this session only (e.g. ``enableGraphCapture``)."""
+        ``options``: WebGPU EP options of this session only (e.g. ``enableGraphCapture``). Raises DeviceError
+        when ONNX Runtime refuses the session or does not run it on the device's EP."""
         raise NotImplementedError
 
     def release_graph(self, sess: Any, graph_id: int) -> bool:
@@ -92,6 +93,7 @@ class Backend:
         raise NotImplementedError
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
+        """A zero-filled tensor of ``shape`` and ``dtype`` on ``device``, owned by kvlab."""
         raise NotImplementedError
 
     def copy(self, src: Any, dst: Any) -> None:

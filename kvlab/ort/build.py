@@ -21,9 +21,9 @@ from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
-# builder 0.18 options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder
-# fuses into GroupQueryAttention as inputs 14 and 15 on WebGPU; onnxruntime 1.27's GQA takes at most 14 inputs
-# ("has input size 16 not in range [min=7, max=14]"), so the norms stay separate nodes
+# builder options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder fuses
+# into GroupQueryAttention as inputs 14 and 15 on WebGPU; the built-in package's GQA takes at most 14 inputs
+# (kvlab.ort.builtin), so the norms stay separate nodes
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
 
 
@@ -34,6 +34,8 @@ GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 
 
 def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -> Path:
+    """Where the built-in model ``name`` in ``precision`` is (or will be) built: one directory per recipe, precision,
+    build and version of the build code."""
     spec = recipe(name)
     version = ARCH_BUILDER_VERSION if isinstance(spec, TinyArch) else BUILDER_VERSION
     more = {"webgpu_graph": True} if graph_capture else {}  # the standard build keeps its key
@@ -43,7 +45,8 @@ def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -
 
 def ensure_built(name: str, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> Path:
     """The directory of a built-in model in a precision (``graph_capture``: the build for WebGPU graph capture),
-    building it first when missing (atomic: a half-built one never counts)."""
+    building it first when missing (atomic: a half-built one never counts). Raises ConfigError for an unknown
+    name or precision, ModelError when the build cannot run or fails."""
     out = model_dir(name, precision, graph_capture)
     if not (out / "kvlab_recipe.json").is_file():
         build(name, out, precision, progress=progress, graph_capture=graph_capture)
@@ -51,6 +54,9 @@ def ensure_built(name: str, precision: str = "fp32", progress: bool = True, grap
 
 
 def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:
+    """Build the built-in model ``name`` into ``out``: its checkpoint, the builder's export, kvlab's rewrites and
+    fold, and ``kvlab_recipe.json`` (written last: its presence marks a finished build). Raises ModelError when a
+    build dependency is missing or the builder fails."""
     from tqdm.auto import tqdm
 
     spec = recipe(name)
@@ -95,7 +101,8 @@ def export(
     hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None, extra_options: list[str] = ()
 ) -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
-    (``arch``) with kvlab's config shims (``kvlab.ort.builder_shims``) and its ``ARCH_OPTIONS``."""
+    (``arch``) with kvlab's config shims (``kvlab.ort.builder_shims``) and its ``ARCH_OPTIONS``. ModelError (with
+    the builder's stderr) when it fails."""
     with tempfile.TemporaryDirectory() as scratch:
         module = "kvlab.ort.builder_shims" if arch else "onnxruntime_genai.models.builder"
         cmd = [
@@ -147,8 +154,7 @@ def fold_attention_scale(onnx_file: Path) -> int:
 
     Why: ORT's CPU GroupQueryAttention computes Q.K^T with an MLAS GEMM whose alpha is the scale, and MLAS
     takes its one-row kernel (reading K^T in place) only when alpha is 1; otherwise every decode step packs
-    K into a scratch buffer first. Measured on SmolLM2 (2-core EPYC): decode step x0.93 at 256 tokens of
-    context, x0.86 at 3072, identical tokens.
+    K into a scratch buffer first.
     A node is folded only when that is exact: its scale is a power of two (scaling by one is exact in binary
     floating point, and rotary embedding is linear) and its query comes straight from a MatMul whose weight
     feeds nothing else. Anything else (e.g. a q-norm between them) is left as built."""

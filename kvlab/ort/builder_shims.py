@@ -1,12 +1,12 @@
-"""The onnxruntime-genai model builder (0.18) with the config shims transformers 5.24 needs, same command line:
+"""The onnxruntime-genai model builder (0.18) with the config shims newer transformers (5.x) need, same command line:
 ``python -m kvlab.ort.builder_shims -i HF_DIR -o OUT -p fp32 -e webgpu -c CACHE [--extra_options ...]``.
 
 The shims change the builder's view of the Hugging Face config only (the weights load unchanged):
 
 - Gemma 3: transformers 5 saves ``rope_parameters`` per layer type ({"full_attention": {...}, "sliding_attention":
-  {...}}) and no ``rope_local_base_freq``; builder 0.18 reads ``rope_parameters["rope_type"]`` (``KeyError:
-  'rope_type'`` in builders/base.py ``make_rope_init``) and ``rope_local_base_freq``. The shim gives it the full
-  layers' parameters and the sliding layers' theta as ``rope_local_base_freq``.
+  {...}}) and no ``rope_local_base_freq``; the builder reads ``rope_parameters["rope_type"]`` and
+  ``rope_local_base_freq``. The shim gives it the full layers' parameters and the sliding layers' theta as
+  ``rope_local_base_freq``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def shim(config: Any) -> list[str]:
 
 
 def main() -> None:
+    """The builder's own command line, with ``shim`` applied to the config it reads."""
     import onnxruntime_genai.models.builder as builder
 
     original = builder.get_hf_details

@@ -1,14 +1,28 @@
 """The ``onnxruntime-webgpu`` wheel (1.27): the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``.
 
-Two facts of this package shape the code (measured here on 1.27.0):
+What this package can and cannot do, as kvlab meets it: the one list in the code (other modules name the
+capability, not the version); docs/known-limits.md has the error messages and measurements behind each line.
 
 - EP options take effect only as session config entries (``ep.webgpuexecutionprovider.<key>``); the dict in
   ``providers=[(name, {...})]`` is silently ignored.
+- One WebGPU context per process: created with the first WebGPU session's options, destroyed with the last one,
+  and every device tensor made through it goes with it (``kvlab.ort.device``).
 - A device tensor of a chosen shape cannot be allocated directly (``OrtValue.ortvalue_from_shape_and_type(...,
-  "gpu")`` fails with "Can't allocate memory on the CUDA device"); a one-node model run on the WebGPU EP, its
-  output bound to the device, makes one (zero-filled): Expand of a scalar zero (filled on the device) for float32
-  and ints, Identity of host zeros (a copy) for float16, since Expand needs shader-f16 for it and a software
-  adapter (SwiftShader) has none ("Program Expand requires f16 but the device does not support it").
+  "gpu")`` fails). A one-node model run on the WebGPU EP, its output bound to the device, makes one, zero-filled:
+  Expand of a scalar zero for float32 and ints, Identity of host zeros for float16 (Expand computes float16 only
+  with shader-f16, which a software adapter lacks).
+- A fixed-size state bound as both input and output of one run is rejected (``webgpu_states_in_place`` False:
+  ``StaticCache(states="swap")``).
+- A captured graph cannot be released on its own (``release_graph`` returns False): its capturing session owns it.
+  A host value bound under capture is not refused, and the replay computes wrong tokens.
+- Its WebGPU Gather crashes the process on bool data (``kvlab.ort.graph.cast_bool_gathers``).
+- Its schemas lack what the onnxruntime-genai builder (0.18) writes for architectures beyond full attention (the
+  ``state_window`` attribute; LinearAttentionGate, GatedRMSNorm, MRotaryEmbedding; rank-3 ``position_ids``), and
+  its GroupQueryAttention takes at most 14 inputs: ``kvlab.ort.rewrites``, ``kvlab.ort.build.ARCH_OPTIONS``.
+- GroupQueryAttention's ``local_window_size`` limits what a layer reads, not what its buffer holds.
+- No bfloat16 kernels for the builder's bf16 graph (``kvlab.presets.REFUSED_PRECISIONS``).
+- On a software adapter (SwiftShader) its prefill logits are wrong from query position 4 on; decode steps are
+  right (``kvlab.ort.conformance``).
 """
 
 from __future__ import annotations
@@ -27,6 +41,9 @@ HELPER_LABEL = "kvlab's allocation helper"  # the one-node session that makes de
 
 
 class BuiltinWebGpu(Backend):
+    """The ``onnxruntime-webgpu`` backend (see the module docstring). Raises DeviceError where a session cannot
+    be created or ONNX Runtime fell back to the CPU EP."""
+
     package = "onnxruntime-webgpu"
     description = "built-in WebGPU EP"
     copy_paths = frozenset((a, b) for a in DEVICES for b in DEVICES)  # ort.copy_tensors, verified in tests
@@ -43,7 +60,8 @@ class BuiltinWebGpu(Backend):
     # -- sessions
     def session_options(self, device: Any, options: dict[str, str] | None = None) -> tuple[Any, dict[str, str]]:
         """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over
-        (the device's, then ``options``) for the caller to hand to its package."""
+        (the device's, then ``options``) for the caller to hand to its package. ``KVLAB_ORT_LOG_SEVERITY``
+        overrides ONNX Runtime's log level."""
         so = self.ort.SessionOptions()
         # 0 verbose ... 4 fatal; a capturing session logs fatal ones only by default: ONNX Runtime logs its refusal
         # to capture as an error line and raises it too, and kvlab raises it once, with the nodes it names
@@ -69,7 +87,7 @@ class BuiltinWebGpu(Backend):
 
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
         so, ep = self.session_options(device, options)
-        for key, value in ep.items():  # on 1.27 EP options take effect only as session config entries
+        for key, value in ep.items():  # this package reads EP options only as session config entries
             so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
         providers = ["WebGpuExecutionProvider"] if device.name == "webgpu" else ["CPUExecutionProvider"]
         try:

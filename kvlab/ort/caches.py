@@ -2,11 +2,11 @@
 ``StaticCache`` (every buffer allocated once and written in place). Both follow ``kvlab.core.cache.Cache``.
 
 Both hold every past/present pair of the graph (``ModelInfo.entries``): keys and values that grow by one position
-per token (full attention, and sliding windows, whose buffer holds every position on onnxruntime 1.27), and
-fixed-size states (conv, recurrent) that are rewritten every step. A StaticCache writes a state into the second of
-two buffers and swaps them at the commit (``states="swap"``, every EP; a failed step leaves the first untouched),
-or, on the CPU EP and the plugin EP's WebGPU, into the one buffer it reads (``states="in-place"``);
-onnxruntime-webgpu 1.27's WebGPU EP rejects a state buffer bound as both input and output."""
+per token (full attention, and sliding windows, whose buffer holds every position: GroupQueryAttention has no ring
+buffer), and fixed-size states (conv, recurrent) that are rewritten every step. A StaticCache writes a state into
+the second of two buffers and swaps them at the commit (``states="swap"``, every EP; a failed step leaves the first
+untouched), or into the one buffer it reads (``states="in-place"``: the CPU EP, and WebGPU where the backend allows
+it, ``Backend.webgpu_states_in_place``)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from .tensors import DeviceTensor
 
 
 def zeros_all(device: Device, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[DeviceTensor]:
-    """One zero-filled tensor per (shape, dtype), all or nothing: on any failure every tensor made so far is
-    released (also on Ctrl-C: each tensor is owned by the list from the moment it exists)."""
+    """One zero-filled tensor per (shape, dtype) on ``device``, all or nothing: on any failure (re-raised) every
+    tensor made so far is released (also on Ctrl-C: each tensor is owned by the list from the moment it exists)."""
     made: list[DeviceTensor] = []
     try:
         for shape, dtype in specs:
@@ -41,6 +41,7 @@ def zeros_all(device: Device, specs: list[tuple[tuple[int, ...], np.dtype]]) -> 
 
 
 def release_all(tensors: list[DeviceTensor]) -> None:
+    """Release every tensor of the list (each at most once)."""
     for t in tensors:
         t.release()
 
@@ -161,10 +162,15 @@ class StaticCache(Cache):
 
     Fixed-size states (conv, recurrent) are allocated once too. ``states="swap"`` (default): two buffers per
     state, one read and the other written, their roles swapped at each commit; a step that fails leaves the state
-    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (CPU EP, and WebGPU
-    on the plugin EP; not 1.27's WebGPU EP): one buffer, read and written by the same run (half the state memory); a
-    step that fails after its run has overwritten the state, which cannot be undone: the cache then refuses to go on
-    until it is reset."""
+    it read untouched, so it can be retried or rolled back, on every EP. ``states="in-place"`` (the CPU EP, and
+    WebGPU where ``Backend.webgpu_states_in_place``): one buffer, read and written by the same run (half the state
+    memory); a step that fails after its run has overwritten the state, which cannot be undone: the cache then
+    refuses to go on (CacheStateError) until it is reset.
+
+    ``check_every``: read back the presents' buffer identities every this many steps (1: every step). Raises
+    ConfigError for a bad argument, or when the model or device cannot serve it; ModelError for a model whose
+    presents cannot share a buffer; CapacityError when a step does not fit ``max_cache_len``; InPlaceError when the
+    runtime wrote a present elsewhere."""
 
     kind = "static"
 
@@ -348,8 +354,9 @@ class StaticCache(Cache):
 
     def commit(self, result: RunResult, n_new: int) -> CacheStep:
         """Checks that the runtime returned every present in the buffer bound for it (ONNX Runtime writes a
-        pre-bound output in place or fails the run; this verifies it), then advances. With ``check_every`` > 1 only
-        every that many-th run is read back: reading 2 x layers buffer identities costs ~0.1-0.2 ms a step."""
+        pre-bound output in place or fails the run; this verifies it; InPlaceError otherwise), then advances. With
+        ``check_every`` > 1 only every that many-th run is read back: reading 2 x layers buffer identities is a
+        measurable part of a step's Python time (data/gpu/README.md)."""
         returned = result.returned_ptrs
         self._runs += 1
         if returned is not None and not self._expected.items() <= returned.items():  # one C comparison
@@ -416,7 +423,8 @@ CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}
 
 
 def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None) -> Cache:
-    """A cache by kind ("dynamic" or "static"; static needs max_cache_len) or by its ``CacheSpec``."""
+    """A cache by kind ("dynamic" or "static"; static needs max_cache_len) or by its ``CacheSpec``; ConfigError
+    for another kind or a static cache without a size."""
     if isinstance(spec, CacheSpec):
         if spec.kind == "static" and "states-in-place" in spec.variant:
             return StaticCache(spec.max_cache_len, states="in-place")

@@ -1,28 +1,25 @@
 """WebGPU graph capture of the decode step: ``CapturedStaticCache(max_cache_len)``, a StaticCache whose one-token
-steps run as one captured graph, recorded at the first of them and replayed at every later one.
+steps run as one captured graph, recorded at the first of them and replayed at every later one, so the host no
+longer walks the graph, chooses kernels or allocates per step.
 
-Capture records the GPU commands of one run (every dispatch and the buffers each binds) and replays them, so the
-host no longer walks the graph, chooses kernels or allocates per step. What it needs, and how this cache gives it
-(measured on onnxruntime-webgpu 1.27 and on onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0, SwiftShader):
+What capture needs, and how this cache gives it:
 
-- Fixed shapes and fixed buffers: every input and output of the captured run is a device tensor allocated once
-  and updated in place: ``input_ids`` [1, 1], ``attention_mask`` [1, max_cache_len] (zero padded: the ones count
-  the valid positions), the KV buffers (bound as past and present, as in ``StaticCache``) and the logits
-  [1, 1, vocab], read back after each replay. A host input or output bound under capture is refused by 1.31's
-  Python layer; 1.27 has no such check and replays silently wrong tokens (measured), so kvlab never binds one.
-- A model whose total length comes from the NUMBER of ones in the mask: the builder's ``enable_webgpu_graph=true``
-  (``kvlab.load(name, graph_capture=True)``; ReduceSum/ReduceMax). A standard build takes it from the mask's
-  LENGTH (Shape), so a fixed mask would attend to max_cache_len positions: refused, naming the Shape node.
-- Every node on WebGPU: ONNX Runtime refuses to open a capturing session otherwise ("cannot use the graph capture
-  feature ... all compute graph nodes have not been partitioned to the WebGpuExecutionProvider"); kvlab then
-  opens the model without capture to name the nodes the CPU EP took (e.g. ConstantOfShape, which has no WebGPU
-  kernel in either package: the first problem of ONNX Runtime PR #29000, a KV-shared Gemma).
-- The session opened with ``enableGraphCapture=1``; multi-token steps (the prefill) run on it uncaptured
-  (run option ``gpu_graph_id=-1``), one-token steps under this cache's own graph id.
+- Fixed shapes and buffers: every input and output of the captured run is a device tensor allocated once and
+  written in place: ``input_ids`` [1, 1], ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
+  valid positions), the KV buffers (bound as past and present, as in ``StaticCache``) and the logits
+  [1, 1, vocab], read back after each replay. No host value is ever bound under capture (one package refuses it,
+  the other replays wrong tokens: ``kvlab.ort.builtin``, ``kvlab.ort.plugin``).
+- A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
+  (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
+  mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
+- Every node on WebGPU: ONNX Runtime refuses to open a capturing session otherwise; kvlab then opens the model
+  without capture to name the nodes the CPU EP took (``open_capture_session``).
+- The session opened with ``enableGraphCapture=1``; multi-token steps (the prefill) run on it uncaptured (run option
+  ``gpu_graph_id=-1``), one-token steps under this cache's own graph id.
 
 Lifecycle: the graph is captured once per cache (and session) and kept across generations (``reset`` and a new
-``generate`` replay it); ``dispose`` releases it with the buffers: on the plugin EP through
-``release_captured_graph``, on 1.27 (no such call) by letting go of the capturing session, which owns it.
+``generate`` replay it); ``dispose`` releases it with the buffers (``Backend.release_graph``, or, where the package
+cannot release one graph, by letting go of the capturing session, which owns it).
 """
 
 from __future__ import annotations
@@ -82,7 +79,7 @@ def capture_problem(info: Any) -> str:
 
 def open_capture_session(device: Any, model: Any) -> Session:
     """The capturing session of ``model`` on ``device`` (cached by the device); when ONNX Runtime refuses to
-    capture, a DeviceError naming the nodes it placed on the CPU EP."""
+    capture, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis session is not kept)."""
     label = f"model {model.name}, graph capture"
     try:
         return device.session(model.onnx_path, label, CAPTURE_OPTIONS)
@@ -107,6 +104,7 @@ def open_capture_session(device: Any, model: Any) -> Session:
 
 
 def run_options(ort: Any, graph_id: int) -> Any:
+    """ONNX Runtime RunOptions naming the captured graph ``graph_id`` (``SKIP``: run uncaptured)."""
     ro = ort.RunOptions()
     ro.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
     return ro
@@ -184,7 +182,9 @@ class CaptureBinding(Binding):
 
 class CapturedStaticCache(StaticCache):
     """A StaticCache whose one-token steps run as one captured WebGPU graph (see the module docstring). Prefill
-    and other multi-token steps run uncaptured on the same session. Greedy tokens equal a plain StaticCache's."""
+    and other multi-token steps run uncaptured on the same session. Greedy tokens equal a plain StaticCache's.
+    Raises DeviceError on a device other than WebGPU (or when ONNX Runtime refuses to capture), ModelError for a
+    model that cannot be captured, and what a StaticCache raises."""
 
     def __init__(self, max_cache_len: int, check_every: int = 1):
         super().__init__(max_cache_len, check_every)
@@ -218,7 +218,7 @@ class CapturedStaticCache(StaticCache):
         return StaticCache(self.max_cache_len, self.check_every)
 
     def session(self, device: Any, model: Any) -> Session:
-        """The capturing session (checked first: device, then model)."""
+        """The capturing session (checked first: device, then model; DeviceError, ModelError)."""
         if device.name != "webgpu":
             raise DeviceError(
                 f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
@@ -282,8 +282,8 @@ class CapturedStaticCache(StaticCache):
         if capture is None or session is None or not capture.runs:
             return
         if not session.device.backend.release_graph(session.ort, self.graph_id):
-            # 1.27 cannot release one graph: the capturing session owns it, so the device lets go of that session
-            # (freed once nothing else holds it: a later capture cache opens a new one)
+            # the package cannot release one graph: the capturing session owns it, so the device lets go of that
+            # session (freed once nothing else holds it: a later capture cache opens a new one)
             session.device.drop(session)
 
     def _release_all(self) -> None:

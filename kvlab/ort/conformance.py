@@ -1,7 +1,7 @@
 """Does a device compute the same logits as the CPU EP? Position by position, on the same input.
 
-onnxruntime-webgpu 1.27's prefill is known to be wrong on SwiftShader for query positions >= 4 (while its
-decode steps are right): ``check(model, ids, mode="prefill")`` shows exactly where it starts.
+A package whose prefill is wrong on some adapter (``kvlab.ort.builtin`` names one) shows it here:
+``check(model, ids, mode="prefill")`` says from which position on.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class Conformance:
 
 
 def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -> np.ndarray:
-    """Logits [n, vocab] for every position of ``ids`` on ``device`` (dynamic cache, fresh)."""
+    """Logits [n, vocab] for every position of ``ids`` on ``device`` (dynamic cache, fresh): all in one run
+    (``mode="prefill"``) or one token per run ("decode"); ConfigError for another mode."""
     check_choice(mode, MODES, "conformance mode ")
     with DynamicCache() as cache, Stepper(model, cache, open_device(device), len(ids)) as stepper:
         if mode == "prefill":
@@ -75,10 +76,9 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
         return np.stack([stepper.step(ids[i : i + 1], logits_out="all")[0][0] for i in range(len(ids))])
 
 
-# how far two devices' logits may differ and still count as the same, by the dtype they compute in. Measured on
-# an NVIDIA H200 (WebGPU) against the CPU EP, 48-token prompts: float32 models 1e-6 to 3e-4; float16 ones 0.007
-# (toy) to 0.07 (phi4-kv), int4 (float16 activations) 0.03 to 0.10, since the CPU EP computes an fp16 model's
-# MatMuls in float32 while WebGPU rounds them to 11 bits
+# how far two devices' logits may differ and still count as the same, by the dtype they compute in: above what a
+# hardware adapter shows against the CPU EP (data/gpu/README.md, "Correctness on the hardware adapter"); float16 is
+# looser, since the CPU EP computes an fp16 model's MatMuls in float32 while WebGPU rounds them to 11 bits
 ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 
@@ -91,8 +91,9 @@ def check(
     mode: str = "prefill",
     atol: float | None = None,
 ) -> Conformance:
-    """Compare ``device`` against ``reference`` on the same tokens, position by position (``atol``: by default
-    the one for the dtype the model's logits are in, ``ATOL``)."""
+    """Compare ``device`` against ``reference`` on the same tokens of ``prompt`` (text or ids), position by position
+    (``atol``: by default the one for the dtype the model's logits are in, ``ATOL``). Raises what ``load``,
+    ``open_device`` and a step raise (ConfigError, ModelError, DeviceError)."""
     model = load(model)
     atol = ATOL[np.dtype(model.info.logits_dtype)] if atol is None else atol
     ids = model.encode(prompt)

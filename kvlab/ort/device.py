@@ -1,12 +1,11 @@
 """Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name,
 which opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
 
-WebGPU has one context per process (verified on onnxruntime-webgpu 1.27 with verbose logs): every WebGPU session
-shares context 0 and its buffer manager, whose options (buffer cache mode, ...) come from the session that created
-it; a later session with other options logs them and is silently given the existing context. The context goes
-when the last WebGPU session is released ("Device was destroyed"), taking every device tensor made through it.
-So kvlab keeps one ``Device`` per name, refuses options that would not take effect, and refuses to close a device
-while kvlab tensors live on it.
+WebGPU has one context per process: every WebGPU session shares it and its buffer manager, whose options (buffer
+cache mode, ...) come from whoever created it; a later session with other options is silently given the existing
+context, and device tensors die with the context (how long it lives depends on the package: ``kvlab.ort.builtin``,
+``kvlab.ort.plugin``). So kvlab keeps one ``Device`` per name, refuses options that would not take effect, and
+refuses to close a device while kvlab tensors live on it.
 """
 
 from __future__ import annotations
@@ -56,7 +55,9 @@ class Device:
     # -- sessions and tensors
     def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None) -> Session:
         """The (cached) session of an .onnx file on this device; ``options``: EP options of this session alone
-        (e.g. ``{"enableGraphCapture": "1"}``), cached apart from the plain session."""
+        (e.g. ``{"enableGraphCapture": "1"}``), cached apart from the plain session. Raises DeviceError (a closed
+        device, a graph this device cannot run, a session that does not run here) or ModelError (an unreadable
+        graph)."""
         self._check_open()
         path = str(Path(model_path).resolve())
         key = _session_key(path, options)
@@ -68,7 +69,8 @@ class Device:
         return self._sessions[key]
 
     def _workarounds(self, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-        """The model to open, rewritten in memory where this device's runtime needs it, and what was rewritten."""
+        """The model to open, rewritten in memory where this device's runtime needs it (a bool Gather on WebGPU:
+        ``kvlab.ort.graph.cast_bool_gathers``), and what was rewritten."""
         if self.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
             return str(onnx_file), []
         import onnx
@@ -85,9 +87,8 @@ class Device:
         ]
 
     def _check_f16(self, onnx_file: Path, label: str) -> None:
-        """Refuse a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before any kernel
-        runs (on SwiftShader a float16 kernel fails at its first run: "Program Gather requires f16 but the device
-        does not support it", and the process then dies at exit)."""
+        """Refuse (DeviceError) a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before
+        any kernel runs: such a kernel fails at its first run, and the process then dies at exit."""
         if self.name != "webgpu" or self.adapter.shader_f16 is not False:
             return
         graph = load_graph(onnx_file)
@@ -113,7 +114,8 @@ class Device:
             del self._sessions[key]
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
-        """A zero-filled tensor owned by kvlab on this device."""
+        """A zero-filled tensor owned by kvlab on this device. Raises ConfigError for a negative dimension,
+        DeviceError on a closed device."""
         self._check_open()
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
@@ -121,6 +123,7 @@ class Device:
         return self.backend.zeros(shape, np.dtype(dtype), self)
 
     def check_copy_from(self, src: Device) -> None:
+        """Raise DeviceError when this backend cannot copy tensors from ``src`` to this device."""
         if (src.name, self.name) not in self.backend.copy_paths:
             raise DeviceError(
                 f"{self.backend.name} cannot copy tensors from {src.name} to {self.name}; supported: "
@@ -244,8 +247,10 @@ def open_device(
     huge_pages: bool | None = None,
     profile: str | os.PathLike | None = None,
 ) -> Device:
-    """The process's device of that name, opened on first use. Asking for options that differ from the open
-    device's is an error (for WebGPU the context would silently keep its own); close the device first.
+    """The process's device of that name ("cpu" or "webgpu"; a ``Device`` is returned as it is), opened on first
+    use. Asking for options that differ from the open device's is a DeviceError (for WebGPU the context would
+    silently keep its own); close the device first. Raises ConfigError for a bad name or option, DeviceError when
+    WebGPU has no adapter or its context cannot be created.
 
     WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
     (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
@@ -310,8 +315,8 @@ def _release_while_the_runtime_lives() -> None:
     """At exit, before the interpreter frees what is left in whatever order: collect the garbage, release every
     kvlab tensor and let go of every IOBinding while the sessions they belong to still exist. A binding kept past
     this point (by an exception stored in a module, or IPython's last traceback) would otherwise be freed during
-    finalization after its session: measured as a SIGSEGV at exit under PYTHONMALLOC=debug and MALLOC_PERTURB_
-    with the WebGPU EP (onnxruntime-webgpu 1.27); tests/test_reliability.py runs that configuration."""
+    finalization after its session, which touches freed memory (tests/test_reliability.py runs the debug
+    allocators)."""
     gc.collect()
     release_everything()
     drop_every_binding()

@@ -47,13 +47,17 @@ def generate(
     The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
 
     ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
-    the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there. With onnxruntime-webgpu 1.27 on
-    SwiftShader this is also more correct than a WebGPU prefill, whose logits are wrong from query position 4 on.
+    the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
+    wrong (``kvlab.ort.builtin``), this one is right.
 
     ``token_on_device=True`` (greedy only): the decode device's graph picks each token and the next step reads it
     from the device, so neither the logits nor the token cross between host and device per step
-    (``kvlab.ort.greedy``; the run's label says so). Opt-in: on an NVIDIA H200 it makes a 1,024-token vocabulary's
-    step 8-12% faster and a 49,152-token one's 11-29% slower (``data/gpu/token/``).
+    (``kvlab.ort.greedy``; the run's label says so). Opt-in: it pays on a small vocabulary and costs on a large one
+    (``data/gpu/token/``).
+
+    Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
+    argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at
+    step N carries the tokens of steps 1..N-1 as ``exc.partial``.
     """
     new_tokens = check_new_tokens(max_new_tokens)
     check_flag("chat", chat)

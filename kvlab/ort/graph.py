@@ -15,7 +15,8 @@ ONNX_DTYPES: dict[int, Any] = {1: np.dtype(np.float32), FLOAT16: np.dtype(np.flo
 
 
 def load_graph(onnx_file: Path) -> Any:
-    """The ModelProto of ``onnx_file`` without its external weights (fast, small)."""
+    """The ModelProto of ``onnx_file`` without its external weights (fast, small); ModelError when it is not a
+    readable ONNX model."""
     import onnx
 
     try:
@@ -71,9 +72,8 @@ def bool_gathers(model: Any) -> list[int]:
 
 def cast_bool_gathers(model: Any) -> list[str]:
     """Rewrite every bool Gather as Cast(int32) -> Gather -> Cast(bool), in place (the same values); returns the
-    rewritten nodes' names. Why: onnxruntime-webgpu 1.27's Gather kernel crashes the process on bool data
-    (measured on a Hugging Face Optimum export of a Llama, whose causal-mask subgraph gathers a bool tensor:
-    SIGSEGV inside the run, on SwiftShader)."""
+    rewritten nodes' names. Why: the built-in package's WebGPU Gather crashes the process on bool data
+    (``kvlab.ort.builtin``)."""
     from onnx import TensorProto, helper
 
     targets = set(bool_gathers(model))

@@ -1,14 +1,13 @@
 """Greedy decoding with the token kept on the device (``Stepper(..., token_on_device=True)``).
 
 A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
-that token back to the device: on an NVIDIA H200's WebGPU that copy costs 0.35-1.1 ms a step
-(``data/gpu/phases/``), more than all of kvlab's Python time. Here the model's graph also outputs the greedy token
-(an ArgMax over the last position's logits, ``NEXT``), written into a device tensor that the next step reads as its
-input ids, and a host copy of it (``NEXT_HOST``, 8 bytes, copied back as the logits would be): the token never
-travels to the device. The graph with those outputs is written beside the model's (``greedy_graph``; the weights
-are the model's own file, not copied). Opt-in: ONNX Runtime's WebGPU ArgMax reduces the whole vocabulary in one
-GPU invocation, cheaper than the copy for a 1,024-token vocabulary and dearer for SmolLM2's 49,152
-(``data/gpu/token/``).
+that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
+(``data/gpu/phases/``). Here the model's graph also outputs the greedy token (an ArgMax over the last position's
+logits, ``NEXT``), written into a device tensor that the next step reads as its input ids, and a host copy of it
+(``NEXT_HOST``, 8 bytes, copied back as the logits would be): the token never travels to the device. The graph with
+those outputs is written beside the model's (``greedy_graph``; the weights are the model's own file, not copied).
+Opt-in: ONNX Runtime's WebGPU ArgMax reduces the whole vocabulary in one GPU invocation, so it pays on a small
+vocabulary and costs on a large one (``data/gpu/token/``).
 """
 
 from __future__ import annotations
@@ -29,9 +28,9 @@ SUFFIX = ".kvlab-greedy.onnx"
 
 
 def greedy_graph(model: Any) -> Path:
-    """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer).
-    The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to the lowest index,
-    as numpy's argmax does."""
+    """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
+    returns its path. The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to
+    the lowest index, as numpy's argmax does. ModelError when the model's directory is not writeable."""
     src = Path(model.onnx_path)
     dst = src.with_name(src.name.removesuffix(".onnx") + SUFFIX)
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:

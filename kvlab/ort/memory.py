@@ -2,9 +2,8 @@
 
 A decode step on the CPU reads every weight once (~540 MB for SmolLM2-135M fp32). ONNX Runtime allocates its
 (prepacked) weight buffers with plain malloc, in 4 KiB pages; numpy, which the bandwidth roofline is measured with,
-asks the kernel for 2 MiB transparent huge pages for its large arrays. On the 2-core development machine, SmolLM2
-decode steps from huge-page weights took 0.94-1.03x as long as from 4 KiB pages (paired, interleaved in one process:
-``kvlab bench``'s "4KiB-pages" twin of the static cache; data/README.md): a few percent, within that machine's noise.
+asks the kernel for 2 MiB transparent huge pages for its large arrays, so kvlab gives the weights the same pages
+(what that changes: ``kvlab bench``'s "4KiB-pages" twin of the static cache, data/README.md).
 ``collapse_new`` does the collapse (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for the memory a session
 allocated in new mappings; memory that reuses ranges mapped before (after an earlier session in the same process
 was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed. Elsewhere than Linux it

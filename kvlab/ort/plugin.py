@@ -2,18 +2,19 @@
 Runtime loads at run time, the package ``onnxruntime-ep-webgpu`` (0.4.0). It lives in an environment of its own
 (``bash scripts/setup.sh --plugin`` makes ``.venv-plugin/``): both routes install the module ``onnxruntime``.
 
-The CPU EP and ONNX Runtime's Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them); what
-differs, measured here with onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0 on SwiftShader:
+The CPU EP and ONNX Runtime's Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them). What this
+package does differently, as kvlab meets it: the one list in the code; docs/known-limits.md has the error
+messages and measurements behind each line.
 
-- The library is registered once per process (``register_execution_provider_library``); registering it a second
-  time raises, and the next session created in that process then crashes (SIGSEGV, reproduced twice). kvlab
-  registers it exactly once, under a lock.
+- The library is registered once per process (``register_execution_provider_library``): registering it a second
+  time raises, and the next session created in that process then crashes. kvlab registers it exactly once, under a
+  lock; onnxruntime-genai loads EP libraries itself and needs it registered there too, after ONNX Runtime.
 - A session reaches the EP through its ``OrtEpDevice``: ``SessionOptions.add_provider_for_devices([device],
   options)``, with the EP options as a dict of short keys. ``providers=["WebGpuExecutionProvider"]`` gives a
-  CPU-only session without a word, and so does an option value the EP rejects (ONNX Runtime prints "Falling back
-  to ['CPUExecutionProvider']" and goes on): every WebGPU session is checked to have the EP in force.
-- A software adapter (SwiftShader) is accepted only with ``ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1`` (without it no
-  WebGPU EP device is listed); kvlab sets it when the adapter it found is a software one.
+  CPU-only session without a word, and so does an option value the EP rejects (ONNX Runtime falls back to the CPU
+  EP and goes on): every WebGPU session is checked to have the EP in force.
+- A software adapter is listed only with ``ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1``; kvlab sets it when the adapter
+  it found is a software one.
 - Device tensors are allocated directly (``OrtValue.ortvalue_from_shape_and_type(shape, dtype, "webgpu", 0)``,
   zero-filled); no helper model. Host data goes in with ``ort.copy_tensors`` (or ``update_inplace``).
 - The WebGPU context is created by the first thing that touches the device, with that session's options (or the
@@ -21,7 +22,13 @@ differs, measured here with onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0 on 
   it stays for the life of the process, even after every session is released. So kvlab opens a one-node session
   with the device's options before its first allocation, and refuses a WebGPU device with other context options
   later in the same process (it would silently run with the first ones): use a new process.
-- A captured graph can be released on its own (``InferenceSession.release_captured_graph``).
+- A fixed-size state bound as both input and output of one run is accepted (``webgpu_states_in_place``).
+- A captured graph can be released on its own (``InferenceSession.release_captured_graph``); a host value bound
+  under capture is refused by its Python layer.
+- Prefill logits equal the CPU EP's on a software adapter too.
+- After onnxruntime-genai ran on WebGPU in the process, a kvlab WebGPU session left to the interpreter's
+  finalization aborts the process at exit: kvlab lets go of its sessions first
+  (``kvlab.ort.session.drop_every_session``).
 """
 
 from __future__ import annotations
@@ -72,11 +79,13 @@ def installed() -> bool:
 
 
 class PluginWebGpu(BuiltinWebGpu):
+    """The ``onnxruntime-ep-webgpu`` backend (see the module docstring). Raises DeviceError where onnxruntime is
+    older than ``MIN_ORT``, the EP library cannot be registered or lists no device, or a session does not run on
+    it."""
+
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"
-    # a state read and written in place by one run: accepted by onnxruntime-ep-webgpu 0.4.0, and conv-toy's and
-    # hybrid-toy's tokens equal transformers' that way (tests/test_beyond_full.py, SwiftShader)
-    webgpu_states_in_place = True
+    webgpu_states_in_place = True  # a state read and written in place by one run (tests/test_beyond_full.py)
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,7 +108,8 @@ class PluginWebGpu(BuiltinWebGpu):
 
     # -- the EP library and its device
     def ep_device(self, device: Any) -> Any:
-        """The ``OrtEpDevice`` of the WebGPU EP (the library registered first, once per process)."""
+        """The ``OrtEpDevice`` of the WebGPU EP (the library registered first, once per process). Raises
+        DeviceError when the library cannot be registered or lists no WebGPU device."""
         if self._ep_device is not None:
             return self._ep_device
         if device.adapter.kind == "software":  # the EP refuses a software adapter unless told it may use one
@@ -108,8 +118,8 @@ class PluginWebGpu(BuiltinWebGpu):
 
         with _REGISTER_LOCK:
             if "onnxruntime" not in _REGISTERED:
-                # kvlab's sessions log errors only (as on 1.27); the EP's factory logs through the default logger,
-                # e.g. a warning about the software adapter at every start
+                # kvlab's sessions log errors only (as on the built-in package); the EP's factory logs through the
+                # default logger, e.g. a warning about the software adapter at every start
                 self.ort.set_default_logger_severity(int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", "3")))
                 try:
                     self.ort.register_execution_provider_library("webgpu", ep.get_library_path())
@@ -195,8 +205,7 @@ class PluginWebGpu(BuiltinWebGpu):
     # -- onnxruntime-genai
     def prepare_genai(self, og: Any, device: Any) -> None:
         """genai loads EP libraries itself: register the WebGPU one there too, once per process, after ONNX Runtime
-        has it (genai alone, first in a process, answered "WebGPU execution provider is not supported in this
-        build")."""
+        has it (registered with genai alone, first in a process, genai does not find the EP)."""
         import onnxruntime_ep_webgpu as ep
 
         self._anchor(device)

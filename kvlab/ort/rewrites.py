@@ -1,30 +1,9 @@
-"""Build-time graph rewrites: what the onnxruntime-genai builder (0.18) emits for the architectures beyond full
-attention that onnxruntime 1.27 cannot load or computes differently from transformers, rewritten into ops 1.27
-has. Each rewrite changes only the nodes it names, returns one line per change (recorded in the model's
-``kvlab_recipe.json``) and is tested for token equality with transformers (tests/test_beyond_full.py).
-
-Measured with onnxruntime-webgpu 1.27.0 (its contrib schemas, ``get_all_operator_schema()``), builder 0.18.0 and
-transformers 5.24.0, 2026-12-01:
-
-- ``state_window``: builder 0.18 writes the attribute ``state_window=0`` on every ``CausalConvWithState`` and
-  ``LinearAttention`` node; 1.27's schemas do not have it ("Unrecognized attribute: state_window for operator
-  CausalConvWithState"). 0 means "no window" (the whole state), which is what 1.27 computes: the attribute is
-  dropped. A non-zero value cannot be dropped and is refused.
-- ``LinearAttentionGate(a, dt_bias, neg_exp_A, b)`` (Qwen3.5) is not registered in 1.27 ("com.microsoft:
-  LinearAttentionGate(-1) is not a registered function/op"): decay = neg_exp_A * Softplus(a + dt_bias), beta =
-  Sigmoid(b), as transformers' Qwen3.5 computes g and beta.
-- ``GatedRMSNorm(x, weight[D], z)`` (Qwen3.5) is not registered either: an RMS norm over each group of D values
-  (one value head), times the weight, times SiLU(z).
-- ``MRotaryEmbedding`` (Qwen3.5 configs with ``mrope_section``) is not registered: for text, the three rows of
-  M-RoPE positions (time, height, width) are equal, so it is a plain ``RotaryEmbedding`` of the same rotary
-  dimension on one row.
-- ``position_ids`` of rank 3 ([3, batch, sequence], Qwen3.5): 1.27's RotaryEmbedding takes rank 2 ("Input
-  'position_ids' is expected to have 0, 1, or 2 dimensions, got 3"; on WebGPU an invalid shader module). The
-  input becomes [batch, sequence] (the one row text has), which is what kvlab feeds every model.
-- Mistral's window: builder 0.18 reads ``config.sliding_window`` but sets ``local_window_size`` only on layers
-  whose ``layer_types`` entry is "sliding_attention"; MistralConfig has no layer_types, so every layer gets -1
-  and the model silently attends to everything (its tokens then equal transformers' with no window). The window
-  is written back on the layers the config makes slide.
+"""Build-time graph rewrites: what the onnxruntime-genai builder writes for the architectures beyond full attention
+that a package cannot load or computes differently from transformers (the built-in one: ``kvlab.ort.builtin``),
+rewritten into ops every package has, and a window the builder drops put back. Each rewrite changes only the nodes
+it names, returns one line per change (recorded in the model's ``kvlab_recipe.json``), raises ModelError for a
+graph it cannot rewrite exactly, and is tested for token equality with transformers (tests/test_beyond_full.py).
+``for_ort127`` runs them all.
 """
 
 from __future__ import annotations
@@ -46,6 +25,9 @@ def _attr(node: Any, name: str, default: Any = None) -> Any:
 
 
 def strip_state_window(model: Any) -> list[str]:
+    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
+    node: 0 means "no window" (the whole state), which is what a package without the attribute computes. A
+    non-zero window cannot be dropped: ModelError."""
     done = []
     for node in model.graph.node:
         if node.op_type not in STATE_OPS:
@@ -89,6 +71,8 @@ def _replace(model: Any, rewrite: Any) -> list[str]:
 
 
 def decompose_linear_attention_gate(model: Any) -> list[str]:
+    """``LinearAttentionGate(a, dt_bias, neg_exp_A, b)`` (Qwen3.5) in plain ops: decay = neg_exp_A * Softplus(a +
+    dt_bias), beta = Sigmoid(b), as transformers' Qwen3.5 computes g and beta."""
     from onnx import helper
 
     def rewrite(node: Any) -> Any:
@@ -111,6 +95,8 @@ def decompose_linear_attention_gate(model: Any) -> list[str]:
 
 
 def decompose_gated_rmsnorm(model: Any) -> list[str]:
+    """``GatedRMSNorm(x, weight[D], z)`` (Qwen3.5) in plain ops: an RMS norm over each group of D values (one value
+    head), times the weight, times SiLU(z). ModelError where the weight is not a 1-D initializer."""
     from onnx import helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -152,6 +138,8 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
 
 
 def mrope_to_rope(model: Any) -> list[str]:
+    """``MRotaryEmbedding`` (Qwen3.5 configs with ``mrope_section``) as a ``RotaryEmbedding`` of the same rotary
+    dimension on one position row: for text the three rows of M-RoPE positions (time, height, width) are equal."""
     from onnx import helper
 
     keep = ("interleaved", "num_heads", "rotary_embedding_dim")
@@ -174,8 +162,8 @@ def mrope_to_rope(model: Any) -> list[str]:
 
 
 def text_position_ids(model: Any) -> list[str]:
-    """A rank-3 ``position_ids`` input ([3, batch, sequence]) read only by rotary embeddings becomes [batch,
-    sequence]."""
+    """A rank-3 ``position_ids`` input ([3, batch, sequence], Qwen3.5) read only by rotary embeddings becomes [batch,
+    sequence]: the one row text has, which is what kvlab feeds every model. ModelError where another op reads it."""
     pos = next((i for i in model.graph.input if i.name == "position_ids"), None)
     if pos is None or len(pos.type.tensor_type.shape.dim) != 3:
         return []
@@ -194,7 +182,10 @@ def text_position_ids(model: Any) -> list[str]:
 
 
 def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> list[str]:
-    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1."""
+    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1. Why: the
+    builder reads ``config.sliding_window`` but sets the window only on layers whose ``layer_types`` entry is
+    "sliding_attention"; MistralConfig has no layer_types, so every layer would silently attend to everything.
+    ModelError for a layer whose window disagrees with the config."""
     import re
 
     done = []

@@ -21,7 +21,9 @@ _SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_sessio
 
 
 class Session:
-    """An InferenceSession on one device, checked to really run there."""
+    """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, checked to really run there;
+    ``label`` names it in errors, ``options`` are WebGPU EP options of this session alone. Raises DeviceError when
+    the session cannot be created or a heavy node (``HEAVY_OPS``) of a WebGPU session landed on the CPU EP."""
 
     def __init__(self, device: Any, path: str | bytes, label: str, options: dict[str, str] | None = None):
         self.device, self.label = device, label
@@ -97,6 +99,7 @@ class Binding:
         return dict(self._prebound)
 
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
+        """Bind an input: a DeviceTensor in place, or a host array (kept alive while bound)."""
         if isinstance(value, DeviceTensor):
             value = value.ortvalue()
             start = time.perf_counter()
@@ -107,7 +110,8 @@ class Binding:
         self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
-        """Bind an output to memory kvlab owns: the runtime must write into it, in place."""
+        """Bind an output to memory kvlab owns: the runtime must write into it, in place. Raises ConfigError for a
+        host array that is not writeable and C-contiguous."""
         if isinstance(target, DeviceTensor):
             ov, ptr = target.ortvalue(), target.data_ptr
         else:
@@ -141,7 +145,8 @@ class Binding:
 
     def run(self) -> RunResult:
         """Run the session on this binding. The outputs the runtime allocated come back owned (``RunResult.new``),
-        also when an exception lands right after the run: then they are released before it propagates."""
+        also when an exception lands right after the run: then they are released before it propagates. Raises
+        DeviceError when a binding with runtime-allocated outputs is run twice."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
         start = time.perf_counter()
@@ -183,11 +188,9 @@ class Binding:
 
 
 def drop_every_session() -> None:
-    """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings). With the plugin EP
-    (onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0), a process that had run onnxruntime-genai 0.18 on WebGPU
-    beside kvlab aborted at exit when a kvlab WebGPU session was left to the interpreter's finalization ("WebGPU
-    contexts have not been initialized or have been cleaned up", exit 134; here and on the H200): freed here,
-    while the runtime is whole, it exits cleanly. tests/test_plugin.py's second suite run checks the exit code."""
+    """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings), while the runtime
+    is whole: a WebGPU session left to the interpreter's finalization can abort the process there (the plugin EP
+    after onnxruntime-genai ran beside kvlab: ``kvlab.ort.plugin``)."""
     for s in list(_SESSIONS):
         s.ort = None
 

@@ -2,9 +2,8 @@
 
 No function here hands out a raw ``OrtValue`` for keeping: an OrtValue returned by an IOBinding does not own its
 buffer. Once that IOBinding's outputs are cleared and it runs again, the earlier value reads the new run's data or
-freed memory (verified on the CPU and WebGPU EPs of onnxruntime-webgpu 1.27: fed back as the next step's past it
-gave "malloc(): unsorted double linked list corrupted"). So every value kvlab keeps is wrapped together with the
-IOBinding that owns it, and released exactly once.
+freed memory. So every value kvlab keeps is wrapped together with the IOBinding that owns it, and released exactly
+once.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ ONNX_TYPES = {
 
 
 def numpy_dtype(onnx_type: str) -> np.dtype:
+    """The numpy dtype of an ONNX Runtime type name ("tensor(float)", ...); ConfigError for one kvlab does not
+    handle."""
     for dtype, name in ONNX_TYPES.items():
         if name == onnx_type:
             return dtype
@@ -35,7 +36,7 @@ _UNRELEASED: weakref.WeakSet[DeviceTensor] = weakref.WeakSet()  # for release_ev
 
 
 class DeviceTensor:
-    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is an error."""
+    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError."""
 
     def __init__(self, value: Any, device: Any, owner: _Owner | None = None, keep: Any = None):
         self._value = value  # the OrtValue (never handed out for keeping)
