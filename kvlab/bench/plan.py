@@ -30,7 +30,8 @@ from .weights import matmuls_only_model, weight_bytes_per_token
 
 @dataclass
 class Plan:
-    """What to sweep. The defaults are the reference run for this class of machine (see data/README.md)."""
+    """What to sweep. The defaults are the reference run for this class of machine (see data/README.md); ``quick``
+    is a small smoke run. Devices are "cpu" and "webgpu"; per-device fields are keyed by them."""
 
     targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
     precisions: list[str] = field(default_factory=lambda: ["fp32"])  # crossed with the targets
@@ -42,10 +43,10 @@ class Plan:
     static_fit: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # + context+new
     reps: int = 3
     genai: dict[str, bool] = field(default_factory=lambda: {"cpu": True, "webgpu": False})  # the peer row, per
-    # device (on WebGPU it prefills there itself: wrong from position 4 on SwiftShader with 1.27, so off by default)
+    # device (on WebGPU it prefills there itself, wrong where the package's WebGPU prefill is: off by default)
     buffer_cache_modes: list[str] = field(default_factory=lambda: ["bucket"])
     # where each device's rows prefill, once per cache kind, handed off to every run (None: each run prefills on
-    # its own device). WebGPU on a software adapter: on the CPU (fast, and 1.27's SwiftShader prefill is wrong)
+    # its own device). WebGPU: on the CPU (fast on a software adapter, and right where a WebGPU prefill is not)
     prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
     gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
     check_every: list[int] = field(default_factory=lambda: [1])  # static caches: read back presents every k steps
@@ -86,6 +87,8 @@ class Rounds:
 
 
 def interleaved(runners: dict[Variant, Callable[..., Run]], reps: int) -> Rounds:
+    """One warm-up run of every variant, then ``reps`` rounds of one run each, in order, with the memory bandwidth
+    measured before every round and after the last."""
     for fn in runners.values():  # warm-up: shader compilation, allocator pools, page faults
         fn()
     runs: dict[Variant, list[Run]] = {v: [] for v in runners}
@@ -126,6 +129,8 @@ def _nanmedian(values: list[float]) -> float:
 
 
 def summarize(runs: dict[Variant, list[Run]], baseline: Variant) -> dict[Variant, dict[str, Any]]:
+    """Per variant: medians over its runs, their spread, ratios to ``baseline`` paired run by run, and whether its
+    tokens equal the baseline's."""
     ref = runs[baseline]
     out = {}
     for v, rs in runs.items():
@@ -160,7 +165,7 @@ def prompt_ids(model: Any, length: int) -> np.ndarray:
 
 def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
     """Every model of the plan by (name, precision), loaded once, with every context checked to fit it (with its
-    new tokens) before anything runs, so a bad context never discards the rows measured before it."""
+    new tokens) before anything runs, so a bad context never discards the rows measured before it (ConfigError)."""
     models: dict[tuple[str, str], Model] = {}
     for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
         if (name, precision) not in models:
@@ -185,9 +190,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every row of ``plan``: ``{"environment", "plan", "rows", "complete"}``. A KeyboardInterrupt keeps what
-    was measured: it arrives as ``Interrupted`` with the finished contexts' rows (a context's rows join the result
-    all at once, after its last round)."""
+    """Run every row of ``plan``: ``{"environment", "plan", "rows", "complete"}``; ``log`` gets one line per row.
+    A KeyboardInterrupt keeps what was measured: it arrives as ``Interrupted`` with the finished contexts' rows (a
+    context's rows join the result all at once, after its last round). Raises ConfigError for a bad plan before
+    anything runs."""
     for mode in plan.buffer_cache_modes:
         check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     models = load_checked(plan)

@@ -49,7 +49,8 @@ class Cache:
     @contextmanager
     def use(self, info: Any, device: Any, needed: int) -> Iterator[Cache]:
         """Hold the cache for one generation of ``needed`` positions of the model ``info`` describes (its
-        ``name`` and KV ``layout``) on ``device``, starting from an empty sequence."""
+        ``name`` and KV ``layout``) on ``device``, starting from an empty sequence. Raises CacheStateError (disposed,
+        in use, bound to another model or device) and CapacityError (``needed`` does not fit)."""
         self._check_alive()
         if not self._lock.acquire(blocking=False):
             raise CacheStateError(
@@ -85,14 +86,14 @@ class Cache:
             raise CacheStateError(f"this {self.kind} cache was disposed; create a new one")
 
     def reset(self) -> None:
-        """Forget the sequence (the length goes to 0)."""
+        """Forget the sequence (the length goes to 0); CacheStateError while disposed or in use."""
         self._check_alive()
         if self._lock.locked():
             raise CacheStateError(f"cannot reset this {self.kind} cache while a generation is using it")
         self._reset()
 
     def dispose(self) -> None:
-        """Release every buffer. Idempotent; any later use is an error."""
+        """Release every buffer. Idempotent; any later use is a CacheStateError (as is disposing while in use)."""
         if self._disposed:
             return
         if self._lock.locked():
@@ -195,7 +196,8 @@ class Cache:
     def receive(self, src: Cache) -> tuple[CacheStep, int]:
         """Take over the sequence ``src`` holds on another device (e.g. a CPU prefill): copy its KV into this
         cache. Returns the step's allocations and the bytes copied. On any failure nothing is half-copied: this
-        cache stays empty (length 0) and reusable."""
+        cache stays empty (length 0) and reusable. Raises CacheStateError (outside ``use``, not empty, an empty
+        source), ConfigError (another kind or layout), DeviceError (no copy path), CapacityError."""
         self._check_alive()
         if not self._lock.locked():
             raise CacheStateError("receive() runs inside cache.use() (generate does it)")

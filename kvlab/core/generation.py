@@ -18,7 +18,8 @@ from .records import COLUMNS, StepRecord
 
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy by default; ``do_sample=True`` draws from the softmax (temperature, top-k, top-p), seeded."""
+    """Greedy by default; ``do_sample=True`` draws from the softmax (temperature, top-k, top-p), seeded. ConfigError
+    for a value out of range."""
 
     do_sample: bool = False
     temperature: float = 1.0
@@ -71,7 +72,8 @@ def _real(value: Any) -> bool:
 
 
 def check_sampling(sampling: Any, vocab_size: int) -> Sampling:
-    """The sampling settings of a generation (greedy when None), checked against the model's vocabulary."""
+    """The sampling settings of a generation (greedy when None), checked against the model's vocabulary
+    (ConfigError)."""
     if sampling is None:
         return Sampling()
     if not isinstance(sampling, Sampling):
@@ -136,6 +138,7 @@ def positions_needed(prompt_tokens: int, new_tokens: int) -> int:
 
 
 def check_new_tokens(max_new_tokens: Any) -> int:
+    """``max_new_tokens`` as an int when it is a positive int; else ConfigError."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
     return int(max_new_tokens)
@@ -151,7 +154,7 @@ def stop_reason(
 
 
 def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
-    """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
+    """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1); ConfigError otherwise."""
     fast = type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1  # a step's own token ids
     if fast and (
         ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size

@@ -1,6 +1,6 @@
 """Notebook widgets: ``CacheLab``, a dashboard to run one model with either cache and watch it step by step.
 
-    from kvlab.widgets import CacheLab
+    from kvlab.lab.widgets import CacheLab
     lab = CacheLab("toy", device="webgpu")
     lab                                   # shows the controls, a live chart and the table of runs
     lab.max_cache_len.value = 64          # every control can be driven from code (and from pytest)
@@ -10,7 +10,8 @@ Each run makes a fresh cache and disposes it at the end, so the lab never holds 
 That is what lets it honour a change of WebGPU buffer cache mode: ONNX Runtime keeps one WebGPU context per
 process whose mode is fixed when it is created, so a new mode means closing the context
 (``kvlab.close_device("webgpu")``) and opening a fresh one. kvlab refuses that while any cache still holds
-WebGPU tensors; the lab then says so and leaves the open context (and its mode) as it is.
+WebGPU tensors, and where the package keeps the context for the whole process (``kvlab.ort.plugin``); the lab then
+says so and leaves the open context (and its mode) as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..presets import BUILTIN_NAMES
 from .liveplot import LivePlot
 from .style import KIND_COLORS, runtime_text
 
-# Models too big for a software WebGPU adapter (SwiftShader decodes SmolLM2-135M at ~4 s per token).
+# Models too big for a software WebGPU adapter: seconds per token there (docs/known-limits.md, SwiftShader).
 SLOW_ON_SOFTWARE = frozenset({"smollm2"})
 
 LAB_TEXT = (
@@ -69,7 +70,7 @@ def open_webgpu(mode: str) -> Device:
 
 
 def prompt_ids(model: Model, n_tokens: int, text: str = LAB_TEXT) -> np.ndarray:
-    """``n_tokens`` real-text token ids: ``text`` tokenized and repeated as needed."""
+    """``n_tokens`` real-text token ids: ``text`` tokenized and repeated as needed (ValueError below 1)."""
     if n_tokens < 1:
         raise ValueError(f"prompt length {n_tokens} must be >= 1")
     return np.resize(model.encode(text), n_tokens).astype(np.int64)
@@ -77,7 +78,10 @@ def prompt_ids(model: Model, n_tokens: int, text: str = LAB_TEXT) -> np.ndarray:
 
 class CacheLab:
     """Controls for cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode;
-    a Run button; a live chart; a status line (memory plan, errors); a table with one row per run."""
+    a Run button; a live chart; a status line (memory plan, errors); a table with one row per run. The arguments
+    are the controls' first values (``models``: the other choices of the model control; ``allow_slow``: run a
+    model too big for a software adapter anyway). Raises ConfigError for a bad choice, ValueError for an unknown
+    model."""
 
     def __init__(
         self,
@@ -390,8 +394,8 @@ class CacheLab:
 
     def _warm_up(self, model: Model, ids: np.ndarray, dev: Device, cache_type: str, mode: str) -> None:
         """One untimed two-token run the first time a setting is used in this process: a fresh WebGPU context
-        compiles its shaders in its first steps (measured here: ~800 ms, which made the first timed run look
-        twice as slow as the next). Skipped when the run would not fit: the timed run reports that."""
+        compiles its shaders in its first steps, which would make the first timed run look slower than the next.
+        Skipped when the run would not fit: the timed run reports that."""
         size = self.max_cache_len.value if cache_type == "static" else None
         key = (model.name, dev.name, mode, cache_type, size, len(ids))
         if key in self._warmed or (size is not None and positions_needed(len(ids), 2) > size):

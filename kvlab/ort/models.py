@@ -22,7 +22,8 @@ from .layouts import read_info as read_layout
 
 
 def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (an onnxruntime-genai builder output or a Hugging Face ONNX export)."""
+    """The ``ModelInfo`` of a model directory (an onnxruntime-genai builder output or a Hugging Face ONNX export);
+    ModelError for a missing directory or one whose config and graph kvlab cannot use."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
@@ -30,7 +31,8 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
 
 
 class Model:
-    """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``)."""
+    """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``).
+    ModelError when the directory has no readable tokenizer.json."""
 
     def __init__(self, info: ModelInfo):
         self.info = info
@@ -80,7 +82,8 @@ class Model:
         return template
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render chat messages with the model's template (the same Jinja semantics transformers uses)."""
+        """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
+        ModelError (no template, a broken one), ConfigError (a malformed message, the template's own error)."""
         if self.chat_template is None:
             raise ModelError(f"model {self.name} has no chat template; pass plain text without --chat")
         for m in messages:
@@ -114,7 +117,8 @@ class Model:
     def encode(
         self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False
     ) -> np.ndarray:
-        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked)."""
+        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked); ConfigError
+        for an empty or malformed prompt, or ids outside the vocabulary."""
         if isinstance(prompt, np.ndarray) or (
             isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
         ):
@@ -164,7 +168,8 @@ def load(
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
     cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
     the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
-    "<name>-graph"; see kvlab.ort.capture)."""
+    "<name>-graph"; see kvlab.ort.capture). Raises ConfigError for a bad argument, ModelError for a directory
+    kvlab cannot use or a build that fails."""
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
     if graph_capture and not (isinstance(name_or_dir, str) and name_or_dir in BUILTIN_NAMES):

@@ -32,7 +32,9 @@ class Stepper:
     (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions.
 
     ``token_on_device=True``: greedy steps that hand back no logits (``choose`` None, ``logits_out="none"``) take
-    the token from the graph (``kvlab.ort.greedy``) and feed it to the next step from the device."""
+    the token from the graph (``kvlab.ort.greedy``) and feed it to the next step from the device. ``hooks`` get
+    every step's record. Raises ConfigError for a bad argument, and what the cache's ``use`` raises
+    (CapacityError, CacheStateError)."""
 
     def __init__(
         self,
@@ -91,7 +93,9 @@ class Stepper:
         self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None, logits_out: str = "last"
     ) -> tuple[np.ndarray | None, StepRecord]:
         """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
-        and the step's record."""
+        and the step's record. ``choose`` picks the token from the last logits (default greedy). Raises ConfigError
+        (bad tokens, more positions than the stepper was opened for) and what the cache and the run raise; a
+        failed step leaves the cache as it was."""
         start = time.perf_counter()
         if logits_out not in LOGITS_OUT:
             check_choice(logits_out, LOGITS_OUT, "logits_out=")

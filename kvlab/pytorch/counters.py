@@ -18,7 +18,8 @@ Per-step columns (``kvlab.COLUMNS``) keep their meaning on this backend:
 - on CPU there is no allocator statistic: ``alloc_requests``/``alloc_bytes`` count the tensors (and bytes) the
   step's aten operators returned that are not views or in-place results of their inputs (a
   ``TorchDispatchMode`` counter; a proxy for malloc calls; opt in with ``count_cpu_allocs=True``: it runs every
-  op through Python and slows a CPU step ~10x, so wall_ms is then not a timing), else -1; ``segments`` is -1.
+  op through Python and slows a CPU step many times over, so wall_ms is then not a timing), else -1; ``segments``
+  is -1.
 """
 
 from __future__ import annotations

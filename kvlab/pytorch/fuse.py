@@ -1,7 +1,7 @@
 """Fewer, larger kernels for batch-1 decode on PyTorch: ``fuse_modules`` rewrites a Llama-family model in place
 (q/k/v and gate/up as single GEMMs, RMSNorm through ``F.rms_norm``) and can swap in a decode attention that reads
 the static cache where it lies. Same function, same weights; float rounding can differ in the last bits.
-Measured on an NVIDIA H200: ``data/h200/README.md``."""
+What each choice does to a decode step, recorded on an NVIDIA H200: ``data/h200/README.md``."""
 
 from __future__ import annotations
 
@@ -28,10 +28,9 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
     - "reduce": ``reduce_attention``: plain float32 arithmetic that ``torch.compile`` fuses into a few
       reduction kernels reading the cache in place (no K/V copies, no library attention call).
 
-    Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced.
-    Measured on the H200 (data/h200/README.md): "packed-gqa" lost on SmolLM2-135M (cuDNN picks a prefill kernel
-    for G query rows) and was a wash on Llama-1B; "reduce", compiled, is the fastest (Llama-1B bf16: 1.30 ->
-    1.25 ms per token, 1.12-1.20 with ``compile_mode="max-autotune-no-cudagraphs"``)."""
+    Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced
+    (counts per kind). ConfigError for another ``attention``. "reduce" is meant to be compiled; which attention is
+    fastest on which model: data/h200/README.md."""
     check_choice(attention, ATTENTIONS, "attention=")
     done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "attention": 0}
     if attention != "sdpa" and getattr(model.hf.config, "_attn_implementation", None) == "sdpa":

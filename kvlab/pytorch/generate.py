@@ -124,7 +124,9 @@ def generate(
     """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
 
     ``cache``: "dynamic" | "static" | kvlab.DynamicCache() | kvlab.StaticCache(n) | a transformers Cache.
-    A static cache defaults to exactly prompt + max_new_tokens - 1 positions."""
+    A static cache defaults to exactly prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU
+    allocation proxy (``kvlab.pytorch.counters``; slow). Returns a ``Generation`` of ``TorchStepRecord`` s. Raises
+    ConfigError for a bad argument, CapacityError when the tokens do not fit the cache."""
     torch = need_torch()
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a kvlab.pytorch.TorchModel (kvlab.pytorch.load(...)), got {model!r}")

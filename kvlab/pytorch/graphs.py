@@ -3,7 +3,7 @@ step replayed per token (``mode="capture"``), optionally ``torch.compile``d firs
 ``mode="eager"`` runs the same device-side step without a graph (CPU, tests). Records, hooks and sampling follow
 kvlab's contract. A two-stage argmax stays on the device (captured with the step).
 
-Measured on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_pytorch_cuda_graphs.ipynb``.
+Recorded on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_pytorch_cuda_graphs.ipynb``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class GraphRunner:
     fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step;
     attention: its decode attention (``ATTENTIONS``; "reduce" pays off only compiled).
     keep_logits=False: the step keeps only its argmax (greedy only; a little faster).
+
+    Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for ``mode="capture"`` off CUDA.
     """
 
     def __init__(
@@ -299,8 +301,8 @@ def argmax_cols(n: int) -> int:
 
 
 def two_stage_argmax(x: torch.Tensor, cols: int) -> torch.Tensor:
-    """argmax of a 1-D tensor in two stages (rows of ``cols``, then the rows' maxima): a parallel reduction where a
-    single-block one takes ~30 us on a 128k vocabulary. Ties resolve to the first index, as argmax does."""
+    """argmax of a 1-D tensor in two stages (rows of ``cols``, then the rows' maxima): a parallel reduction where
+    torch's argmax reduces a large vocabulary in a single block. Ties resolve to the first index, as argmax does."""
     n = x.shape[0]
     if not cols or n % cols or n // cols < 2:
         return x.argmax()

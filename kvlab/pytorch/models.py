@@ -79,7 +79,7 @@ def need_torch():
 
 
 def check_transformers() -> str:
-    """The installed transformers version; raises when it is outside the supported range."""
+    """The installed transformers version; ModelError when it is missing or outside the supported range."""
     try:
         import transformers
     except ImportError as exc:
@@ -216,7 +216,9 @@ def load(
     name: str | None = None,
 ) -> TorchModel:
     """A transformers causal LM: a kvlab built-in name ("toy", "kv-heavy", "smollm2": the checkpoint the ONNX
-    model was built from), a local Hugging Face directory, or an already loaded ``PreTrainedModel``."""
+    model was built from), a local Hugging Face directory, or an already loaded ``PreTrainedModel``, on ``device``
+    ("cpu" or "cuda") in ``dtype``. Raises ConfigError for a bad argument, DeviceError when CUDA is asked for but
+    absent, ModelError for a source that is not a causal LM with a KV cache."""
     dev, dt = _placement(device, dtype, attn_implementation)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -251,7 +253,8 @@ def random_model(
     std: float = 0.02,
     attn_implementation: str = "sdpa",
 ) -> TorchModel:
-    """A random-weight Llama of a named shape (``SHAPES``), built directly on ``device`` (no tokenizer)."""
+    """A random-weight Llama of a named shape (``SHAPES``), built directly on ``device`` (no tokenizer); raises as
+    ``load`` does."""
     torch = need_torch()
     check_choice(shape, sorted(SHAPES), "shape=")
     dev, dt = _placement(device, dtype, attn_implementation)
