@@ -1,7 +1,7 @@
-"""Every bad input we tried, and the error it gets: the table in README.md ("Bad inputs and their errors") is
+"""Every bad input we tried, and the error it gets: the table in docs/reliability.md ("Bad inputs and their errors") is
 rendered from ``CASES`` below, and each row is run here. A row passes when kvlab raises the row's error class (a
 CLI row: exits with its code and prints exactly one line), the message holds the row's fragment (which names the
-bad value or what would be valid), and no device tensor is left alive. Regenerate the README table with
+bad value or what would be valid), and no device tensor is left alive. Regenerate the docs table with
 ``python tests/test_bad_inputs.py``."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import kvlab
 from kvlab import DynamicCache, Sampling, StaticCache, Stepper, generate, load, open_device
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLE_PAGE = ROOT / "docs" / "reliability.md"  # the page that shows the table
 MARK_START, MARK_END = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
 
 
@@ -619,26 +620,25 @@ def test_the_table_has_forty_rows_and_covers_every_area():
 
 
 def render() -> str:
-    """The README's table of bad inputs, from ``CASES``."""
+    """The docs' table of bad inputs, from ``CASES``."""
     cell = lambda text: text.replace("|", "\\|")  # noqa: E731
     rows = [f"| {c.area} | {cell(c.what)} | {c.error} | {cell(c.says)} |" for c in CASES]
     return "\n".join(["| Area | Bad input | Error | The message says (in part) |", "|---|---|---|---|", *rows])
 
 
-def test_the_readme_table_is_rendered_from_these_cases():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_table_is_rendered_from_these_cases():
+    text = TABLE_PAGE.read_text()
     found = re.search(re.escape(MARK_START) + r"\n(.*?)\n" + re.escape(MARK_END), text, re.S)
-    assert found, f"README.md has no {MARK_START} ... {MARK_END} block"
-    assert found.group(1) == render(), "README's bad-input table is stale: run python tests/test_bad_inputs.py"
+    assert found, f"{TABLE_PAGE.relative_to(ROOT)} has no {MARK_START} ... {MARK_END} block"
+    assert found.group(1) == render(), "the bad-input table is stale: run python tests/test_bad_inputs.py"
 
 
-if __name__ == "__main__":  # rewrite the README block
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+if __name__ == "__main__":  # rewrite the table in the docs page
+    text = TABLE_PAGE.read_text()
     block = f"{MARK_START}\n{render()}\n{MARK_END}"
     if MARK_START in text:
         text = re.sub(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), lambda _: block, text, flags=re.S)
     else:
-        sys.exit(f"add {MARK_START} and {MARK_END} to README.md where the table goes")
-    readme.write_text(text)
+        sys.exit(f"add {MARK_START} and {MARK_END} to {TABLE_PAGE.relative_to(ROOT)} where the table goes")
+    TABLE_PAGE.write_text(text)
     print(f"{len(CASES)} rows written")
