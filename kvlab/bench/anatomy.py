@@ -120,7 +120,7 @@ def step_phases(
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
     round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
-    (``kvlab.ort.greedy``; "choose" is then part of the run)."""
+    (``kvlab.ort.greedy``; "choose" is then part of the run). ConfigError for a bad count."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}={value!r} must be an int >= {least}")

@@ -11,6 +11,7 @@ from typing import Any
 
 
 def environment() -> dict[str, Any]:
+    """Python, torch, transformers and CUDA versions, the platform, and the GPU and its driver where there is one."""
     import torch
     import transformers
 
@@ -117,7 +118,8 @@ def _kernel_profile(fn: Callable[[], None], steps: int, dev) -> dict[str, Any]:
 
 
 def set_inductor(options: dict[str, Any]) -> None:
-    """Set torch._inductor.config entries by (dotted) name, e.g. {"coordinate_descent_tuning": True}."""
+    """Set torch._inductor.config entries by (dotted) name, e.g. {"coordinate_descent_tuning": True}; ValueError
+    for a name inductor does not have."""
     import torch._inductor.config as config
 
     for key, value in options.items():

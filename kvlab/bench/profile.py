@@ -23,7 +23,8 @@ def op_profile(
     be disposed), prefills ``context`` tokens, decodes ``new_tokens`` and averages the decode runs after the
     first. Rows: each op type's kernel time per step, "(between nodes)" (the run's time outside every node:
     scheduling, thread hand-offs) and "(run)" (the whole run). Profiling itself adds a little to each node. On
-    WebGPU a node's time is its CPU-side submission, not GPU execution."""
+    WebGPU a node's time is its CPU-side submission, not GPU execution. ConfigError for fewer than 3
+    ``new_tokens``."""
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 3:
         raise ConfigError(
             f"new_tokens={new_tokens!r} leaves no decode run to profile (the prefill and the first "

@@ -22,6 +22,8 @@ from .variants import GENAI, GENAI_GRAPH, KVLAB, MATMULS_ONLY, SMALL_PAGES
 
 
 def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[str, Any]:
+    """What a result was measured in: versions, backend, platform, CPU and Vulkan adapters, memory bandwidth, huge
+    pages (kvlab's and the genai peer's), CPU EP options, the commit and the date."""
     env = describe()
     cpu = opened("cpu")
     huge = {**memory.state(), "cpu_session_bytes": cpu.huge_page_bytes if cpu else 0, "genai_bytes": genai_huge_bytes}

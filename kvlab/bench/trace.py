@@ -94,6 +94,7 @@ def conformance(models: list[Model], device: str = "webgpu", prompt_tokens: int 
 
 
 def write_json(data: Any, path: Path) -> Path:
+    """Write ``data`` as JSON to ``path`` (its folder made first); returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=float))
     return path

@@ -89,6 +89,7 @@ class CpuClock:
 
 
 def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None = None) -> Run:
+    """A ``Run`` from a kvlab generation's tokens and records: medians over its decode steps."""
     med = lambda column: decode_median(records, column)  # noqa: E731
     cpu, thread = clock.medians() if clock is not None else (float("nan"), float("nan"))
     return Run(
@@ -118,6 +119,7 @@ def run_kvlab(
     hooks: Sequence[StepHook] = (),
     token_on_device: bool = False,
 ) -> Run:
+    """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after)."""
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(
@@ -143,6 +145,7 @@ class Prefilled:
 
 
 def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
+    """Prefill ``ids`` into ``cache`` on ``device`` and keep it (the caller disposes the cache)."""
     with Stepper(model, cache, open_device(device), len(ids)) as st:
         _, record = st.step(ids, logits_out="none")
     return Prefilled(cache, record.token)
@@ -157,6 +160,7 @@ def run_handoff(
     hooks: Sequence[StepHook] = (),
     token_on_device: bool = False,
 ) -> Run:
+    """One generation that hands ``pre``'s prefill off to a fresh cache on ``device`` and decodes there."""
     records: list[StepRecord] = []
     clock = CpuClock()
     needed = positions_needed(pre.cache.seq_length, new)
@@ -187,6 +191,7 @@ class GenaiPeer:
         self.version = getattr(og, "__version__", "?")
 
     def run(self, ids: np.ndarray, new: int, hooks: Sequence[Callable[[], None]] = ()) -> Run:
+        """One genai generation of ``new`` tokens after ``ids``; ``hooks`` are called after every token."""
         clock = CpuClock()
         clock()  # before the first call (it samples the prefill's logits, then every call runs one decode step)
         tokens, times = genai_decode(self.model, ids, new, on_token=lambda: [clock(), *[h() for h in hooks]])

@@ -45,7 +45,8 @@ def matmuls_only_model(model: Model, out: Path) -> tuple[Path, int]:
     """A graph of the model's MatMuls alone: the same weight tensors (read from a copy of the model's external
     data file in ``out``), each fed a constant row. Running it once costs what one decode step's matrix
     products cost with nothing around them: the floor ONNX Runtime's MatMul kernel sets, which the rest of a
-    step (attention, norms, scheduling, Python) adds to. Returns its path and the weight bytes one run reads."""
+    step (attention, norms, scheduling, Python) adds to. Returns its path and the weight bytes one run reads;
+    ConfigError for a model with no fp32 MatMul weights."""
     import onnx
     from onnx import TensorProto, external_data_helper, helper
 

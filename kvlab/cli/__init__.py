@@ -23,6 +23,7 @@ from .runs import emit, graph_kinds, run_kinds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status."""
     args = parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -42,6 +43,7 @@ def stop(signum: int, frame: object) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (module docstring)."""
     try:
         if args.command == "doctor":
             return doctor(as_json=args.json)

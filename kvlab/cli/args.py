@@ -200,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def ints(text: str, flag: str) -> list[int]:
+    """The comma-separated positive ints of ``text``; ConfigError naming ``flag`` otherwise."""
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError as exc:

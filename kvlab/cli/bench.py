@@ -1,4 +1,5 @@
-"""``kvlab bench`` and ``kvlab profile``."""
+"""``kvlab bench``, ``kvlab profile``, ``kvlab trace`` and ``kvlab conformance``: each turns its arguments into a
+call of ``kvlab.bench``, prints what it measured and returns the exit status."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ class Adapter:
     """What executes a device's kernels."""
 
     name: str  # e.g. "SwiftShader Device (Subzero)", "NVIDIA H200", or the CPU model
-    kind: str  # "hardware" or "software" (a CPU-emulated GPU such as SwiftShader counts as software)
+    kind: str  # "hardware" or "software" (a CPU-emulated GPU counts as software)
     api: str  # "vulkan", "metal", "d3d12", "cpu" or "cuda"
     source: str = ""  # how it was found (the Vulkan driver manifest, ...)
     shader_f16: bool | None = None  # WebGPU: can its shaders compute in float16 (None: not known)

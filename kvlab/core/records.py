@@ -125,7 +125,7 @@ def step_record(
 
 
 def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
-    """``on_step`` as a list of hooks (one hook, several, or none)."""
+    """``on_step`` as a list of hooks (one hook, several, or none); ConfigError for one that is not callable."""
     if on_step is None:
         return []
     if callable(on_step):

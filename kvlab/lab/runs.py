@@ -34,7 +34,8 @@ class Run:
 
 def as_run(obj: Any, name: str = "") -> Run:
     """A ``Run`` from a ``kvlab.Generation``, a ``Run``, or a DataFrame whose ``attrs["label"]`` is the
-    ``RunLabel`` of what produced it (as ``Generation.frame()`` sets it)."""
+    ``RunLabel`` of what produced it (as ``Generation.frame()`` sets it). ValueError for a DataFrame without that
+    label, TypeError for anything else."""
     if isinstance(obj, Run):
         if name:
             obj.name = name
@@ -58,6 +59,7 @@ def as_run(obj: Any, name: str = "") -> Run:
 
 
 def as_runs(objs: Any) -> list[Run]:
+    """``as_run`` of one object, a list of them, or a dict (its keys become the legend names)."""
     if isinstance(objs, dict):
         return [as_run(v, str(k)) for k, v in objs.items()]
     if isinstance(objs, (list, tuple)):

@@ -33,7 +33,7 @@ from ..presets import BUILTIN_NAMES
 from .liveplot import LivePlot
 from .style import KIND_COLORS, runtime_text
 
-# Models too big for a software WebGPU adapter: seconds per token there (docs/known-limits.md, SwiftShader).
+# Models too big for a software WebGPU adapter: seconds per token there (docs/known-limits.md).
 SLOW_ON_SOFTWARE = frozenset({"smollm2"})
 
 LAB_TEXT = (

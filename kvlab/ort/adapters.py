@@ -50,7 +50,8 @@ def configure_vulkan(choice: str | None = None) -> str:
 
     ``choice`` (or env ``KVLAB_WEBGPU_ADAPTER``): "auto" uses a hardware driver when one is installed, else
     SwiftShader from Debian's chromium-common; "software" forces SwiftShader; "hardware" leaves the loader alone.
-    An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done.
+    An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done (the
+    first call's note: the loader reads the environment once). ConfigError for another choice.
     """
     global _VULKAN_NOTE
     choice = choice or os.environ.get("KVLAB_WEBGPU_ADAPTER", "auto")
@@ -139,13 +140,15 @@ _VK_API_1_1 = (1 << 22) | (1 << 12)
 
 @dataclass(frozen=True)
 class VulkanDevice:
+    """One physical device as the Vulkan loader reports it."""
+
     name: str
     type: str  # "discrete", "integrated", "virtual", "cpu" or "other"
     shader_f16: bool | None  # the Vulkan features WebGPU's shader-f16 rests on (float16 arithmetic, 16-bit storage)
 
 
 def vulkan_adapters() -> list[VulkanDevice]:
-    """Every physical device the Vulkan loader reports, as Dawn will see them."""
+    """Every physical device the Vulkan loader reports, as Dawn will see them (empty without a Vulkan loader)."""
     try:
         vk = ctypes.CDLL("libvulkan.so.1")
     except OSError:

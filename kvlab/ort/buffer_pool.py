@@ -44,7 +44,8 @@ BUCKET_LINES_MIB: tuple[int, ...] = (4, 8, 12, 16)
 
 
 def bucket_positions(bytes_per_tensor_token: float, buckets_mib: Iterable[int] = BUCKET_LINES_MIB) -> dict[int, int]:
-    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens)."""
+    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens); ValueError unless
+    ``bytes_per_tensor_token`` > 0."""
     if not bytes_per_tensor_token or bytes_per_tensor_token <= 0:
         raise ValueError(f"bytes_per_tensor_token={bytes_per_tensor_token!r} must be > 0")
     return {b: int(np.ceil(b * MiB / bytes_per_tensor_token)) for b in buckets_mib}
@@ -98,7 +99,7 @@ class FreshCost:
 def fit_fresh_cost(points: Iterable[tuple[int, int, float]], threshold: int = 4 * MiB) -> FreshCost:
     """A ``FreshCost`` from (fresh buffers per step, bytes per buffer, ms a step takes beyond a static cache's)
     measured with every buffer fresh: the mean per-buffer cost at or below ``threshold``, a least-squares line in
-    MiB above it (it needs two sizes above the threshold)."""
+    MiB above it (ValueError without points at two sizes above the threshold)."""
     pts = [(nbytes, extra / fresh) for fresh, nbytes, extra in points if fresh > 0]
     small = [ms for nbytes, ms in pts if nbytes <= threshold]
     large = [(nbytes / MiB, ms) for nbytes, ms in pts if nbytes > threshold]

@@ -51,7 +51,8 @@ def _targets(point: str) -> list[tuple[type, str]]:
 @contextmanager
 def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> Iterator[dict[str, int]]:
     """Inside the block, the ``at_call``-th call of ``point`` (see the module docstring) fails with ``error``.
-    Yields a counter: ``{"calls": n, "raised": 0 or 1}``."""
+    Yields a counter: ``{"calls": n, "raised": 0 or 1}``. ConfigError for an unknown point, ValueError for an
+    ``at_call`` that is not a positive int."""
     check_choice(point, POINTS, "fault point ")
     if isinstance(at_call, bool) or not isinstance(at_call, int) or at_call < 1:
         raise ValueError(f"at_call={at_call!r} must be a positive int")

@@ -58,6 +58,7 @@ KIND_PRECEDENCE = ("GroupQueryAttention", "LinearAttention", "CausalConvWithStat
 
 
 def known_ops() -> str:
+    """The ops kvlab reads a cache entry from, with what each keeps, for error messages."""
     return ", ".join(f"{op} ({rule.what})" for op, rule in OPS.items())
 
 
@@ -75,7 +76,9 @@ def read_layers(
     graph: Any, layers: int, declared: dict[str, tuple[int, str, str]], head_dim: int, kv_heads: int, path: Path
 ) -> CacheLayout:
     """The ``CacheLayout`` of a graph. ``declared``: past input -> (layer, role, present output), from the config;
-    ``head_dim``/``kv_heads`` fill KV dims the graph leaves symbolic."""
+    ``head_dim``/``kv_heads`` fill KV dims the graph leaves symbolic; ``path`` names the model in errors. Raises
+    ModelError where the graph contradicts the config, a layer has no cache input, or a state is read by an op
+    kvlab does not know."""
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
     read_by, made_by = uses(graph), producers(graph)

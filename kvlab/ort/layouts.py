@@ -97,6 +97,8 @@ def _names(fmt_key: str, fmt_value: str, layers: int, file: Path) -> tuple[tuple
 
 
 def declared_genai(path: Path) -> Declared:
+    """What an onnxruntime-genai builder output's genai_config.json declares; ModelError for a malformed config or
+    a model with an encoder."""
     file = path / "genai_config.json"
     config = _load_json(file)
     model = _get(config, "model", file)
@@ -149,7 +151,8 @@ def declared_genai(path: Path) -> Declared:
 
 
 def declared_hf(path: Path) -> Declared:
-    """A Hugging Face Optimum / transformers.js export: config.json and model.onnx (or onnx/model.onnx)."""
+    """What a Hugging Face Optimum / transformers.js export declares: config.json and model.onnx (or
+    onnx/model.onnx); ModelError for a malformed config, a missing graph or an encoder-decoder."""
     file = path / "config.json"
     config = _load_json(file)
     decoder = next((f for f in ("model.onnx", "onnx/model.onnx") if (path / f).is_file()), None)
@@ -193,7 +196,8 @@ def declared_hf(path: Path) -> Declared:
 
 
 def read_info(path: Path, name: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph."""
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph; ModelError
+    naming the first disagreement, or what kvlab cannot feed or hold."""
     if (path / "genai_config.json").is_file():
         d = declared_genai(path)
     elif (path / "config.json").is_file():

@@ -17,7 +17,8 @@ from .models import Model
 def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = None) -> Any:
     """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. ``graph_capture`` (WebGPU):
     True or False overrides the ``enableGraphCapture`` of its genai_config.json (None keeps it; the builder writes
-    "1" for a model built with enable_webgpu_graph=true)."""
+    "1" for a model built with enable_webgpu_graph=true). Raises ModelError when onnxruntime-genai is not
+    installed, ConfigError for ``graph_capture`` off WebGPU."""
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
@@ -66,7 +67,7 @@ def genai_greedy(model: Model, prompt_ids: Sequence[int], max_new_tokens: int, d
 
 
 def hf_checkpoint(model: Model) -> Path:
-    """The Hugging Face checkpoint a built-in model was built from."""
+    """The Hugging Face checkpoint a built-in model was built from; ModelError for a model kvlab did not build."""
     recipe = model.info.path / "kvlab_recipe.json"
     if not recipe.is_file():
         raise ModelError(f"{model.info.path} was not built by kvlab; there is no PyTorch checkpoint to compare with")

@@ -125,7 +125,7 @@ Recipe = TinyLlama | SmolLM2 | TinyArch
 _S, _F, _L, _C = "sliding_attention", "full_attention", "linear_attention", "conv"
 
 RECIPES: dict[str, Recipe] = {
-    # fast enough to decode interactively on SwiftShader
+    # fast enough to decode interactively on a software WebGPU adapter
     "toy": TinyLlama(
         layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, context=4096, seed=0
     ),
