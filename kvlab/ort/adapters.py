@@ -23,8 +23,8 @@ LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/s
 EXTRA_ICD_DIRS = ("/usr/local/nvidia/share/vulkan/icd.d",)
 _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
 # the libraries a GPU's Vulkan driver loads before it can start, by the Debian/Ubuntu package that ships each
-# (the NVIDIA driver's libGLX_nvidia.so.0 needs glvnd: measured on a headless NVIDIA H200 machine, where without
-# them the loader found no device)
+# (the NVIDIA driver's libGLX_nvidia.so.0 needs glvnd: without it a headless machine's loader finds no device;
+# data/gpu/README.md, "Doctor")
 LIBRARY_PACKAGES = {
     "libGLX.so.0": "libglx0",
     "libGLdispatch.so.0": "libglvnd0",
