@@ -4,21 +4,24 @@
 # dependency. Safe to re-run: each step is skipped when already done.
 #
 #   bash scripts/setup.sh          # everything needed to run kvlab and its notebooks
-#   bash scripts/setup.sh --test   # ... plus what the test suite needs (Chromium for Playwright and kaleido,
-#                                  #     .venv-optimum with Hugging Face Optimum for an exported test model,
-#                                  #     and .venv-plugin, which the suite also runs in: see --plugin)
+#   bash scripts/setup.sh --test   # ... plus what the fast test tier needs (pytest, hypothesis, ruff, the kernel)
+#   bash scripts/setup.sh --full   # ... plus what the full run needs: Chromium (Playwright, kaleido), the docs
+#                                  #     tools, .venv-optimum (Hugging Face Optimum, for an exported test model)
+#                                  #     and .venv-plugin (see --plugin)
 #   bash scripts/setup.sh --plugin # ... plus .venv-plugin: kvlab on onnxruntime (>= 1.31) + the WebGPU plugin EP
 #                                  #     onnxruntime-ep-webgpu, with onnxruntime-genai installed normally
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_test=0
+want_full=0
 want_plugin=0
 for arg in "$@"; do
   case "$arg" in
-    --test) want_test=1; want_plugin=1 ;;
+    --test) want_test=1 ;;
+    --full) want_test=1; want_full=1; want_plugin=1 ;;
     --plugin) want_plugin=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (valid: --test, --plugin)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown argument '$arg' (valid: --test, --full, --plugin)" >&2; exit 2 ;;
   esac
 done
 
@@ -47,7 +50,7 @@ if [ "$(uname -s)" = Linux ]; then
   if ! has_gpu_vulkan_driver && [ ! -e /usr/lib/chromium/vk_swiftshader_icd.json ]; then
     apt_pkgs+=(chromium-common)   # ships Google's SwiftShader Vulkan driver: WebGPU without a GPU
   fi
-  if [ "$want_test" = 1 ] && [ ! -x /usr/bin/chromium ]; then
+  if [ "$want_full" = 1 ] && [ ! -x /usr/bin/chromium ]; then
     apt_pkgs+=(chromium)          # the browser Playwright and kaleido drive (never a downloaded one)
   fi
 fi
@@ -74,9 +77,13 @@ fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 extras="build,notebook"
-[ "$want_test" = 1 ] && extras="all"
-stamp=".venv/.kvlab-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$extras"
-if [ -e "$stamp" ] || { [ "$extras" != all ] && ls .venv/.kvlab-setup-"$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"-all >/dev/null 2>&1; }; then
+[ "$want_test" = 1 ] && extras="build,notebook,test"
+[ "$want_full" = 1 ] && extras="all"
+digest="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+stamp=".venv/.kvlab-setup-$digest-$extras"
+# a stamp of a larger set of extras covers a smaller one
+covered() { case "$1" in build,notebook) ls .venv/.kvlab-setup-"$digest"-* ;; build,notebook,test) ls .venv/.kvlab-setup-"$digest"-all ;; *) false ;; esac >/dev/null 2>&1; }
+if [ -e "$stamp" ] || covered "$extras"; then
   say "Python packages already installed ($stamp)"
 else
   if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
@@ -101,6 +108,8 @@ fi
 if [ "$want_test" = 1 ]; then
   # The notebooks' kernel: one name across all of them.
   .venv/bin/python -m ipykernel install --sys-prefix --name kvlab --display-name "Python (kvlab)" >/dev/null
+fi
+if [ "$want_full" = 1 ]; then
   # Hugging Face Optimum in an environment of its own (it pins transformers 4.x): the tests export a tiny Llama
   # with it, as transformers.js models are exported, and check what kvlab does with such a model.
   if [ ! -x .venv-optimum/bin/optimum-cli ]; then

@@ -16,6 +16,7 @@ import kvlab
 from kvlab.presets import byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tiers"]  # the test tiers: marks given by rule
 
 
 @pytest.fixture(scope="session")

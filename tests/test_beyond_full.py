@@ -133,7 +133,6 @@ def test_the_window_is_applied(models, reference, name):
     assert out[0, len(PROMPT) :].tolist() != reference[name]
 
 
-@pytest.mark.webgpu
 @pytest.mark.parametrize("name", PRESETS)
 def test_both_caches_are_token_identical_to_transformers_on_webgpu(models, reference, name):
     """WebGPU has every op these graphs use (GroupQueryAttention with a window, CausalConvWithState,
@@ -152,7 +151,6 @@ def test_both_caches_are_token_identical_to_transformers_on_webgpu(models, refer
     assert dev.live_tensors == before
 
 
-@pytest.mark.webgpu
 @pytest.mark.parametrize("name", STATEFUL + ["sliding-toy"])
 def test_webgpu_alone_token_by_token_equals_transformers(models, reference, name):
     """All on WebGPU, the prompt fed one token per step (each step a decode step: right on SwiftShader), so the
@@ -171,7 +169,7 @@ def test_webgpu_alone_token_by_token_equals_transformers(models, reference, name
 
 # ------------------------------------------------------------------------------ memory to the byte
 @pytest.mark.parametrize("name", PRESETS)
-@pytest.mark.parametrize("device", ["cpu", pytest.param("webgpu", marks=pytest.mark.webgpu)])
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_memory_per_layer_is_exact_against_the_tensors_held(models, name, device):
     model, dev = models[name], open_device(device)
     info = model.info
@@ -215,7 +213,7 @@ def _decode_with_retries(
 
 @pytest.mark.parametrize("point, error", FAULTS, ids=[f"{p}-{type(e).__name__ if e else 'error'}" for p, e in FAULTS])
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("webgpu", marks=pytest.mark.webgpu)])
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_a_failed_step_leaves_the_states_as_they_were(models, reference, device, kind, point, error):
     """The fault matrix of tests/test_reliability.py on the hybrid model: its conv and recurrent states are
     rewritten every step, yet a failed step (the run, after it, the in-place check, the commit, Ctrl-C) leaves
@@ -307,7 +305,6 @@ def test_an_undeclared_state_input_is_named_with_the_op_reading_it(models, tmp_p
         kvlab.load(d)
 
 
-@pytest.mark.webgpu
 def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models):
     """The refusal names what onnxruntime-webgpu 1.27 does; binding a state in place by hand shows it still does
     (when a later version accepts it, this test says so). The plugin EP accepts it, and kvlab runs in-place states
@@ -369,7 +366,6 @@ def test_the_builds_record_their_graph_rewrites(models):
     assert recipe("gemma2-toy")["graph_rewrites"] == []
 
 
-@pytest.mark.slow
 def test_without_its_rewrites_the_builders_graph_does_not_load(models, tmp_path):
     """The builder's own Qwen3.5 graph, exported again here without kvlab's rewrites: onnxruntime 1.27 refuses
     it (what kvlab.ort.rewrites fixes); onnxruntime 1.31 (the plugin EP's environment) has those ops and loads it."""

@@ -29,8 +29,6 @@ OPENED = [REPO / "notebooks" / "01_dynamic_vs_static.ipynb"]  # opened and read 
 CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO / "artifacts"
 
-pytestmark = [pytest.mark.browser, pytest.mark.webgpu]
-
 
 def _free_port() -> int:
     with socket.socket() as s:

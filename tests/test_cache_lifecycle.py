@@ -22,7 +22,6 @@ from kvlab.ort.faults import Injected, fault, raising_hook
 
 PROMPT = [5, 6, 7, 8]
 MAX_LEN = 24  # the static cache's size: a generation of more than 21 new tokens does not fit
-EXAMPLES = 50  # sequences per (device, cache kind): 200 in all, up to 16 rules each
 KINDS = {"dynamic": DynamicCache, "static": lambda: StaticCache(MAX_LEN)}
 RULES = ("generation", "past_the_context", "failing_generation", "by_hand", "reset", "dispose", "use_after_dispose")
 ERRORS = {"error": lambda: Injected("injected"), "KeyboardInterrupt": KeyboardInterrupt}
@@ -176,8 +175,9 @@ def test_the_cache_lifecycle_against_a_reference_model(toy, device, kind):
     reference = generate(toy, PROMPT, device=device, max_new_tokens=MAX_LEN, stop_on_eos=False).token_ids
     ran: Counter = Counter()
     machine = lifecycle_machine(toy, device, kind, reference, ran)
+    examples = settings().max_examples  # sequences: the profile's (tests/tiers.py: few in the fast tier)
     machine.TestCase.settings = settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         stateful_step_count=16,
         deadline=None,
         derandomize=True,
@@ -185,4 +185,4 @@ def test_the_cache_lifecycle_against_a_reference_model(toy, device, kind):
     )
     machine.TestCase().runTest()
     print(f"{device} {kind}: {dict(ran)}")
-    assert ran["sequences"] >= EXAMPLES and all(ran[r] > 0 for r in RULES), ran
+    assert ran["sequences"] >= examples and all(ran[r] > 0 for r in RULES), ran

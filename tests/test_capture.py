@@ -21,7 +21,6 @@ from kvlab.ort.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_prob
 from kvlab.ort.device import backend
 from kvlab.ort.plugin import PluginWebGpu
 
-pytestmark = pytest.mark.webgpu
 PROMPT = [7, 81, 190, 33]  # four tokens: 1.27's SwiftShader prefill is right up to query position 3
 NEW = 12
 

@@ -59,7 +59,6 @@ def test_the_link_check_sees_links_and_skips_code():
     assert relative_links(sample) == ["docs/a.md", "img/b.png", "f.md", "ref/target.md"]
 
 
-@pytest.mark.slow
 def test_the_docs_build_with_warnings_as_errors(tmp_path):
     out = tmp_path / "html"  # myst-nb writes its output images beside it, in tmp_path/jupyter_execute
     command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(out)]

@@ -39,7 +39,6 @@ def test_kvlab_matches_onnxruntime_genai_on_a_chat_prompt(smollm2, long_prompt):
             assert generate(smollm2, ids, cache=cache, max_new_tokens=16, stop_on_eos=False).token_ids == want
 
 
-@pytest.mark.slow
 def test_kvlab_matches_transformers(smollm2, long_prompt, smol_runs):
     assert transformers_greedy(smollm2, long_prompt, NEW) == smol_runs[0].token_ids
 

@@ -36,7 +36,6 @@ def test_handoff_tokens_equal_an_all_cpu_run(name, n_prompt, new, kind):
     assert g.prefill_device.name == "cpu" and g.device.name == "webgpu"
 
 
-@pytest.mark.slow
 def test_handoff_on_smollm2(smollm2, long_prompt):
     """Real weights: a CPU prefill of ~300 tokens, then three decode steps on WebGPU (SwiftShader: ~4 s each)."""
     with StaticCache(512) as c:

@@ -43,8 +43,6 @@ def nbval_command(notebook: Path) -> list[str]:
     ]
 
 
-@pytest.mark.webgpu
-@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_under_nbval(notebook: Path) -> None:
     if notebook.stem == "02_max_cache_len_lab" and installed():

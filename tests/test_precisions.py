@@ -108,7 +108,6 @@ def test_a_directory_keeps_its_own_precision(toy):
     assert r.stderr.startswith("kvlab: error: precision 'bf16' cannot run here")
 
 
-@pytest.mark.slow
 def test_the_bf16_refusal_is_what_onnxruntime_says(tmp_path):
     """The reason kvlab gives for refusing bf16, measured: the builder's bf16 toy cannot open on the CPU EP."""
     from kvlab.ort.build import export
@@ -121,7 +120,6 @@ def test_the_bf16_refusal_is_what_onnxruntime_says(tmp_path):
         ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.slow
 def test_smollm2_int4_both_caches_identical_on_cpu(long_prompt):
     model = kvlab.load("smollm2", precision="int4")
     assert model.info.weights == "int4" and model.info.dtype == np.float16

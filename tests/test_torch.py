@@ -169,7 +169,6 @@ def test_two_stage_argmax_traces_and_matches_argmax(n):
     assert int(tg.two_stage_argmax(x, cols)) == n // 2
 
 
-@pytest.mark.slow
 def test_smollm2_torch_matches_ort_static_cache(smollm2):
     """Cross-framework parity: kvlab's ONNX Runtime StaticCache (CPU EP) and the PyTorch path (dynamic, static,
     graph runner step) give the same greedy tokens on SmolLM2-135M with its real weights."""

@@ -101,7 +101,6 @@ def test_bad_arguments_name_the_valid_choices(toy):
         CacheLab(toy, device="tpu")
 
 
-@pytest.mark.webgpu
 @pytest.mark.skipif(
     on_the_plugin_ep(),
     reason="the plugin EP keeps one WebGPU context per process, so a second "
