@@ -1,9 +1,8 @@
 """The two ONNX Runtime packages behind the one Backend seam.
 
-In .venv (onnxruntime-webgpu 1.27, the built-in EP) the last test runs the WHOLE suite again in .venv-plugin
-(onnxruntime 1.31.1 + onnxruntime-ep-webgpu 0.4.0, made by `bash scripts/setup.sh --test` or `--plugin`), so the
-README's one test command covers both packages. The other tests check what the plugin route does differently,
-on its real runtime (they run in .venv-plugin, during that second run)."""
+The full run (scripts/full_run.sh) runs every test marked ``package`` again in .venv-plugin (onnxruntime 1.31.1 +
+onnxruntime-ep-webgpu 0.4.0, made by ``bash scripts/setup.sh --full`` or ``--plugin``). The tests here check what
+the plugin route does differently, on its real runtime; in .venv they check the built-in route."""
 
 from __future__ import annotations
 
@@ -24,9 +23,6 @@ from kvlab.ort.device import backend
 from kvlab.ort.plugin import PluginWebGpu, installed
 
 REPO = Path(__file__).resolve().parents[1]
-PLUGIN_PYTHON = REPO / ".venv-plugin" / "bin" / "python"
-INNER = "KVLAB_PLUGIN_SUITE"  # set in the second run, so it does not start a third
-SAME_ON_BOTH_PACKAGES = ("test_torch.py", "test_browser.py")  # they run no ONNX Runtime code of the environment
 on_plugin = pytest.mark.skipif(not installed(), reason="the plugin route: runs in .venv-plugin")
 
 
@@ -146,33 +142,3 @@ def test_doctor_names_the_plugin_backend():
     assert out["backend"] == "onnxruntime-ep-webgpu (WebGPU plugin EP on onnxruntime)"
     assert out["versions"]["onnxruntime"] == "1.31.1" and out["versions"]["onnxruntime-webgpu"] == "missing"
     assert out["runs"]["webgpu"]["ok"] and out["runs"]["webgpu"]["tokens"] == out["runs"]["cpu"]["tokens"]
-
-
-@pytest.mark.skipif(installed() or os.environ.get(INNER) == "1", reason="the second run itself")
-@pytest.mark.timeout(3600)
-def test_the_whole_suite_passes_on_the_plugin_ep():
-    """CI's second environment: the suite again, in .venv-plugin, in a subprocess; every test whose outcome can
-    depend on the ONNX Runtime package. Left out, as they run nothing of it: the PyTorch backend's tests and its
-    notebook (05), and the browser test, whose JupyterLab kernel is the `kvlab` kernel of .venv either way."""
-    assert PLUGIN_PYTHON.is_file(), f"{PLUGIN_PYTHON} is missing: run `bash scripts/setup.sh --test`"
-    proc = subprocess.run(
-        [
-            str(PLUGIN_PYTHON),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests",
-            *[f"--ignore=tests/{f}" for f in SAME_ON_BOTH_PACKAGES],
-            "--deselect=tests/test_notebooks.py::test_notebook_runs_under_nbval[05_pytorch_cuda_graphs]",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=3500,
-        env={**os.environ, INNER: "1"},
-    )
-    tail = proc.stdout[-6000:]
-    assert proc.returncode == 0, f"the suite failed in .venv-plugin:\n{tail}\n{proc.stderr[-2000:]}"
-    assert " passed" in tail.splitlines()[-1]
