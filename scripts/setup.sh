@@ -159,4 +159,19 @@ PY
   fi
   say "plugin environment: .venv-plugin/bin/kvlab ($(.venv-plugin/bin/python -c 'from importlib.metadata import version as v; print("onnxruntime", v("onnxruntime"), "+ onnxruntime-ep-webgpu", v("onnxruntime-ep-webgpu"))'))"
 fi
+# The browser runner's npm packages (kvlab/web: onnxruntime-web, transformers.js, Dawn's Node bindings), exact
+# versions from kvlab/web/package-lock.json into the gitignored kvlab/web/node_modules; served by kvlab, never from
+# a CDN. --ignore-scripts: no install script is needed (and onnxruntime-node's would download binaries).
+if command -v npm >/dev/null 2>&1; then
+  wstamp="kvlab/web/node_modules/.kvlab-$(sha256sum kvlab/web/package-lock.json | cut -c1-16)"
+  if [ -e "$wstamp" ]; then
+    say "browser runner npm packages already installed ($wstamp)"
+  else
+    say "installing the browser runner's npm packages (kvlab/web/package-lock.json)"
+    npm ci --prefix kvlab/web --ignore-scripts --omit=optional --no-audit --no-fund --loglevel=error
+    touch "$wstamp"
+  fi
+else
+  say "no npm: skipping the browser runner's packages (kvlab.web, kvlab browser-bench); install Node.js + npm and re-run"
+fi
 say "done: .venv/bin/kvlab is ready ($(.venv/bin/python -c 'import onnxruntime as o; print("onnxruntime", o.__version__)'))"

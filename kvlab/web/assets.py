@@ -1,0 +1,110 @@
+"""The files the browser runner serves: kvlab's own JavaScript (``kvlab/web/js/``) and the npm packages installed
+at setup time (``scripts/setup.sh`` runs ``npm ci`` on ``kvlab/web/package.json``; nothing is fetched from a CDN
+at run time).
+
+Contract: ``npm_dir()`` is the folder holding the packages (``$KVLAB_WEB_ASSETS`` or ``kvlab/web/node_modules``);
+``npm_file(key)`` is the path of one served file by its key in ``NPM_FILES``, or a ``DeviceError`` naming the
+missing file and the command that installs it; ``versions()`` gives each package's installed version (read from
+its own package.json, never assumed); ``kvlab_file(name)`` is one of kvlab's JS files. ``pack(dest)`` copies only
+the files a Dawn-in-Node run needs (for a machine without npm), keeping the node_modules layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+from ..core.errors import ConfigError, DeviceError
+
+WEB_DIR = Path(__file__).resolve().parent
+JS_DIR = WEB_DIR / "js"
+PACKAGE_JSON = WEB_DIR / "package.json"
+INSTALL_HINT = "bash scripts/setup.sh (or: npm ci --ignore-scripts --omit=optional --prefix kvlab/web)"
+
+# key -> path under node_modules (served at /npm/<path>: the bundle finds its wasm beside itself)
+NPM_FILES = {
+    "ort": "onnxruntime-web/dist/ort.webgpu.bundle.min.mjs",  # the WebGPU build, its wasm glue bundled in
+    "ort-wasm": "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm",  # what that bundle loads
+    "transformers": "@huggingface/transformers/dist/transformers.web.min.js",
+}
+PACKAGES = ("onnxruntime-web", "@huggingface/transformers", "webgpu")
+# what `pack` copies for a Dawn-in-Node run on a Linux x86-64 machine (no transformers.js: it needs a browser)
+NODE_FILES = (
+    "onnxruntime-web/package.json",
+    "onnxruntime-web/dist/ort.webgpu.bundle.min.mjs",
+    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm",
+    "webgpu/package.json",
+    "webgpu/index.js",
+    "webgpu/dist/linux-x64/dawn.node",
+)
+
+
+def npm_dir() -> Path:
+    """The node_modules folder the runner serves from."""
+    override = os.environ.get("KVLAB_WEB_ASSETS")
+    return Path(override) if override else WEB_DIR / "node_modules"
+
+
+def pinned() -> dict[str, str]:
+    """The exact versions kvlab/web/package.json pins."""
+    return json.loads(PACKAGE_JSON.read_text())["dependencies"]
+
+
+def versions(root: Path | None = None) -> dict[str, str]:
+    """Installed version of each package ("missing" when it is not there), read from its package.json."""
+    root = root or npm_dir()
+    found = {}
+    for name in PACKAGES:
+        meta = root / name / "package.json"
+        try:
+            found[name] = json.loads(meta.read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            found[name] = "missing"
+    return found
+
+
+def npm_file(key: str) -> Path:
+    """The path of a served npm file, checked to exist."""
+    if key not in NPM_FILES:
+        raise ConfigError(f"npm asset {key!r} is not valid; choose one of {tuple(NPM_FILES)}")
+    path = npm_dir() / NPM_FILES[key]
+    if not path.is_file():
+        raise DeviceError(f"the browser runner's asset {path} is missing: install the npm packages with {INSTALL_HINT}")
+    return path
+
+
+def kvlab_file(name: str) -> Path:
+    """One of kvlab's own JS files (``kvlab/web/js/<name>``), checked to be one."""
+    path = JS_DIR / name
+    if "/" in name or name.startswith(".") or not path.is_file():
+        choices = tuple(sorted(p.name for p in JS_DIR.iterdir() if p.is_file()))
+        raise ConfigError(f"kvlab web file {name!r} is not valid; choose one of {choices}")
+    return path
+
+
+def dawn_node() -> Path:
+    """The Dawn Node binding (the npm package ``webgpu``) for this platform."""
+    arch = {"x86_64": "x64", "AMD64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "?")
+    system = {"Linux": "linux", "Darwin": "darwin", "Windows": "win32"}.get(platform.system(), "?")
+    where = "darwin-universal" if system == "darwin" else f"{system}-{arch}"
+    path = npm_dir() / "webgpu" / "dist" / where / "dawn.node"
+    if not path.is_file():
+        raise DeviceError(f"Dawn's Node binding {path} is missing: install the npm packages with {INSTALL_HINT}")
+    return path
+
+
+def pack(dest: Path) -> list[Path]:
+    """Copy the files a Dawn-in-Node run needs into ``dest`` (a node_modules layout); returns what was copied."""
+    copied = []
+    for rel in NODE_FILES:
+        src = npm_dir() / rel
+        if not src.is_file():
+            raise DeviceError(f"{src} is missing: install the npm packages with {INSTALL_HINT}")
+        target = Path(dest) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+        copied.append(target)
+    return copied

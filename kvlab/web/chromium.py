@@ -1,0 +1,140 @@
+"""Headless Chromium with WebGPU, opened on one URL, closed exactly once.
+
+Contract: ``Chromium(url)`` starts the browser in a process group of its own, with a throwaway profile, no
+first-run or background network traffic, and WebGPU enabled; ``adapter="swiftshader"`` asks for Chromium's
+SwiftShader (software) adapter, ``"default"`` for whatever the browser picks (a GPU when its driver works),
+``"auto"`` (the default) for SwiftShader exactly when no hardware Vulkan driver is installed. ``alive()`` says
+whether it still runs; ``close()`` ends the whole group (SIGTERM, then SIGKILL after a grace period) and removes
+the profile, once, also when called again or from ``__exit__`` after a KeyboardInterrupt. ``find_chromium()``
+gives the executable (``$KVLAB_CHROMIUM`` or the usual names) or raises a ``DeviceError`` saying how to get one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..core.errors import ConfigError, DeviceError, check_choice
+from ..ort.adapters import _icd_manifests, _is_software_icd
+
+ADAPTERS = ("auto", "swiftshader", "default")
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-sync",
+    "--disable-domain-reliability",
+    "--metrics-recording-only",
+    "--mute-audio",
+)
+
+
+def executable_override(var: str) -> str | None:
+    """The executable an environment variable names (None when unset); ConfigError when it is not one."""
+    value = os.environ.get(var)
+    if value and not (Path(value).is_file() and os.access(value, os.X_OK)):
+        raise ConfigError(f"{var}={value!r} is not an executable file")
+    return value or None
+
+
+def find_chromium() -> str:
+    override = executable_override("KVLAB_CHROMIUM")
+    if override:
+        return override
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise DeviceError(
+        "no Chromium found (tried chromium, chromium-browser, google-chrome): install Debian's `chromium` "
+        "(bash scripts/setup.sh --test does) or set KVLAB_CHROMIUM to a Chrome/Chromium executable"
+    )
+
+
+def hardware_vulkan() -> bool:
+    """Whether a hardware Vulkan driver is installed (then Chromium's default adapter is a GPU)."""
+    return any(not _is_software_icd(f) for f in _icd_manifests())
+
+
+def adapter_flags(adapter: str) -> list[str]:
+    check_choice(adapter, ADAPTERS, "adapter=")
+    software = adapter == "swiftshader" or (adapter == "auto" and not hardware_vulkan())
+    return ["--use-webgpu-adapter=swiftshader"] if software else []
+
+
+class Chromium:
+    """One headless Chromium process group (see the module docstring)."""
+
+    def __init__(self, url: str, *, adapter: str = "auto", executable: str | None = None) -> None:
+        flags = adapter_flags(adapter)
+        self.executable = executable or find_chromium()
+        self.profile = tempfile.mkdtemp(prefix="kvlab-chromium-")
+        self.log_path = Path(self.profile) / "chromium.log"
+        self._log = self.log_path.open("wb")
+        self._closed = False
+        env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
+        cmd = [self.executable, *FLAGS, *flags, f"--user-data-dir={self.profile}", url]
+        try:
+            self.process = subprocess.Popen(
+                cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._cleanup()
+            raise DeviceError(f"could not start {self.executable}: {exc}") from exc
+        self.flags = [*FLAGS, *flags]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 1500) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.process.poll() is None:
+                _signal_group(self.process, signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    _signal_group(self.process, signal.SIGKILL)
+                    self.process.wait(timeout=10)
+        finally:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._log.close()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+    def __enter__(self) -> Chromium:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group already ended
+        os.killpg(process.pid, sig)

@@ -1,0 +1,230 @@
+"""What the browser runner is asked to do, checked before any browser starts: a ``Job`` (model, prompt ids, new
+tokens, caches, repetitions) and its JSON form, the one thing the page reads.
+
+Contract: ``make_job`` takes a loaded kvlab ``Model`` (or a name), prompt ids and caches given as kvlab's cache
+names ("dynamic", "static@N", "static" = sized to fit, rounded up to 256 as ``kvlab generate`` does) or
+``CacheSpec``s; every bad value raises a kvlab error naming it and what would be valid, and a model the runner
+cannot drive (fixed-size states, a KV dtype other than float32/float16, presents that cannot share the past's
+buffer for a static cache) is refused with the reason. ``Job.to_json()`` is what the page receives; it lists the
+model's files (the decoder graph and its external data) by name and size, served or sent as bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag
+from ..core.generation import check_new_tokens, positions_needed
+from ..core.labels import CacheSpec
+from ..core.layout import check_max_cache_len
+from ..ort.device import BUFFER_CACHE_MODES
+from ..ort.graph import load_graph
+from ..ort.models import Model, load
+
+KV_DTYPES = ("float32", "float16")
+TRANSFORMERS_GRAPH = "model.transformers-js.onnx"
+DYNAMIC_IMPLS = ("auto", "transformers.js", "onnxruntime-web")
+
+
+def _round_up(needed: int, context: int) -> int:
+    return min(context, -(-needed // 256) * 256)
+
+
+def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
+    """A cache name ("dynamic", "static", "static@N") or CacheSpec as a CacheSpec sized and checked for the run."""
+    if isinstance(spec, CacheSpec):
+        kind, size = spec.kind, spec.max_cache_len
+    elif isinstance(spec, str) and spec in ("dynamic", "static"):
+        kind, size = spec, None
+    elif isinstance(spec, str) and spec.startswith("static@"):
+        kind, text = "static", spec.removeprefix("static@")
+        if not text.isdigit():
+            raise ConfigError(f"cache {spec!r}: the size after 'static@' must be a positive int, e.g. 'static@512'")
+        size = int(text)
+    else:
+        raise ConfigError(f"cache {spec!r} is not valid; choose 'dynamic', 'static' or 'static@N' (N a positive int)")
+    if kind == "dynamic":
+        return CacheSpec("dynamic")
+    if kind != "static":
+        raise ConfigError(f"cache kind {kind!r} is not valid; choose one of ('dynamic', 'static')")
+    size = _round_up(needed, context) if size is None else check_max_cache_len(size)
+    if size > context:
+        raise ConfigError(f"max_cache_len={size} is larger than the model's context length ({context})")
+    if size < needed:
+        raise CapacityError(f"{needed} positions are needed but max_cache_len is {size}")
+    return CacheSpec("static", size)
+
+
+def model_files(model: Model) -> list[Path]:
+    """The decoder graph and the external data files it names, in that order."""
+    graph = load_graph(model.onnx_path)
+    names = []
+    for init in graph.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location" and entry.value not in names:
+                names.append(entry.value)
+    files = [model.onnx_path] + [model.info.path / n for n in names]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelError(f"model {model.name}: {missing[0]} (named by {model.onnx_path.name}) is missing")
+    return files
+
+
+def check_model(model: Model) -> None:
+    """Refuse a model the browser runner cannot drive, saying why."""
+    info = model.info
+    states = [e for e in info.entries if not e.grows]
+    if states:
+        e = states[0]
+        raise ModelError(
+            f"model {info.name}: the browser runner holds growing key/value caches only; {e.past!r} is a fixed-size "
+            f"{e.role} state (read by {e.op}); run it natively with kvlab.generate"
+        )
+    if info.dtype_name not in KV_DTYPES:
+        raise ModelError(f"model {info.name}: KV dtype {info.dtype_name} is not valid here; choose one of {KV_DTYPES}")
+
+
+@dataclass
+class Job:
+    """One browser run: each cache generates ``max_new_tokens`` greedy tokens after ``prompt_ids``, ``reps``
+    times (interleaved: A B A B), after one unrecorded warm-up round when ``warmup``."""
+
+    model: Model
+    prompt_ids: list[int]
+    max_new_tokens: int
+    caches: list[CacheSpec]
+    reps: int = 1
+    warmup: bool = True
+    dynamic_impl: str = "auto"
+    buffer_cache_mode: str = ""  # the WebGPU EP's storage buffer cache mode; "" = onnxruntime-web's default (bucket)
+    files: list[Path] = field(default_factory=list)
+    transformers_graph: bytes = b""  # the decoder graph with concrete past shapes (``concrete_past_shapes``)
+    concrete: dict[str, int] = field(default_factory=dict)  # the dimension names it made concrete
+
+    @property
+    def blobs(self) -> dict[str, bytes]:
+        """Model files made here rather than read from the model directory, by name."""
+        return {TRANSFORMERS_GRAPH: self.transformers_graph} if self.transformers_graph else {}
+
+    def to_json(self) -> dict[str, Any]:
+        info = self.model.info
+        return {
+            "version": 1,
+            "model": {
+                "name": info.name,
+                "dtype": info.dtype_name,
+                "vocab_size": info.vocab_size,
+                "input_ids": info.input_names["input_ids"],
+                "attention_mask": info.input_names["attention_mask"],
+                "position_ids": info.input_names.get("position_ids"),
+                "logits": info.logits_name,
+                "entries": [
+                    {"past": e.past, "present": e.present, "kv_heads": e.dims[1], "head_dim": e.dims[3]}
+                    for e in info.entries
+                ],
+                "files": [{"name": f.name, "size": f.stat().st_size} for f in self.files],
+                "transformers_config": transformers_config(self.model),
+                "transformers_graph": (
+                    {"name": TRANSFORMERS_GRAPH, "size": len(self.transformers_graph), "concrete": self.concrete}
+                    if self.transformers_graph
+                    else None
+                ),
+            },
+            "prompt_ids": self.prompt_ids,
+            "max_new_tokens": self.max_new_tokens,
+            "caches": [{"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name} for c in self.caches],
+            "reps": self.reps,
+            "warmup": self.warmup,
+            "dynamic_impl": self.dynamic_impl,
+            "buffer_cache_mode": self.buffer_cache_mode,
+        }
+
+
+def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
+    """The decoder graph (weights still external, in the same files) with every symbolic past-input dimension
+    but batch and length made concrete, and which dimension names were replaced by what.
+
+    transformers.js 4.3.2 makes its first, empty past from the graph's input shapes and sets every symbolic
+    dimension but ``batch_size`` to 0: for a builder graph, whose pasts are ``[batch_size, kv_heads,
+    past_sequence_length, kv_cache_dim]``, that is ``[1, kv_heads, 0, 0]``, and GroupQueryAttention refuses it
+    ("Input 'past_key' dimension 3 should match the packed KV head dimension, got 0 expected 16", measured in
+    Chromium 156 on the toy model). Only this shape metadata changes; nodes and weights are the model's own."""
+    graph = load_graph(model.onnx_path)
+    entries = {e.past: e for e in model.info.entries}
+    replaced: dict[str, int] = {}
+    for value in graph.graph.input:
+        entry = entries.get(value.name)
+        if entry is None:
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if axis in (0, 2) or not dim.dim_param:
+                continue
+            replaced[dim.dim_param] = int(entry.dims[axis])
+            dim.dim_value = int(entry.dims[axis])
+    return graph.SerializeToString(), replaced
+
+
+def transformers_config(model: Model) -> dict[str, Any]:
+    """A Hugging Face config.json for transformers.js, written from what kvlab read off the graph (a builder
+    output has no config.json of its own)."""
+    info = model.info
+    return {
+        "model_type": info.model_type,
+        "num_hidden_layers": info.num_layers,
+        "num_attention_heads": info.num_heads or info.num_kv_heads,
+        "num_key_value_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "vocab_size": info.vocab_size,
+        "max_position_embeddings": info.context_length,
+        "eos_token_id": list(info.eos_token_ids),
+    }
+
+
+def make_job(
+    model: Model | str,
+    prompt_ids: Sequence[int] | np.ndarray,
+    *,
+    max_new_tokens: int = 16,
+    caches: Sequence[str | CacheSpec] = ("dynamic", "static"),
+    reps: int = 1,
+    warmup: bool = True,
+    dynamic_impl: str = "auto",
+    buffer_cache_mode: str = "",
+) -> Job:
+    """A checked ``Job`` (see the module docstring)."""
+    model = load(model)
+    check_model(model)
+    ids = model.check_ids(prompt_ids)
+    if ids.size == 0:
+        raise ConfigError("the prompt is empty (0 tokens); give at least one token id")
+    new = check_new_tokens(max_new_tokens)
+    needed = positions_needed(int(ids.size), new)
+    context = model.info.context_length
+    if needed > context:
+        raise CapacityError(f"{needed} positions are needed but model {model.name} holds at most {context}")
+    if isinstance(caches, (str, CacheSpec)):
+        caches = [caches]
+    specs = [parse_cache(c, needed, context) for c in caches]
+    if not specs:
+        raise ConfigError("caches is empty; give at least one of 'dynamic', 'static', 'static@N'")
+    if len({s.name for s in specs}) != len(specs):
+        raise ConfigError(f"caches {[s.name for s in specs]} name one cache twice; give each once")
+    if any(s.kind == "static" for s in specs) and not model.info.shares_buffers:
+        raise ModelError(f"model {model.name} cannot run a static cache: {model.info.sharing_problem}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ConfigError(f"reps={reps!r} must be a positive int")
+    check_flag("warmup", warmup)
+    if dynamic_impl not in DYNAMIC_IMPLS:
+        raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")
+    if buffer_cache_mode:
+        check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
+    ids_list = [int(i) for i in ids]
+    job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, model_files(model))
+    if dynamic_impl != "onnxruntime-web" and any(s.kind == "dynamic" for s in specs):
+        job.transformers_graph, job.concrete = concrete_past_shapes(model)
+    return job

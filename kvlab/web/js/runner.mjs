@@ -1,0 +1,136 @@
+// Runs one job (kvlab/web/job.py's JSON) on onnxruntime-web's WebGPU EP, in whatever host gives it a
+// navigator.gpu: a browser page, the notebook widget, or Node with Dawn's bindings.
+//
+// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep}) gives onnxruntime-web gpu's
+// high-performance adapter, opens one session of the model from bytes ({file name: Uint8Array}), wraps the
+// GPUDevice the WebGPU EP made for it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for job.reps rounds (after one warm-up round
+// when job.warmup), interleaved. The dynamic cache runs through transformers.js when transformers (a loader:
+// () => module) is given and the job allows it; when transformers.js cannot load the model and the job says
+// "auto", the error is kept in the result and the dynamic cache runs on onnxruntime-web directly, as
+// transformers.js runs it (fresh outputs every step). Every cache and the session are released exactly once,
+// also when a run fails; the result says how many buffers each release destroyed. Returns the result object
+// kvlab/web/results.py reads; throws on an error that leaves nothing to report.
+
+import { countBuffers } from './counters.mjs';
+import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
+import { decode } from './decode.mjs';
+import { generateWithTransformers } from './tjs.mjs';
+
+export async function openAdapter(gpu) {
+  if (!gpu) throw new Error('this host has no navigator.gpu: WebGPU is not available here');
+  const adapter = await gpu.requestAdapter({ powerPreference: 'high-performance' });
+  if (!adapter) throw new Error('navigator.gpu.requestAdapter() returned no adapter: WebGPU has no device here');
+  const info = adapter.info ?? {};
+  const adapterInfo = {
+    vendor: info.vendor ?? '',
+    architecture: info.architecture ?? '',
+    device: info.device ?? '',
+    description: info.description ?? '',
+    is_fallback: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
+    features: [...adapter.features].sort(),
+    max_buffer_size: Number(adapter.limits.maxBufferSize),
+  };
+  return { adapter, adapterInfo };
+}
+
+function rounds(job) {
+  const plan = [];
+  if (job.warmup) plan.push({ rep: -1, warmup: true });
+  for (let rep = 0; rep < job.reps; rep += 1) plan.push({ rep, warmup: false });
+  return plan;
+}
+
+async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
+  const cache =
+    spec.kind === 'static' ? new StaticKV(ort, device, job.model, spec.max_cache_len) : new DynamicKV(ort, job.model);
+  let result;
+  let before;
+  try {
+    result = await decode({
+      ort,
+      session,
+      model: job.model,
+      cache,
+      promptIds: job.prompt_ids,
+      maxNewTokens: job.max_new_tokens,
+      counters,
+      onStep,
+    });
+  } finally {
+    before = counters.snapshot();
+    cache.release();
+  }
+  const released = counters.delta(before, counters.snapshot());
+  return { ...result, release: { buffers_destroyed: released.destroyed, bytes_destroyed: released.bytes_destroyed } };
+}
+
+export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep }) {
+  const { adapter, adapterInfo } = await openAdapter(gpu);
+  if (job.model.dtype === 'float16' && !adapterInfo.features.includes('shader-f16')) {
+    throw new Error(
+      `model ${job.model.name} keeps a float16 KV cache, but this adapter (${adapterInfo.vendor} ` +
+        `${adapterInfo.architecture}) has no shader-f16; run a float32 build`,
+    );
+  }
+  ort.env.wasm.numThreads = 1;
+  ort.env.webgpu.adapter = adapter; // the EP makes its device on this adapter (it ignores a device set here)
+  const out = {
+    version: 1,
+    host,
+    adapter: adapterInfo,
+    ort_version: ort.env.versions.web,
+    transformers: null,
+    runs: [],
+  };
+  const decoder = job.model.files[0].name;
+  const externalData = job.model.files.slice(1).map((f) => ({ path: f.name, data: bytes[f.name] }));
+  const t0 = performance.now();
+  const ep = job.buffer_cache_mode ? { name: 'webgpu', storageBufferCacheMode: job.buffer_cache_mode } : 'webgpu';
+  const session = await ort.InferenceSession.create(bytes[decoder], {
+    executionProviders: [ep],
+    externalData,
+    preferredOutputLocation: outputLocations(job.model),
+  });
+  out.session_ms = performance.now() - t0;
+  // the EP's own device, wrapped before any run: every buffer a step creates or destroys is counted
+  const device = await ort.env.webgpu.device;
+  const counters = countBuffers(device);
+  out.device_features = [...device.features].sort();
+  let tjs = null;
+  const wantTjs = job.dynamic_impl !== 'onnxruntime-web' && job.caches.some((c) => c.kind === 'dynamic');
+  try {
+    if (wantTjs && transformers) {
+      try {
+        tjs = await transformers();
+        out.transformers = { version: tjs.env?.version ?? '', error: null };
+      } catch (err) {
+        out.transformers = { version: '', error: `loading transformers.js failed: ${err?.message ?? err}` };
+      }
+    } else if (wantTjs) {
+      out.transformers = { version: '', error: `transformers.js needs a browser; this host is ${host.kind}` };
+    }
+    if (job.dynamic_impl === 'transformers.js' && !tjs) throw new Error(out.transformers.error);
+    for (const round of rounds(job)) {
+      for (const spec of job.caches) {
+        const base = { cache: spec.name, kind: spec.kind, max_cache_len: spec.max_cache_len, ...round };
+        if (spec.kind === 'dynamic' && tjs) {
+          try {
+            const r = await generateWithTransformers({ tjs, job, bytes, counters, ep });
+            out.runs.push({ ...base, impl: 'transformers.js', tokens: r.tokens, steps: r.steps, release: null });
+            continue;
+          } catch (err) {
+            out.transformers.error = `transformers.js could not run model ${job.model.name}: ${err?.message ?? err}`;
+            tjs = null;
+            if (job.dynamic_impl === 'transformers.js') throw new Error(out.transformers.error);
+          }
+        }
+        const r = await runOwn({ ort, device, session, job, spec, counters, onStep });
+        out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
+      }
+    }
+  } finally {
+    await session.release();
+    out.counters = counters.snapshot();
+  }
+  return out;
+}

@@ -1,0 +1,78 @@
+"""The runner in Node with Dawn's bindings (``kvlab/web/js/node_host.mjs``): onnxruntime-web's WebGPU code on a
+machine without a browser. Dawn in Node is not a browser; its results say so (``BrowserHost.kind == "node"``).
+
+Contract: ``run_node(job, timeout, adapter)`` writes the job to a temporary folder, runs ``node`` on it in a
+process group of its own (killed, once, on timeout or KeyboardInterrupt), and returns the page-shaped result
+dict it wrote. ``adapter``: "swiftshader" points the Vulkan loader at SwiftShader, "auto" chooses as kvlab's own
+WebGPU does (``kvlab.ort.adapters.configure_vulkan``: a hardware driver when installed), "default" leaves the
+environment alone. ``find_node()`` gives the executable (``$KVLAB_NODE`` or ``node`` on PATH) or a
+``DeviceError`` saying how to get one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import DeviceError, check_choice
+from ..ort.adapters import SWIFTSHADER_ICD, configure_vulkan
+from .assets import JS_DIR, dawn_node, npm_dir, npm_file
+from .chromium import ADAPTERS, executable_override
+from .job import Job
+
+
+def find_node() -> str:
+    found = executable_override("KVLAB_NODE") or shutil.which("node")
+    if not found:
+        raise DeviceError("no `node` on PATH: install Node.js >= 18 (Debian/Ubuntu: apt-get install nodejs)")
+    return found
+
+
+def node_env(adapter: str) -> dict[str, str]:
+    check_choice(adapter, ADAPTERS, "adapter=")
+    env = dict(os.environ)
+    env.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    if adapter == "swiftshader":
+        if not os.path.exists(SWIFTSHADER_ICD):
+            raise DeviceError(f"SwiftShader's Vulkan driver {SWIFTSHADER_ICD} is missing: install chromium-common")
+        env["VK_ICD_FILENAMES"] = SWIFTSHADER_ICD
+    elif adapter == "auto":
+        configure_vulkan()
+        env.update({k: v for k, v in os.environ.items() if k.startswith("VK_")})
+    return env
+
+
+def run_node(job: Job, timeout: float = 600, adapter: str = "auto") -> dict[str, Any]:
+    node = find_node()
+    npm_file("ort")
+    dawn_node()
+    env = node_env(adapter)
+    with tempfile.TemporaryDirectory(prefix="kvlab-node-") as tmp:
+        job_file, out_file, log_file = Path(tmp, "job.json"), Path(tmp, "result.json"), Path(tmp, "node.log")
+        job_file.write_text(json.dumps(job.to_json()))
+        host_js = str(JS_DIR / "node_host.mjs")
+        cmd = [node, host_js, str(job_file), str(job.model.info.path), str(npm_dir()), str(out_file)]
+        with log_file.open("wb") as log:
+            process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise DeviceError(f"node ran past {timeout:g} s without a result; stopped it") from exc
+            finally:
+                if process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        if not out_file.is_file():
+            tail = log_file.read_text(errors="replace")[-800:]
+            raise DeviceError(f"node exited ({process.returncode}) without a result; its output ends: {tail}")
+        return json.loads(out_file.read_text())

@@ -1,0 +1,275 @@
+"""The page's result as kvlab records: checked field by field, then one ``Generation`` per run, with step records
+every kvlab chart draws and a label that says what produced them (the browser or Node host, the adapter as its
+``GPUAdapter.info`` reports it, onnxruntime-web's version, transformers.js's where it ran the dynamic cache).
+
+Contract: ``read_result(raw, job)`` raises ``DeviceError`` when the page reported an error (its message, one
+line) and when a field is missing or of the wrong kind (naming the field and what was expected); otherwise it
+returns a ``BrowserResult``. Its ``generations`` are ``BrowserGeneration``s (warm-up rounds included, flagged);
+their ``records`` are ``BrowserStepRecord``s: kvlab's ``StepRecord`` columns plus the exact GPU buffer counts of
+``WEB_COLUMNS``. ``rss_bytes`` is 0: a page cannot read its process's memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import DeviceError
+from ..core.generation import Generation
+from ..core.labels import Adapter, CacheSpec, DeviceLabel, RunLabel
+from ..core.records import COLUMNS, StepRecord
+from .job import Job
+
+# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS
+WEB_COLUMNS: dict[str, tuple[str, str]] = {
+    "gpu_buffers_created": (
+        "GPU buffers the device created during the step: every GPUDevice.createBuffer call, counted by wrapping it "
+        "in the page (KV, activations, kernel uniforms, staging)",
+        "exact",
+    ),
+    "gpu_buffers_destroyed": (
+        "GPU buffers destroyed during the step (GPUBuffer.destroy, wrapped the same way)",
+        "exact",
+    ),
+    "gpu_bytes_created": ("bytes of the buffers created, as requested", "exact"),
+    "gpu_bytes_destroyed": ("bytes of the buffers destroyed", "exact"),
+    "storage_buffers_created": ("of the buffers created, storage buffers: tensors (KV, activations)", "exact"),
+    "uniform_buffers_created": ("of the buffers created, uniform buffers: kernel parameters", "exact"),
+    "staging_buffers_created": (
+        "of the buffers created, MAP_READ/MAP_WRITE buffers: host copies (inputs up, logits down)",
+        "exact",
+    ),
+    "gpu_buffers_live": (
+        "buffers created since counting began and not destroyed, after the step (counting begins once the "
+        "session is open: its weights are not included)",
+        "exact",
+    ),
+}
+_GPU_KEYS = {
+    "gpu_buffers_created": "created",
+    "gpu_buffers_destroyed": "destroyed",
+    "gpu_bytes_created": "bytes_created",
+    "gpu_bytes_destroyed": "bytes_destroyed",
+    "storage_buffers_created": "storage_created",
+    "uniform_buffers_created": "uniform_created",
+    "staging_buffers_created": "staging_created",
+    "gpu_buffers_live": "live",
+}
+_STEP_INTS = ("step", "position", "n_tokens", "token", "cache_tensors_allocated", "cache_bytes_allocated")
+_STEP_INTS += ("new_buffers", "live_cache_bytes")
+IMPLS = ("onnxruntime-web", "transformers.js")
+
+
+@dataclass
+class BrowserStepRecord(StepRecord):
+    gpu_buffers_created: int
+    gpu_buffers_destroyed: int
+    gpu_bytes_created: int
+    gpu_bytes_destroyed: int
+    storage_buffers_created: int
+    uniform_buffers_created: int
+    staging_buffers_created: int
+    gpu_buffers_live: int
+
+
+assert [f for f in BrowserStepRecord.__dataclass_fields__ if f not in COLUMNS] == list(WEB_COLUMNS)
+
+
+@dataclass(frozen=True)
+class BrowserHost:
+    """What ran the page: a browser, or Node with Dawn's bindings (not a browser)."""
+
+    kind: str  # "browser" or "node"
+    name: str  # e.g. "Chromium 156.0.8078.114", "Node 20.20.2 + Dawn (npm webgpu 0.6.2)"
+    user_agent: str = ""
+    headless: bool | None = None
+
+    def __str__(self) -> str:
+        return self.name + (" (headless)" if self.headless else "")
+
+
+@dataclass
+class BrowserGeneration(Generation):
+    """A ``Generation`` made in a page: also the host, which library ran the cache, and the round."""
+
+    host: BrowserHost | None = None
+    impl: str = ""  # "onnxruntime-web" (kvlab's page code) or "transformers.js"
+    rep: int = 0  # the measured round (-1: the warm-up round)
+    warmup: bool = False
+    release: dict[str, int] | None = None  # what the cache's release destroyed (kvlab's runs)
+
+    def frame(self):
+        df = super().frame()
+        df.attrs["host"] = self.host
+        return df
+
+
+@dataclass
+class BrowserResult:
+    """Everything one page run reported."""
+
+    host: BrowserHost
+    adapter: Adapter
+    ort_version: str
+    transformers: dict[str, Any] | None  # {"version", "error"} where transformers.js was asked for
+    session_ms: float
+    generations: list[BrowserGeneration]
+    counters: dict[str, int] = field(default_factory=dict)  # the device's totals when the page finished
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def measured(self) -> list[BrowserGeneration]:
+        """The generations of the measured rounds (warm-up excluded)."""
+        return [g for g in self.generations if not g.warmup]
+
+    def by_cache(self, name: str) -> list[BrowserGeneration]:
+        return [g for g in self.measured if g.cache.name == name]
+
+
+def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise DeviceError(f"the page's result has no {where}{key!r}")
+    value = obj[key]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise DeviceError(f"the page's result: {where}{key!r} is {value!r}; expected {kind}")
+    if not isinstance(value, kind):
+        raise DeviceError(f"the page's result: {where}{key!r} is {type(value).__name__} {value!r:.60}; expected {kind}")
+    return value
+
+
+def _number(obj: dict, key: str, where: str) -> float:
+    value = float(_need(obj, key, (int, float), where))
+    if not math.isfinite(value) or value < 0:
+        raise DeviceError(f"the page's result: {where}{key!r} is {value!r}; expected a finite number >= 0")
+    return value
+
+
+def check_step(step: Any, where: str) -> dict[str, Any]:
+    """One step record of the page, its fields checked."""
+    if not isinstance(step, dict):
+        raise DeviceError(f"the page's result: {where} is {type(step).__name__}; expected an object")
+    for key in _STEP_INTS:
+        _need(step, key, int, where)
+    for key in ("wall_ms", "run_ms"):
+        _number(step, key, where)
+    if _need(step, "phase", str, where) not in ("prefill", "decode"):
+        raise DeviceError(f"the page's result: {where}'phase' is {step['phase']!r}; expected 'prefill' or 'decode'")
+    gpu = _need(step, "gpu", dict, where)
+    for key in _GPU_KEYS.values():
+        _need(gpu, key, int, f"{where}gpu.")
+    return step
+
+
+def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
+    where = f"runs[{index}]."
+    names = [c.name for c in job.caches]
+    if _need(run, "cache", str, where) not in names:
+        raise DeviceError(f"the page's result: {where}'cache' is {run['cache']!r}; the job asked for {names}")
+    if _need(run, "impl", str, where) not in IMPLS:
+        raise DeviceError(f"the page's result: {where}'impl' is {run['impl']!r}; expected one of {IMPLS}")
+    tokens = _need(run, "tokens", list, where)
+    steps = _need(run, "steps", list, where)
+    if len(tokens) != job.max_new_tokens or len(steps) != job.max_new_tokens:
+        raise DeviceError(
+            f"the page's result: {where} has {len(tokens)} tokens and {len(steps)} steps; the job asked for "
+            f"{job.max_new_tokens} of each"
+        )
+    for i, s in enumerate(steps):
+        check_step(s, f"{where}steps[{i}].")
+    if [s["token"] for s in steps] != tokens:
+        raise DeviceError(f"the page's result: {where} its steps' tokens differ from its token list")
+    return run
+
+
+def adapter_label(info: dict[str, Any], host: BrowserHost) -> Adapter:
+    """The adapter as its GPUAdapter.info reports it, named with the host that reached it."""
+    vendor, arch = str(info.get("vendor", "")), str(info.get("architecture", ""))
+    what = f"{vendor} {arch}".strip() or str(info.get("description", "")) or "an unnamed adapter"
+    software = "swiftshader" in (vendor + arch).lower() or bool(info.get("is_fallback"))
+    source = "GPUAdapter.info: " + ", ".join(
+        f"{k}={info.get(k, '')!r}" for k in ("vendor", "architecture", "device", "description")
+    )
+    return Adapter(
+        f"{what} in {host}",
+        "software" if software else "hardware",
+        "webgpu",
+        source,
+        "shader-f16" in info.get("features", []),
+    )
+
+
+def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
+    gpu = step["gpu"]
+    return BrowserStepRecord(
+        step=step["step"],
+        phase=step["phase"],
+        device="webgpu",
+        copied_from="",
+        position=step["position"],
+        n_tokens=step["n_tokens"],
+        token=step["token"],
+        wall_ms=float(step["wall_ms"]),
+        run_ms=float(step["run_ms"]),
+        overhead_ms=float(step["wall_ms"]) - float(step["run_ms"]),
+        cache_tensors_allocated=step["cache_tensors_allocated"],
+        cache_bytes_allocated=step["cache_bytes_allocated"],
+        new_buffers=step["new_buffers"],
+        live_cache_bytes=step["live_cache_bytes"],
+        used_cache_bytes=(step["position"] + step["n_tokens"]) * bytes_per_token,
+        copy_bytes=0,
+        rss_bytes=0,
+        **{column: int(gpu[key]) for column, key in _GPU_KEYS.items()},
+    )
+
+
+def read_result(raw: Any, job: Job) -> BrowserResult:
+    """The page's result checked and turned into records (see the module docstring)."""
+    if isinstance(raw, dict) and "error" in raw:
+        raise DeviceError(f"the browser runner failed: {str(raw['error']).strip().splitlines()[0]}")
+    if _need(raw, "version", int, "") != 1:
+        raise DeviceError(f"the page's result has version {raw['version']!r}; this kvlab reads version 1")
+    h = _need(raw, "host", dict, "")
+    host = BrowserHost(
+        _need(h, "kind", str, "host."), _need(h, "name", str, "host."), h.get("user_agent", ""), h.get("headless")
+    )
+    adapter = adapter_label(_need(raw, "adapter", dict, ""), host)
+    ort_version = _need(raw, "ort_version", str, "")
+    tjs = raw.get("transformers")
+    info = job.model.info
+    generations = []
+    for i, run in enumerate(_need(raw, "runs", list, "")):
+        check_run(run, job, i)
+        spec = next(c for c in job.caches if c.name == run["cache"])
+        if run["impl"] == "transformers.js":
+            version = f"{(tjs or {}).get('version', '?')} (onnxruntime-web {ort_version})"
+            device = DeviceLabel("webgpu", adapter, "transformers.js", version, job.buffer_cache_mode or "bucket")
+            spec = CacheSpec(spec.kind, spec.max_cache_len, "transformers.js")
+        else:
+            device = DeviceLabel("webgpu", adapter, "onnxruntime-web", ort_version, job.buffer_cache_mode or "bucket")
+        label = RunLabel(info.name, info.dtype_name, device, spec)
+        generations.append(
+            BrowserGeneration(
+                label,
+                list(job.prompt_ids),
+                list(run["tokens"]),
+                job.model.tokenizer.decode(run["tokens"]),
+                "max_new_tokens",
+                [_record(s, info.bytes_per_token) for s in run["steps"]],
+                host=host,
+                impl=run["impl"],
+                rep=int(run.get("rep", 0)),
+                warmup=bool(run.get("warmup", False)),
+                release=run.get("release"),
+            )
+        )
+    return BrowserResult(
+        host,
+        adapter,
+        ort_version,
+        tjs,
+        float(raw.get("session_ms", 0.0)),
+        generations,
+        dict(raw.get("counters") or {}),
+        raw,
+    )

@@ -1,0 +1,78 @@
+"""Run kvlab's caches on onnxruntime-web's WebGPU from Python: in headless Chromium (served from 127.0.0.1) or in
+Node with Dawn; the notebook widget (``kvlab.web.widget``) runs the same page code in the attendee's own browser.
+
+Contract: ``browser_generate(model, prompt, ...)`` checks everything first (``make_job``), then runs the job in
+the chosen host and returns a ``BrowserResult`` (one ``BrowserGeneration`` per cache and round, step records
+kvlab's charts draw). The browser or node process and the server are closed exactly once, also on error and
+KeyboardInterrupt. ``run_job(job, ...)`` does the same for a job already made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..core.errors import check_choice, check_flag
+from ..core.labels import CacheSpec
+from ..ort.models import Model, load
+from .chromium import Chromium
+from .job import Job, make_job
+from .node import run_node
+from .results import BrowserResult, read_result
+from .server import PageServer
+
+HOSTS = ("chromium", "node")
+
+
+def run_job(
+    job: Job,
+    *,
+    host: str = "chromium",
+    adapter: str = "auto",
+    timeout: float = 600,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> BrowserResult:
+    """Run ``job`` in headless Chromium ("chromium") or in Node with Dawn ("node"); ``adapter`` as
+    ``kvlab.web.chromium.Chromium`` takes it. ``on_progress`` gets each finished step (Chromium only)."""
+    check_choice(host, HOSTS, "host=")
+    if host == "node":
+        return read_result(run_node(job, timeout, adapter), job)
+    with PageServer(job, on_progress) as server, Chromium(server.url, adapter=adapter) as browser:
+        raw = server.wait_result(timeout, browser.alive)
+    return read_result(raw, job)
+
+
+def browser_generate(
+    model: Model | str,
+    prompt: Any,
+    *,
+    caches: Sequence[str | CacheSpec] = ("dynamic", "static"),
+    max_new_tokens: int = 16,
+    chat: bool = False,
+    reps: int = 1,
+    warmup: bool = True,
+    dynamic_impl: str = "auto",
+    buffer_cache_mode: str = "",
+    host: str = "chromium",
+    adapter: str = "auto",
+    timeout: float = 600,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> BrowserResult:
+    """Greedy generations of ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids) with
+    each cache, in a browser host. ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it
+    runs the model, else onnxruntime-web directly, fresh outputs every step as transformers.js does),
+    "transformers.js" (or an error), "onnxruntime-web". Raises kvlab errors for bad inputs before anything starts.
+    """
+    model = load(model)
+    check_flag("chat", chat)
+    job = make_job(
+        model,
+        model.encode(prompt, chat=chat),
+        max_new_tokens=max_new_tokens,
+        caches=caches,
+        reps=reps,
+        warmup=warmup,
+        dynamic_impl=dynamic_impl,
+        buffer_cache_mode=buffer_cache_mode,
+    )
+    return run_job(job, host=host, adapter=adapter, timeout=timeout, on_progress=on_progress)
