@@ -11,6 +11,7 @@ from ..ort import open_device
 from ..ort.backend import DEVICES
 from ..ort.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
+from .browser import add_browser_bench
 
 
 def _shared(p: argparse.ArgumentParser) -> None:
@@ -196,6 +197,7 @@ def parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
+    add_browser_bench(sub)
     return ap
 
 

@@ -199,9 +199,9 @@ def make_job(
     """A checked ``Job`` (see the module docstring)."""
     model = load(model)
     check_model(model)
-    ids = model.check_ids(prompt_ids)
-    if ids.size == 0:
+    if len(prompt_ids) == 0:
         raise ConfigError("the prompt is empty (0 tokens); give at least one token id")
+    ids = model.check_ids(prompt_ids)
     new = check_new_tokens(max_new_tokens)
     needed = positions_needed(int(ids.size), new)
     context = model.info.context_length

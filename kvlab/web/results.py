@@ -94,6 +94,7 @@ class BrowserGeneration(Generation):
     """A ``Generation`` made in a page: also the host, which library ran the cache, and the round."""
 
     host: BrowserHost | None = None
+    job_cache: str = ""  # the job's name for the cache ("dynamic", "static@N"; the label adds how it ran)
     impl: str = ""  # "onnxruntime-web" (kvlab's page code) or "transformers.js"
     rep: int = 0  # the measured round (-1: the warm-up round)
     warmup: bool = False
@@ -124,7 +125,8 @@ class BrowserResult:
         return [g for g in self.generations if not g.warmup]
 
     def by_cache(self, name: str) -> list[BrowserGeneration]:
-        return [g for g in self.measured if g.cache.name == name]
+        """The measured generations of the job's cache ``name`` ("dynamic", "static@N"), in round order."""
+        return [g for g in self.measured if g.job_cache == name]
 
 
 def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -257,6 +259,7 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
                 "max_new_tokens",
                 [_record(s, info.bytes_per_token) for s in run["steps"]],
                 host=host,
+                job_cache=run["cache"],
                 impl=run["impl"],
                 rep=int(run.get("rep", 0)),
                 warmup=bool(run.get("warmup", False)),

@@ -12,9 +12,7 @@
 // token longer), they become the next pasts, and the previous ones are disposed after the run.
 
 const ELEMENT_BYTES = { float32: 4, float16: 2 };
-const STORAGE = 0x80;
-const COPY_SRC = 0x4;
-const COPY_DST = 0x8;
+const KV_USAGE = 0x80 | 0x4 | 0x8; // GPUBufferUsage STORAGE | COPY_SRC | COPY_DST
 
 function entryBytes(model, entry, length) {
   return entry.kv_heads * length * entry.head_dim * ELEMENT_BYTES[model.dtype];
@@ -54,7 +52,7 @@ export class StaticKV {
     try {
       for (const e of this.model.entries) {
         const size = entryBytes(this.model, e, this.maxCacheLen);
-        const buffer = this.device.createBuffer({ size, usage: STORAGE | COPY_SRC | COPY_DST });
+        const buffer = this.device.createBuffer({ size, usage: KV_USAGE });
         buffers.push(buffer);
         const dims = [1, e.kv_heads, this.maxCacheLen, e.head_dim];
         tensors.push(this.ort.Tensor.fromGpuBuffer(buffer, { dataType: this.model.dtype, dims }));

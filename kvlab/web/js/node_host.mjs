@@ -8,7 +8,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { runJob } from './runner.mjs';
+import { errorResult, runJob } from './runner.mjs';
 
 const [jobFile, modelDir, modules, outFile] = process.argv.slice(2);
 
@@ -57,7 +57,7 @@ let result;
 try {
   result = await main();
 } catch (err) {
-  result = { error: `${err?.message ?? err}`, stack: `${err?.stack ?? ''}` };
+  result = errorResult(err);
   code = 1;
 }
 fs.writeFileSync(outFile, JSON.stringify(result));

@@ -2,8 +2,9 @@
 // model's files from /model/<name>, onnxruntime-web and transformers.js from /npm/..., runs the job and POSTs
 // the result (or {error}) to /result; each finished step is POSTed to /progress as it happens.
 
-import { runJob } from './runner.mjs';
+import { errorResult, jobFiles, runJob } from './runner.mjs';
 import { loadTransformers } from './tjs.mjs';
+import { browserHost } from './host.mjs';
 
 const log = document.getElementById('log');
 const say = (text) => {
@@ -14,25 +15,6 @@ function post(path, body) {
   return fetch(path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
 }
 
-// "Chromium 156.0.8078.114", "Google Chrome 140.0...", "Firefox 145.0", "Safari 26.0" (full version where the
-// browser tells it)
-export async function browserName() {
-  const data = navigator.userAgentData;
-  if (data) {
-    let brands = data.brands;
-    try {
-      brands = (await data.getHighEntropyValues(['fullVersionList'])).fullVersionList ?? brands;
-    } catch {
-      // low-entropy brands only
-    }
-    const real = brands.filter((b) => !/^Not.A.Brand/i.test(b.brand));
-    const brand = real.find((b) => b.brand !== 'Chromium') ?? real[0];
-    if (brand) return `${brand.brand} ${brand.version}`;
-  }
-  const m = navigator.userAgent.match(/(Firefox|Edg|Chrome|Version)\/([\d.]+)/);
-  return m ? `${m[1] === 'Version' ? 'Safari' : m[1]} ${m[2]}` : navigator.userAgent;
-}
-
 async function main() {
   const assets = await (await fetch('/assets')).json();
   const job = await (await fetch('/job')).json();
@@ -41,29 +23,15 @@ async function main() {
   ort.env.wasm.wasmPaths = { wasm: new URL(assets['ort-wasm'], location.href).href };
   say(`onnxruntime-web ${ort.env.versions.web}; model ${job.model.name}`);
   const bytes = {};
-  const files = [...job.model.files, ...(job.model.transformers_graph ? [job.model.transformers_graph] : [])];
-  for (const f of files) {
+  for (const f of jobFiles(job)) {
     bytes[f.name] = new Uint8Array(await (await fetch(`/model/${encodeURIComponent(f.name)}`)).arrayBuffer());
   }
   const transformers = async () => loadTransformers(ortUrl, await (await fetch(assets.transformers)).text());
-  const host = {
-    kind: 'browser',
-    name: await browserName(),
-    user_agent: navigator.userAgent,
-    headless: /Headless/.test(navigator.userAgent),
+  const onStep = (s) => {
+    say(`step ${s.step}: ${s.wall_ms.toFixed(1)} ms`);
+    post('/progress', s).catch(() => {});
   };
-  return runJob({
-    ort,
-    gpu: navigator.gpu,
-    job,
-    bytes,
-    host,
-    transformers,
-    onStep: (s) => {
-      say(`step ${s.step}: ${s.wall_ms.toFixed(1)} ms`);
-      post('/progress', s).catch(() => {});
-    },
-  });
+  return runJob({ ort, gpu: navigator.gpu, job, bytes, host: await browserHost(), transformers, onStep });
 }
 
 main().then(
@@ -73,6 +41,6 @@ main().then(
   },
   (err) => {
     say(`error: ${err?.message ?? err}`);
-    return post('/result', { error: `${err?.message ?? err}`, stack: `${err?.stack ?? ''}` });
+    return post('/result', errorResult(err));
   },
 );

@@ -33,6 +33,16 @@ export async function openAdapter(gpu) {
   return { adapter, adapterInfo };
 }
 
+// every model file a job names: the decoder, its external data, and the graph for transformers.js when sent
+export function jobFiles(job) {
+  return [...job.model.files, ...(job.model.transformers_graph ? [job.model.transformers_graph] : [])];
+}
+
+// what a host reports when the job failed before it had a result
+export function errorResult(err) {
+  return { error: `${err?.message ?? err}`, stack: `${err?.stack ?? ''}` };
+}
+
 function rounds(job) {
   const plan = [];
   if (job.warmup) plan.push({ rep: -1, warmup: true });

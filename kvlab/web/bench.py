@@ -1,0 +1,239 @@
+"""``kvlab browser-bench``: the caches in a browser host at several contexts, written as ``kvlab bench`` writes its
+results (results.json with rows + environment, results.csv, a chart per model), so ``kvlab.lab.recorded`` draws
+them beside the native runs.
+
+Contract: ``browser_bench(models, contexts, ...)`` runs one page per (model, context): a prompt of exactly
+``context`` real-text tokens (``kvlab bench``'s: data/prompts/long.txt), each cache ``new_tokens`` greedy tokens,
+``reps`` measured rounds after a warm-up round, interleaved. One row per (model, context, cache): the median decode
+step (wall_ms) over the rounds (each round's median of its decode steps), min-max and per-round values, the ratio to
+the dynamic cache paired by round, the exact GPU buffer counts per decode step, the first measured round's per-step
+times and counts, its tokens and whether they equal the reference (``reference="cpu"``: kvlab's own CPU EP run of
+the same model and prompt; ``"caches"``: the page's caches against each other). ``result["runs"]`` keeps every run's
+step records. ``on_line`` receives one progress line per finished page. ``KeyboardInterrupt`` stops after releasing
+the page; what finished is lost only for the page that was running.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..bench.plan import prompt_ids
+from ..core.errors import ConfigError, check_choice
+from ..core.labels import cpu_adapter
+from ..ort import generate
+from ..ort.models import Model, load
+from .assets import versions
+from .job import make_job
+from .results import BrowserGeneration, BrowserResult
+from .run import run_job
+
+REFERENCES = ("cpu", "caches")
+MiB = 2**20
+
+
+def _decode(g: BrowserGeneration, column: str = "wall_ms") -> list[float]:
+    return [getattr(r, column) for r in g.records if r.phase == "decode"]
+
+
+def _per_step(g: BrowserGeneration, column: str) -> float:
+    values = _decode(g, column)
+    return float(np.mean(values)) if values else 0.0
+
+
+def row_of(
+    model: Model,
+    context: int,
+    runs: list[BrowserGeneration],
+    dynamic: list[BrowserGeneration],
+    reference: list[int] | None,
+    result: BrowserResult,
+    buffer_cache_mode: str,
+    fitted: bool,
+) -> dict[str, Any]:
+    """One results row for one cache at one context (``runs``: its measured rounds, in order; ``fitted``: a static
+    cache sized for this run, not given a size)."""
+    g = runs[0]
+    medians = [float(np.median(_decode(r))) for r in runs]
+    paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] if dynamic else []
+    spec = g.cache
+    equal = all(r.token_ids == (reference if reference is not None else runs[0].token_ids) for r in runs)
+    entry = model.info.entries[0]
+    return {
+        "model": model.name,
+        "device": "webgpu",
+        "adapter": str(result.adapter),
+        "adapter_kind": result.adapter.kind,
+        "host": str(result.host),
+        "host_kind": result.host.kind,
+        "precision": precision_of(model),
+        "weights": model.info.weights,
+        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "dtype": model.info.dtype_name,
+        "context": context,
+        "kv_tensor_mib": entry.nbytes(context) / MiB,
+        "new_tokens": len(g.token_ids),
+        "variant": spec.name,
+        "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
+        "impl": g.impl,
+        "runtime": g.device.runtime,
+        "cache_kind": spec.kind,
+        "max_cache_len": spec.max_cache_len,
+        "fitted": fitted,
+        "cache_variant": spec.variant,
+        "reps": len(runs),
+        "valid": equal,
+        "tokens_equal": equal,
+        "decode_ms": float(np.median(medians)),
+        "decode_ms_min": float(min(medians)),
+        "decode_ms_max": float(max(medians)),
+        "decode_ms_runs": medians,
+        "run_ms": float(np.median([np.median(_decode(r, "run_ms")) for r in runs])),
+        "ratio_to_dynamic": float(np.median(paired)) if paired else 1.0,
+        "ratio_min": float(min(paired)) if paired else 1.0,
+        "ratio_max": float(max(paired)) if paired else 1.0,
+        "tokens_per_s": 1000.0 / float(np.median(medians)),
+        "prefill_ms": float(np.median([r.records[0].wall_ms for r in runs])),
+        "tensors_per_step": float(np.mean([_per_step(r, "cache_tensors_allocated") for r in runs])),
+        "gpu_buffers_per_step": float(np.mean([_per_step(r, "gpu_buffers_created") for r in runs])),
+        "storage_buffers_per_step": float(np.mean([_per_step(r, "storage_buffers_created") for r in runs])),
+        "staging_buffers_per_step": float(np.mean([_per_step(r, "staging_buffers_created") for r in runs])),
+        "new_buffers_per_step": float(np.mean([_per_step(r, "new_buffers") for r in runs])),
+        "released_buffers": g.release["buffers_destroyed"] if g.release else None,
+        "tokens": list(g.token_ids),
+        "step_wall_ms": [r.wall_ms for r in g.records],
+        "step_run_ms": [r.run_ms for r in g.records],
+        "step_gpu_buffers_created": [r.gpu_buffers_created for r in g.records],
+        "step_gpu_buffers_destroyed": [r.gpu_buffers_destroyed for r in g.records],
+        "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
+        "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
+    }
+
+
+def precision_of(model: Model) -> str:
+    """The precision a built-in model was built in (its kvlab_recipe.json), else what its weights are."""
+    recipe = model.info.path / "kvlab_recipe.json"
+    try:
+        return str(json.loads(recipe.read_text())["precision"])
+    except (OSError, ValueError, KeyError):
+        return model.info.weights
+
+
+def environment(results: Sequence[BrowserResult], host: str, adapter: str) -> dict[str, Any]:
+    """Where the rows were measured: the host and adapter the pages reported, the npm and Python versions."""
+    from ..ort.device import versions as python_versions
+
+    r0 = results[0] if results else None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "kind": "browser-bench",
+        "host": str(r0.host) if r0 else host,
+        "host_kind": r0.host.kind if r0 else host,
+        "user_agent": r0.host.user_agent if r0 else "",
+        "adapter": str(r0.adapter) if r0 else "",
+        "adapter_info": r0.raw.get("adapter") if r0 else None,
+        "adapter_choice": adapter,
+        "backend": "onnxruntime-web WebGPU EP" + (" in a browser" if r0 and r0.host.kind == "browser" else ""),
+        "backend_package": "onnxruntime-web",
+        "backend_version": r0.ort_version if r0 else versions()["onnxruntime-web"],
+        "transformers_js": r0.transformers if r0 else None,
+        "npm_versions": versions(),
+        "versions": python_versions(),
+        "cpu": cpu_adapter().name,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": commit or "unknown",
+    }
+
+
+def browser_bench(
+    models: Sequence[Model | str],
+    contexts: Sequence[int],
+    *,
+    precision: str | None = None,
+    new_tokens: int = 16,
+    caches: Sequence[str] = ("dynamic", "static"),
+    host: str = "chromium",
+    adapter: str = "auto",
+    reference: str = "cpu",
+    timeout: float = 600,
+    on_line: Callable[[str], None] = print,
+    **job_options: Any,
+) -> dict[str, Any]:
+    """The rows and environment of a browser benchmark (see the module docstring). ``job_options``: the rest of
+    ``make_job``'s keyword arguments (``reps``, default 2 here; ``warmup``, ``dynamic_impl``,
+    ``buffer_cache_mode``)."""
+    job_options.setdefault("reps", 2)
+    buffer_cache_mode = job_options.get("buffer_cache_mode", "")
+    check_choice(reference, REFERENCES, "reference=")
+    if not contexts:
+        raise ConfigError("contexts is empty; give at least one prompt length")
+    loaded = [load(m, precision=precision) for m in models]
+    jobs = []  # everything checked before the first browser starts
+    for model in loaded:
+        for context in contexts:
+            ids = prompt_ids(model, context)  # the text kvlab bench's prompts come from
+            jobs.append((model, context, make_job(model, ids, max_new_tokens=new_tokens, caches=caches, **job_options)))
+    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    results: list[BrowserResult] = []
+    for model, context, job in jobs:
+        t0 = time.monotonic()
+        result = run_job(job, host=host, adapter=adapter, timeout=timeout)
+        results.append(result)
+        ref = None
+        if reference == "cpu":
+            ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new_tokens, stop_on_eos=False).token_ids
+        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
+        dynamic = by_name.get("dynamic", [])
+        fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
+        for name, measured in by_name.items():
+            rows.append(row_of(model, context, measured, dynamic, ref, result, buffer_cache_mode, name in fitted))
+        for g in result.generations:
+            runs.append(
+                {
+                    "model": model.name,
+                    "context": context,
+                    "cache": g.cache.name,
+                    "impl": g.impl,
+                    "rep": g.rep,
+                    "warmup": g.warmup,
+                    "release": g.release,
+                    "steps": [asdict(r) for r in g.records],
+                }
+            )
+        parts = [
+            f"{r['variant']} {r['decode_ms']:.1f} ms/step, {r['storage_buffers_per_step']:g} storage buffers/step, "
+            f"tokens equal: {r['tokens_equal']}"
+            for r in rows[-len(by_name) :]
+        ]
+        on_line(f"{model.name} context {context}: " + "; ".join(parts) + f" [{time.monotonic() - t0:.0f} s]")
+    plan = {
+        "models": [m.name for m in loaded],
+        "contexts": list(contexts),
+        "new_tokens": new_tokens,
+        "caches": [str(c) for c in caches],
+        **job_options,
+        "host": host,
+        "adapter": adapter,
+        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "reference": reference,
+    }
+    return {"environment": environment(results, host, adapter), "plan": plan, "rows": rows, "runs": runs}

@@ -1,0 +1,195 @@
+"""``BrowserLab``: the notebook widget that runs kvlab's caches on the attendee's own browser GPU.
+
+The kernel sends everything over the Jupyter comm channel (anywidget custom messages with binary buffers): the
+npm assets (onnxruntime-web's bundle and wasm, transformers.js), the model's files, the job; the page sends back
+each step and then its result. No side server and no CDN: it works wherever the notebook opens (a laptop,
+Binder, JupyterHub). The front end is ``kvlab/web/js/widget.mjs`` with the runner's modules, bundled into one
+ES module here (``widget_esm``).
+
+Contract: ``BrowserLab(model, prompt, ...)`` checks the job when it is made (kvlab errors for bad values, in the
+cell that made it). Pressing its button runs the job in that browser; when the result arrives the kernel checks
+it (``kvlab.web.results``), runs the same greedy generation on its own CPU EP (``reference=True``) and shows a
+summary; ``result`` is then a ``BrowserResult`` (``None`` before), ``on_result(fn)`` registers a callback, and
+``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anywidget
+import numpy as np
+import traitlets
+
+from ..core.errors import DeviceError
+from ..lab.widgets import LAB_TEXT
+from ..ort import generate
+from ..ort.models import Model, load
+from .assets import JS_DIR, NPM_FILES, npm_file, versions
+from .job import Job, make_job
+from .results import BrowserResult, read_result
+
+BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
+CHUNK = 8 * 2**20  # bytes per comm message
+_RELATIVE_IMPORT = re.compile(r"^import \{[^}]*\} from '\./[\w.]+\.mjs';\n", re.M)
+_EXPORT = re.compile(r"^export (?=(async )?function |class |const )", re.M)
+
+
+def widget_esm() -> str:
+    """The front end as one ES module: the runner's modules in dependency order, their imports of each other
+    removed (their names do not collide), only widget.mjs's default export kept."""
+    parts = []
+    for name in BUNDLE:
+        text = _RELATIVE_IMPORT.sub("", (JS_DIR / name).read_text())
+        parts.append(f"// ---- {name}\n" + _EXPORT.sub("", text))
+    return "\n".join(parts)
+
+
+CSS = """
+.kvlab-browser-lab { font-family: var(--jp-ui-font-family, sans-serif); padding: 4px 0; }
+.kvlab-browser-lab button { margin: 4px 0; padding: 4px 12px; }
+.kvlab-browser-status { color: var(--jp-ui-font-color2, #555); }
+.kvlab-browser-summary { white-space: pre-wrap; margin: 4px 0; }
+"""
+
+
+class BrowserLab(anywidget.AnyWidget):
+    """Dynamic vs static KV cache on this browser's WebGPU (see the module docstring)."""
+
+    _esm = traitlets.Unicode(widget_esm()).tag(sync=True)
+    _css = traitlets.Unicode(CSS).tag(sync=True)
+    status = traitlets.Unicode("").tag(sync=True)
+    summary = traitlets.Unicode("").tag(sync=True)
+    running = traitlets.Bool(False).tag(sync=True)
+    browser = traitlets.Dict({}).tag(sync=True)  # set by the page: its name, its adapter's GPUAdapter.info
+
+    def __init__(
+        self,
+        model: Model | str = "toy",
+        prompt: Sequence[int] | np.ndarray | None = None,
+        *,
+        prompt_tokens: int = 32,
+        new_tokens: int = 16,
+        caches: Sequence[str] = ("dynamic", "static"),
+        reference: bool = True,
+        **job_options: Any,
+    ) -> None:
+        """``job_options``: the rest of ``kvlab.web.make_job``'s keyword arguments (``reps``, ``warmup``,
+        ``dynamic_impl``, ``buffer_cache_mode``)."""
+        super().__init__()
+        model = load(model)
+        ids = model.tokens_of(LAB_TEXT, prompt_tokens) if prompt is None else prompt
+        self.job: Job = make_job(model, ids, max_new_tokens=new_tokens, caches=caches, **job_options)
+        self.reference = reference
+        self.result: BrowserResult | None = None
+        self.reference_tokens: list[int] | None = None
+        self.steps: list[dict[str, Any]] = []
+        self._callbacks: list[Callable[[BrowserResult], None]] = []
+        caches_text = ", ".join(c.name for c in self.job.caches)
+        self.status = (
+            f"ready: {model.name}, {len(self.job.prompt_ids)}-token prompt, {new_tokens} new tokens, {caches_text}; "
+            f"onnxruntime-web {versions()['onnxruntime-web']}, sent from this kernel"
+        )
+        self.on_msg(self._on_msg)
+
+    def on_result(self, fn: Callable[[BrowserResult], None]) -> None:
+        self._callbacks.append(fn)
+
+    # -- messages
+    def _on_msg(self, _widget: Any, content: dict[str, Any], buffers: list[Any]) -> None:
+        kind = content.get("type") if isinstance(content, dict) else None
+        if kind == "start":
+            self._start(set(content.get("have") or ()))
+        elif kind == "step":
+            self.steps.append(content.get("step") or {})
+            step = self.steps[-1]
+            self.status = f"running in the browser: {step.get('phase', '?')} step {step.get('step', '?')}"
+        elif kind == "result":
+            self._finish(content.get("result"))
+
+    def _send_blob(self, name: str, data: bytes) -> None:
+        count = max(1, -(-len(data) // CHUNK))
+        for i in range(count):
+            self.send({"type": "blob", "name": name, "index": i, "count": count}, [data[i * CHUNK : (i + 1) * CHUNK]])
+
+    def _start(self, have: set[str]) -> None:
+        try:
+            self.running, self.steps, self.result = True, [], None
+            npm = versions()
+            assets = {"ort": f"npm:{NPM_FILES['ort']}@{npm['onnxruntime-web']}"}
+            assets["wasm"] = f"npm:{NPM_FILES['ort-wasm']}@{npm['onnxruntime-web']}"
+            if self.job.transformers_graph:
+                assets["transformers"] = f"npm:{NPM_FILES['transformers']}@{npm['@huggingface/transformers']}"
+            keys = {"ort": "ort", "wasm": "ort-wasm", "transformers": "transformers"}
+            for role, name in assets.items():
+                if name not in have:
+                    self.status = f"sending {NPM_FILES[keys[role]]} to the browser"
+                    self._send_blob(name, npm_file(keys[role]).read_bytes())
+            info = self.job.model.info
+            for f in self.job.files:
+                self._send_blob(f"model:{info.name}:{f.name}", f.read_bytes())
+            for name, data in self.job.blobs.items():
+                self._send_blob(f"model:{info.name}:{name}", data)
+            self.status = "running in the browser (the first step compiles its shaders)"
+            self.send({"type": "job", "job": self.job.to_json(), "assets": assets})
+        except DeviceError as exc:
+            self.running, self.status = False, f"error: {exc}"
+
+    def _finish(self, raw: Any) -> None:
+        self.running = False
+        try:
+            self.result = read_result(raw, self.job)
+        except DeviceError as exc:
+            self.status = f"error: {exc}"
+            return
+        if self.reference:
+            self.reference_tokens = generate(
+                self.job.model,
+                self.job.prompt_ids,
+                device="cpu",
+                max_new_tokens=self.job.max_new_tokens,
+                stop_on_eos=False,
+            ).token_ids
+        self.summary = summary_text(self.result, self.reference_tokens)
+        self.status = f"done: the kernel received {len(self.result.generations)} runs from {self.result.host}"
+        for fn in self._callbacks:
+            fn(self.result)
+
+    # -- results
+    def frames(self) -> list[Any]:
+        """One DataFrame per measured run (``Generation.frame()``; label and host in ``attrs``)."""
+        return [g.frame() for g in self.result.measured] if self.result else []
+
+    def figure(self, **kwargs: Any) -> Any:
+        """The measured runs' decode-step latency (``kvlab.lab.plots.latency``)."""
+        from ..lab import plots
+
+        if self.result is None:
+            raise DeviceError("no result yet: press the widget's button and wait for 'done'")
+        return plots.latency(self.result.measured, **kwargs)
+
+
+def summary_text(result: BrowserResult, reference: list[int] | None) -> str:
+    """Per cache: median decode step, fresh KV tensors and new GPU storage buffers per decode step; and whether
+    the greedy tokens equal the kernel's CPU EP run."""
+    lines = [f"{result.host} · {result.adapter.name.split(' in ')[0]} ({result.adapter.kind})"]
+    names = dict.fromkeys(g.job_cache for g in result.measured)
+    for name in names:
+        runs = result.by_cache(name)
+        decode = [r for g in runs for r in g.records if r.phase == "decode"]
+        ms = float(np.median([r.wall_ms for r in decode])) if decode else float("nan")
+        tensors = float(np.mean([r.cache_tensors_allocated for r in decode])) if decode else 0.0
+        storage = float(np.mean([r.storage_buffers_created for r in decode])) if decode else 0.0
+        who = f" ({runs[0].impl})"
+        lines.append(
+            f"{name}{who}: {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors and {storage:.2g} new GPU "
+            "storage buffers per step"
+        )
+    if reference is not None:
+        equal = all(g.token_ids == reference for g in result.measured)
+        lines.append(f"greedy tokens equal the kernel's CPU EP run: {equal}")
+    if result.transformers and result.transformers.get("error"):
+        lines.append(f"transformers.js: {result.transformers['error']}")
+    return "\n".join(lines)

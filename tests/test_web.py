@@ -1,0 +1,415 @@
+"""kvlab.web: the caches on onnxruntime-web's WebGPU in a browser.
+
+The browser tests run the real thing: Debian's Chromium 156 headless on SwiftShader, onnxruntime-web 1.30.0 and
+transformers.js 4.3.2 from kvlab/web/node_modules, the toy model built by kvlab; they use the ``chromium``
+fixture, so the tiers mark them browser + slow. The rest check the Python side without a browser: jobs, the
+server's routes, the page result's validation and its conversion to records, the CLI's flags.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import kvlab
+from kvlab.core.errors import CapacityError, ConfigError, DeviceError, ModelError
+from kvlab.web import assets
+from kvlab.web.chromium import adapter_flags, find_chromium
+from kvlab.web.job import TRANSFORMERS_GRAPH, check_model, concrete_past_shapes, make_job, parse_cache
+from kvlab.web.results import WEB_COLUMNS, BrowserStepRecord, adapter_label, read_result
+from kvlab.web.server import PageServer
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = [5, 6, 7]  # 3 tokens: the toy's prefill uses no 4096-byte buffer, so the KV crossing 2048 B shows
+NEW = 16  # the dynamic cache's KV tensors (128 B per token) cross the 2048 -> 4096 byte bucket at 17 tokens
+
+
+# ---- jobs -------------------------------------------------------------------------------------------------------
+
+
+def test_job_sizes_and_lists_the_model_files(toy):
+    job = make_job(toy, PROMPT, max_new_tokens=NEW)
+    assert [c.name for c in job.caches] == ["dynamic", "static@256"]  # positions needed 18, rounded up to 256
+    spec = job.to_json()
+    assert [f["name"] for f in spec["model"]["files"]] == ["model.onnx", "model.onnx.data"]
+    assert spec["model"]["entries"][0] == {
+        "past": "past_key_values.0.key",
+        "present": "present.0.key",
+        "kv_heads": 2,
+        "head_dim": 16,
+    }
+    assert spec["model"]["transformers_graph"]["name"] == TRANSFORMERS_GRAPH
+
+
+@pytest.mark.parametrize(
+    ("caches", "error", "says"),
+    [
+        (["static@2"], CapacityError, "18 positions are needed but max_cache_len is 2"),
+        (["static@x"], ConfigError, "the size after 'static@' must be a positive int"),
+        (["paged"], ConfigError, "cache 'paged' is not valid"),
+        (["static@9000"], ConfigError, "larger than the model's context length (4096)"),
+        (["dynamic", "dynamic"], ConfigError, "name one cache twice"),
+        ([], ConfigError, "caches is empty"),
+    ],
+)
+def test_job_refuses_bad_caches(toy, caches, error, says):
+    with pytest.raises(error, match=f"^{says}" if says[0].isdigit() else None) as info:
+        make_job(toy, PROMPT, max_new_tokens=NEW, caches=caches)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"reps": 0}, "reps=0 must be a positive int"),
+        ({"warmup": "yes"}, "warmup='yes' must be True or False"),
+        ({"dynamic_impl": "tfjs"}, "dynamic_impl='tfjs' is not valid"),
+        ({"buffer_cache_mode": "huge"}, "buffer cache mode 'huge' is not valid"),
+        ({"max_new_tokens": 0}, "max_new_tokens=0 must be a positive int"),
+        ({"max_new_tokens": 5000}, "5002 positions are needed but model toy holds at most 4096"),
+    ],
+)
+def test_job_refuses_bad_options(toy, kwargs, says):
+    with pytest.raises(ConfigError if "positions" not in says else CapacityError) as info:
+        make_job(toy, PROMPT, **{"max_new_tokens": NEW, **kwargs})
+    assert says in str(info.value)
+
+
+def test_job_refuses_bad_prompts(toy):
+    with pytest.raises(ConfigError, match="token id 999 is outside the vocabulary"):
+        make_job(toy, [1, 999])
+    with pytest.raises(ConfigError, match="prompt is empty"):
+        make_job(toy, [])
+
+
+def test_parse_cache_sizes_static_to_fit():
+    assert parse_cache("static", 300, 4096).max_cache_len == 512
+    assert parse_cache("static", 4000, 4096).max_cache_len == 4096
+    assert parse_cache("static@300", 300, 4096).name == "static@300"
+
+
+def test_a_model_with_states_is_refused():
+    class Entry:
+        grows, role, past, op = False, "conv", "past.0.conv", "CausalConvWithState"
+
+    class Info:
+        name, entries, dtype_name = "conv-like", [Entry()], "float32"
+
+    class Stub:
+        info = Info()
+
+    with pytest.raises(ModelError, match=r"'past.0.conv' is a fixed-size conv state \(read by CausalConvWithState\)"):
+        check_model(Stub())
+
+
+def test_concrete_past_shapes_change_only_the_shape_metadata(toy):
+    import onnx
+
+    data, replaced = concrete_past_shapes(toy)
+    assert replaced == {"kv_cache_dim": 16}
+    made, original = onnx.load_from_string(data), onnx.load(str(toy.onnx_path), load_external_data=False)
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in made.graph.input]
+    assert dims[2] == ["batch_size", 2, "past_sequence_length", 16]
+    assert made.graph.node == original.graph.node and made.graph.initializer == original.graph.initializer
+
+
+# ---- the server --------------------------------------------------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def test_server_serves_only_the_job_and_its_files(toy):
+    job = make_job(toy, PROMPT, max_new_tokens=2)
+    with PageServer(job) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        status, body = _get(server.url + "job")
+        assert status == 200 and json.loads(body)["prompt_ids"] == PROMPT
+        assert _get(server.url + "model/model.onnx") == (200, toy.onnx_path.read_bytes())
+        assert _get(server.url + f"model/{TRANSFORMERS_GRAPH}")[1] == job.transformers_graph
+        assert _get(server.url + "kvlab/runner.mjs")[0] == 200
+        refused = ("model/genai_config.json", "model/..%2Fgenai_config.json", "kvlab/../job.py", "npm/webgpu/index.js")
+        for path in refused:
+            assert _get(server.url + path)[0] == 404, path
+        request = urllib.request.Request(server.url + "result", data=b'{"error": "x"}', method="POST")
+        urllib.request.urlopen(request, timeout=5)
+        assert server.wait_result(1) == {"error": "x"}
+    server.close()  # a second close does nothing
+
+
+def test_server_wait_says_what_happened(toy):
+    with PageServer(make_job(toy, PROMPT, max_new_tokens=2)) as server:
+        with pytest.raises(DeviceError, match=r"no result within 0.2 s \(no step had finished\)"):
+            server.wait_result(0.2)
+        server.receive("/progress", {"phase": "decode", "step": 3})
+        with pytest.raises(DeviceError, match=r"browser exited .* \(its last finished step: decode step 3\)"):
+            server.wait_result(5, alive=lambda: False)
+
+
+# ---- the page's result ---------------------------------------------------------------------------------------------
+
+
+def _step(i: int, token: int) -> dict:
+    gpu = dict.fromkeys(("created", "destroyed", "bytes_created", "bytes_destroyed", "live"), 1)
+    gpu.update(storage_created=1 if i == 0 else 0, uniform_created=0, staging_created=1)
+    return {
+        "step": i,
+        "phase": "prefill" if i == 0 else "decode",
+        "position": 0 if i == 0 else 2 + i,
+        "n_tokens": 3 if i == 0 else 1,
+        "token": token,
+        "wall_ms": 2.0,
+        "run_ms": 1.5,
+        "cache_tensors_allocated": 4 if i == 0 else 0,
+        "cache_bytes_allocated": 1024 if i == 0 else 0,
+        "new_buffers": 4 if i == 0 else 0,
+        "live_cache_bytes": 1024,
+        "gpu": gpu,
+    }
+
+
+def _page_result(job, tokens=(10, 11)) -> dict:
+    runs = [
+        {"cache": c.name, "impl": "onnxruntime-web", "rep": 0, "warmup": False, "tokens": list(tokens)}
+        | {"steps": [_step(i, t) for i, t in enumerate(tokens)], "release": {"buffers_destroyed": 4}}
+        for c in job.caches
+    ]
+    return {
+        "version": 1,
+        "host": {"kind": "browser", "name": "Chromium 156.0.8078.114", "user_agent": "Headless", "headless": True},
+        "adapter": {"vendor": "google", "architecture": "swiftshader", "is_fallback": True, "features": []},
+        "ort_version": "1.30.0",
+        "transformers": None,
+        "session_ms": 12.0,
+        "runs": runs,
+        "counters": {"created": 9, "destroyed": 9},
+    }
+
+
+def test_read_result_makes_labelled_records(toy):
+    job = make_job(toy, PROMPT, max_new_tokens=2, caches=["dynamic", "static@8"])
+    result = read_result(_page_result(job), job)
+    assert [g.job_cache for g in result.measured] == ["dynamic", "static@8"]
+    g = result.by_cache("static@8")[0]
+    assert str(g.label.device.adapter) == "google swiftshader in Chromium 156.0.8078.114 (headless) (software)"
+    assert g.label.device.runtime == "onnxruntime-web 1.30.0" and g.label.device.buffer_cache_mode == "bucket"
+    rec = g.records[1]
+    assert isinstance(rec, BrowserStepRecord) and rec.overhead_ms == 0.5 and rec.rss_bytes == 0
+    assert rec.used_cache_bytes == 4 * toy.info.bytes_per_token and rec.staging_buffers_created == 1
+    frame = g.frame()
+    assert list(frame.columns) == [*kvlab.COLUMNS, *WEB_COLUMNS]
+    assert frame.attrs["host"].kind == "browser" and frame.attrs["label"] is g.label
+
+
+def test_adapter_kind_follows_what_the_adapter_says():
+    host = read_result.__globals__["BrowserHost"]("browser", "Chrome 140")
+    gpu = adapter_label({"vendor": "nvidia", "architecture": "hopper", "features": ["shader-f16"]}, host)
+    assert (gpu.name, gpu.kind, gpu.shader_f16) == ("nvidia hopper in Chrome 140", "hardware", True)
+    assert adapter_label({"vendor": "google", "architecture": "swiftshader"}, host).kind == "software"
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r.update(error="no WebGPU\n at x"), "the browser runner failed: no WebGPU$"),
+        (lambda r: r.pop("adapter"), "has no 'adapter'"),
+        (lambda r: r.update(version=2), "has version 2; this kvlab reads version 1"),
+        (lambda r: r["runs"][0].update(cache="static@9"), r"runs\[0\].'cache' is 'static@9'"),
+        (lambda r: r["runs"][0].update(impl="webllm"), r"'impl' is 'webllm'; expected one of"),
+        (lambda r: r["runs"][0]["tokens"].pop(), "has 1 tokens and 2 steps; the job asked for 2 of each"),
+        (lambda r: r["runs"][0]["steps"][1].update(wall_ms=math.nan), r"steps\[1\].'wall_ms' is nan"),
+        (lambda r: r["runs"][0]["steps"][1].update(token=3), "its steps' tokens differ from its token list"),
+        (lambda r: r["runs"][0]["steps"][1]["gpu"].pop("live"), r"has no runs\[0\].steps\[1\].gpu.'live'"),
+        (lambda r: r["runs"][0]["steps"][0].update(step=True), r"'step' is True"),
+    ],
+)
+def test_read_result_refuses_a_malformed_result(toy, change, says):
+    job = make_job(toy, PROMPT, max_new_tokens=2, caches=["dynamic", "static@8"])
+    raw = _page_result(job)
+    change(raw)
+    with pytest.raises(DeviceError, match=says):
+        read_result(raw, job)
+
+
+# ---- assets, browser, CLI flags ------------------------------------------------------------------------------------
+
+
+def test_assets_name_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_WEB_ASSETS", str(tmp_path))
+    with pytest.raises(DeviceError, match="ort.webgpu.bundle.min.mjs is missing: install the npm packages with bash"):
+        assets.npm_file("ort")
+    assert assets.versions()["onnxruntime-web"] == "missing"
+    with pytest.raises(ConfigError, match="npm asset 'ort.js' is not valid"):
+        assets.npm_file("ort.js")
+    with pytest.raises(ConfigError, match="kvlab web file '../job.py' is not valid"):
+        assets.kvlab_file("../job.py")
+
+
+def test_installed_npm_versions_are_the_pinned_ones():
+    assert assets.versions() == assets.pinned()
+
+
+def test_chromium_choice_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_CHROMIUM", str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="KVLAB_CHROMIUM=.* is not an executable file"):
+        find_chromium()
+    assert adapter_flags("swiftshader") == ["--use-webgpu-adapter=swiftshader"] and adapter_flags("default") == []
+    with pytest.raises(ConfigError, match="adapter='gpu' is not valid"):
+        adapter_flags("gpu")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--contexts", "1k"], "argument --contexts: '1k': '1k' is not an int"),
+        (["--contexts", "0"], "0 must be >= 1"),
+        (["--caches", "static@0"], "cache 'static@0' is not valid"),
+        (["--host", "safari"], "invalid choice: 'safari'"),
+        (["--timeout", "-1"], "-1.0 must be > 0"),
+    ],
+)
+def test_cli_bad_flags_are_one_line_exit_2(flags, says):
+    p = subprocess.run(
+        [sys.executable, "-m", "kvlab", "browser-bench", *flags], capture_output=True, text=True, cwd=REPO
+    )
+    assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+# ---- the real thing: Chromium on SwiftShader -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = find_chromium()
+    assets.npm_file("ort")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cpu_tokens(toy) -> list[int]:
+    return kvlab.generate(toy, PROMPT, device="cpu", max_new_tokens=NEW, stop_on_eos=False).token_ids
+
+
+def test_browser_caches_on_swiftshader(chromium, toy, cpu_tokens):
+    """One page, no warm-up: transformers.js's dynamic cache first (the pool learns the decode activations in
+    its first decode step), then kvlab's static cache."""
+    from kvlab.web import browser_generate
+
+    result = browser_generate(toy, PROMPT, max_new_tokens=NEW, warmup=False, adapter="swiftshader")
+    assert result.host.kind == "browser" and result.host.name.startswith("Chromium 156")
+    assert result.adapter.kind == "software" and "swiftshader" in result.adapter.name
+    assert result.ort_version == "1.30.0" and result.transformers == {"version": "4.3.2", "error": None}
+    (dynamic,), (static,) = result.by_cache("dynamic"), result.by_cache("static@256")
+    assert dynamic.impl == "transformers.js" and dynamic.label.device.runtime.startswith("transformers.js 4.3.2")
+    assert dynamic.token_ids == cpu_tokens and static.token_ids == cpu_tokens
+    entries = len(toy.info.entries)
+    # static: its 4 KV buffers made once, in the first step; after it no storage buffer is created at all
+    assert static.records[0].cache_tensors_allocated == entries and static.records[0].storage_buffers_created >= 4
+    assert all(r.storage_buffers_created == 0 and r.cache_tensors_allocated == 0 for r in static.records[1:])
+    assert static.release == {"buffers_destroyed": entries, "bytes_destroyed": entries * 256 * 128}
+    # dynamic: fresh presents every step; once warm, new GPU buffers where the KV tensors cross a bucket
+    assert all(r.cache_tensors_allocated == entries for r in dynamic.records)
+    crossing = [r for r in dynamic.records[2:] if r.storage_buffers_created]
+    assert crossing and all(r.position + r.n_tokens > 16 for r in crossing), [
+        (r.step, r.storage_buffers_created) for r in dynamic.records
+    ]
+    assert result.counters["created"] == result.counters["destroyed"]  # everything counted was released
+
+
+def test_cli_browser_bench_writes_results(chromium, tmp_path):
+    out = tmp_path / "bench"
+    p = subprocess.run(
+        [sys.executable, "-m", "kvlab", "browser-bench", "--contexts", "3", "--new-tokens", "3", "--reps", "1"]
+        + ["--adapter", "swiftshader", "--no-charts", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    result = json.loads((out / "results.json").read_text())
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"dynamic transformers.js", "static@256"} and all(r["tokens_equal"] for r in rows.values())
+    dynamic, static = rows["dynamic transformers.js"], rows["static@256"]
+    assert dynamic["runner"] == "transformers.js" and static["runner"] == "kvlab" and static["fitted"]
+    assert static["storage_buffers_per_step"] == 0 and dynamic["tensors_per_step"] == 4
+    assert result["environment"]["backend_version"] == "1.30.0" and "Chromium" in result["environment"]["host"]
+    assert len(result["runs"]) == 4  # a warm-up and a measured round of each cache
+
+
+# ---- the widget in JupyterLab: assets, model and results over the comm channel ------------------------------------
+
+WIDGET_CELL = "from kvlab.web.widget import BrowserLab\nlab = BrowserLab('toy', [5, 6, 7], new_tokens=6)\nlab"
+
+
+@pytest.fixture(scope="module")
+def lab_server(chromium, tmp_path_factory):
+    """JupyterLab on 127.0.0.1 serving one notebook that shows a BrowserLab; yields its URL with the token."""
+    import secrets
+    import socket
+    import time
+
+    root = tmp_path_factory.mktemp("weblab")
+    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": WIDGET_CELL}
+    kernel = {"name": "kvlab", "display_name": "Python (kvlab)", "language": "python"}
+    nb = {"cells": [cell], "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}
+    (root / "widget.ipynb").write_text(json.dumps(nb))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(8)
+    args = [f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    args += ["--no-browser", "--ip=127.0.0.1", "--ServerApp.port_retries=0", "--ServerApp.allow_root=True"]
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", *args], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(180):
+            if _get(f"http://127.0.0.1:{port}/api/status?token={token}")[0] == 200:
+                break
+            assert server.poll() is None, (root / "server.log").read_text()[-2000:]
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/lab/tree/widget.ipynb?reset&token={token}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium):
+    """The attendee's path: the kernel sends onnxruntime-web, transformers.js and the model over the comm channel,
+    the page runs both caches and sends the result back, the kernel checks it against its CPU EP run."""
+    from playwright.sync_api import sync_playwright
+
+    flags = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan", *adapter_flags("swiftshader")]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=flags, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(lab_server)
+            page.get_by_text("Python (kvlab) | Idle").wait_for(timeout=90_000)
+            page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+            page.keyboard.press("Shift+Enter")
+            widget = page.locator(".kvlab-browser-lab").first
+            widget.wait_for(timeout=120_000)
+            widget.get_by_text("WebGPU adapter: google swiftshader (software)").wait_for(timeout=60_000)
+            widget.locator("button").click()
+            summary = widget.locator(".kvlab-browser-summary")
+            summary.get_by_text("greedy tokens equal the kernel's CPU EP run").wait_for(timeout=240_000)
+            text = summary.inner_text()
+        finally:
+            browser.close()
+    assert "greedy tokens equal the kernel's CPU EP run: True" in text, text
+    assert "dynamic (transformers.js)" in text and "static@256 (onnxruntime-web)" in text, text
+    assert "0 fresh KV tensors and 0 new GPU storage buffers per step" in text, text
