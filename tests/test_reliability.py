@@ -254,3 +254,26 @@ def test_a_handoff_whose_copy_fails_leaves_both_devices_clean_and_retries(toy, k
         ).token_ids
         assert run().token_ids == uninterrupted
     assert (cpu.live_tensors, gpu.live_tensors) == before
+
+
+def test_caches_dropped_without_dispose_stop_counting_once_collected(toy):
+    """The defect found: a StaticCache made inline in a loop and never disposed stayed counted on its device
+    forever (the count was keyed by id(), which Python reuses for the next tensor), so close_device refused and
+    later counts were off by the leftovers. Now a tensor that is collected unreleased stops counting."""
+    code = """
+import gc
+import kvlab
+for device in ("cpu", "webgpu"):
+    for _ in range(4):
+        kvlab.generate("toy", [1, 2, 3], cache=kvlab.StaticCache(16), device=device, max_new_tokens=3,
+                       stop_on_eos=False)
+    gc.collect()
+    print(device, kvlab.open_device(device).live_tensors)
+    kvlab.close_device(device)
+print("closed")
+"""
+    from conftest import run_python
+
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["cpu", "0", "webgpu", "0", "closed"]

@@ -43,7 +43,7 @@ class Device:
         self.name, self.backend, self.adapter, self.ep_options = name, backend, adapter, ep_options
         self._sessions: dict[str, Session] = {}
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
-        self._live: dict[int, int] = {}  # id(tensor) -> nbytes of live kvlab-owned tensors
+        self._live: dict[int, int] = {}  # tensor token -> nbytes of live kvlab-owned tensors
         self._lock = threading.Lock()
         self.closed = False
 
@@ -130,12 +130,14 @@ class Device:
                 f"{sorted(self.backend.copy_paths)}"
             )
 
-    def _track(self, tensor: DeviceTensor, sign: int) -> None:
+    def _track(self, token: int, nbytes: int) -> None:
+        """Count a new kvlab-owned tensor (``token``: unique to it) as live."""
         with self._lock:
-            if sign > 0:
-                self._live[id(tensor)] = tensor.nbytes
-            else:
-                self._live.pop(id(tensor), None)
+            self._live[token] = nbytes
+
+    def _untrack(self, token: int) -> None:
+        with self._lock:
+            self._live.pop(token, None)
 
     @property
     def live_tensors(self) -> int:

@@ -8,6 +8,7 @@ once.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any
 
@@ -35,8 +36,13 @@ def numpy_dtype(onnx_type: str) -> np.dtype:
 _UNRELEASED: weakref.WeakSet[DeviceTensor] = weakref.WeakSet()  # for release_everything(), at exit
 
 
+_TOKENS = itertools.count()  # one per tensor ever made: the device's accounting key (an id() can be reused)
+
+
 class DeviceTensor:
-    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError."""
+    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError.
+    One dropped without ``release()`` stops counting as live on its device when Python collects it (its buffer
+    goes back to the runtime then)."""
 
     def __init__(self, value: Any, device: Any, owner: _Owner | None = None, keep: Any = None):
         self._value = value  # the OrtValue (never handed out for keeping)
@@ -47,7 +53,9 @@ class DeviceTensor:
         self.dtype = numpy_dtype(value.data_type())
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.data_ptr = int(value.data_ptr())  # the buffer's identity (a WGPUBuffer handle on WebGPU)
-        device._track(self, +1)
+        token = next(_TOKENS)
+        device._track(token, self.nbytes)
+        self._untrack = weakref.finalize(self, device._untrack, token)  # runs once: at release() or collection
         _UNRELEASED.add(self)
 
     @property
@@ -68,7 +76,7 @@ class DeviceTensor:
         if self._value is None:
             return
         self._value = self._keep = None
-        self.device._track(self, -1)
+        self._untrack()
         _UNRELEASED.discard(self)
         if self._owner is not None:
             self._owner.drop()
