@@ -19,6 +19,30 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tiers"]  # the test tiers: marks given by rule
 
 
+# The built-in models the suite loads, built before a run of many test files (two at a time: the builds are
+# separate processes) instead of one by one inside the first test that needs each.
+MODELS = [
+    ("toy", "fp32", False),
+    ("toy", "fp16", False),
+    ("toy", "int4", False),
+    ("toy", "fp32", True),
+    ("kv-heavy", "fp32", False),
+    ("smollm2", "fp32", False),
+    *[(name, "fp32", False) for name in ("sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy")],
+]
+
+
+SLOW_MODELS = [("smollm2", "fp16", False), ("smollm2", "int4", False)]  # the slow tier's and the notebooks'
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if len({item.path for item in session.items}) > 1:
+        from kvlab.ort.build import ensure_all
+
+        slow = any(item.get_closest_marker("slow") for item in session.items)
+        ensure_all(MODELS + (SLOW_MODELS if slow else []), jobs=2)
+
+
 @pytest.fixture(scope="session")
 def toy() -> kvlab.Model:
     return kvlab.load("toy")
@@ -130,7 +154,7 @@ def optimum_toy() -> Path:
     hf = ensure_checkpoint("toy")
     out = cache_dir() / "optimum" / f"toy-{hf.name}"
     if not (out / "tokenizer.json").is_file():
-        tmp = out.with_name(out.name + ".tmp")
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # one per process: the full run's parts run at once
         shutil.rmtree(tmp, ignore_errors=True)
         r = subprocess.run(
             [str(OPTIMUM_CLI), "export", "onnx", "--model", str(hf), "--task", "text-generation-with-past", str(tmp)],
@@ -142,6 +166,9 @@ def optimum_toy() -> Path:
         assert r.returncode == 0, r.stderr[-3000:]
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(hf / name, tmp / name)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same export first: keep its copy
+            shutil.rmtree(tmp)
+            assert (out / "tokenizer.json").is_file(), f"{out} exists but is incomplete"
     return out
