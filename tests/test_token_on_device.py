@@ -11,6 +11,7 @@ import kvlab
 from kvlab import ConfigError, DynamicCache, Sampling, StaticCache
 from kvlab.ort import Stepper, generate, open_device
 from kvlab.ort.faults import Injected, fault
+from kvlab.ort.plugin import installed
 from kvlab.ort.session import Binding
 from kvlab.ort.tensors import DeviceTensor
 
@@ -90,7 +91,10 @@ def test_the_label_says_where_the_token_was_chosen(toy, device):
 
 
 def test_refusals(toy):
-    with pytest.raises(ConfigError, match="token_on_device='yes' must be True or False"):
+    with pytest.raises(
+        ConfigError,
+        match="token_on_device='yes' must be True or False, or a reduction of the greedy graph: 'blocks', 'single'",
+    ):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
     with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device=True, sampling=Sampling(do_sample=True, seed=0))
@@ -169,3 +173,56 @@ def test_step_phases_with_the_token_on_device(toy):
             token_on_device=True,
         ).token_ids
     assert got == want
+
+
+def _logits_only_model(path, vocab: int):
+    """A real one-node graph whose "logits" output is its input: the greedy reductions run on exactly the logits
+    a test chooses (ties, -inf, a vocabulary that is not a whole number of blocks)."""
+    from types import SimpleNamespace
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["logits"])],
+        "logits_only",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n", vocab])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", vocab])],
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
+    onnx.save(model, str(path / "model.onnx"))
+    info = SimpleNamespace(logits_name="logits", vocab_size=vocab)
+    return SimpleNamespace(onnx_path=str(path / "model.onnx"), info=info, name=f"logits-{vocab}")
+
+
+@pytest.mark.parametrize("vocab", [97, 512, 1024, 49152])
+@pytest.mark.parametrize("reduction", ["blocks", "single"])
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_both_reductions_pick_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
+    from kvlab.ort.greedy import NEXT_HOST, greedy_graph
+
+    model = _logits_only_model(tmp_path, vocab)
+    session = open_device(device).session(greedy_graph(model, reduction), f"greedy {reduction} over {vocab}")
+    on_cpu = {n.split(":", 1)[1] for n in session.cpu_nodes if device == "webgpu" and ":kvlab/" in n}
+    # WebGPU runs few int64 ops: the host copy of the token is the host's anyway; the built-in package casts the
+    # [1, 1] index to int64 on the CPU EP (the plugin EP on WebGPU)
+    allowed = {"kvlab/next_token_host"} | ({"kvlab/to_int64"} if reduction == "blocks" and not installed() else set())
+    assert on_cpu <= allowed, session.cpu_nodes
+    rng = np.random.default_rng(vocab)
+    cases = [rng.normal(size=(1, 3, vocab)).astype(np.float32) for _ in range(6)]
+    for x in cases[:3]:  # ties: the largest value at several places, the lowest index must win
+        places = rng.choice(vocab, size=4, replace=False)
+        x[0, -1, places] = x.max() + 1
+    cases[3][0, -1, :] = 0.0  # all equal: index 0
+    cases[4][0, -1, :-1] = -np.inf  # only the last (a padded block's neighbour) is finite
+    for x in cases:
+        got = session.ort.run([NEXT_HOST], {"x": x})[0]
+        assert got.shape == (1, 1) and int(got[0, 0]) == int(np.argmax(x[0, -1])), (reduction, vocab)
+
+
+def test_an_unknown_reduction_is_named(toy):
+    from kvlab.ort.greedy import greedy_graph
+
+    with pytest.raises(ConfigError, match=r"reduction='tree' is not valid; choose one of \('blocks', 'single'\)"):
+        greedy_graph(toy, "tree")

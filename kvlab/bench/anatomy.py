@@ -22,6 +22,7 @@ from ..core import generation
 from ..core.errors import ConfigError
 from ..core.records import StepRecord
 from ..ort import Model, StaticCache, generate, load
+from ..ort.greedy import reduction_of
 from ..ort.session import Binding
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -114,7 +115,7 @@ def step_phases(
     rounds: int = 3,
     check_every: int = 1,
     genai: bool = True,
-    token_on_device: bool = False,
+    token_on_device: bool | str = False,
 ) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
@@ -169,7 +170,8 @@ def step_phases(
         "new_tokens": new_tokens,
         "rounds": rounds,
         "check_every": check_every,
-        "token_on_device": token_on_device,
+        "token_on_device": bool(token_on_device),
+        "greedy_reduction": reduction_of(token_on_device),
         "rows": rows,
         "kvlab_step_ms": _median_ms(steps, "wall"),
         "kvlab_token_to_token_ms": t2t,

@@ -195,6 +195,13 @@ def parser() -> argparse.ArgumentParser:
         help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
         "choose it on the host (the default)",
     )
+    pr.add_argument(
+        "--greedy-reduction",
+        choices=("blocks", "single"),
+        default="blocks",
+        help="--phases --token-on-device: how the graph finds the largest logit: in blocks (the default) or one "
+        "ArgMax over the vocabulary",
+    )
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
     add_browser_bench(sub)

@@ -154,7 +154,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         args.rounds,
         args.check_every,
         genai=not args.no_genai,
-        token_on_device=args.token_on_device,
+        token_on_device=args.greedy_reduction if args.token_on_device else False,
     )
     lines = [["phase", "ms/step", "share"]] + [
         [row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"] for row in r["rows"]

@@ -23,6 +23,7 @@ from ..core.labels import RunLabel
 from ..core.records import StepHook, StepRecord, hook_list
 from .caches import DynamicCache
 from .device import Device, open_device
+from .greedy import reduction_of
 from .models import Model, load
 from .stepper import Stepper
 
@@ -40,7 +41,7 @@ def generate(
     on_step: StepHook | Iterable[StepHook] | None = None,
     prefill_device: Device | str | None = None,
     prefill_model: Model | str | None = None,
-    token_on_device: bool = False,
+    token_on_device: bool | str = False,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
@@ -50,7 +51,8 @@ def generate(
     the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
     wrong (``kvlab.ort.builtin``), this one is right.
 
-    ``token_on_device=True`` (greedy only): the decode device's graph picks each token and the next step reads it
+    ``token_on_device=True`` (greedy only; or a reduction name, ``kvlab.ort.greedy.REDUCTIONS``: "blocks", the
+    default, or "single"): the decode device's graph picks each token and the next step reads it
     from the device, so neither the logits nor the token cross between host and device per step
     (``kvlab.ort.greedy``; the run's label says so). Opt-in: it pays on a small vocabulary and costs on a large one
     (``data/gpu/token/``).
@@ -65,7 +67,8 @@ def generate(
     model = load(model)
     dev = open_device(device)
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
-    if check_flag("token_on_device", token_on_device) and sampling is not None and sampling.do_sample:
+    reduction = reduction_of(token_on_device)
+    if reduction and sampling is not None and sampling.do_sample:
         raise ConfigError(
             "token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
             "the logits on the host: use token_on_device=False"
@@ -91,7 +94,13 @@ def generate(
 
     def result(stop: str) -> Generation:
         label = RunLabel(
-            model.name, model.info.dtype_name, dev.label, cache.spec, pre.device.label if pre else None, token_on_device
+            model.name,
+            model.info.dtype_name,
+            dev.label,
+            cache.spec,
+            pre.device.label if pre else None,
+            bool(reduction),
+            reduction,
         )
         return Generation(label, ids.tolist(), list(tokens), model.decode(tokens), stop, list(records))
 
@@ -110,7 +119,7 @@ def generate(
                 tokens.append(record.token)
                 feed = np.array([record.token], np.int64)
             while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
-                _, record = stepper.step(feed, None if token_on_device else choose, logits_out="none")
+                _, record = stepper.step(feed, None if reduction else choose, logits_out="none")
                 tokens.append(record.token)
                 feed = np.array([record.token], np.int64)
     except BaseException as exc:

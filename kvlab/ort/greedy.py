@@ -12,27 +12,61 @@ vocabulary and costs on a large one (``data/gpu/token/``).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
+from ..core.errors import ConfigError, ModelError, check_choice
 from .caches import release_all, zeros_all
 from .tensors import DeviceTensor
 
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
-SUFFIX = ".kvlab-greedy.onnx"
+SUFFIX = ".kvlab-greedy.onnx"  # the "blocks" reduction
+SINGLE_SUFFIX = ".kvlab-greedy-single.onnx"
 
 
-def greedy_graph(model: Any) -> Path:
+REDUCTIONS = ("blocks", "single")  # how the greedy graph finds the largest logit (``greedy_graph``)
+
+
+def reduction_of(token_on_device: object) -> str:
+    """The greedy graph's reduction a ``token_on_device`` setting asks for: "" for the host path (False), "blocks"
+    for True, or the reduction named. ConfigError for anything else."""
+    if token_on_device is False:
+        return ""
+    if token_on_device is True:
+        return "blocks"
+    if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
+        return token_on_device
+    raise ConfigError(
+        f"token_on_device={token_on_device!r} must be True or False, or a reduction of the greedy graph: "
+        f"{', '.join(map(repr, REDUCTIONS))}"
+    )
+
+
+def argmax_blocks(vocab: int) -> tuple[int, int]:
+    """(blocks, block size) for a two-stage argmax over ``vocab`` logits: a power-of-two block size near the
+    square root, so both stages reduce a few hundred values at most."""
+    size = 1 << max(0, math.ceil(math.log2(math.sqrt(vocab))))
+    return -(-vocab // size), size
+
+
+def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
     returns its path. The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to
-    the lowest index, as numpy's argmax does. ModelError when the model's directory is not writeable."""
+    the lowest index, as numpy's argmax does.
+
+    ``reduction``: "blocks" (default) finds the largest logit in two stages, each block of the vocabulary (padded
+    with -inf to whole blocks) by one ArgMax over a [blocks, size] view, then the block whose maximum is largest:
+    every stage is small enough for a GPU to spread over many threads. "single": one ArgMax over the whole
+    vocabulary. Raises ConfigError for another reduction, ModelError when the model's directory is not
+    writeable."""
+    check_choice(reduction, REDUCTIONS, "reduction=")
     src = Path(model.onnx_path)
-    dst = src.with_name(src.name.removesuffix(".onnx") + SUFFIX)
+    dst = src.with_name(src.name.removesuffix(".onnx") + (SUFFIX if reduction == "blocks" else SINGLE_SUFFIX))
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     import onnx
@@ -51,16 +85,17 @@ def greedy_graph(model: Any) -> Path:
                 name="kvlab/last_logits",
             ),  # [1, vocab]
             helper.make_node(
-                "Cast",
-                ["kvlab_last_logits"],
-                ["kvlab_last_logits_f32"],
-                to=TensorProto.FLOAT,
-                name="kvlab/last_logits_f32",
+                "Cast", ["kvlab_last_logits"], ["kvlab_last_logits_f32"], to=TensorProto.FLOAT, name="kvlab/f32"
             ),
-            helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax"),
-            helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"),
         ]
     )
+    if reduction == "single":
+        g.node.append(
+            helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax")
+        )
+    else:
+        _two_stage_argmax(g, model.info.vocab_size)
+    g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
     g.output.extend([helper.make_tensor_value_info(n, TensorProto.INT64, [1, 1]) for n in (NEXT, NEXT_HOST)])
     tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
     try:
@@ -74,6 +109,47 @@ def greedy_graph(model: Any) -> Path:
             "writable and load it from there"
         ) from exc
     return dst
+
+
+def _two_stage_argmax(g: Any, vocab: int) -> None:
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1]: the argmax in blocks, in float32 ops
+    alone (WebGPU runs few int64 ops: ArgMax's own output is the one such on both packages, and one ArgMax over
+    the whole vocabulary is what this avoids). The largest logit is found per block, then among the blocks; the
+    index is the smallest position holding it (positions as float32: exact below 2**24), found the same way, and
+    cast to int64 at the end (a [1, 1] cast that the built-in package runs on the CPU EP)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    blocks, size = argmax_blocks(vocab)
+    positions = np.arange(blocks * size, dtype=np.float32).reshape(blocks, size)
+    positions[positions >= vocab] = np.inf  # padding: never the answer
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(positions, "kvlab_argmax_positions"),
+            helper.make_tensor("kvlab_argmax_pads", TensorProto.INT64, [4], [0, 0, 0, blocks * size - vocab]),
+            helper.make_tensor("kvlab_argmax_view", TensorProto.INT64, [2], [blocks, size]),
+            helper.make_tensor("kvlab_argmax_fill", TensorProto.FLOAT, [], [-math.inf]),
+            helper.make_tensor("kvlab_argmax_inf", TensorProto.FLOAT, [], [math.inf]),
+            helper.make_tensor("kvlab_axis1", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("kvlab_axis0", TensorProto.INT64, [1], [0]),
+        ]
+    )
+    node = helper.make_node
+    g.node.extend(
+        [
+            node("Pad", ["kvlab_last_logits_f32", "kvlab_argmax_pads", "kvlab_argmax_fill"], ["kvlab_padded"]),
+            node("Reshape", ["kvlab_padded", "kvlab_argmax_view"], ["kvlab_blocks"]),  # [blocks, size]
+            node("ReduceMax", ["kvlab_blocks", "kvlab_axis1"], ["kvlab_block_max"]),  # [blocks, 1]
+            node("ReduceMax", ["kvlab_block_max", "kvlab_axis0"], ["kvlab_max"]),  # [1, 1]: the largest logit
+            node("Equal", ["kvlab_blocks", "kvlab_max"], ["kvlab_is_max"]),
+            node("Where", ["kvlab_is_max", "kvlab_argmax_positions", "kvlab_argmax_inf"], ["kvlab_where"]),
+            node("ReduceMin", ["kvlab_where", "kvlab_axis1"], ["kvlab_block_first"]),  # [blocks, 1]
+            node("ReduceMin", ["kvlab_block_first", "kvlab_axis0"], ["kvlab_first"]),  # [1, 1]: its lowest index
+            node("Cast", ["kvlab_first"], [NEXT], to=TensorProto.INT64, name="kvlab/to_int64"),
+        ]
+    )
+    for n in g.node[-9:-1]:
+        n.name = f"kvlab/argmax_{n.output[0].removeprefix('kvlab_')}"
 
 
 class TokenFeed:

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ..core.cache import Cache
-from ..core.errors import ConfigError, check_choice, check_flag
+from ..core.errors import ConfigError, check_choice
 from ..core.generation import greedy
 from ..core.records import StepHook, StepRecord, hook_list, step_record
 from .device import Device, open_device
-from .greedy import TokenFeed, greedy_graph
+from .greedy import TokenFeed, greedy_graph, reduction_of
 from .models import Model, load
 
 LOGITS_OUT = ("last", "all", "none")
@@ -31,8 +31,9 @@ class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its lifetime
     (``with Stepper(model, cache, device, needed) as s:``) for at most ``needed`` positions.
 
-    ``token_on_device=True``: greedy steps that hand back no logits (``choose`` None, ``logits_out="none"``) take
-    the token from the graph (``kvlab.ort.greedy``) and feed it to the next step from the device. ``hooks`` get
+    ``token_on_device=True`` (or a reduction of ``kvlab.ort.greedy.REDUCTIONS``): greedy steps that hand back no
+    logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.greedy``) and feed it
+    to the next step from the device. ``hooks`` get
     every step's record. Raises ConfigError for a bad argument, and what the cache's ``use`` raises
     (CapacityError, CacheStateError)."""
 
@@ -43,24 +44,26 @@ class Stepper:
         device: Device | str,
         needed: int,
         hooks: Sequence[StepHook] = (),
-        token_on_device: bool = False,
+        token_on_device: bool | str = False,
     ):
         model, device = load(model), open_device(device)
         if not isinstance(cache, Cache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
-        check_flag("token_on_device", token_on_device)
+        reduction = reduction_of(token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
-        if token_on_device and type(cache).session is not Cache.session:
+        if reduction and type(cache).session is not Cache.session:
             raise ConfigError(
                 f"token_on_device runs the model's greedy graph on the device's own session; a "
                 f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache"
             )
-        self.token_on_device = token_on_device
+        self.token_on_device, self.greedy_reduction = bool(reduction), reduction
         self._feed: TokenFeed | None = None  # while entered, with token_on_device
         # the device's session of the model (its greedy graph with token_on_device), or the cache's own
         self.session = (
-            device.session(greedy_graph(model), f"model {model.name} (greedy token on the device)")
-            if token_on_device
+            device.session(
+                greedy_graph(model, reduction), f"model {model.name} (greedy token on the device, {reduction})"
+            )
+            if reduction
             else cache.session(device, model)
         )
         if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
