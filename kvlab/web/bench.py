@@ -54,7 +54,7 @@ def row_of(
     context: int,
     runs: list[BrowserGeneration],
     dynamic: list[BrowserGeneration],
-    reference: list[int] | None,
+    reference: list[int],
     result: BrowserResult,
     buffer_cache_mode: str,
     fitted: bool,
@@ -65,7 +65,7 @@ def row_of(
     medians = [float(np.median(_decode(r))) for r in runs]
     paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] if dynamic else []
     spec = g.cache
-    equal = all(r.token_ids == (reference if reference is not None else runs[0].token_ids) for r in runs)
+    equal = all(r.token_ids == reference for r in runs)
     entry = model.info.entries[0]
     return {
         "model": model.name,
@@ -198,10 +198,11 @@ def browser_bench(
         t0 = time.monotonic()
         result = run_job(job, host=host, adapter=adapter, timeout=timeout)
         results.append(result)
-        ref = None
+        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
         if reference == "cpu":
             ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new_tokens, stop_on_eos=False).token_ids
-        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
+        else:  # the first cache's first measured round: every run of every cache is compared with it
+            ref = next(iter(by_name.values()))[0].token_ids
         dynamic = by_name.get("dynamic", [])
         fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
         for name, measured in by_name.items():

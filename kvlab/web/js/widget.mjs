@@ -28,10 +28,15 @@ async function describeBrowser() {
 }
 
 function receiveBlob(msg, buffers) {
-  const parts = pageState.blobs.get(msg.name) ?? { chunks: new Array(msg.count), done: false };
+  let parts = pageState.blobs.get(msg.name);
+  if (!parts || parts.done || parts.count !== msg.count) {
+    parts = { chunks: new Array(msg.count), count: msg.count, received: 0, done: false };
+    pageState.blobs.set(msg.name, parts);
+  }
   const view = buffers[0];
+  if (!parts.chunks[msg.index]) parts.received += 1;
   parts.chunks[msg.index] = new Uint8Array(view.buffer, view.byteOffset, view.byteLength).slice();
-  if (parts.chunks.every(Boolean)) {
+  if (parts.received === parts.count) {
     const total = parts.chunks.reduce((n, c) => n + c.byteLength, 0);
     const bytes = new Uint8Array(total);
     let offset = 0;
@@ -43,7 +48,6 @@ function receiveBlob(msg, buffers) {
     parts.chunks = [];
     parts.done = true;
   }
-  pageState.blobs.set(msg.name, parts);
 }
 
 function blob(name) {
