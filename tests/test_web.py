@@ -23,6 +23,7 @@ from kvlab.core.errors import CapacityError, ConfigError, DeviceError, ModelErro
 from kvlab.web import assets
 from kvlab.web.chromium import adapter_flags, find_chromium
 from kvlab.web.job import TRANSFORMERS_GRAPH, check_model, concrete_past_shapes, make_job, parse_cache
+from kvlab.web.node import find_node
 from kvlab.web.results import WEB_COLUMNS, BrowserStepRecord, adapter_label, read_result
 from kvlab.web.server import PageServer
 
@@ -156,6 +157,36 @@ def test_server_wait_says_what_happened(toy):
         server.receive("/progress", {"phase": "decode", "step": 3})
         with pytest.raises(DeviceError, match=r"browser exited .* \(its last finished step: decode step 3\)"):
             server.wait_result(5, alive=lambda: False)
+
+
+def test_ctrl_c_while_waiting_closes_the_browser_and_the_server_once(toy, tmp_path, monkeypatch):
+    """A KeyboardInterrupt while the page runs: the browser's process group ends, its profile goes, the server
+    stops; each exactly once (a stand-in browser that only sleeps, so no real one is needed)."""
+    from kvlab.web import run
+
+    fake = tmp_path / "chromium"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("KVLAB_CHROMIUM", str(fake))
+    made = []
+
+    class Recorded(run.Chromium):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def interrupted(server, timeout, alive=None):
+        made.append(server)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "Chromium", Recorded)
+    monkeypatch.setattr(PageServer, "wait_result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run.run_job(make_job(toy, PROMPT, max_new_tokens=2), adapter="swiftshader")
+    browser, server = made
+    assert browser.process.poll() is not None and not Path(browser.profile).exists()
+    with pytest.raises(OSError):  # nothing listens any more
+        urllib.request.urlopen(server.url + "job", timeout=2)
 
 
 # ---- the page's result ---------------------------------------------------------------------------------------------
@@ -347,3 +378,34 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
     assert static["storage_buffers_per_step"] == 0 and dynamic["tensors_per_step"] == 4
     assert result["environment"]["backend_version"] == "1.30.0" and "Chromium" in result["environment"]["host"]
     assert len(result["runs"]) == 4  # a warm-up and a measured round of each cache
+
+
+def test_widget_front_end_is_one_module_node_can_parse(tmp_path):
+    from kvlab.web.widget import widget_esm
+
+    esm = widget_esm()
+    assert "from './" not in esm and esm.count("\nexport ") == 1 and "export default { render }" in esm
+    (tmp_path / "widget.mjs").write_text(esm)
+    node = subprocess.run([find_node(), "--check", str(tmp_path / "widget.mjs")], capture_output=True, text=True)
+    assert node.returncode == 0, node.stderr
+
+
+def test_widget_kernel_side_without_a_browser(toy):
+    """What the kernel does with the page's messages: sends every blob then the job on 'start', reads the result,
+    compares with its own CPU EP run and says so in the summary (the page side: tests/test_web_notebook.py)."""
+    from kvlab.web.widget import BrowserLab
+
+    lab = BrowserLab(toy, PROMPT, new_tokens=2, caches=["dynamic", "static@8"])
+    sent = []
+    lab.send = lambda content, buffers=None: sent.append((content, buffers))
+    lab._on_msg(lab, {"type": "start", "have": []}, [])
+    kinds = [c["type"] for c, _ in sent]
+    assert kinds[-1] == "job" and kinds.count("blob") >= 5 and lab.running
+    blobs = {c["name"] for c, _ in sent if c["type"] == "blob"}
+    assert {"model:toy:model.onnx", "model:toy:model.onnx.data", f"model:toy:{TRANSFORMERS_GRAPH}"} <= blobs
+    cpu = kvlab.generate(toy, PROMPT, device="cpu", max_new_tokens=2, stop_on_eos=False).token_ids
+    lab._on_msg(lab, {"type": "result", "result": _page_result(lab.job, tokens=cpu)}, [])
+    assert not lab.running and lab.result is not None and lab.status.startswith("done: the kernel received 2 runs")
+    assert "greedy tokens equal the kernel's CPU EP run: True" in lab.summary
+    lab._on_msg(lab, {"type": "result", "result": {"error": "WebGPU is off"}}, [])
+    assert lab.status == "error: the browser runner failed: WebGPU is off"
