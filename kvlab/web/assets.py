@@ -7,6 +7,11 @@ Contract: ``npm_dir()`` is the folder holding the packages (``$KVLAB_WEB_ASSETS`
 missing file and the command that installs it; ``versions()`` gives each package's installed version (read from
 its own package.json, never assumed); ``kvlab_file(name)`` is one of kvlab's JS files. ``pack(dest)`` copies only
 the files a Dawn-in-Node run needs (for a machine without npm), keeping the node_modules layout.
+
+``package.json`` pins exact versions and overrides two of transformers.js 4.3.2's own dependencies: its
+onnxruntime-web (it asks for 1.31.0-dev.20260914) becomes the 1.30.0 kvlab's page code runs, so both caches run
+on one runtime (labels say "transformers.js 4.3.2 (onnxruntime-web 1.30.0)"); its onnxruntime-node (301 MB, the
+runtime of its Node build, which a browser never loads) becomes onnxruntime-common, a few hundred KB.
 """
 
 from __future__ import annotations
