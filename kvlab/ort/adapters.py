@@ -45,6 +45,17 @@ def _is_software_icd(path: str) -> bool:
     return any(tag in os.path.basename(path) for tag in _SOFTWARE_ICDS)
 
 
+def hardware_icd_manifests() -> list[str]:
+    """The GPU Vulkan driver manifests installed (SwiftShader's and lavapipe's left out), where the loader looks and
+    where GPU containers mount them."""
+    return [f for f in _icd_manifests() if not _is_software_icd(f)]
+
+
+def vulkan_loader() -> bool:
+    """Whether the Vulkan loader (libvulkan.so.1) can be loaded."""
+    return _loads("libvulkan.so.1")
+
+
 def configure_vulkan(choice: str | None = None) -> str:
     """Point the Vulkan loader at a driver before the first WebGPU session (Linux only).
 
@@ -145,6 +156,9 @@ class VulkanDevice:
     name: str
     type: str  # "discrete", "integrated", "virtual", "cpu" or "other"
     shader_f16: bool | None  # the Vulkan features WebGPU's shader-f16 rests on (float16 arithmetic, 16-bit storage)
+    vendor_id: int | None = None  # PCI vendor (0x10DE NVIDIA, 0x1002 AMD, 0x8086 Intel) or Khronos id (0x1AE0 Google)
+    memory_bytes: int | None = None  # its largest device-local memory heap
+    max_storage_buffer_range: int | None = None  # the largest storage buffer binding (WebGPU's limit is at most this)
 
 
 def vulkan_adapters() -> list[VulkanDevice]:
@@ -170,18 +184,34 @@ def vulkan_adapters() -> list[VulkanDevice]:
         for handle in handles[: count.value]:
             props = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties (~830 bytes)
             vk.vkGetPhysicalDeviceProperties(ctypes.c_void_p(handle), props)
-            device_type = int.from_bytes(props.raw[16:20], "little")
-            name = props.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")
+            memory = ctypes.create_string_buffer(1024)  # VkPhysicalDeviceMemoryProperties (520 bytes)
+            vk.vkGetPhysicalDeviceMemoryProperties(ctypes.c_void_p(handle), memory)
+            raw = props.raw
             found.append(
                 VulkanDevice(
-                    name,
-                    _VK_DEVICE_TYPES.get(device_type, "other"),
+                    raw[20:276].split(b"\0", 1)[0].decode(errors="replace"),  # deviceName
+                    _VK_DEVICE_TYPES.get(_u32(raw, 16), "other"),  # deviceType
                     _shader_f16(features2, handle) if features2 else None,
+                    vendor_id=_u32(raw, 8),  # vendorID
+                    memory_bytes=_device_local_bytes(memory.raw),
+                    max_storage_buffer_range=_u32(raw, 324),  # limits (at 296) .maxStorageBufferRange
                 )
             )
         return found
     finally:
         vk.vkDestroyInstance(instance, None)
+
+
+def _u32(raw: bytes, offset: int) -> int:
+    return int.from_bytes(raw[offset : offset + 4], "little")
+
+
+def _device_local_bytes(raw: bytes) -> int | None:
+    """The largest VK_MEMORY_HEAP_DEVICE_LOCAL heap of a VkPhysicalDeviceMemoryProperties (heap count at 260, then
+    16 heaps of {VkDeviceSize size; flags} from 264, 16 bytes each)."""
+    heaps = [(int.from_bytes(raw[264 + 16 * i : 272 + 16 * i], "little"), _u32(raw, 272 + 16 * i)) for i in range(16)]
+    local = [size for size, flags in heaps[: min(_u32(raw, 260), 16)] if flags & 1]
+    return max(local) if local else None
 
 
 def _shader_f16(features2: Any, handle: int) -> bool:
