@@ -187,7 +187,8 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
   step venv 120 bash -c "python3 -m venv --system-site-packages $venv || python3 -m venv --without-pip \
     --system-site-packages $venv"  # without ensurepip in the image, the image's pip installs into it
   export PATH="$venv/bin:$PATH"  # from here on python3 (kv, build) is the environment's
-  step install 400 python3 -m pip install --no-index --find-links "$wheels" -e ".[build]"
+  step install 400 python3 -m pip install --no-index --find-links "$wheels" -e ".[build]" ||
+    step install_without_resolving 300 bash -c "python3 -m pip install --no-index --find-links $wheels --no-deps -e . $wheels/*.whl"
   step doctor_pip_only 300 kv doctor  # what pip left out, the package clash, the driver that cannot start
   step install_genai 120 python3 -m pip install --no-index --find-links "$wheels" --no-deps onnxruntime-genai==0.18.0
   step glvnd 60 bash -c 'for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; ls .gl'
