@@ -186,6 +186,10 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
     ls -l /usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0 2>&1; ls $wheels .gl"
   step venv 120 bash -c "python3 -m venv --system-site-packages $venv || python3 -m venv --without-pip \
     --system-site-packages $venv"  # without ensurepip in the image, the image's pip installs into it
+  # the image's python3 may itself be a virtual environment, whose packages --system-site-packages does not reach
+  # (Colab's is a system python, where it does): a .pth line makes them visible as they are on Colab
+  image_site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+  echo "$image_site" > "$(echo $venv/lib/python3*/site-packages)/kvlab-image-packages.pth"
   export PATH="$venv/bin:$PATH"  # from here on python3 (kv, build) is the environment's
   step install 400 python3 -m pip install --no-index --find-links "$wheels" -e ".[build]" ||
     step install_without_resolving 300 bash -c "python3 -m pip install --no-index --find-links $wheels --no-deps -e . $wheels/*.whl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from kvlab.core.buckets import BUCKETS, MiB, bucket_of, predict_churn
 from kvlab.ort.adapters import driver_problems
-from kvlab.ort.buffer_pool import BUCKETS, MiB, bucket_of, predict_churn
 
 
 def _manifest(tmp_path, library: str):
@@ -53,7 +53,7 @@ def test_the_fresh_buffer_cost_is_fitted_where_every_buffer_is_fresh():
     """Two sizes above 4 MiB give the line; at or below it the mean per-buffer cost; one size above is refused."""
     import pytest
 
-    from kvlab.ort.buffer_pool import fit_fresh_cost
+    from kvlab.core.buckets import fit_fresh_cost
 
     cost = fit_fresh_cost([(24, 3 * MiB, 0.48), (24, 8 * MiB, 24 * 0.7), (24, 16 * MiB, 24 * 1.1)])
     assert cost.small_ms == pytest.approx(0.02) and cost.per_mib_ms == pytest.approx(0.05)

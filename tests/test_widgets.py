@@ -11,12 +11,12 @@ from conftest import run_python
 
 import kvlab
 from kvlab import CacheSpec, DeviceLabel, open_device
+from kvlab.core.buckets import bucket_positions
 from kvlab.core.generation import first_divergence
 from kvlab.core.labels import Adapter, RunLabel
 from kvlab.lab import plots, recorded
 from kvlab.lab.runs import as_run
 from kvlab.lab.widgets import CacheLab
-from kvlab.ort.buffer_pool import bucket_positions
 from kvlab.ort.plugin import installed as on_the_plugin_ep
 
 
@@ -311,7 +311,7 @@ def test_the_recorded_staircase_draws_both_pool_modes_with_the_predicted_churn()
     import json
     from pathlib import Path
 
-    from kvlab.ort.buffer_pool import predict_churn
+    from kvlab.core.buckets import predict_churn
 
     result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/stairs/results.json").read_text())
     fig = recorded.staircase(result)

@@ -244,7 +244,7 @@ def staircase_cost(rows: Sequence[dict[str, Any]]) -> Any:
     """The cost of one fresh buffer (``kvlab.ort.buffer_pool.FreshCost``) fitted on the pool-``disabled`` rows of a
     recorded sweep, where every KV tensor is created afresh each step: (dynamic - static) / tensors per size.
     None when the sweep has no disabled rows at two sizes above 4 MiB."""
-    from ..ort.buffer_pool import fit_fresh_cost
+    from ..core.buckets import fit_fresh_cost
 
     by = {
         (r["cache_kind"], r["context"]): r
@@ -273,7 +273,7 @@ def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "we
     buffer handles, a lower bound)."""
     from plotly.subplots import make_subplots
 
-    from ..ort.buffer_pool import bucket_positions, predict_churn
+    from ..core.buckets import bucket_positions, predict_churn
 
     rows = rows_of(result, model, device)
     if not rows:

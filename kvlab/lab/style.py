@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..core.buckets import MiB, bucket_positions
 from ..core.labels import CacheSpec, DeviceLabel
-from ..ort.buffer_pool import MiB, bucket_positions
 
 # one colour per cache kind, everywhere (notebooks, charts, the CacheLab dashboard)
 KIND_COLORS = {"dynamic": "#1f77b4", "static": "#d62728", "genai": "#2ca02c", "matmuls only": "#7f7f7f"}
