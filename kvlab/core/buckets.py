@@ -5,6 +5,9 @@ and the next request of that size is a fresh CreateBuffer. Requests above the la
 
 A DynamicCache asks for every KV tensor anew each step, one token longer; when more same-bucket tensors are alive
 than the bucket keeps, the extra ones are destroyed and re-created every step: the latency "staircase".
+
+Pure data and arithmetic, in the core: the lab draws the bucket lines and predicts the churn from it without
+importing a backend.
 """
 
 from __future__ import annotations

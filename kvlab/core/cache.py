@@ -158,11 +158,6 @@ class Cache:
         return len(fresh)
 
     # -- the per-step contract (implemented by each cache kind)
-    def session(self, device: Any, model: Any) -> Any:
-        """The session this cache's steps run on: the device's session of the model, by default; a cache that
-        needs a session of its own (graph capture opens one with other options) says so here."""
-        return device.session(model.onnx_path, f"model {model.name}")
-
     def check_capacity(self, needed: int) -> None:
         """Raise CapacityError when ``needed`` positions do not fit. No side effects."""
 

@@ -46,7 +46,16 @@ def release_all(tensors: list[DeviceTensor]) -> None:
         t.release()
 
 
-class DynamicCache(Cache):
+class OrtCache(Cache):
+    """A cache whose steps run on ONNX Runtime."""
+
+    def session(self, device: Device, model: Any) -> Session:
+        """The session this cache's steps run on: the device's session of the model, by default; a cache that
+        needs a session of its own (graph capture opens one with other options) says so here."""
+        return device.session(model.onnx_path, f"model {model.name}")
+
+
+class DynamicCache(OrtCache):
     """The runtime allocates new ``present.*`` tensors every step (one token longer: a full copy of the past)
     and the previous ones are released, as transformers.js does by default. Past tensors stay on the device
     between steps (no host round trip), so the churn measured is the runtime's real one."""
@@ -155,7 +164,7 @@ WEBGPU_IN_PLACE = (
 )
 
 
-class StaticCache(Cache):
+class StaticCache(OrtCache):
     """Every KV buffer allocated once, [1, kv_heads, max_cache_len, head_dim], and bound both as the
     ``past_key_values.*`` input and the ``present.*`` output: GroupQueryAttention writes the new tokens in
     place. Zero allocation per step and fixed shapes (what graph capture needs).

@@ -20,6 +20,7 @@ from ..core.cache import Cache
 from ..core.errors import ConfigError, check_choice
 from ..core.generation import greedy
 from ..core.records import StepHook, StepRecord, hook_list, step_record
+from .caches import OrtCache
 from .device import Device, open_device
 from .greedy import TokenFeed, greedy_graph, reduction_of
 from .models import Model, load
@@ -47,11 +48,11 @@ class Stepper:
         token_on_device: bool | str = False,
     ):
         model, device = load(model), open_device(device)
-        if not isinstance(cache, Cache):
+        if not isinstance(cache, OrtCache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
         reduction = reduction_of(token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
-        if reduction and type(cache).session is not Cache.session:
+        if reduction and type(cache).session is not OrtCache.session:
             raise ConfigError(
                 f"token_on_device runs the model's greedy graph on the device's own session; a "
                 f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache"
