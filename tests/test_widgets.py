@@ -329,3 +329,66 @@ def test_the_recorded_staircase_draws_both_pool_modes_with_the_predicted_churn()
     per_token = 8 * 128 * 4  # kv-heavy: 8 KV heads x 128, float32
     assert list(predicted.y) == [predict_churn(24, per_token, c + 1).fresh for c in contexts]
     assert "NVIDIA H200 (hardware)" in fig.layout.title.text
+
+
+def test_each_run_of_a_kind_gets_its_own_shade_and_the_dashboard_fits_its_output_area(toy):
+    """One shade per run (two static runs never share a colour), full tick labels on the log axis, and a chart
+    narrower than JupyterLab's output area (about 870 px)."""
+    lab = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=3, max_runs=4)
+    for kind in ("static", "static", "dynamic", "static"):
+        lab.cache_type.value = kind
+        lab.run()
+    colors = [t.line.color for t in lab.figure.data[::3]]
+    assert len(set(colors)) == 4, colors
+    assert lab.figure.layout.width <= 860 and lab.widget.layout.max_width == "860px"
+    assert 20 in lab.figure.layout.yaxis.tickvals and lab.figure.layout.yaxis.type == "log"
+
+
+def test_runs_from_a_browser_join_the_dashboards_chart_and_table(toy):
+    """A browser widget's result (kvlab Generations, as kvlab.web.results makes them) is drawn and tabled like a
+    run of the lab's own; the widget is shown inside the dashboard."""
+    import ipywidgets as w
+
+    class FakeBrowser(w.HTML):
+        def on_result(self, fn):
+            self.callback = fn
+
+    runs = []
+    for cache in (kvlab.DynamicCache(), kvlab.StaticCache(32)):
+        with cache:
+            runs.append(kvlab.generate(toy, [5, 6, 7, 8], cache=cache, max_new_tokens=5, stop_on_eos=False))
+    browser = FakeBrowser()
+    lab = CacheLab(toy, device="cpu", browser=browser)
+    assert browser in lab.widget.children
+    browser.callback(type("Result", (), {"measured": runs, "host": "Chromium 156 (headless)"})())
+    assert list(lab.results["device"]) == ["browser webgpu", "browser webgpu"]
+    assert list(lab.results["cache"]) == ["dynamic", "static"] and lab.results.iloc[1]["max_cache_len"] == 32
+    assert len(lab.figure.data) == 6 and lab.figure.data[3].name == "#2 static@32 \u00b7 browser"
+    assert "in the browser" in lab.figure.layout.title.text and "2 browser runs added" in lab.status_text
+
+
+def test_the_recorded_gain_and_the_staircase_at_a_glance_read_their_rows():
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    phi4 = json.loads((data / "gpu/phi4-kv/results.json").read_text())
+    gains = dict(recorded.gain_rows(phi4, precision="fp32"))
+    assert sorted(gains) == [1024, 2048, 4096, 8192, 16384] and gains[1024] == pytest.approx(43.9 / 9.9, rel=0.01)
+    stairs = json.loads((data / "gpu/stairs/results.json").read_text())
+    glance = recorded.staircase_glance(stairs)
+    assert [t.name for t in glance.data] == [
+        "dynamic cache (recorded)",
+        "static cache (recorded)",
+        "dynamic, predicted from the bucket table",
+    ]
+    fig = recorded.static_gain([("phi4-kv, H200", phi4, {"precision": "fp32"})], note="n")
+    assert fig.data[0].name == "phi4-kv, H200 (recorded)" and fig.layout.yaxis.ticktext[0] == "1x"
+
+
+def test_memory_by_layout_draws_the_exact_bytes_and_the_measured_points(toy):
+    layout = toy.info.layout
+    fig = plots.memory_by_layout({"toy": layout}, max_length=512, points=[("toy (recorded)", [(100, 12800)])])
+    line, points = fig.data
+    assert line.x[-1] == 512 and line.y[-1] * 1024 == layout.report(512).total_bytes  # KiB at this size
+    assert points.marker.symbol == "square-open" and points.y[0] == 12800 / 1024

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ..core.records import StepRecord
+from .style import LOG_TICKS
 
 
 class LivePlot:
@@ -17,6 +18,8 @@ class LivePlot:
     widget is replaced, inside ``box``, by a fresh one holding the complete figure: the final chart is always
     right, and the live updates of later runs go to a view that is already loaded."""
 
+    WIDTH = 840  # px: JupyterLab's output area is about 870 px wide beside the prompt column
+
     def __init__(self, throttle_s: float = 0.25, max_runs: int = 4):
         import ipywidgets as w
         import plotly.graph_objects as go
@@ -25,24 +28,26 @@ class LivePlot:
         base = make_subplots(
             rows=1,
             cols=2,
-            horizontal_spacing=0.1,
-            subplot_titles=("decode step latency (ms, log scale)", "KV memory: reserved (solid) vs used (dashed), KiB"),
+            horizontal_spacing=0.12,
+            subplot_titles=("decode step (ms, log scale)", "KV memory: reserved (solid) vs used (dashed)"),
         )
         self.figure = go.FigureWidget(base)
         self.figure.update_layout(
             height=420,
-            width=1000,
+            width=self.WIDTH,
             template="plotly_white",
-            margin={"t": 95, "b": 40, "l": 55, "r": 20},
+            margin={"t": 95, "b": 40, "l": 55, "r": 15},
             legend={"orientation": "h", "y": -0.2, "x": 0},
             title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01},
         )
         self.figure.update_xaxes(title_text="cache length (tokens)")
-        self.figure.update_yaxes(type="log", dtick=1, row=1, col=1)  # first steps of a new context compile shaders
-        self.figure.update_yaxes(rangemode="tozero", row=1, col=2)
-        self.box = w.Box([self.figure])
+        # log: a fresh context's first steps compile shaders, 10-100x the rest; ticks at 1, 2 and 5 of every decade
+        self.figure.update_yaxes(type="log", tickvals=LOG_TICKS, row=1, col=1)
+        self.figure.update_yaxes(rangemode="tozero", title_text="KiB", row=1, col=2)
+        self.box = w.Box([self.figure], layout=w.Layout(width="100%", overflow="hidden"))
         self.throttle_s, self.max_runs = throttle_s, max_runs
         self.redraws = 0
+        self.scale, self.units = 1024, "KiB"
         self._xs: list[int] = []
         self._lat: list[float] = []
         self._res: list[float] = []
@@ -50,6 +55,21 @@ class LivePlot:
         self._mem_x: list[int] = []
         self._last = 0.0
         self._traces: tuple[Any, Any, Any] | None = None
+
+    def set_units(self, scale: int, units: str) -> None:
+        """The memory panel's unit (bytes per unit, its name), for the runs from now on; the runs already drawn
+        are rescaled, so every line on the panel reads in the same unit."""
+        if (scale, units) == (self.scale, self.units):
+            return
+        factor = self.scale / scale
+        with self.figure.batch_update():
+            for trace in self.figure.data:
+                if trace.xaxis == "x2" and trace.y is not None:
+                    trace.y = [v * factor for v in trace.y]
+            self.figure.update_yaxes(title_text=units, row=1, col=2)
+        self._res = [v * factor for v in self._res]
+        self._used = [v * factor for v in self._used]
+        self.scale, self.units = scale, units
 
     def start(self, name: str, color: str, title: str) -> None:
         import plotly.graph_objects as go
@@ -102,15 +122,18 @@ class LivePlot:
         self._last = 0.0
 
     def add(self, record: StepRecord) -> None:
+        self._add(record)
+        if time.perf_counter() - self._last >= self.throttle_s:
+            self.flush()
+
+    def _add(self, record: StepRecord) -> None:
         x = record.position + record.n_tokens
         if record.phase == "decode":
             self._xs.append(x)
             self._lat.append(record.wall_ms)
-        self._res.append(record.live_cache_bytes / 1024)
-        self._used.append(record.used_cache_bytes / 1024)
+        self._res.append(record.live_cache_bytes / self.scale)
+        self._used.append(record.used_cache_bytes / self.scale)
         self._mem_x.append(x)
-        if time.perf_counter() - self._last >= self.throttle_s:
-            self.flush()
 
     def flush(self) -> None:
         if self._traces is None:
@@ -131,3 +154,10 @@ class LivePlot:
         old, self.figure = self.figure, go.FigureWidget(self.figure)
         self.box.children = (self.figure,)
         old.close()
+
+    def draw(self, name: str, color: str, title: str, records: Any) -> None:
+        """A finished run (its records) drawn as one more run, as if it had just gone live."""
+        self.start(name, color, title)
+        for record in records:
+            self._add(record)
+        self.finish()

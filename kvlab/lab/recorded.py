@@ -11,10 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, check_choice
 from .plots import bucket_note
 from .runs import Run, as_runs, common_and_labels
-from .style import KIND_COLORS, MODE_DASHES, MiB, add_bucket_lines, go, kind_colors, legend_below, title, top_margin
+from .style import (
+    KIND_COLORS,
+    MODE_DASHES,
+    RATIO_TICKS,
+    MiB,
+    add_bucket_lines,
+    go,
+    kind_colors,
+    legend_below,
+    title,
+    top_margin,
+)
 
 
 def data_dir() -> Path:
@@ -103,11 +114,20 @@ def sweep(
     recorded: dict[str, Any] | None = None,
     recorded_model: str | None = None,
     recorded_device: str | None = None,
+    series: Sequence[str] | None = None,
+    modes: Sequence[str] | None = None,
+    group: str = "cache",
+    live_note: str = "",
 ) -> Any:
     """Median decode-step latency of each run vs its context, one line per cache (and device, when they differ),
     for short runs at several contexts; with ``recorded`` (a ``kvlab bench`` result, its JSON loaded) drawn as
     dotted lines labelled "recorded" for ``recorded_model``/``recorded_device`` (default: those of the live
-    runs), with its environment in the subtitle. Bucket lines as in ``plots.latency``."""
+    runs), with its environment in the subtitle. ``series`` keeps only the recorded lines of those names
+    (``series_name``: "dynamic", "static@fit", "genai", ...), ``modes`` only those buffer cache modes. ``group``:
+    "cache" draws one line per cache spec (static@512 and static@4096 apart), "kind" one per cache kind (a
+    static cache sized to each context is one line). ``live_note``: a line under the title about the live points
+    (e.g. how noisy they can be). Bucket lines as in ``plots.latency``."""
+    check_choice(group, ("cache", "kind"), "group=")
     runs = as_runs(list(runs))
     common, _ = common_and_labels(runs, context=False)
     groups: dict[str, list[tuple[int, float, Run]]] = {}
@@ -115,25 +135,36 @@ def sweep(
         dec = r.frame[r.frame["phase"] == "decode"]
         if dec.empty:
             continue
-        key = r.name or (str(r.label.cache) + (" (recorded)" if r.recorded else " (live)"))
+        what = str(r.label.cache) if group == "cache" else r.label.cache.kind
+        key = r.name or (what + (" (recorded)" if r.recorded else " (live)"))
         if len({x.label.device for x in runs}) > 1:
             key += f" \u00b7 {r.label.device}"
         groups.setdefault(key, []).append((int(dec["position"].iloc[0]), float(dec[y].median()), r))
     rows = []
     if recorded is not None:
-        model = recorded_model or (runs[0].model if runs else None)
-        device = recorded_device or (runs[0].device.name if runs else None)
+        model = recorded_model or (runs[0].label.model if runs else None)
+        device = recorded_device or (runs[0].label.device.name if runs else None)
         rows = rows_of(recorded, model, device)
         if not rows:
             raise ValueError(f"the recorded results have no rows for model {model!r} on device {device!r}")
-    series = _series(rows)
-    colors = kind_colors(
-        [
-            (p[0][2].label.cache.kind, (p[0][2].label.cache.max_cache_len, p[0][2].label.cache.variant))
-            for p in groups.values()
+        rows = [
+            r
+            for r in rows
+            if (series is None or series_name(r) in series)
+            and (modes is None or r.get("buffer_cache_mode", "") in modes)
         ]
-        + [series_key(s[2][0]) for s in series]
-    )
+    lines = _series(rows)
+    if group == "kind":  # the kind's own colour for the live line and for the first recorded line of that kind
+        colors = [KIND_COLORS.get(p[0][2].label.cache.kind, "#444") for p in groups.values()]
+        colors += kind_colors(series_key(s[2][0]) for s in lines)
+    else:
+        colors = kind_colors(
+            [
+                (p[0][2].label.cache.kind, (p[0][2].label.cache.max_cache_len, p[0][2].label.cache.variant))
+                for p in groups.values()
+            ]
+            + [series_key(s[2][0]) for s in lines]
+        )
     fig = go().Figure()
     xmax = 0
     for (name, points), color in zip(groups.items(), colors):
@@ -150,7 +181,7 @@ def sweep(
                 hovertemplate="context %{x}<br>median %{y:.1f} ms<extra>%{fullData.name}</extra>",
             )
         )
-    for (name, mode, pts), color in zip(series, colors[len(groups) :]):
+    for (name, mode, pts), color in zip(lines, colors[len(groups) :]):
         fig.add_trace(
             go().Scatter(
                 x=[r["context"] for r in pts],
@@ -164,7 +195,7 @@ def sweep(
             )
         )
         xmax = max(xmax, pts[-1]["context"])
-    notes = [n for n in {r.recorded for r in runs if r.recorded}]
+    notes = [n for n in {r.recorded for r in runs if r.recorded}] + ([live_note] if live_note else [])
     if rows:
         r0 = rows[0]
         notes.append(f"dotted: RECORDED, not live: {_where(r0)}<br>measured {recorded_environment(recorded)}")
@@ -241,7 +272,7 @@ def bench_figure(result: dict[str, Any], model: str, device: str) -> Any:
 
 
 def staircase_cost(rows: Sequence[dict[str, Any]]) -> Any:
-    """The cost of one fresh buffer (``kvlab.ort.buffer_pool.FreshCost``) fitted on the pool-``disabled`` rows of a
+    """The cost of one fresh buffer (``kvlab.core.buckets.FreshCost``) fitted on the pool-``disabled`` rows of a
     recorded sweep, where every KV tensor is created afresh each step: (dynamic - static) / tensors per size.
     None when the sweep has no disabled rows at two sizes above 4 MiB."""
     from ..core.buckets import fit_fresh_cost
@@ -266,14 +297,26 @@ def staircase_cost(rows: Sequence[dict[str, Any]]) -> Any:
         return None
 
 
+def _boundaries(per_token: float, contexts: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(index i, bucket MiB, tokens) of each bucket boundary that lies between measured contexts i and i + 1."""
+    from ..core.buckets import bucket_positions
+
+    out = []
+    for mib, pos in bucket_positions(per_token).items():
+        i = next((i for i in range(len(contexts) - 1) if contexts[i] < pos <= contexts[i + 1]), None)
+        if i is not None:
+            out.append((i, mib, pos))
+    return out
+
+
 def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "webgpu") -> Any:
     """A recorded bucket-boundary sweep (``kvlab bench --contexts 960,1088,... --buffer-cache-modes bucket,
     disabled``): the decode step of each cache per buffer cache mode, the dynamic/static ratio, and the fresh
-    buffers per step: predicted from the bucket table (``kvlab.ort.buffer_pool.predict_churn``) and counted (new
+    buffers per step: predicted from the bucket table (``kvlab.core.buckets.predict_churn``) and counted (new
     buffer handles, a lower bound)."""
     from plotly.subplots import make_subplots
 
-    from ..core.buckets import bucket_positions, predict_churn
+    from ..core.buckets import predict_churn
 
     rows = rows_of(result, model, device)
     if not rows:
@@ -361,17 +404,15 @@ def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "we
                 row=3,
                 col=1,
             )
-    for mib, pos in bucket_positions(per_token).items():  # a boundary between two measured contexts
-        i = next((i for i in range(len(contexts) - 1) if contexts[i] < pos <= contexts[i + 1]), None)
-        if i is not None:
-            fig.add_vline(
-                x=i + 0.5,
-                line={"dash": "dot", "color": "#888", "width": 1},
-                annotation={"text": f"KV tensor {mib} MiB at {pos:,}", "font": {"size": 10}},
-                annotation_position="bottom right",
-                row=1,
-                col=1,
-            )
+    for i, mib, pos in _boundaries(per_token, contexts):
+        fig.add_vline(
+            x=i + 0.5,
+            line={"dash": "dot", "color": "#888", "width": 1},
+            annotation={"text": f"KV tensor {mib} MiB at {pos:,}", "font": {"size": 10}},
+            annotation_position="bottom right",
+            row=1,
+            col=1,
+        )
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", ticksuffix="x", row=2, col=1)
     fig.update_yaxes(tickformat="d", rangemode="tozero", row=3, col=1)
@@ -400,6 +441,169 @@ def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "we
         barmode="group",
         margin=top_margin(t, extra=20),
     )
+    return fig
+
+
+def staircase_glance(result: dict[str, Any], model: str = "kv-heavy", device: str = "webgpu") -> Any:
+    """The staircase at a glance, from the same recorded sweep as ``staircase``: one panel, three lines: the
+    dynamic and the static cache's decode step in the pool's default ``bucket`` mode, and the dynamic step the
+    bucket table predicts (static + predicted fresh buffers x the cost of one, fitted on the ``disabled`` runs);
+    a dotted line where a KV tensor reaches a bucket size. ``staircase`` has every mode and the buffer counts."""
+    from ..core.buckets import predict_churn
+
+    rows = [r for r in rows_of(result, model, device) if r.get("buffer_cache_mode", "bucket") == "bucket"]
+    if not rows:
+        raise ValueError(f"the recorded results have no bucket-mode rows for model {model!r} on device {device!r}")
+    by = {(r["cache_kind"], r["context"]): r for r in rows if r["runner"] == "kvlab"}
+    contexts = sorted({r["context"] for r in rows})
+    r0 = rows[0]
+    per_token = r0["kv_tensor_mib"] * MiB / r0["context"]
+    cost = staircase_cost(rows_of(result, model, device))
+    fig = go().Figure()
+    for kind in ("dynamic", "static"):
+        pts = [by[(kind, c)] for c in contexts if (kind, c) in by]
+        fig.add_scatter(
+            x=[str(p["context"]) for p in pts],
+            y=[p["decode_ms"] for p in pts],
+            mode="lines+markers",
+            name=f"{kind} cache (recorded)",
+            line={"color": KIND_COLORS[kind], "width": 3},
+            marker={"size": 8},
+            error_y=_error_bars(pts),
+        )
+    if cost is not None:
+        stat = [by[("static", c)] for c in contexts if ("static", c) in by and ("dynamic", c) in by]
+        tensors = int(by[("dynamic", contexts[0])]["tensors_per_step"])
+        churn = [predict_churn(tensors, int(per_token), p["context"] + 1) for p in stat]
+        fig.add_scatter(
+            x=[str(p["context"]) for p in stat],
+            y=[p["decode_ms"] + ch.fresh * cost(ch.bucket or ch.tensor_bytes) for p, ch in zip(stat, churn)],
+            mode="lines+markers",
+            name="dynamic, predicted from the bucket table",
+            line={"color": "#000", "dash": "dot", "width": 1.5},
+            marker={"symbol": "x", "size": 8},
+        )
+    for i, mib, _ in _boundaries(per_token, contexts):
+        fig.add_vline(
+            x=i + 0.5,
+            line={"dash": "dot", "color": "#aaa", "width": 1},
+            annotation={"text": f"{mib} MiB", "font": {"size": 10, "color": "#666"}},
+            annotation_position="top",
+        )
+    env = result["environment"]
+    t = title(
+        f"The staircase, recorded: {model} ({r0['dtype']}) on {device} [{r0['adapter']}]",
+        f"WebGPU EP of {env['backend_package']} {env['backend_version']}, buffer pool in its default bucket mode, "
+        f"{r0['new_tokens']} new tokens per run, median of {r0['reps']} paired runs (bars: min-max)",
+        "dotted verticals: where one KV tensor reaches a bucket size; recorded " + env["date"],
+    )
+    fig.update_xaxes(
+        type="category",
+        categoryorder="array",
+        categoryarray=[str(c) for c in contexts],
+        title_text="context when decoding starts (tokens; evenly spaced)",
+    )
+    fig.update_yaxes(rangemode="tozero", title_text="median decode step (ms)")
+    fig.update_layout(title=t, height=460, legend=legend_below(-0.2), template="plotly_white", margin=top_margin(t))
+    return fig
+
+
+def gain_rows(
+    result: dict[str, Any],
+    model: str | None = None,
+    device: str | None = None,
+    precision: str | None = None,
+    mode: str | None = "bucket",
+) -> list[tuple[int, float]]:
+    """(context, dynamic / static decode step) per context of a recorded bench result: kvlab's dynamic cache
+    against its static cache sized to fit that context (the host-side token, no variant), in buffer cache ``mode``
+    where the rows have one (``None``: any)."""
+    by: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in rows_of(result, model, device):
+        if r["runner"] != "kvlab" or r.get("cache_variant") or r.get("token_on_device"):
+            continue
+        if precision is not None and r.get("precision") != precision:
+            continue
+        if mode is not None and r.get("buffer_cache_mode") not in ("", None, mode):
+            continue
+        if r["cache_kind"] == "static" and not r["fitted"]:
+            continue
+        by[(r["context"], r["cache_kind"])] = r
+    contexts = sorted({c for c, _ in by})
+    return [
+        (c, by[(c, "dynamic")]["decode_ms"] / by[(c, "static")]["decode_ms"])
+        for c in contexts
+        if (c, "dynamic") in by and (c, "static") in by
+    ]
+
+
+GAIN_COLORS = ("#7f7f7f", "#9467bd", "#8c564b", "#bcbd22")  # recorded machines
+LIVE_COLORS = ("#d62728", "#ff7f0e", "#e377c2")  # this machine, this browser
+
+
+def static_gain(
+    curves: Sequence[tuple[str, dict[str, Any], dict[str, Any]]] = (),
+    live: Sequence[tuple[str, Sequence[tuple[Any, Any]]]] = (),
+    note: str = "",
+) -> Any:
+    """What a static cache buys on each machine: the dynamic cache's decode step over the static cache's, against
+    the context, on log axes (1x: no gain). ``curves``: (name, recorded bench result, ``gain_rows`` filters) per
+    recorded line; ``live``: (name, [(dynamic run, static run), ...]) per live line, one point per pair at the
+    dynamic run's context: its median decode step over the static run's (one unpaired run each, so noisier than
+    the recorded lines, which are paired medians). ``note``: a line under the title."""
+    fig = go().Figure()
+    contexts: set[int] = set()
+    for (name, result, filters), color in zip(curves, GAIN_COLORS * 4):
+        pts = gain_rows(result, **filters)
+        contexts.update(c for c, _ in pts)
+        fig.add_scatter(
+            x=[c for c, _ in pts],
+            y=[g for _, g in pts],
+            mode="lines+markers",
+            name=f"{name} (recorded)",
+            line={"color": color, "dash": "dot", "width": 2},
+            marker={"symbol": "square", "size": 7, "color": color},
+            hovertemplate="context %{x}<br>dynamic / static %{y:.2f}x<extra>%{fullData.name}</extra>",
+        )
+    for (name, pairs), color in zip(live, LIVE_COLORS * 4):
+        xs, ys = [], []
+        for dynamic, static in pairs:
+            d, s = as_runs([dynamic, static])
+            dec = d.frame[d.frame["phase"] == "decode"]
+            xs.append(int(dec["position"].iloc[0]))
+            ys.append(float(dec["wall_ms"].median()) / float(s.frame.query("phase == 'decode'")["wall_ms"].median()))
+        if not xs:
+            continue
+        contexts.update(xs)
+        fig.add_scatter(
+            x=xs,
+            y=ys,
+            mode="lines+markers+text",
+            name=f"{name} (live)",
+            text=[f"{y:.1f}x" for y in ys],
+            textposition="middle right",
+            line={"color": color, "width": 2},
+            marker={"symbol": "diamond", "size": 13, "color": color, "line": {"width": 1, "color": "#333"}},
+            hovertemplate="context %{x}<br>dynamic / static %{y:.2f}x<extra>%{fullData.name}</extra>",
+        )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    t = title(
+        "What a static cache buys: the dynamic cache's decode step over the static cache's",
+        "recorded: kvlab bench, paired medians; live: this notebook's runs, one each",
+        note,
+    )
+    lo, hi = (min(contexts), max(contexts)) if contexts else (256, 16384)
+    ticks = [2**k for k in range(6, 16) if lo / 1.5 <= 2**k <= hi * 1.5]
+    fig.update_xaxes(
+        type="log", title_text="context when decoding starts (tokens, log scale)", tickvals=ticks, tickformat=",d"
+    )
+    fig.update_yaxes(
+        type="log",
+        tickvals=RATIO_TICKS,
+        ticktext=[f"{v:g}x" for v in RATIO_TICKS],
+        title_text="dynamic / static (log scale; 1x: no gain)",
+    )
+    fig.update_layout(title=t, height=500, legend=legend_below(-0.22), template="plotly_white", margin=top_margin(t))
     return fig
 
 
@@ -549,17 +753,18 @@ def modes_table(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 MODE_COLORS = {"bucket": "#1f77b4", "simple": "#2ca02c", "lazyRelease": "#ff7f0e", "disabled": "#7f7f7f"}
 
 
-def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None = None) -> Any:
+def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None = None, genai: bool = True) -> Any:
     """The buffer cache modes side by side (``modes_table``), one column per model (``models``: those to draw, by
     their rows' name; default all): on top dynamic/static against the context (what a static cache buys in each
     mode), below kvlab's static step over onnxruntime-genai's, paired, with the greedy token chosen on the host
-    (solid) and on the device (dotted); one colour per mode."""
+    (solid) and on the device (dotted); one colour per mode. ``genai=False``: the top row only (one idea: what a
+    static cache buys in each mode; ``modes_table`` has the genai ratios)."""
     from plotly.subplots import make_subplots
 
     rows = [r for r in modes_table(results) if models is None or r["model"] in models]
     columns = list(dict.fromkeys((r["model"], r["precision"]) for r in rows))
     fig = make_subplots(
-        rows=2,
+        rows=2 if genai else 1,
         cols=len(columns),
         vertical_spacing=0.14,
         horizontal_spacing=0.06,
@@ -574,7 +779,7 @@ def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None
                 (2, "static / genai (paired)", pts, "solid", f"pool {mode}"),
                 (2, "token on the device / genai (paired)", tok, "dot", f"pool {mode}, token on the device"),
             ):
-                if pick:
+                if pick and (genai or row == 1):
                     fig.add_scatter(
                         x=[r["context"] for r in pick],
                         y=[r[y] for r in pick],
@@ -586,7 +791,7 @@ def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None
                         row=row,
                         col=col,
                     )
-        fig.add_hline(y=1.0, line={"color": "#999", "width": 1}, row=2, col=col)
+        fig.add_hline(y=1.0, line={"color": "#999", "width": 1}, row=2 if genai else 1, col=col)
         fig.update_xaxes(
             type="log",
             tickvals=sorted({r["context"] for r in rows if r["model"] == model}),
@@ -596,8 +801,9 @@ def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None
         )
     fig.update_yaxes(ticksuffix="x", rangemode="tozero", row=1)
     fig.update_yaxes(title_text="dynamic / static", row=1, col=1)
-    fig.update_yaxes(title_text="kvlab static / genai", row=2, col=1)
-    fig.update_xaxes(title_text="context (tokens)", row=2)
+    if genai:
+        fig.update_yaxes(title_text="kvlab static / genai", row=2, col=1)
+    fig.update_xaxes(title_text="context (tokens)", row=2 if genai else 1)
     r0 = results[0]["rows"][0]
     packages = sorted({f"{r['environment']['backend_package']} {r['environment']['backend_version']}" for r in results})
     new = sorted({r["new_tokens"] for result in results for r in result["rows"]})
@@ -607,9 +813,17 @@ def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None
         f"{'-'.join(map(str, (new[0], new[-1]) if len(new) > 1 else new))} new tokens per run, paired rounds "
         "(how many: the table)",
         "bottom: kvlab's static step / genai's, paired (below 1: kvlab's is shorter); solid: greedy token "
-        "chosen on the host, dotted: on the device",
+        "chosen on the host, dotted: on the device"
+        if genai
+        else "dynamic / static per buffer cache mode (1x: no gain); kvlab against genai: the table below",
     )
-    fig.update_layout(title=t, height=640, template="plotly_white", legend=legend_below(-0.2), margin=top_margin(t))
+    fig.update_layout(
+        title=t,
+        height=640 if genai else 430,
+        template="plotly_white",
+        legend=legend_below(-0.2 if genai else -0.3),
+        margin=top_margin(t),
+    )
     return fig
 
 

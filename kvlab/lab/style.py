@@ -16,6 +16,23 @@ SECOND_COLORS = {"dynamic": "#17becf", "static": "#ff7f0e", "genai": "#98df8a"} 
 OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
 PHASE_SYMBOLS = {"prefill": "diamond", "handoff": "square", "decode": "circle"}
 MODE_DASHES = {"": "solid", "bucket": "solid", "disabled": "dash", "simple": "dot", "lazyRelease": "dashdot"}
+# runs of one kind side by side (the dashboard keeps several): one shade of the kind's hue per run, in run order
+KIND_SHADES = {
+    "dynamic": ("#1f77b4", "#17becf", "#0b3d6b", "#6f9fd8"),
+    "static": ("#d62728", "#ff7f0e", "#8c1d18", "#e377c2"),
+}
+
+
+# ticks of a log axis, labelled in full (plotly's own "D2" ticks label 20 and 50 as "2" and "5")
+LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+RATIO_TICKS = (1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100)
+
+
+def run_color(kind: str, index: int) -> str:
+    """The colour of the ``index``-th run (0-based) of a cache kind: its own shade of the kind's hue, so two runs of
+    one kind never share a colour while four or fewer of them are drawn."""
+    shades = KIND_SHADES.get(kind) or (KIND_COLORS.get(kind, OTHER_COLORS[0]),)
+    return shades[index % len(shades)]
 
 
 def kind_colors(kinds: Iterable[tuple[str, Any]]) -> list[str]:

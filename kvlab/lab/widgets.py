@@ -31,7 +31,7 @@ from ..ort.caches import CACHE_KINDS
 from ..ort.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES
 from .liveplot import LivePlot
-from .style import KIND_COLORS, runtime_text
+from .style import run_color, runtime_text, unit
 
 # Models too big for a software WebGPU adapter: seconds per token there (docs/known-limits.md).
 SLOW_ON_SOFTWARE = frozenset({"smollm2"})
@@ -80,8 +80,10 @@ class CacheLab:
     """Controls for cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode;
     a Run button; a live chart; a status line (memory plan, errors); a table with one row per run. The arguments
     are the controls' first values (``models``: the other choices of the model control; ``allow_slow``: run a
-    model too big for a software adapter anyway). Raises ConfigError for a bad choice, ValueError for an unknown
-    model."""
+    model too big for a software adapter anyway). ``browser``: a widget that runs a job on the notebook's own
+    browser GPU (``kvlab.web.widget.BrowserLab``: anything with ``on_result(fn)`` whose result has ``measured``
+    generations): shown under the controls, and every run it sends back joins the chart and the table, labelled
+    with the browser and its adapter. Raises ConfigError for a bad choice, ValueError for an unknown model."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class CacheLab:
         max_runs: int = 4,
         progress: bool = True,
         allow_slow: bool = False,
+        browser: Any = None,
     ):
         import ipywidgets as w
 
@@ -169,6 +172,7 @@ class CacheLab:
         ):
             widget.add_class(f"kvlab-{cls}")
         self.runs: list[Generation] = []
+        self._shades: dict[str, int] = {}  # runs drawn so far per cache kind: each gets its own shade
         self._warmed: set[tuple[Any, ...]] = set()  # settings already warmed up (see _warm_up)
         self.rows: list[dict[str, Any]] = []
         self.last_error: Exception | None = None
@@ -197,13 +201,13 @@ class CacheLab:
             ],
             layout=w.Layout(min_width="360px"),
         )
-        self.widget = w.VBox(
-            [
-                w.HBox([controls, w.VBox([self.plan, self.status], layout=w.Layout(flex="1", padding="0 0 0 12px"))]),
-                self.plot.box,
-                self.table,
-            ]
-        )
+        right = w.VBox([self.plan, self.status], layout=w.Layout(flex="1 1 0", min_width="0", padding="0 0 0 12px"))
+        parts = [w.HBox([controls, right], layout=w.Layout(width="100%"))]
+        self.browser = browser
+        if browser is not None:
+            browser.on_result(self.add_browser_result)
+            parts.append(browser)
+        self.widget = w.VBox([*parts, self.plot.box, self.table], layout=w.Layout(width="100%", max_width="860px"))
         self.widget.add_class("kvlab-cachelab")
         self._render_table()
         self._update_plan()
@@ -349,7 +353,8 @@ class CacheLab:
             f"{len(ids)} + {new} new tokens{mode_note} \u00b7 {runtime_text(dev.label)}</sup>"
         )
         self._warm_up(model, ids, dev, cache_type, mode)
-        self.plot.start(label, KIND_COLORS[cache_type], title)
+        self._set_units(model)
+        self.plot.start(label, self._next_color(cache_type), title)
         bar = self._progress(new, label)
         hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None and r.phase != "handoff" else None]
         try:
@@ -371,18 +376,7 @@ class CacheLab:
             self.plot.finish()
             if bar is not None:
                 bar.close()
-        f = g.frame()
-        row.update(
-            {
-                "result": f"ok: {len(g.token_ids)} tokens",
-                "decode ms (median)": round(g.decode_ms(), 1),
-                "reserved KiB": round(f["live_cache_bytes"].max() / 1024, 1),
-                "used KiB": round(f["used_cache_bytes"].iloc[-1] / 1024, 1),
-                "allocated KiB (all steps)": round(f["cache_bytes_allocated"].sum() / 1024, 1),
-                "new buffers": int(f["new_buffers"].sum()),
-                "first tokens": " ".join(str(t) for t in g.token_ids[:6]),
-            }
-        )
+        row.update(outcome(g))
         self.runs.append(g)
         self.status.value = (
             f"<span style='color:#2ca02c'>run #{row['run']} done</span> (after an untimed warm-up "
@@ -401,9 +395,58 @@ class CacheLab:
         if key in self._warmed or (size is not None and positions_needed(len(ids), 2) > size):
             return
         self.status.value = "<i>warming up: one untimed run compiles the kernels for these shapes...</i>"
+        # WebGPU compiles per shape, so its warm-up feeds the whole prompt; the CPU EP compiles nothing, and a few
+        # tokens make its session's first-run costs without paying a long prompt's prefill twice
+        feed = ids if dev.name == "webgpu" else ids[:8]
         with make_cache(cache_type, size) as cache:
-            generate(model, ids, cache=cache, device=dev, max_new_tokens=2, stop_on_eos=False)
+            generate(model, feed, cache=cache, device=dev, max_new_tokens=2, stop_on_eos=False)
         self._warmed.add(key)
+
+    def _next_color(self, kind: str) -> str:
+        index = self._shades.get(kind, 0)
+        self._shades[kind] = index + 1
+        return run_color(kind, index)
+
+    def _set_units(self, model: Model) -> None:
+        """KiB or MiB on the memory panel, from the largest reservation this run can make."""
+        need = max(self.needed(), self.max_cache_len.value if self.cache_type.value == "static" else 0)
+        scale, units = unit(need * model.info.bytes_per_token)
+        self.plot.set_units(*((scale, units) if units == "MiB" else (1024, "KiB")))
+
+    def add_browser_result(self, result: Any) -> None:
+        """The runs a browser sent back (``result.measured``: kvlab Generations) added to the chart and the table,
+        each labelled with the browser host and its WebGPU adapter."""
+        for g in result.measured:
+            number = len(self.rows) + 1
+            kind = g.label.cache.kind
+            where = f"{getattr(result, 'host', 'browser')}: {g.label.device.adapter}"
+            name = f"#{number} {g.label.cache} \u00b7 browser"
+            title = (
+                f"<b>{html.escape(g.label.model)} ({g.label.dtype}) in the browser: {html.escape(str(where))}</b>"
+                f"<br><sup>run #{number}: {g.label.cache}, prompt {len(g.prompt_ids)} + {len(g.token_ids)} new "
+                f"tokens \u00b7 {html.escape(g.label.device.runtime)}</sup>"
+            )
+            self.plot.draw(name, self._next_color(kind), title, g.records)
+            self.rows.append(
+                {
+                    "run": number,
+                    "model": g.label.model,
+                    "device": "browser webgpu",
+                    "buffer cache": g.label.device.buffer_cache_mode or "-",
+                    "cache": kind,
+                    "max_cache_len": g.label.cache.max_cache_len if kind == "static" else "-",
+                    "prompt": len(g.prompt_ids),
+                    "new": len(g.token_ids),
+                    "needed": positions_needed(len(g.prompt_ids), len(g.token_ids)),
+                    **outcome(g),
+                }
+            )
+            self.runs.append(g)
+        self._render_table()
+        self.status.value = (
+            f"<span style='color:#2ca02c'>{len(result.measured)} browser runs added</span> from "
+            f"{html.escape(str(getattr(result, 'host', 'the browser')))}."
+        )
 
     def _progress(self, total: int, label: str) -> Any:
         """The dashboard's own progress bar (a widget in the layout: it adds no cell output, so it behaves the
@@ -444,7 +487,8 @@ class CacheLab:
         if not self.rows:
             self.table.value = "<p><i>No runs yet: set the controls and press Run.</i></p>"
             return
-        df = self.results.astype(object).map(_cell)
+        df = self.results
+        df = df.drop(columns=[c for c in HIDDEN_COLUMNS if c in df.columns]).astype(object).map(_cell)
         self.table.value = (
             _TABLE_CSS
             + "<div style='overflow-x:auto'>"
@@ -453,6 +497,9 @@ class CacheLab:
         )
 
 
+# columns the dashboard's table leaves out to fit its width (``results`` keeps them)
+HIDDEN_COLUMNS = ("first tokens",)
+
 _TABLE_CSS = """<style>
 .kvlab-results-table {border-collapse: collapse; font-size: 12px; margin-top: 6px}
 .kvlab-results-table th {background: #f3f5f7; padding: 3px 8px; max-width: 90px; white-space: normal;
@@ -460,6 +507,20 @@ _TABLE_CSS = """<style>
 .kvlab-results-table td {padding: 3px 8px; white-space: nowrap; text-align: right; border-bottom: 1px solid #eee}
 .kvlab-results-table tr:last-child td {background: #eef6ff}
 </style>"""
+
+
+def outcome(g: Generation) -> dict[str, Any]:
+    """The table's columns for a finished run: its result, median decode step, memory and allocations."""
+    f = g.frame()
+    return {
+        "result": f"ok: {len(g.token_ids)} tokens",
+        "decode ms (median)": round(g.decode_ms(), 1),
+        "reserved KiB": round(f["live_cache_bytes"].max() / 1024, 1),
+        "used KiB": round(f["used_cache_bytes"].iloc[-1] / 1024, 1),
+        "allocated KiB (all steps)": round(f["cache_bytes_allocated"].sum() / 1024, 1),
+        "new buffers": int(f["new_buffers"].sum()),
+        "first tokens": " ".join(str(t) for t in g.token_ids[:6]),
+    }
 
 
 def _cell(value: Any) -> Any:
