@@ -392,3 +392,25 @@ def test_memory_by_layout_draws_the_exact_bytes_and_the_measured_points(toy):
     line, points = fig.data
     assert line.x[-1] == 512 and line.y[-1] * 1024 == layout.report(512).total_bytes  # KiB at this size
     assert points.marker.symbol == "square-open" and points.y[0] == 12800 / 1024
+
+
+def test_a_png_that_fails_to_render_is_tried_again_then_left_out(monkeypatch):
+    import plotly.io as pio
+    from plotly.io import _base_renderers
+
+    from kvlab.lab.style import PNG_ATTEMPTS, retrying_png
+
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < PNG_ATTEMPTS:
+            raise RuntimeError("ReferenceError: kaleido_scopes is not defined")
+        return b"png"
+
+    monkeypatch.setattr(_base_renderers, "to_image", flaky)
+    renderer = retrying_png(pio.renderers["png"], 900)
+    assert renderer.to_mimebundle({}) == {"image/png": "cG5n"} and len(calls) == PNG_ATTEMPTS
+    calls.clear()
+    monkeypatch.setattr(_base_renderers, "to_image", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("down")))
+    assert renderer.to_mimebundle({}) == {} and renderer.width == 900

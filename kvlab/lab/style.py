@@ -123,8 +123,9 @@ def go():
 def static_images(width: int = 900) -> str:
     """From now on every plotly figure a notebook shows also carries a PNG of itself, so the notebook reads on
     GitHub and in any static viewer (JupyterLab still shows the interactive chart). Needs kaleido and a Chromium
-    (``bash scripts/setup.sh --test`` installs one); without them, figures stay interactive only. Returns what
-    it did, for the notebook to print."""
+    (``bash scripts/setup.sh --test`` installs one); without them, figures stay interactive only. A PNG that fails
+    to render (kaleido's page can lose a race on a loaded machine) is tried again, then left out: the figure still
+    shows. Returns what it did, for the notebook to print."""
     import logging
 
     import plotly.io as pio
@@ -136,6 +137,29 @@ def static_images(width: int = 900) -> str:
         pio.to_image(go().Figure(), format="png", width=16, height=16)
     except Exception as exc:  # kaleido missing or no browser: keep the interactive charts only
         return f"static PNG copies off ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
-    pio.renderers["png"].width, pio.renderers["png"].height = width, None  # None: the figure's own height
-    pio.renderers.default = "plotly_mimetype+png"
+    pio.renderers[PNG_RENDERER] = retrying_png(pio.renderers["png"], width)
+    pio.renderers.default = f"plotly_mimetype+{PNG_RENDERER}"
     return "each chart also saved as a PNG (for static viewers)"
+
+
+PNG_RENDERER = "kvlab_png"
+PNG_ATTEMPTS = 3
+
+
+def retrying_png(base: Any, width: int) -> Any:
+    """A copy of plotly's PNG renderer ``base`` at ``width`` px (the figure's own height) whose image is rendered
+    up to ``PNG_ATTEMPTS`` times; when every attempt fails it adds nothing, and the interactive figure still shows."""
+
+    class RetryingPng(type(base)):
+        def to_mimebundle(self, fig_dict: Any) -> dict[str, Any]:
+            for attempt in range(PNG_ATTEMPTS):
+                try:
+                    return super().to_mimebundle(fig_dict)
+                except Exception:  # kaleido's error types vary with its version; a PNG is optional
+                    if attempt == PNG_ATTEMPTS - 1:
+                        return {}
+            return {}
+
+    renderer = RetryingPng()
+    renderer.width, renderer.height = width, None
+    return renderer
