@@ -97,8 +97,10 @@ def _wrapped(p: _Phases) -> Iterator[None]:
     ]
     with ExitStack() as stack:
         for owner, name, wrapper in targets:
-            original = owner.__dict__[name]
-            stack.callback(setattr, owner, name, original)
+            if name in owner.__dict__:
+                stack.callback(setattr, owner, name, owner.__dict__[name])
+            else:  # inherited (the cache's contract): the wrapper goes, and the inherited one is found again
+                stack.callback(delattr, owner, name)
             setattr(owner, name, wrapper)
         yield
 

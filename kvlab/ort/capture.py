@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from ..core.atomic import atomic
-from ..core.errors import CacheStateError, ConfigError, DeviceError, ModelError
+from ..core.errors import ConfigError, DeviceError, ModelError
 from ..core.labels import CacheSpec
-from .caches import StaticCache, release_all, zeros_all
+from .caches import StaticCache
 from .graph import load_graph, uses
 from .session import Binding, RunResult, Session
-from .tensors import DeviceTensor
+from .tensors import DeviceTensor, release_all, zeros_all
 
 CAPTURE_OPTIONS = {"enableGraphCapture": "1"}  # the session option (both packages)
 DIAGNOSIS_OPTIONS = {"enableInt64": "1"}  # without capture, the int64 mask Cast that capture moves to WebGPU
@@ -51,6 +51,11 @@ def capture_problem(info: Any) -> str:
     """Why the model ``info`` describes cannot be captured with a fixed, zero-padded mask ("" when it can)."""
     if not info.shares_buffers:
         return info.sharing_problem
+    if info.layout.states:
+        return (
+            f"its layers keep fixed-size states ({info.layout.states[0].past!r}, ...), which a static cache swaps "
+            "between two buffers every step, while a captured graph replays the same buffers"
+        )
     if "position_ids" in info.input_names:
         return (
             f"it takes position_ids as an input ({info.input_names['position_ids']!r}), which kvlab feeds from "
@@ -118,22 +123,27 @@ class CaptureBinding(Binding):
 
     def __init__(self, session: Session, cache: CapturedStaticCache):
         super().__init__(session)
-        info, feeds = cache._info, cache._feeds
+        info, pinned = cache._info, cache._step_tensors
         self._ids_name, self._mask_name = info.input_names["input_ids"], info.input_names["attention_mask"]
-        self._names = {self._ids_name: feeds["input_ids"], self._mask_name: feeds["attention_mask"]}
-        self._logits_name, self._logits = info.logits_name, feeds["logits"]
-        self._mask = np.zeros(feeds["attention_mask"].shape, np.int64)  # host mirror of the device mask
+        self._names = {self._ids_name: pinned["input_ids"], self._mask_name: pinned["attention_mask"]}
+        self._logits_name, self._logits = info.logits_name, pinned["logits"]
+        self._mask = np.zeros(pinned["attention_mask"].shape, np.int64)  # host mirror of the device mask
         self._host_logits: tuple[int, Any] | None = None  # (id of the array, its OrtValue)
-        for past, present, buf in zip(info.kv_inputs, info.kv_outputs, cache._buffers):
-            super().input(past, buf)
-            super().output(present, buf)
+        self._pinning = True  # while the buffers are bound for good (below): input and output bind as usual
+        self.expected: dict[str, int] = {}  # the KV outputs written in place, and their buffers
+        for slot in cache.slots:
+            self.expected.update(slot.bind(self, cache.seq_length))
         for name, t in self._names.items():
             super().input(name, t)
         super().output(self._logits_name, self._logits)
+        self._pinning = False
         self.run_options = run_options(session.device.backend.ort, cache.graph_id)
         self.runs = 0  # successful runs: the first one captured the graph, every later one replayed it
 
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
+        if self._pinning:
+            super().input(name, value)
+            return
         target = self._names.get(name)
         if target is None or isinstance(value, DeviceTensor):
             raise DeviceError(f"a captured step takes only {sorted(self._names)} from the host, not {name!r}")
@@ -157,6 +167,9 @@ class CaptureBinding(Binding):
         self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
+        if self._pinning:
+            super().output(name, target)
+            return
         if name != self._logits_name or isinstance(target, DeviceTensor):
             raise DeviceError(f"a captured step writes {self._logits_name!r} to the host, not {name!r}")
         if target.shape != self._logits.shape or target.dtype != self._logits.dtype or not target.flags.c_contiguous:
@@ -189,7 +202,7 @@ class CapturedStaticCache(StaticCache):
     def __init__(self, max_cache_len: int, check_every: int = 1):
         super().__init__(max_cache_len, check_every)
         self.graph_id = next(_GRAPH_IDS)
-        self._feeds: dict[str, DeviceTensor] = {}  # input_ids, attention_mask, logits: fixed device tensors
+        self._step_tensors: dict[str, DeviceTensor] = {}  # input_ids, attention_mask, logits: fixed device tensors
         self._capture: CaptureBinding | None = None
         self._session: Session | None = None  # the capturing session the graph belongs to
 
@@ -209,11 +222,13 @@ class CapturedStaticCache(StaticCache):
         return max(0, self._capture.runs - 1) if self._capture is not None else 0
 
     @property
-    def feed_tensors(self) -> tuple[DeviceTensor, ...]:
+    def step_tensors(self) -> tuple[DeviceTensor, ...]:
         """The fixed device tensors of the captured step besides the KV buffers: ids, mask, logits."""
-        return tuple(self._feeds.values())
+        return tuple(self._step_tensors.values())
 
-    def twin(self) -> StaticCache:
+    feed_tensors = step_tensors  # the name it had first
+
+    def empty_like(self) -> StaticCache:
         """The other side of a handoff (e.g. a CPU prefill): a plain StaticCache of the same size."""
         return StaticCache(self.max_cache_len, self.check_every)
 
@@ -238,8 +253,8 @@ class CapturedStaticCache(StaticCache):
         super()._attach(info, device)
 
     def _allocate(self) -> None:
-        """The KV buffers and the three feed tensors, all or nothing."""
-        had = bool(self._buffers)
+        """The KV buffers and the three step tensors, all or nothing."""
+        had = self.allocated
         super()._allocate()
         if had:
             return
@@ -257,24 +272,19 @@ class CapturedStaticCache(StaticCache):
             with atomic():
                 StaticCache._release_all(self)
             raise
-        self._feeds = dict(zip(("input_ids", "attention_mask", "logits"), made))
+        self._step_tensors = dict(zip(("input_ids", "attention_mask", "logits"), made))
 
-    def binding(self, session: Session, n_new: int) -> Binding:
+    def _bind(self, session: Session, n_new: int) -> tuple[Binding, dict[str, int]]:
         if n_new != 1:  # the prefill (or any multi-token step): uncaptured, on the same session
-            b = super().binding(session, n_new)
+            b, expected = super()._bind(session, n_new)
             if b.run_options is None:
                 b.run_options = run_options(session.device.backend.ort, SKIP)
-            return b
-        self._check_alive()
-        if not self._buffers:
-            raise CacheStateError("the captured static cache has no buffers: use it through generate() / cache.use()")
-        self.check_capacity(self.seq_length + n_new)
+            return b, expected
         if self._capture is None or self._capture.session is not session:
             if self._capture is not None:  # another session (the device was reopened): the old graph goes
                 self._release_graph()
             self._capture, self._session = CaptureBinding(session, self), session
-        self._capture.read_back = self._runs % self.check_every == 0
-        return self._capture
+        return self._capture, self._capture.expected
 
     def _release_graph(self) -> None:
         capture, session = self._capture, self._session
@@ -288,6 +298,6 @@ class CapturedStaticCache(StaticCache):
 
     def _release_all(self) -> None:
         self._release_graph()
-        release_all(list(self._feeds.values()))
-        self._feeds = {}
+        release_all(list(self._step_tensors.values()))
+        self._step_tensors = {}
         super()._release_all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,8 +65,59 @@ def generate(
     new_tokens = check_new_tokens(max_new_tokens)
     check_flag("chat", chat)
     check_flag("stop_on_eos", stop_on_eos)
-    model = load(model)
-    dev = open_device(device)
+    model, dev = load(model), open_device(device)
+    choose, reduction = _choice(model, sampling, token_on_device)
+    user_hooks = hook_list(on_step)
+    ids = model.encode(prompt, chat=chat)
+    own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
+    cache = DynamicCache() if own_cache else cache
+    if not isinstance(cache, Cache):
+        raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
+    run = _Run(model, dev, cache, ids, new_tokens, stop_on_eos, reduction)
+    hooks = [*user_hooks, run.records.append]  # the generation's own record last: a failed step is never in it
+    run.pre = _prefill_stepper(model, cache, ids, hooks, prefill_device, prefill_model, dev)
+    try:
+        positions = positions_needed(len(ids), new_tokens)
+        with (
+            cache if own_cache else nullcontext(),
+            Stepper(model, cache, dev, positions, hooks, token_on_device=token_on_device) as stepper,
+        ):
+            _decode(stepper, run.pre, ids, None if reduction else choose, choose, run.tokens, run.stop)
+    except BaseException as exc:
+        if run.tokens:  # a failure at step N keeps the tokens of steps 1..N-1
+            attach_partial(exc, run.generation("error"))
+        raise
+    return run.generation(run.stop())
+
+
+@dataclass
+class _Run:
+    """One generation's tokens and records as they come, and what it says when it stops."""
+
+    model: Model
+    device: Device
+    cache: Cache
+    ids: np.ndarray
+    new_tokens: int
+    stop_on_eos: bool
+    reduction: str
+    pre: Stepper | None = None  # the prefill's, on another device
+    tokens: list[int] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+
+    def stop(self) -> str:
+        """Why the generation stops now ("" while it goes on)."""
+        eos = self.model.info.eos_token_ids
+        return stop_reason(self.tokens, self.new_tokens, self.stop_on_eos, eos) if self.tokens else ""
+
+    def generation(self, stop: str) -> Generation:
+        m, pre, r = self.model, self.pre.device.label if self.pre else None, self.reduction
+        label = RunLabel(m.name, m.info.dtype_name, self.device.label, self.cache.spec, pre, bool(r), r)
+        return Generation(label, self.ids.tolist(), list(self.tokens), m.decode(self.tokens), stop, list(self.records))
+
+
+def _choice(model: Model, sampling: Sampling | None, token_on_device: bool | str) -> tuple[Any, str]:
+    """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none)."""
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
     reduction = reduction_of(token_on_device)
     if reduction and sampling is not None and sampling.do_sample:
@@ -73,57 +125,47 @@ def generate(
             "token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
             "the logits on the host: use token_on_device=False"
         )
-    user_hooks = hook_list(on_step)
-    ids = model.encode(prompt, chat=chat)
-    own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
-    cache = DynamicCache() if own_cache else cache
-    if not isinstance(cache, Cache):
-        raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
-    tokens: list[int] = []
-    records: list[StepRecord] = []
-    hooks = [*user_hooks, records.append]  # the generation's own record last: a failed step is never in it
+    return choose, reduction
+
+
+def _prefill_stepper(
+    model: Model,
+    cache: Cache,
+    ids: np.ndarray,
+    hooks: list[StepHook],
+    prefill_device: Device | str | None,
+    prefill_model: Model | str | None,
+    dev: Device,
+) -> Stepper | None:
+    """The stepper of a prefill on another device (on an empty cache like ``cache``), or None."""
     pre_dev = None if prefill_device is None else open_device(prefill_device)
     if pre_dev is None or pre_dev is dev:
         if prefill_model is not None:
             raise ConfigError("prefill_model needs a prefill_device other than the decode device")
-        pre = None
-    else:
-        pre_model = model if prefill_model is None else load(prefill_model)
-        pre = Stepper(pre_model, cache.twin(), pre_dev, len(ids), hooks)
-    eos = model.info.eos_token_ids
+        return None
+    pre_model = model if prefill_model is None else load(prefill_model)
+    return Stepper(pre_model, cache.empty_like(), pre_dev, len(ids), hooks)
 
-    def result(stop: str) -> Generation:
-        label = RunLabel(
-            model.name,
-            model.info.dtype_name,
-            dev.label,
-            cache.spec,
-            pre.device.label if pre else None,
-            bool(reduction),
-            reduction,
-        )
-        return Generation(label, ids.tolist(), list(tokens), model.decode(tokens), stop, list(records))
 
-    try:
-        with (
-            cache if own_cache else nullcontext(),
-            Stepper(
-                model, cache, dev, positions_needed(len(ids), new_tokens), hooks, token_on_device=token_on_device
-            ) as stepper,
-        ):
-            feed = ids
-            if pre is not None:
-                with pre.cache, pre:
-                    _, record = pre.step(ids, choose, logits_out="none")
-                    stepper.receive(pre.cache)
-                tokens.append(record.token)
-                feed = np.array([record.token], np.int64)
-            while not tokens or not stop_reason(tokens, new_tokens, stop_on_eos, eos):
-                _, record = stepper.step(feed, None if reduction else choose, logits_out="none")
-                tokens.append(record.token)
-                feed = np.array([record.token], np.int64)
-    except BaseException as exc:
-        if tokens:  # a failure at step N keeps the tokens of steps 1..N-1
-            attach_partial(exc, result("error"))
-        raise
-    return result(stop_reason(tokens, new_tokens, stop_on_eos, eos))
+def _decode(
+    stepper: Stepper,
+    pre: Stepper | None,
+    ids: np.ndarray,
+    choose: Any,
+    prefill_choose: Any,
+    tokens: list[int],
+    stop: Any,
+) -> None:
+    """The prefill (on ``pre``'s device and handed off, or on the stepper's), then one token a step until
+    ``stop()`` names a reason; each step's token is appended to ``tokens`` as it comes."""
+    next_ids = ids
+    if pre is not None:
+        with pre.cache, pre:
+            _, record = pre.step(ids, prefill_choose, logits_out="none")
+            stepper.receive(pre.cache)
+        tokens.append(record.token)
+        next_ids = np.array([record.token], np.int64)
+    while not stop():
+        _, record = stepper.step(next_ids, choose, logits_out="none")
+        tokens.append(record.token)
+        next_ids = np.array([record.token], np.int64)

@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, ModelError, check_choice
-from .caches import release_all, zeros_all
-from .tensors import DeviceTensor
+from .tensors import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
@@ -152,19 +151,19 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
         n.name = f"kvlab/argmax_{n.output[0].removeprefix('kvlab_')}"
 
 
-class TokenFeed:
-    """Two [1, 1] int64 device tensors, read and written in turn: ``current`` holds ``token`` (the last step's
-    greedy token), the other receives the next one. It advances only after a step has fully succeeded, so a failed
-    step is retried from the token it read."""
+class DeviceToken:
+    """The greedy token kept on the device: two [1, 1] int64 device tensors, read and written in turn: ``current``
+    holds ``token`` (the last step's greedy token, the next step's input ids), the other receives the next one. It
+    advances only after a step has fully succeeded, so a failed step is retried from the token it read."""
 
     def __init__(self, device: Any):
         self.tensors: list[DeviceTensor] = zeros_all(device, [((1, 1), np.dtype(np.int64))] * 2)
         self.host = np.zeros((1, 1), np.int64)  # the host copy of the token the last run wrote
         self.current = 0
-        self.token: int | None = None  # the token tensors[current] holds (None: none yet, feed from the host)
+        self.token: int | None = None  # the token tensors[current] holds (None: none yet, ids from the host)
 
     def holding(self, tokens: np.ndarray) -> DeviceTensor | None:
-        """The device tensor that already holds this one-token feed, if one does."""
+        """The device tensor that already holds these input ids (one token), if one does."""
         if tokens.shape[0] == 1 and self.token is not None and int(tokens[0]) == self.token:
             return self.tensors[self.current]
         return None

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.atomic import atomic
 from ..core.errors import ConfigError, DeviceError
 
 ONNX_TYPES = {
@@ -99,6 +100,26 @@ class _Owner:
         if self.count == 0 and self.io_binding is not None:
             self.io_binding.clear_binding_outputs()
             self.io_binding = None
+
+
+def zeros_all(device: Any, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[DeviceTensor]:
+    """One zero-filled tensor per (shape, dtype) on ``device``, all or nothing: on any failure (re-raised) every
+    tensor made so far is released (also on Ctrl-C: each tensor is owned by the list from the moment it exists)."""
+    made: list[DeviceTensor] = []
+    try:
+        for shape, dtype in specs:
+            with atomic():
+                made.append(device.zeros(shape, dtype))
+    except BaseException:
+        release_all(made)
+        raise
+    return made
+
+
+def release_all(tensors: list[DeviceTensor]) -> None:
+    """Release every tensor of the list (each at most once)."""
+    for t in tensors:
+        t.release()
 
 
 def release_everything() -> None:

@@ -1,0 +1,89 @@
+"""One user at a time: what a cache (one generation at a time) and a stepper (one with block, one step at a time)
+keep to, with a CacheStateError that names the misuse instead of a race."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .errors import CacheStateError
+
+NEW, OPEN, CLOSED = "new", "open", "closed"  # before, inside and after a with block
+
+
+class OneAtATime:
+    """Held by one thread at a time: ``with holder.hold(refusal):`` holds it for the block, or raises ``refusal()``
+    at once when another holds it (no waiting: a second user is a mistake to name, not to queue)."""
+
+    __slots__ = ("_lock", "owner")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.owner: int | None = None  # the ident of the thread holding it
+
+    @property
+    def held(self) -> bool:
+        return self._lock.locked()
+
+    @property
+    def mine(self) -> bool:
+        """Whether the calling thread holds it."""
+        return self.owner == threading.get_ident()
+
+    def hold(self, refusal: Callable[[], BaseException]) -> _Held:
+        return _Held(self, refusal)
+
+
+class _Held:
+    __slots__ = ("_holder", "_refusal")
+
+    def __init__(self, holder: OneAtATime, refusal: Callable[[], BaseException]):
+        self._holder, self._refusal = holder, refusal
+
+    def __enter__(self) -> None:
+        holder = self._holder
+        if not holder._lock.acquire(blocking=False):
+            raise self._refusal()
+        holder.owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        self._holder.owner = None
+        self._holder._lock.release()
+
+
+class OneBlock:
+    """The life of an object used inside one with block (``name`` says what it is, ``how`` how to open it): opened
+    once, closed once, and called inside it one call at a time (a second call from another thread while one runs
+    is refused, not queued)."""
+
+    def __init__(self, name: str, how: str):
+        self.name, self.how, self.state = name, how, NEW
+        self._calls = OneAtATime()
+
+    @contextmanager
+    def opening(self) -> Iterator[None]:
+        """The block's entry: refused once the block was entered; open when the body of the ``with`` succeeds."""
+        if self.state != NEW:
+            where = "its with block is still open" if self.state == OPEN else "its with block has ended"
+            raise CacheStateError(
+                f"this {self.name} was entered already ({where}); a {self.name} is one with block, entered once: "
+                f"make a new {self.name}"
+            )
+        yield
+        self.state = OPEN
+
+    def close(self) -> None:
+        self.state = CLOSED
+
+    def call(self, what: str) -> _Held:
+        """The hold for one call ``what`` (e.g. "step"): refused outside the block, or while another runs."""
+        if self.state != OPEN:
+            where = "before its with block" if self.state == NEW else "after its with block ended"
+            raise CacheStateError(f"{self.name}.{what}() was called {where}; call it inside {self.how}")
+        return self._calls.hold(
+            lambda: CacheStateError(
+                f"{self.name}.{what}() was called while another thread's call runs on this {self.name}; a "
+                f"{self.name} runs one call at a time (give each thread its own {self.name} and cache)"
+            )
+        )
