@@ -21,7 +21,7 @@ mkdir -p artifacts
 import sys, time
 sys.path.insert(0, "tests")
 from conftest import MODELS, SLOW_MODELS
-from kvlab.ort.build import ensure_all
+from kvlab.ort.models.build import ensure_all
 t = time.perf_counter()
 ensure_all(MODELS + SLOW_MODELS, jobs=2)
 print(f"[kvlab full run] models built in {time.perf_counter() - t:.0f} s")

@@ -37,7 +37,7 @@ SLOW_MODELS = [("smollm2", "fp16", False), ("smollm2", "int4", False)]  # the sl
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if len({item.path for item in session.items}) > 1:
-        from kvlab.ort.build import ensure_all
+        from kvlab.ort.models.build import ensure_all
 
         slow = any(item.get_closest_marker("slow") for item in session.items)
         ensure_all(MODELS + (SLOW_MODELS if slow else []), jobs=2)

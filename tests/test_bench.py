@@ -10,7 +10,7 @@ import pytest
 
 from kvlab.bench import memory_bandwidth, weight_bytes_per_token
 from kvlab.lab.recorded import bench_figure as figure
-from kvlab.ort.plugin import installed
+from kvlab.ort.runtime.plugin import installed
 from kvlab.presets import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")

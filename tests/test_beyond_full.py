@@ -16,10 +16,10 @@ import pytest
 import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, ModelError, StaticCache, Stepper, generate, open_device
 from kvlab.core.layout import ConvState, FullAttention, LinearAttention, SlidingWindow
-from kvlab.ort.device import backend
-from kvlab.ort.faults import Injected, fault, raising_hook
-from kvlab.ort.plugin import installed as on_the_plugin_ep
-from kvlab.ort.references import hf_checkpoint, transformers_greedy
+from kvlab.ort.checks.faults import Injected, fault, raising_hook
+from kvlab.ort.checks.references import hf_checkpoint, transformers_greedy
+from kvlab.ort.runtime.device import backend
+from kvlab.ort.runtime.plugin import installed as on_the_plugin_ep
 
 PROMPT = [int(x) for x in np.random.default_rng(0).integers(3, 259, 24)]  # longer than the windows (16)
 NEW = 12
@@ -368,10 +368,11 @@ def test_the_builds_record_their_graph_rewrites(models):
 
 def test_without_its_rewrites_the_builders_graph_does_not_load(models, tmp_path):
     """The builder's own Qwen3.5 graph, exported again here without kvlab's rewrites: onnxruntime 1.27 refuses
-    it (what kvlab.ort.rewrites fixes); onnxruntime 1.31 (the plugin EP's environment) has those ops and loads it."""
+    it (what kvlab.ort.models.rewrites fixes); onnxruntime 1.31 (the plugin EP's environment) has those ops and loads
+    it."""
     import onnxruntime as ort
 
-    from kvlab.ort.build import export
+    from kvlab.ort.models.build import export
 
     export(hf_checkpoint(models["hybrid-toy"]), tmp_path, "hybrid-toy", "fp32", "qwen3_5")
     if on_the_plugin_ep():

@@ -1,6 +1,6 @@
 """A state-machine property test of the cache lifecycle (hypothesis): random sequences of generations (complete,
 too long, failing at a random step with an error or a KeyboardInterrupt, by FAULT INJECTION from
-kvlab.ort.faults), hand-stepped runs, a second generation attempted from another thread while one holds the
+kvlab.ort.checks.faults), hand-stepped runs, a second generation attempted from another thread while one holds the
 cache, resets and disposals, on a real cache, model and device. After every step the real cache is compared with a
 small reference model of the allowed states: its length, whether it holds buffers, whether it is disposed, how many
 device tensors are alive, and the tokens (a prefix of one uninterrupted greedy run)."""
@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import kvlab
 from kvlab import CacheStateError, CapacityError, DynamicCache, StaticCache, Stepper, generate, open_device
-from kvlab.ort.faults import Injected, fault, raising_hook
+from kvlab.ort.checks.faults import Injected, fault, raising_hook
 
 PROMPT = [5, 6, 7, 8]
 MAX_LEN = 24  # the static cache's size: a generation of more than 21 new tokens does not fit

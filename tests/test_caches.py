@@ -20,7 +20,7 @@ from kvlab import (
     generate,
     open_device,
 )
-from kvlab.ort.session import Binding
+from kvlab.ort.runtime.session import Binding
 
 CACHES = {"dynamic": lambda: DynamicCache(), "static": lambda: StaticCache(64)}
 

@@ -1,4 +1,4 @@
-"""WebGPU graph capture of the decode step (kvlab.ort.capture), on the real runtime of this environment (the
+"""WebGPU graph capture of the decode step (kvlab.ort.decode.capture), on the real runtime of this environment (the
 built-in EP of onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): tokens equal the uncaptured
 StaticCache's, one capture per cache across generations (counted from ONNX Runtime's own log), the graph and
 every tensor released on dispose, and the refusals, each naming its cause."""
@@ -16,10 +16,10 @@ from conftest import run_python
 
 import kvlab
 from kvlab import CacheStateError, DeviceError, ModelError, StaticCache, generate, open_device
-from kvlab.ort import faults
-from kvlab.ort.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
-from kvlab.ort.device import backend
-from kvlab.ort.plugin import PluginWebGpu
+from kvlab.ort.checks import faults
+from kvlab.ort.decode.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
+from kvlab.ort.runtime.device import backend
+from kvlab.ort.runtime.plugin import PluginWebGpu
 
 PROMPT = [7, 81, 190, 33]  # four tokens: 1.27's SwiftShader prefill is right up to query position 3
 NEW = 12
@@ -85,7 +85,7 @@ def test_reset_and_reuse_replay_without_recapture(toy_graph):
     r = run_python(
         f"""
 import kvlab
-from kvlab.ort.capture import CapturedStaticCache
+from kvlab.ort.decode.capture import CapturedStaticCache
 m = kvlab.load('toy', graph_capture=True)
 cache = CapturedStaticCache(64)
 a = kvlab.generate(m, {PROMPT}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)

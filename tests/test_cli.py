@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.ort.plugin import installed
+from kvlab.ort.runtime.plugin import installed
 
 KVLAB = [str(Path(sys.executable).parent / "kvlab")]
 

@@ -1,7 +1,7 @@
 """WebGPU vs CPU EP logits, position by position, on the same tokens."""
 
-from kvlab.ort.conformance import check
-from kvlab.ort.plugin import installed
+from kvlab.ort.checks.conformance import check
+from kvlab.ort.runtime.plugin import installed
 
 
 def test_prefill_conformance_shows_where_the_packages_differ(smollm2):

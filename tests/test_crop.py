@@ -11,7 +11,7 @@ import pytest
 
 import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, StaticCache, Stepper, open_device
-from kvlab.ort.faults import Injected, fault
+from kvlab.ort.checks.faults import Injected, fault
 
 PROMPT = [5, 6, 7, 8, 9]
 

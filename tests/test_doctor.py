@@ -22,7 +22,7 @@ import pytest
 from kvlab.cli import platform_facts as pf
 from kvlab.cli.doctor import advice
 from kvlab.cli.platform_facts import PlatformFacts, assess, from_vulkan, parse_macos, parse_windows
-from kvlab.ort.adapters import VulkanDevice
+from kvlab.ort.runtime.adapters import VulkanDevice
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

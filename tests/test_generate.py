@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab import COLUMNS, ConfigError, DynamicCache, Recorder, Sampling, StaticCache, generate
-from kvlab.ort.references import genai_greedy, transformers_greedy
+from kvlab.ort.checks.references import genai_greedy, transformers_greedy
 
 NEW = 24
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kvlab.core.buckets import BUCKETS, MiB, bucket_of, predict_churn
-from kvlab.ort.adapters import driver_problems
+from kvlab.ort.runtime.adapters import driver_problems
 
 
 def _manifest(tmp_path, library: str):

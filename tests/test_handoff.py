@@ -100,7 +100,7 @@ def test_a_device_without_the_copy_path(toy, monkeypatch):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_failed_copy_leaves_the_device_cache_empty_and_reusable(toy, kind, monkeypatch):
     """Fault injection (labelled): the third tensor copy fails (as a device loss would)."""
-    import kvlab.ort.slots as caches
+    import kvlab.ort.decode.slots as caches
 
     gpu = open_device("webgpu")
     before = gpu.live_tensors

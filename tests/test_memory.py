@@ -10,7 +10,7 @@ import pytest
 from conftest import run_python
 
 from kvlab import ConfigError, open_device
-from kvlab.ort import memory
+from kvlab.ort.runtime import memory
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 needs_thp = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import pytest
 
 import kvlab
 from kvlab import ModelError
-from kvlab.ort.build import fold_attention_scale
+from kvlab.ort.models.build import fold_attention_scale
 from kvlab.presets import RECIPES, TinyLlama, byte_tokenizer
 
 
@@ -34,7 +34,7 @@ def test_kv_heavy_crosses_the_webgpu_buckets(kv_heavy):
 def test_chat_template_matches_transformers(smollm2):
     from transformers import AutoTokenizer
 
-    from kvlab.ort.references import hf_checkpoint
+    from kvlab.ort.checks.references import hf_checkpoint
 
     messages = [
         {"role": "system", "content": "Be brief."},

@@ -18,9 +18,9 @@ from conftest import run_python
 
 import kvlab
 from kvlab import DeviceError, open_device
-from kvlab.ort.builtin import BuiltinWebGpu
-from kvlab.ort.device import backend
-from kvlab.ort.plugin import PluginWebGpu, installed
+from kvlab.ort.runtime.builtin import BuiltinWebGpu
+from kvlab.ort.runtime.device import backend
+from kvlab.ort.runtime.plugin import PluginWebGpu, installed
 
 REPO = Path(__file__).resolve().parents[1]
 on_plugin = pytest.mark.skipif(not installed(), reason="the plugin route: runs in .venv-plugin")
@@ -99,7 +99,7 @@ except kvlab.DeviceError as e:
 def test_genai_runs_the_plugin_ep_beside_kvlab_in_one_process(toy):
     """The library is registered once with ONNX Runtime and once with onnxruntime-genai (a second registration
     with ONNX Runtime would make the next session crash); both run in one process, same tokens."""
-    from kvlab.ort.references import genai_greedy
+    from kvlab.ort.checks.references import genai_greedy
 
     with kvlab.StaticCache(64) as cache:
         ours = kvlab.generate(
@@ -123,7 +123,7 @@ def test_genai_first_in_a_process_runs_the_plugin_ep():
     build"); the process exits cleanly (kvlab's sessions go before the runtime at exit)."""
     r = run_python("""
 import kvlab
-from kvlab.ort.references import genai_greedy
+from kvlab.ort.checks.references import genai_greedy
 print(genai_greedy(kvlab.load('toy'), [7, 81, 190, 33], 4, device='webgpu'))
 with kvlab.StaticCache(64) as cache:
     print(kvlab.generate('toy', [7, 81, 190, 33], cache=cache, device='webgpu', max_new_tokens=4,

@@ -16,8 +16,8 @@ import kvlab
 from kvlab import ConfigError, DeviceError, DynamicCache, ModelError, StaticCache, generate, open_device
 from kvlab.bench import weight_bytes_per_token
 from kvlab.bench.weights import weight_bytes_by_op
-from kvlab.ort.graph import cast_bool_gathers
-from kvlab.ort.references import genai_greedy, transformers_greedy
+from kvlab.ort.checks.references import genai_greedy, transformers_greedy
+from kvlab.ort.models.graph import cast_bool_gathers
 from kvlab.presets import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
@@ -110,7 +110,7 @@ def test_a_directory_keeps_its_own_precision(toy):
 
 def test_the_bf16_refusal_is_what_onnxruntime_says(tmp_path):
     """The reason kvlab gives for refusing bf16, measured: the builder's bf16 toy cannot open on the CPU EP."""
-    from kvlab.ort.build import export
+    from kvlab.ort.models.build import export
     from kvlab.presets import ensure_checkpoint
 
     export(ensure_checkpoint("toy"), tmp_path, "toy", "bf16")

@@ -1,7 +1,7 @@
 """Every way a step can fail, at every boundary of it, on both devices and both caches: the cache length stays as
 it was, every device tensor is released (counted back to the baseline), the step can be retried, and the tokens
-come out as an uninterrupted run's. FAULT INJECTION (kvlab.ort.faults): real failures cannot be produced on demand,
-so one entry point at a time is made to raise; everything else is the real runtime."""
+come out as an uninterrupted run's. FAULT INJECTION (kvlab.ort.checks.faults): real failures cannot be produced on
+demand, so one entry point at a time is made to raise; everything else is the real runtime."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import kvlab
 from kvlab import DynamicCache, StaticCache, Stepper, generate, open_device
-from kvlab.ort.faults import Injected, fault, raising_hook
+from kvlab.ort.checks.faults import Injected, fault, raising_hook
 
 PROMPT = [5, 6, 7, 8, 9]
 NEW = 8
@@ -105,7 +105,7 @@ def test_the_keyboard_interrupt_in_a_commit_no_longer_leaks(toy):
     close_device was refused. Now the step's outputs are released on any exception."""
     code = """
 import kvlab
-from kvlab.ort.faults import fault
+from kvlab.ort.checks.faults import fault
 for device in ("cpu", "webgpu"):
     cache = kvlab.DynamicCache()
     try:

@@ -9,9 +9,9 @@ import pytest
 from conftest import run_python
 
 from kvlab import ConfigError, DeviceError, open_device
-from kvlab.ort.adapters import find_webgpu_adapter
-from kvlab.ort.device import BUFFER_CACHE_MODES
-from kvlab.ort.plugin import installed
+from kvlab.ort.runtime.adapters import find_webgpu_adapter
+from kvlab.ort.runtime.device import BUFFER_CACHE_MODES
+from kvlab.ort.runtime.plugin import installed
 
 
 def test_webgpu_adapter_is_found_and_labelled():
@@ -162,7 +162,7 @@ def test_device_tensors_are_owned_and_released_once(device):
 
 
 def test_copy_between_cpu_and_webgpu():
-    from kvlab.ort.device import copy_tensor
+    from kvlab.ort.runtime.device import copy_tensor
 
     cpu, gpu = open_device("cpu"), open_device("webgpu")
     src = cpu.zeros((1, 2, 8, 4), np.float32)

@@ -1,5 +1,5 @@
-"""The greedy token kept on the device (``token_on_device=True``, ``kvlab.ort.greedy``): the graph picks the token
-and the next step reads it from a device tensor. Compared against kvlab's own host-side greedy path on the same
+"""The greedy token kept on the device (``token_on_device=True``, ``kvlab.ort.decode.greedy``): the graph picks the
+token and the next step reads it from a device tensor. Compared against kvlab's own host-side greedy path on the same
 real session (which tests/test_generate.py compares with onnxruntime-genai and transformers)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import kvlab
 from kvlab import ConfigError, DynamicCache, Sampling, StaticCache
 from kvlab.ort import Stepper, generate, open_device
-from kvlab.ort.faults import Injected, fault
-from kvlab.ort.plugin import installed
-from kvlab.ort.session import Binding
-from kvlab.ort.tensors import DeviceTensor
+from kvlab.ort.checks.faults import Injected, fault
+from kvlab.ort.runtime.plugin import installed
+from kvlab.ort.runtime.session import Binding
+from kvlab.ort.runtime.tensors import DeviceTensor
 
 PROMPT = "Once upon a time"
 CACHES = {"dynamic": DynamicCache, "static": lambda: StaticCache(64)}
@@ -102,7 +102,7 @@ def test_refusals(toy):
 
     with pytest.raises(ConfigError, match="a CapturedStaticCache runs a session of its own"):
         Stepper(toy, CapturedStaticCache(64), open_device("cpu"), 64, token_on_device=True)
-    assert kvlab.ort.greedy.greedy_graph(toy).is_file()  # written beside the model, reused
+    assert kvlab.ort.decode.greedy.greedy_graph(toy).is_file()  # written beside the model, reused
 
 
 def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
@@ -134,7 +134,7 @@ def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
     import shutil
 
     from kvlab import ModelError
-    from kvlab.ort.greedy import SUFFIX, greedy_graph
+    from kvlab.ort.decode.greedy import SUFFIX, greedy_graph
 
     copy = tmp_path / "toy"
     shutil.copytree(toy.info.path, copy, ignore=shutil.ignore_patterns("*" + SUFFIX))
@@ -200,7 +200,7 @@ def _logits_only_model(path, vocab: int):
 @pytest.mark.parametrize("reduction", ["blocks", "single"])
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_both_reductions_pick_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
-    from kvlab.ort.greedy import NEXT_HOST, greedy_graph
+    from kvlab.ort.decode.greedy import NEXT_HOST, greedy_graph
 
     model = _logits_only_model(tmp_path, vocab)
     session = open_device(device).session(greedy_graph(model, reduction), f"greedy {reduction} over {vocab}")
@@ -222,7 +222,7 @@ def test_both_reductions_pick_numpys_argmax_ties_included(tmp_path, device, redu
 
 
 def test_an_unknown_reduction_is_named(toy):
-    from kvlab.ort.greedy import greedy_graph
+    from kvlab.ort.decode.greedy import greedy_graph
 
     with pytest.raises(ConfigError, match=r"reduction='tree' is not valid; choose one of \('blocks', 'single'\)"):
         greedy_graph(toy, "tree")

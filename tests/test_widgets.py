@@ -17,7 +17,7 @@ from kvlab.core.labels import Adapter, RunLabel
 from kvlab.lab import plots, recorded
 from kvlab.lab.runs import as_run
 from kvlab.lab.widgets import CacheLab
-from kvlab.ort.plugin import installed as on_the_plugin_ep
+from kvlab.ort.runtime.plugin import installed as on_the_plugin_ep
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ The rules, in the order they are applied:
 - ``browser``: the test drives Chromium (it uses the ``jupyter`` or ``chromium`` fixtures, or Playwright).
 - ``package``: its outcome can depend on which ONNX Runtime package is installed (the built-in WebGPU EP of
   onnxruntime-webgpu, or onnxruntime with the WebGPU plugin EP): it runs on WebGPU, or its code reaches the
-  package's own seam (``backend()``, ``kvlab.ort.plugin``, onnxruntime-genai). The full run repeats these, and
+  package's own seam (``backend()``, ``kvlab.ort.runtime.plugin``, onnxruntime-genai). The full run repeats these, and
   only these, in ``.venv-plugin``. Not the notebooks under nbval (lessons, run on the kernel an attendee gets; the
   calls they make are package tests of their own), not the browsers (their kernel is .venv's either way), not
   nested suites (they run once).

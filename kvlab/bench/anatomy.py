@@ -3,8 +3,8 @@ Runtime's copies of host inputs and its run, the in-place read-back, the commit,
 between steps), beside onnxruntime-genai's step on the same model, prompt and device, in paired rounds of one
 process.
 
-Each phase is timed by wrapping the kvlab method that does it for the duration of a run (``kvlab.ort.faults`` wraps
-the same entry points to inject failures); a wrapper adds well under a microsecond to its phase. The step's wall
+Each phase is timed by wrapping the kvlab method that does it for the duration of a run (``kvlab.ort.checks.faults``
+wraps the same entry points to inject failures); a wrapper adds well under a microsecond to its phase. The step's wall
 time and ONNX Runtime's run time are the record's own (exact); "rest of the step" is the step's wall time less the
 phases timed inside it (checks, slicing); "between steps" is the token-to-token time less the step's wall time
 (the record, hooks, settling, the generation loop)."""
@@ -22,8 +22,8 @@ from ..core import generation
 from ..core.errors import ConfigError
 from ..core.records import StepRecord
 from ..ort import Model, StaticCache, generate, load
-from ..ort.greedy import reduction_of
-from ..ort.session import Binding
+from ..ort.decode.greedy import reduction_of
+from ..ort.runtime.session import Binding
 from .plan import prompt_ids
 from .variants import GenaiPeer
 
@@ -123,7 +123,7 @@ def step_phases(
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
     round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
-    (``kvlab.ort.greedy``; "choose" is then part of the run). ConfigError for a bad count."""
+    (``kvlab.ort.decode.greedy``; "choose" is then part of the run). ConfigError for a bad count."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}={value!r} must be an int >= {least}")

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..core.errors import ConfigError, check_choice
 from ..ort import Model, close_device, load, open_device
-from ..ort.backend import DEVICES
-from ..ort.device import BUFFER_CACHE_MODES
-from ..ort.gpu_memory import GpuMemory
+from ..ort.runtime.backend import DEVICES
+from ..ort.runtime.device import BUFFER_CACHE_MODES
+from ..ort.runtime.gpu_memory import GpuMemory
 from .machine import cpu_times, memory_bandwidth, roofline_ms
 from .results import environment
 from .variants import GENAI_GRAPH, KVLAB, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants

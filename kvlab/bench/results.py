@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..lab.recorded import bench_figure
-from ..ort import memory, open_device, opened
-from ..ort.device import backend, describe
+from ..ort import open_device, opened
+from ..ort.runtime import memory
+from ..ort.runtime.device import backend, describe
 from .variants import GENAI, GENAI_GRAPH, KVLAB, MATMULS_ONLY, SMALL_PAGES
 
 

@@ -13,9 +13,9 @@ import numpy as np
 
 from ..core.frames import decode_median
 from ..ort import DynamicCache, Model, StaticCache, generate, open_device
-from ..ort.conformance import check
-from ..ort.device import describe
-from ..ort.gpu_memory import GpuMemory
+from ..ort.checks.conformance import check
+from ..ort.runtime.device import describe
+from ..ort.runtime.gpu_memory import GpuMemory
 from .plan import prompt_ids
 
 

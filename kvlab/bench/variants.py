@@ -16,9 +16,10 @@ from ..core.frames import decode_median
 from ..core.generation import positions_needed
 from ..core.labels import CacheSpec
 from ..core.records import StepHook, StepRecord
-from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, memory, open_device
-from ..ort.device import private_device
-from ..ort.references import genai_decode, genai_model
+from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
+from ..ort.checks.references import genai_decode, genai_model
+from ..ort.runtime import memory
+from ..ort.runtime.device import private_device
 from .weights import run_matmuls_only
 
 SMALL_PAGES = "4KiB-pages"  # the cache variant decoded from weights left in 4 KiB pages
@@ -33,7 +34,7 @@ class Variant:
     runner: str  # KVLAB, GENAI or MATMULS_ONLY
     cache: CacheSpec | None = None  # kvlab's runs only
     fitted: bool = False  # a static cache of exactly context + new tokens - 1 positions
-    token_on_device: bool = False  # kvlab's greedy token kept on the device (kvlab.ort.greedy)
+    token_on_device: bool = False  # kvlab's greedy token kept on the device (kvlab.ort.decode.greedy)
 
     @property
     def name(self) -> str:

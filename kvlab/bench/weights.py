@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..ort import Device, Model, open_device
-from ..ort.graph import load_graph, uses
+from ..ort.models.graph import load_graph, uses
 
 
 def weight_bytes_by_op(model: Model) -> dict[str, int]:

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..ort import open_device
-from ..ort.backend import DEVICES
-from ..ort.device import BUFFER_CACHE_MODES
+from ..ort.runtime.backend import DEVICES
+from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .browser import add_browser_bench
 
@@ -34,7 +34,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token-on-device",
         action="store_true",
-        help="keep the greedy token on the device (kvlab.ort.greedy) instead of choosing it on the host",
+        help="keep the greedy token on the device (kvlab.ort.decode.greedy) instead of choosing it on the host",
     )
     p.add_argument(
         "--graph-capture",
@@ -64,7 +64,7 @@ def _cpu_flags(p: argparse.ArgumentParser) -> None:
         "--no-huge-pages",
         action="store_true",
         help="leave the CPU sessions' weights in 4 KiB pages "
-        "(default: collapsed into 2 MiB transparent huge pages, see kvlab.ort.memory)",
+        "(default: collapsed into 2 MiB transparent huge pages, see kvlab.ort.runtime.memory)",
     )
 
 
@@ -129,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--token-on-device",
         action=argparse.BooleanOptionalAction,
-        help="each static cache also with the greedy token kept on the device (kvlab.ort.greedy), "
+        help="each static cache also with the greedy token kept on the device (kvlab.ort.decode.greedy), "
         "beside its twin that chooses it on the host (default: on WebGPU, off on the CPU EP)",
     )
     b.add_argument(
@@ -192,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
         "--token-on-device",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.greedy), or "
+        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.decode.greedy), or "
         "choose it on the host (the default)",
     )
     pr.add_argument(

@@ -10,7 +10,7 @@ import json
 from .. import bench
 from ..core.errors import ConfigError
 from ..ort import load
-from ..ort.backend import DEVICES
+from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
 from .args import cpu_options, ints, open_cpu
 

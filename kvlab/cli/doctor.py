@@ -13,8 +13,8 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.labels import cpu_adapter
 from ..ort import StaticCache, generate, load
-from ..ort.adapters import find_webgpu_adapter, vulkan_adapters
-from ..ort.device import backend
+from ..ort.runtime.adapters import find_webgpu_adapter, vulkan_adapters
+from ..ort.runtime.device import backend
 from .platform_facts import GIB, PlatformFacts, assess, collect
 from .platform_facts import advice as advice_for
 

@@ -2,7 +2,7 @@
 (``assess``: which adapter WebGPU gets and why, the problems with one fix each, and ``advice``: which notebook
 settings show the dynamic-vs-static difference live here), as pure functions of those facts.
 
-The facts come from each OS's own adapter query: the Vulkan loader on Linux (``kvlab.ort.adapters``, the query
+The facts come from each OS's own adapter query: the Vulkan loader on Linux (``kvlab.ort.runtime.adapters``, the query
 Dawn itself makes), the display adapters Windows lists (``Win32_VideoController`` and the display driver's registry
 entries, through PowerShell; Dawn's D3D12 backend then picks the high-performance one, or WARP when none is a
 GPU), and ``system_profiler SPDisplaysDataType`` on macOS (Metal). Fields a query does not report stay None.
@@ -74,15 +74,17 @@ class PlatformFacts:
     system: str  # platform.system(): "Linux", "Windows", "Darwin"
     machine: str  # platform.machine(): "x86_64", "AMD64", "arm64"
     python: str  # the interpreter: every pip command doctor prints starts with it
-    versions: dict[str, str] = field(default_factory=dict)  # kvlab.ort.backend.versions()
+    versions: dict[str, str] = field(default_factory=dict)  # kvlab.ort.runtime.backend.versions()
     plugin: bool = False  # the plugin route (onnxruntime-ep-webgpu) is installed
     adapters: tuple[AdapterFacts, ...] = ()  # what the adapter query returned
     query_error: str = ""  # why the adapter query returned nothing, when it failed
     vulkan_loader: bool | None = None  # Linux: libvulkan.so.1 loads (None elsewhere)
-    vulkan_note: str = ""  # what kvlab told the Vulkan loader (kvlab.ort.adapters.configure_vulkan)
+    vulkan_note: str = ""  # what kvlab told the Vulkan loader (kvlab.ort.runtime.adapters.configure_vulkan)
     hardware_icds: tuple[str, ...] = ()  # Linux: GPU Vulkan driver manifests found
     swiftshader: bool = False  # Linux: SwiftShader's manifest is installed (Debian's chromium-common)
-    drivers: tuple[dict[str, Any], ...] = ()  # Linux: GPU drivers that cannot start (kvlab.ort.adapters.DriverProblem)
+    drivers: tuple[
+        dict[str, Any], ...
+    ] = ()  # Linux: GPU drivers that cannot start (kvlab.ort.runtime.adapters.DriverProblem)
     ram_bytes: int | None = None
     apt: bool = False  # apt-get is there (Debian/Ubuntu): system fixes name its packages
 
@@ -97,7 +99,7 @@ def collect() -> PlatformFacts:
 
     import psutil
 
-    from ..ort.adapters import (
+    from ..ort.runtime.adapters import (
         SWIFTSHADER_ICD,
         configure_vulkan,
         driver_problems,
@@ -105,8 +107,8 @@ def collect() -> PlatformFacts:
         vulkan_adapters,
         vulkan_loader,
     )
-    from ..ort.backend import versions
-    from ..ort.plugin import installed
+    from ..ort.runtime.backend import versions
+    from ..ort.runtime.plugin import installed
 
     system = platform.system()
     common = dict(
@@ -165,7 +167,7 @@ def _run(cmd: list[str]) -> tuple[str, str]:
 
 
 def from_vulkan(d: Any) -> AdapterFacts:
-    """An AdapterFacts of a ``kvlab.ort.adapters.VulkanDevice``."""
+    """An AdapterFacts of a ``kvlab.ort.runtime.adapters.VulkanDevice``."""
     vendor = VENDORS.get(d.vendor_id or -1, "")
     return AdapterFacts(
         d.name,

@@ -15,7 +15,7 @@ from ..core.errors import ConfigError
 from ..core.generation import Generation, Sampling, positions_needed
 from ..core.layout import check_max_cache_len
 from ..ort import generate, load, make_cache, open_device
-from ..ort.capture import CapturedStaticCache
+from ..ort.decode.capture import CapturedStaticCache
 from ..presets import BUILTIN_NAMES
 from .args import open_cpu
 

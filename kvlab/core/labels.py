@@ -69,8 +69,8 @@ class RunLabel:
     device: DeviceLabel
     cache: CacheSpec
     prefill_device: DeviceLabel | None = None  # set when the prefill ran on another device (a handoff)
-    token_on_device: bool = False  # the greedy token chosen on the device (kvlab.ort.greedy), not on the host
-    greedy_reduction: str = ""  # how the device chose it: "blocks" or "single" (kvlab.ort.greedy.REDUCTIONS)
+    token_on_device: bool = False  # the greedy token chosen on the device (kvlab.ort.decode.greedy), not on the host
+    greedy_reduction: str = ""  # how the device chose it: "blocks" or "single" (kvlab.ort.decode.greedy.REDUCTIONS)
 
 
 def cpu_adapter() -> Adapter:

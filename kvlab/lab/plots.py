@@ -187,7 +187,7 @@ def memory(runs: Any) -> Any:
 
 
 def conformance(result: Any) -> Any:
-    """Per-position max |logit difference| of a ``kvlab.ort.conformance.Conformance``; argmax changes in red."""
+    """Per-position max |logit difference| of a ``kvlab.ort.checks.conformance.Conformance``; argmax changes in red."""
     f = result.frame()
     ok, bad = f[f["argmax_equal"]], f[~f["argmax_equal"]]
     fig = go().Figure()

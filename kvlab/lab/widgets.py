@@ -10,8 +10,8 @@ Each run makes a fresh cache and disposes it at the end, so the lab never holds 
 That is what lets it honour a change of WebGPU buffer cache mode: ONNX Runtime keeps one WebGPU context per
 process whose mode is fixed when it is created, so a new mode means closing the context
 (``kvlab.close_device("webgpu")``) and opening a fresh one. kvlab refuses that while any cache still holds
-WebGPU tensors, and where the package keeps the context for the whole process (``kvlab.ort.plugin``); the lab then
-says so and leaves the open context (and its mode) as it is.
+WebGPU tensors, and where the package keeps the context for the whole process (``kvlab.ort.runtime.plugin``); the lab
+then says so and leaves the open context (and its mode) as it is.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import numpy as np
 from ..core.errors import CapacityError, ConfigError, DeviceError, KvlabError, check_choice
 from ..core.generation import Generation, positions_needed
 from ..ort import Device, Model, StaticCache, close_device, generate, load, make_cache, open_device, opened
-from ..ort.backend import DEVICES
-from ..ort.caches import CACHE_KINDS
-from ..ort.device import BUFFER_CACHE_MODES
+from ..ort.decode.caches import CACHE_KINDS
+from ..ort.runtime.backend import DEVICES
+from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES
 from .liveplot import LivePlot
 from .style import run_color, runtime_text, unit

@@ -2,12 +2,12 @@
 the two caches (and the static one with its decode step captured as a WebGPU graph), the step and the generation
 loop."""
 
-from .caches import DynamicCache, StaticCache, make_cache
-from .capture import CapturedStaticCache
-from .device import Device, close_device, open_device, opened
-from .generate import generate
-from .models import Model, ModelInfo, load
-from .stepper import Stepper
+from .decode.caches import DynamicCache, StaticCache, make_cache
+from .decode.capture import CapturedStaticCache
+from .decode.generate import generate
+from .decode.stepper import Stepper
+from .models.loading import Model, ModelInfo, load
+from .runtime.device import Device, close_device, open_device, opened
 
 __all__ = [
     "CapturedStaticCache",

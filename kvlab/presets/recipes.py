@@ -3,7 +3,7 @@ caches are more than full attention (sliding windows, linear attention, conv sta
 SmolLM2-135M-Instruct with its real weights.
 
 A recipe becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``, the source every backend starts from),
-then a backend's own format (the ONNX export: ``kvlab.ort.build``). Both live in the user cache dir, never in
+then a backend's own format (the ONNX export: ``kvlab.ort.models.build``). Both live in the user cache dir, never in
 the repository, and are rebuilt when missing.
 """
 
@@ -150,7 +150,7 @@ RECIPES: dict[str, Recipe] = {
     "sliding-toy": TinyArch("gemma3", (_S, _S, _S, _F) * 2, window=16),
     # Gemma 2: sliding and full layers alternate, attention logits soft-capped
     "gemma2-toy": TinyArch("gemma2", (_S, _F) * 4, window=16),
-    # Mistral: every layer slides (the builder drops the window; kvlab's build puts it back, see kvlab.ort.build)
+    # Mistral: every layer slides (the builder drops the window; kvlab's build puts it back, see kvlab.ort.models.build)
     "mistral-toy": TinyArch("mistral", (_S,) * 8, window=16),
     # Qwen3.5: three linear-attention layers (conv + recurrent state) to one full-attention layer
     "hybrid-toy": TinyArch("qwen3_5", (_L, _L, _L, _F) * 2),

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import ConfigError, DeviceError, check_choice
-from ..ort.adapters import _icd_manifests, _is_software_icd
+from ..ort.runtime.adapters import _icd_manifests, _is_software_icd
 
 ADAPTERS = ("auto", "swiftshader", "default")
 FLAGS = (

@@ -22,9 +22,9 @@ from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, 
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..core.layout import check_max_cache_len
-from ..ort.device import BUFFER_CACHE_MODES
-from ..ort.graph import load_graph
-from ..ort.models import Model, load
+from ..ort.models.graph import load_graph
+from ..ort.models.loading import Model, load
+from ..ort.runtime.device import BUFFER_CACHE_MODES
 
 KV_DTYPES = ("float32", "float16")
 TRANSFORMERS_GRAPH = "model.transformers-js.onnx"

@@ -4,7 +4,7 @@ machine without a browser. Dawn in Node is not a browser; its results say so (``
 Contract: ``run_node(job, timeout, adapter)`` writes the job to a temporary folder, runs ``node`` on it in a
 process group of its own (killed, once, on timeout or KeyboardInterrupt), and returns the page-shaped result
 dict it wrote. ``adapter``: "swiftshader" points the Vulkan loader at SwiftShader, "auto" chooses as kvlab's own
-WebGPU does (``kvlab.ort.adapters.configure_vulkan``: a hardware driver when installed), "default" leaves the
+WebGPU does (``kvlab.ort.runtime.adapters.configure_vulkan``: a hardware driver when installed), "default" leaves the
 environment alone. ``find_node()`` gives the executable (``$KVLAB_NODE`` or ``node`` on PATH) or a
 ``DeviceError`` saying how to get one.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DeviceError, check_choice
-from ..ort.adapters import SWIFTSHADER_ICD, configure_vulkan
+from ..ort.runtime.adapters import SWIFTSHADER_ICD, configure_vulkan
 from .assets import JS_DIR, dawn_node, npm_dir, npm_file
 from .chromium import ADAPTERS, executable_override
 from .job import Job

@@ -1,6 +1,6 @@
 """Does a device compute the same logits as the CPU EP? Position by position, on the same input.
 
-A package whose prefill is wrong on some adapter (``kvlab.ort.builtin`` names one) shows it here:
+A package whose prefill is wrong on some adapter (``kvlab.ort.runtime.builtin`` names one) shows it here:
 ``check(model, ids, mode="prefill")`` says from which position on.
 """
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import check_choice
-from ..core.labels import DeviceLabel
-from .caches import DynamicCache
-from .device import open_device
-from .models import Model, load
-from .stepper import Stepper
+from ...core.errors import check_choice
+from ...core.labels import DeviceLabel
+from ..decode.caches import DynamicCache
+from ..decode.stepper import Stepper
+from ..models.loading import Model, load
+from ..runtime.device import open_device
 
 MODES = ("prefill", "decode")
 

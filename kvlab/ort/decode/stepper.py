@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from ..core.cache import Cache
-from ..core.errors import ConfigError, check_choice
-from ..core.generation import greedy
-from ..core.owner import OneBlock
-from ..core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
+from ...core.cache import Cache
+from ...core.errors import ConfigError, check_choice
+from ...core.generation import greedy
+from ...core.owner import OneBlock
+from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
+from ..models.loading import Model, load
+from ..runtime.device import Device, open_device
+from ..runtime.session import Binding, RunResult, Session
 from .caches import OrtCache
-from .device import Device, open_device
 from .greedy import DeviceToken, greedy_graph, reduction_of
-from .models import Model, load
-from .session import Binding, RunResult, Session
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -37,10 +37,10 @@ class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its ``with`` block
     (``with Stepper(model, cache, device, needed) as s:``), for at most ``needed`` positions.
 
-    ``token_on_device=True`` (or a reduction of ``kvlab.ort.greedy.REDUCTIONS``): greedy steps that hand back no
-    logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.greedy``) and feed it
-    to the next step from the device. ``hooks`` get every step's record. Raises ConfigError for a bad argument, and
-    what the cache's ``use`` raises (CapacityError, CacheStateError)."""
+    ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
+    logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
+    feed it to the next step from the device. ``hooks`` get every step's record. Raises ConfigError for a bad argument,
+    and what the cache's ``use`` raises (CapacityError, CacheStateError)."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Sessions and the binding of one run: a ``Session`` is an InferenceSession on one device, checked to really run
 there; a ``Binding`` binds one run's inputs and outputs and runs it, handing back what the runtime allocated as
-tensors kvlab owns (``kvlab.ort.tensors``)."""
+tensors kvlab owns (``kvlab.ort.runtime.tensors``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, DeviceError
+from ...core.errors import ConfigError, DeviceError
 from . import memory
 from .backend import HEAVY_OPS
 from .tensors import DeviceTensor, _Owner
@@ -190,7 +190,7 @@ class Binding:
 def drop_every_session() -> None:
     """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings), while the runtime
     is whole: a WebGPU session left to the interpreter's finalization can abort the process there (the plugin EP
-    after onnxruntime-genai ran beside kvlab: ``kvlab.ort.plugin``)."""
+    after onnxruntime-genai ran beside kvlab: ``kvlab.ort.runtime.plugin``)."""
     for s in list(_SESSIONS):
         s.ort = None
 

@@ -1,6 +1,6 @@
 """Models: ``load("toy" | "kv-heavy" | "smollm2" | ... | path)`` gives a ``Model``: its ``ModelInfo`` (read from the
-directory by ``kvlab.ort.layouts``), its tokenizer and chat template. Built-in models are built on first use
-(``kvlab.ort.build``)."""
+directory by ``kvlab.ort.models.layouts``), its tokenizer and chat template. Built-in models are built on first use
+(``kvlab.ort.models.build``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, ModelError
-from ..core.generation import check_token_ids
-from ..presets import BUILTIN_NAMES, check_precision
+from ...core.errors import ConfigError, ModelError
+from ...core.generation import check_token_ids
+from ...presets import BUILTIN_NAMES, check_precision
 from .build import ensure_built
 from .info import ModelInfo
 from .layouts import read_info as read_layout
@@ -168,7 +168,7 @@ def load(
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
     cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
     the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
-    "<name>-graph"; see kvlab.ort.capture). Raises ConfigError for a bad argument, ModelError for a directory
+    "<name>-graph"; see kvlab.ort.decode.capture). Raises ConfigError for a bad argument, ModelError for a directory
     kvlab cannot use or a build that fails."""
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")

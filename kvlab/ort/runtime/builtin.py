@@ -6,7 +6,7 @@ capability, not the version); docs/known-limits.md has the error messages and me
 - EP options take effect only as session config entries (``ep.webgpuexecutionprovider.<key>``); the dict in
   ``providers=[(name, {...})]`` is silently ignored.
 - One WebGPU context per process: created with the first WebGPU session's options, destroyed with the last one,
-  and every device tensor made through it goes with it (``kvlab.ort.device``).
+  and every device tensor made through it goes with it (``kvlab.ort.runtime.device``).
 - A device tensor of a chosen shape cannot be allocated directly (``OrtValue.ortvalue_from_shape_and_type(...,
   "gpu")`` fails). A one-node model run on the WebGPU EP, its output bound to the device, makes one, zero-filled:
   Expand of a scalar zero for float32 and ints, Identity of host zeros for float16 (Expand computes float16 only
@@ -15,14 +15,15 @@ capability, not the version); docs/known-limits.md has the error messages and me
   ``StaticCache(states="swap")``).
 - A captured graph cannot be released on its own (``release_graph`` returns False): its capturing session owns it.
   A host value bound under capture is not refused, and the replay computes wrong tokens.
-- Its WebGPU Gather crashes the process on bool data (``kvlab.ort.graph.cast_bool_gathers``).
+- Its WebGPU Gather crashes the process on bool data (``kvlab.ort.models.graph.cast_bool_gathers``).
 - Its schemas lack what the onnxruntime-genai builder (0.18) writes for architectures beyond full attention (the
   ``state_window`` attribute; LinearAttentionGate, GatedRMSNorm, MRotaryEmbedding; rank-3 ``position_ids``), and
-  its GroupQueryAttention takes at most 14 inputs: ``kvlab.ort.rewrites``, ``kvlab.ort.build.ARCH_OPTIONS``.
+  its GroupQueryAttention takes at most 14 inputs: ``kvlab.ort.models.rewrites``,
+  ``kvlab.ort.models.build.ARCH_OPTIONS``.
 - GroupQueryAttention's ``local_window_size`` limits what a layer reads, not what its buffer holds.
 - No bfloat16 kernels for the builder's bf16 graph (``kvlab.presets.REFUSED_PRECISIONS``).
 - On a software adapter (SwiftShader) its prefill logits are wrong from query position 4 on; decode steps are
-  right (``kvlab.ort.conformance``).
+  right (``kvlab.ort.checks.conformance``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import DeviceError
+from ...core.errors import DeviceError
 from .backend import DEVICES, Backend
 from .session import Session
 from .tensors import DeviceTensor

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
-from ..core.layout import (
+from ...core.errors import ModelError
+from ...core.layout import (
     GROWING_ROLES,
     CacheEntry,
     CacheLayout,

@@ -17,22 +17,22 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.errors import ModelError
-from ..presets import cache_dir, check_precision, ensure_checkpoint, recipe
-from ..presets.recipes import TinyArch, building, recipe_key
+from ...core.errors import ModelError
+from ...presets import cache_dir, check_precision, ensure_checkpoint, recipe
+from ...presets.recipes import TinyArch, building, recipe_key
 from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
 # builder options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder fuses
 # into GroupQueryAttention as inputs 14 and 15 on WebGPU; the built-in package's GQA takes at most 14 inputs
-# (kvlab.ort.builtin), so the norms stay separate nodes
+# (kvlab.ort.runtime.builtin), so the norms stay separate nodes
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
 
 
 # the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
 # number of ones in the attention mask (ReduceSum, ReduceMax) instead of the mask's length (Shape), so the mask can
-# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.capture)
+# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.decode.capture)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 
 
@@ -131,10 +131,10 @@ def export(
     hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None, extra_options: list[str] = ()
 ) -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
-    (``arch``) with kvlab's config shims (``kvlab.ort.builder_shims``) and its ``ARCH_OPTIONS``. ModelError (with
+    (``arch``) with kvlab's config shims (``kvlab.ort.models.builder_shims``) and its ``ARCH_OPTIONS``. ModelError (with
     the builder's stderr) when it fails."""
     with tempfile.TemporaryDirectory() as scratch:
-        module = "kvlab.ort.builder_shims" if arch else "onnxruntime_genai.models.builder"
+        module = "kvlab.ort.models.builder_shims" if arch else "onnxruntime_genai.models.builder"
         cmd = [
             sys.executable,
             "-m",
@@ -165,7 +165,7 @@ def export(
 
 
 def rewrite_for_ort127(onnx_file: Path, spec: TinyArch) -> list[str]:
-    """``kvlab.ort.rewrites.for_ort127`` on the exported graph, in place (its weights stay where they are);
+    """``kvlab.ort.models.rewrites.for_ort127`` on the exported graph, in place (its weights stay where they are);
     returns what changed."""
     import onnx
 

@@ -8,7 +8,7 @@ What capture needs, and how this cache gives it:
   written in place: ``input_ids`` [1, 1], ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
   valid positions), the KV buffers (bound as past and present, as in ``StaticCache``) and the logits
   [1, 1, vocab], read back after each replay. No host value is ever bound under capture (one package refuses it,
-  the other replays wrong tokens: ``kvlab.ort.builtin``, ``kvlab.ort.plugin``).
+  the other replays wrong tokens: ``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``).
 - A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
   (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
   mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core.atomic import atomic
-from ..core.errors import ConfigError, DeviceError, ModelError
-from ..core.labels import CacheSpec
+from ...core.atomic import atomic
+from ...core.errors import ConfigError, DeviceError, ModelError
+from ...core.labels import CacheSpec
+from ..models.graph import load_graph, uses
+from ..runtime.session import Binding, RunResult, Session
+from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 from .caches import StaticCache
-from .graph import load_graph, uses
-from .session import Binding, RunResult, Session
-from .tensors import DeviceTensor, release_all, zeros_all
 
 CAPTURE_OPTIONS = {"enableGraphCapture": "1"}  # the session option (both packages)
 DIAGNOSIS_OPTIONS = {"enableInt64": "1"}  # without capture, the int64 mask Cast that capture moves to WebGPU

@@ -10,7 +10,7 @@ Two layouts are read:
 Every number the config declares that the graph also holds (layers, KV heads, head size, vocabulary, the rotary
 table's length) is compared with the graph here, at load time, so a wrong config is named here, not by ONNX
 Runtime at the first run. What each layer keeps (KV, a sliding window's KV, conv and recurrent states) is read from
-the graph by ``kvlab.ort.layers``: the config names the inputs, the ops that read them say what they are.
+the graph by ``kvlab.ort.models.layers``: the config names the inputs, the ops that read them say what they are.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
-from ..core.layout import STATE_ROLES
+from ...core.errors import ModelError
+from ...core.layout import STATE_ROLES
 from .graph import ONNX_DTYPES, elem_type, load_graph, producers, uses, weight_format
 from .info import ModelInfo
 from .layers import known_ops, read_layers

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, ModelError, check_choice
-from .tensors import DeviceTensor, release_all, zeros_all
+from ...core.errors import ConfigError, ModelError, check_choice
+from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory

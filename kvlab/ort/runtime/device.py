@@ -3,9 +3,9 @@ which opens sessions on it (checked to really run there) and makes the ``DeviceT
 
 WebGPU has one context per process: every WebGPU session shares it and its buffer manager, whose options (buffer
 cache mode, ...) come from whoever created it; a later session with other options is silently given the existing
-context, and device tensors die with the context (how long it lives depends on the package: ``kvlab.ort.builtin``,
-``kvlab.ort.plugin``). So kvlab keeps one ``Device`` per name, refuses options that would not take effect, and
-refuses to close a device while kvlab tensors live on it.
+context, and device tensors die with the context (how long it lives depends on the package:
+``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``). So kvlab keeps one ``Device`` per name, refuses options
+that would not take effect, and refuses to close a device while kvlab tensors live on it.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, DeviceError, check_choice, check_flag
-from ..core.labels import Adapter, DeviceLabel, cpu_adapter
+from ...core.errors import ConfigError, DeviceError, check_choice, check_flag
+from ...core.labels import Adapter, DeviceLabel, cpu_adapter
+from ..models.graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
-from .graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from .session import Session, drop_every_binding, drop_every_session
 from .tensors import DeviceTensor, release_everything
 
@@ -70,7 +70,7 @@ class Device:
 
     def _workarounds(self, onnx_file: Path) -> tuple[str | bytes, list[str]]:
         """The model to open, rewritten in memory where this device's runtime needs it (a bool Gather on WebGPU:
-        ``kvlab.ort.graph.cast_bool_gathers``), and what was rewritten."""
+        ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
         if self.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
             return str(onnx_file), []
         import onnx
@@ -257,7 +257,7 @@ def open_device(
     WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
     (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
     each session's new memory, i.e. its weights, into 2 MiB transparent huge pages; default on, see
-    kvlab.ort.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
+    kvlab.ort.runtime.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
     prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
     if isinstance(name, Device):
         return name

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core.atomic import atomic
-from ..core.errors import ConfigError, DeviceError
+from ...core.atomic import atomic
+from ...core.errors import ConfigError, DeviceError
 
 ONNX_TYPES = {
     np.dtype(np.float32): "tensor(float)",
@@ -123,6 +123,6 @@ def release_all(tensors: list[DeviceTensor]) -> None:
 
 
 def release_everything() -> None:
-    """Release every kvlab tensor not released yet (at interpreter exit: see ``kvlab.ort.device``)."""
+    """Release every kvlab tensor not released yet (at interpreter exit: see ``kvlab.ort.runtime.device``)."""
     for tensor in list(_UNRELEASED):
         tensor.release()

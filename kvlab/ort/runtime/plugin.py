@@ -28,7 +28,7 @@ messages and measurements behind each line.
 - Prefill logits equal the CPU EP's on a software adapter too.
 - After onnxruntime-genai ran on WebGPU in the process, a kvlab WebGPU session left to the interpreter's
   finalization aborts the process at exit: kvlab lets go of its sessions first
-  (``kvlab.ort.session.drop_every_session``).
+  (``kvlab.ort.runtime.session.drop_every_session``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import DeviceError
+from ...core.errors import DeviceError
 from .builtin import BuiltinWebGpu
 from .session import Session
 from .tensors import DeviceTensor

@@ -1,5 +1,5 @@
 """The onnxruntime-genai model builder (0.18) with the config shims newer transformers (5.x) need, same command line:
-``python -m kvlab.ort.builder_shims -i HF_DIR -o OUT -p fp32 -e webgpu -c CACHE [--extra_options ...]``.
+``python -m kvlab.ort.models.builder_shims -i HF_DIR -o OUT -p fp32 -e webgpu -c CACHE [--extra_options ...]``.
 
 The shims change the builder's view of the Hugging Face config only (the weights load unchanged):
 

@@ -1,8 +1,8 @@
 """The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
-``Backend``. Two packages, one subclass each in a file of its own: ``kvlab.ort.builtin`` (the ``onnxruntime-webgpu``
-wheel, its built-in WebGPU EP and the CPU EP) and ``kvlab.ort.plugin`` (``onnxruntime`` >= 1.31 with the WebGPU EP
-as the plugin library ``onnxruntime-ep-webgpu``). Which one runs is decided by what is installed
-(``kvlab.ort.device.backend``); devices, sessions, caches and the loop stay as they are.
+``Backend``. Two packages, one subclass each in a file of its own: ``kvlab.ort.runtime.builtin`` (the
+``onnxruntime-webgpu`` wheel, its built-in WebGPU EP and the CPU EP) and ``kvlab.ort.runtime.plugin`` (``onnxruntime``
+>= 1.31 with the WebGPU EP as the plugin library ``onnxruntime-ep-webgpu``). Which one runs is decided by what is
+installed (``kvlab.ort.runtime.device.backend``); devices, sessions, caches and the loop stay as they are.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Backend:
     version = ""
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
     # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
-    # states="in-place"); where it does not, kvlab.ort.caches.WEBGPU_IN_PLACE says why
+    # states="in-place"); where it does not, kvlab.ort.decode.caches.WEBGPU_IN_PLACE says why
     webgpu_states_in_place = False
 
     @property

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core.layout import CacheEntry
-from ..core.slots import Crop, Slot
-from .device import Device, copy_tensor
-from .session import Binding, RunResult
-from .tensors import DeviceTensor, release_all, zeros_all
+from ...core.layout import CacheEntry
+from ...core.slots import Crop, Slot
+from ..runtime.device import Device, copy_tensor
+from ..runtime.session import Binding, RunResult
+from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 
 
 class RuntimeState(Slot):

@@ -1,4 +1,4 @@
-"""The two KV caches on ONNX Runtime, each a choice of slot per entry of the model's layout (``kvlab.ort.slots``)
+"""The two KV caches on ONNX Runtime, each a choice of slot per entry of the model's layout (``kvlab.ort.decode.slots``)
 over the lifecycle every cache shares (``kvlab.core.cache.Cache``): ``DynamicCache`` (the runtime allocates new
 presents every step) and ``StaticCache`` (every buffer allocated once and written in place).
 
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.cache import Cache
-from ..core.errors import CapacityError, ConfigError, ModelError, check_choice
-from ..core.labels import CacheSpec
-from ..core.layout import CacheEntry, MemoryReport, check_max_cache_len
-from ..core.slots import Slot
-from .device import Device
-from .models import ModelInfo
-from .session import Session
+from ...core.cache import Cache
+from ...core.errors import CapacityError, ConfigError, ModelError, check_choice
+from ...core.labels import CacheSpec
+from ...core.layout import CacheEntry, MemoryReport, check_max_cache_len
+from ...core.slots import Slot
+from ..models.loading import ModelInfo
+from ..runtime.device import Device
+from ..runtime.session import Session
 from .slots import FixedKV, GrowingKV, InPlaceState, RuntimeState, SwappedState
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.cache import Cache
-from ..core.errors import ConfigError, check_flag
-from ..core.generation import (
+from ...core.cache import Cache
+from ...core.errors import ConfigError, check_flag
+from ...core.generation import (
     Generation,
     Sampling,
     attach_partial,
@@ -20,12 +20,12 @@ from ..core.generation import (
     positions_needed,
     stop_reason,
 )
-from ..core.labels import RunLabel
-from ..core.records import StepHook, StepRecord, hook_list
+from ...core.labels import RunLabel
+from ...core.records import StepHook, StepRecord, hook_list
+from ..models.loading import Model, load
+from ..runtime.device import Device, open_device
 from .caches import DynamicCache
-from .device import Device, open_device
 from .greedy import reduction_of
-from .models import Model, load
 from .stepper import Stepper
 
 
@@ -50,13 +50,13 @@ def generate(
 
     ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
     the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
-    wrong (``kvlab.ort.builtin``), this one is right.
+    wrong (``kvlab.ort.runtime.builtin``), this one is right.
 
-    ``token_on_device=True`` (greedy only; or a reduction name, ``kvlab.ort.greedy.REDUCTIONS``: "blocks", the
+    ``token_on_device=True`` (greedy only; or a reduction name, ``kvlab.ort.decode.greedy.REDUCTIONS``: "blocks", the
     default, or "single"): the decode device's graph picks each token and the next step reads it
     from the device, so neither the logits nor the token cross between host and device per step
-    (``kvlab.ort.greedy``; the run's label says so). Opt-in: it pays on a small vocabulary and costs on a large one
-    (``data/gpu/token/``).
+    (``kvlab.ort.decode.greedy``; the run's label says so). Opt-in: it pays on a small vocabulary and costs on a large
+    one (``data/gpu/token/``).
 
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
     argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.errors import check_choice
-from .builtin import HELPER_LABEL
-from .caches import DynamicCache, StaticCache
-from .device import Device, backend
-from .session import Binding, RunResult
-from .tensors import DeviceTensor
+from ...core.errors import check_choice
+from ..decode.caches import DynamicCache, StaticCache
+from ..runtime.builtin import HELPER_LABEL
+from ..runtime.device import Device, backend
+from ..runtime.session import Binding, RunResult
+from ..runtime.tensors import DeviceTensor
 
 POINTS = ("run", "after-run", "allocate", "wrap", "in-place", "copy", "commit")
 

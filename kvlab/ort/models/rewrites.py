@@ -1,5 +1,5 @@
 """Build-time graph rewrites: what the onnxruntime-genai builder writes for the architectures beyond full attention
-that a package cannot load or computes differently from transformers (the built-in one: ``kvlab.ort.builtin``),
+that a package cannot load or computes differently from transformers (the built-in one: ``kvlab.ort.runtime.builtin``),
 rewritten into ops every package has, and a window the builder drops put back. Each rewrite changes only the nodes
 it names, returns one line per change (recorded in the model's ``kvlab_recipe.json``), raises ModelError for a
 graph it cannot rewrite exactly, and is tested for token equality with transformers (tests/test_beyond_full.py).
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
+from ...core.errors import ModelError
 
 STATE_OPS = ("CausalConvWithState", "LinearAttention")
 

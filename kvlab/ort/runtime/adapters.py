@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import check_choice
-from ..core.labels import Adapter
+from ...core.errors import check_choice
+from ...core.labels import Adapter
 
 ADAPTER_CHOICES = ("auto", "hardware", "software")
 SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"

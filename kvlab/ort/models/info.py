@@ -1,4 +1,4 @@
-"""What kvlab knows about a decoder: read from its directory's config and graph by ``kvlab.ort.layouts``."""
+"""What kvlab knows about a decoder: read from its directory's config and graph by ``kvlab.ort.models.layouts``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
+from ...core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
 
 
 @dataclass(frozen=True)

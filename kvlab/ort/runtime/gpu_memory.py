@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..core.records import StepRecord
+from ...core.records import StepRecord
 
 
 class GpuMemory:

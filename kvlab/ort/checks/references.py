@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError, ModelError
-from .device import backend, open_device
-from .models import Model
+from ...core.errors import ConfigError, ModelError
+from ..models.loading import Model
+from ..runtime.device import backend, open_device
 
 
 def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = None) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ModelError
+from ...core.errors import ModelError
 
 # ONNX TensorProto element types kvlab meets in KV caches
 FLOAT16 = 10  # TensorProto.FLOAT16
@@ -73,7 +73,7 @@ def bool_gathers(model: Any) -> list[int]:
 def cast_bool_gathers(model: Any) -> list[str]:
     """Rewrite every bool Gather as Cast(int32) -> Gather -> Cast(bool), in place (the same values); returns the
     rewritten nodes' names. Why: the built-in package's WebGPU Gather crashes the process on bool data
-    (``kvlab.ort.builtin``)."""
+    (``kvlab.ort.runtime.builtin``)."""
     from onnx import TensorProto, helper
 
     targets = set(bool_gathers(model))
