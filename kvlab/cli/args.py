@@ -95,10 +95,21 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``kvlab`` parser: one subparser per subcommand, each added by its own function (in ``--help`` order)."""
     ap = _OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    subcommands = (_add_doctor, _add_generate, _add_compare, _add_bench, _add_trace, _add_conformance, _add_profile)
+    for add in (*subcommands, add_browser_bench):
+        add(sub)
+    return ap
+
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
     doc = sub.add_parser("doctor", help="what kvlab found: versions, backend, adapters, a tiny run per device")
     doc.add_argument("--json", action="store_true")
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", help="generate text with one cache")
     _shared(gen)
     gen.add_argument("--cache", choices=("dynamic", "static"), default="static")
@@ -107,9 +118,15 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="static cache size (default: what the run needs, rounded up to a multiple of 256)",
     )
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp_ = sub.add_parser("compare", help="run the dynamic and the static cache on one prompt, side by side")
     _shared(cmp_)
     cmp_.add_argument("--max-cache-len", type=int, help="static cache size (default as for generate)")
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="paired decode benchmarks: caches, onnxruntime-genai, memory roofline")
     b.add_argument("--quick", action="store_true", help="a small smoke run (toy model, CPU and WebGPU)")
     b.add_argument("--models", help="comma-separated models (default: smollm2 on cpu, kv-heavy on webgpu)")
@@ -152,6 +169,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _cpu_flags(b)
+
+
+def _add_trace(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser(
         "trace",
         help="one long generation per cache: every step recorded, with the GPU memory the "
@@ -164,12 +184,18 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--prefill-on", choices=DEVICES, help="prefill on this device and hand off (default: --device)")
     tr.add_argument("--out", type=Path, default=Path("artifacts/trace.json"))
     _cpu_flags(tr)
+
+
+def _add_conformance(sub: argparse._SubParsersAction) -> None:
     co = sub.add_parser("conformance", help="a device's prefill and decode logits against the CPU EP, per model")
     co.add_argument("--models", default="toy", help="comma-separated built-in models or directories")
     _precision_flag(co, several=True)
     co.add_argument("--device", default="webgpu", choices=DEVICES)
     co.add_argument("--prompt-tokens", type=int, default=48)
     co.add_argument("--out", type=Path, help="also write the rows as JSON")
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "profile",
         help="where a static-cache decode step's time goes, by ONNX operator type (ONNX Runtime's own profiler)",
@@ -204,8 +230,6 @@ def parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
-    add_browser_bench(sub)
-    return ap
 
 
 def ints(text: str, flag: str) -> list[int]:
