@@ -1,0 +1,153 @@
+"""The notebooks read as lessons, not as test logs: no nbval markers in any cell's text (their checks are cell tags),
+every notebook opens with what you will learn, what it needs and how long it takes, and closes with "You can now
+explain" and "Try this"; every cross-reference to a notebook or a section points at one that exists; the lesson
+lists (README.md, docs/lessons.md) name every notebook; the cheat sheet in docs/ is the one notebook 01 ends with.
+
+Plain JSON reading, no kernel: the fast tier runs it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+HEADER_ROWS = ("**you will learn**", "**needs**", "**how long**")
+NBVAL_TAGS = {"nbval-check-output", "nbval-ignore-output", "nbval-skip", "nbval-raises-exception", "raises-exception"}
+SECTION_HEADING = re.compile(r"^#{2,3} (\d+)[a-z]? \u00b7", re.M)
+NOTEBOOK_REF = re.compile(r"\b(?i:notebooks?) (\d\d)\b")
+SECTION_REF = re.compile(r"(?:\b(?i:notebook) (\d\d)(?:'s)?,? )?\bsections? (\d+(?:(?:-|, | and | or )\d+)*)\b")
+
+
+def cells(notebook: Path) -> list[dict]:
+    return json.loads(notebook.read_text())["cells"]
+
+
+def text(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def markdown(notebook: Path) -> str:
+    return "\n\n".join(text(c) for c in cells(notebook) if c["cell_type"] == "markdown")
+
+
+def by_number() -> dict[str, Path]:
+    return {p.name[:2]: p for p in NOTEBOOKS}
+
+
+def headings(notebook: Path) -> set[int]:
+    return {int(n) for n in SECTION_HEADING.findall(markdown(notebook))}
+
+
+def heading_block(md: str, heading: str) -> str:
+    """The text under a '## heading' up to the next heading of level 1 or 2 ('' when there is none)."""
+    m = re.search(rf"^## {re.escape(heading)}\s*$(.*?)(?=^#{{1,2}} |\Z)", md, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_nbval_marker_in_any_cell_and_tags_are_nbvals(notebook):
+    for i, cell in enumerate(cells(notebook)):
+        assert "NBVAL" not in text(cell), f"{notebook.name} cell {i}: an nbval marker in its text (use a cell tag)"
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        assert not {t for t in tags if t.startswith("nbval") or "exception" in t} - NBVAL_TAGS, (notebook.name, i, tags)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_opens_with_its_header(notebook):
+    first = cells(notebook)[0]
+    assert first["cell_type"] == "markdown", f"{notebook.name} does not open with text"
+    head = text(first)
+    assert re.match(rf"# {notebook.name[:2]} \u00b7 \S", head), f"{notebook.name}: title is not '# NN · ...'"
+    missing = [row for row in HEADER_ROWS if row not in head]
+    assert not missing, f"{notebook.name}: its first cell lacks the header rows {missing}"
+    how_long = re.search(r"\*\*how long\*\* \|([^\n]*)", head).group(1)
+    assert re.search(r"\d+ (s|min|minutes?)\b", how_long), f"{notebook.name}: 'how long' gives no time: {how_long}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_closes_with_a_summary_and_try_this(notebook):
+    md = markdown(notebook)
+    summary = heading_block(md, "You can now explain")
+    assert re.search(r"^(\d+\.|-) \S", summary, re.M), f"{notebook.name}: no '## You can now explain' with a list"
+    tries = heading_block(md, "Try this")
+    assert re.search(r"^(\d+\.|-) \S", tries, re.M), f"{notebook.name}: no '## Try this' section with items"
+
+
+def claims_try_this() -> list[str]:
+    """Who says every notebook has a 'Try this': the lesson lists, and any notebook that mentions one."""
+    who = [f for f in ("README.md", "docs/lessons.md") if "Try this" in (REPO / f).read_text()]
+    return who + [p.name for p in NOTEBOOKS if "Try this" in markdown(p).replace("## Try this", "")]
+
+
+def test_a_claimed_try_this_is_there():
+    claims = claims_try_this()
+    assert claims, "nobody promises a 'Try this': the lesson lists should"
+    lacking = [p.name for p in NOTEBOOKS if not heading_block(markdown(p), "Try this").strip()]
+    assert not lacking, f"{', '.join(claims)} promise a 'Try this' that {lacking} lack"
+
+
+def test_the_lint_catches_a_missing_try_this(tmp_path):
+    """The check above, on a notebook made to lack its section: it must be found lacking."""
+    md = "# 09 · x\n\n## You can now explain\n\n- a\n\n## Try this\n\n1. b\n"
+    assert heading_block(md, "Try this").strip() == "1. b"
+    assert heading_block(md.replace("## Try this\n\n1. b\n", ""), "Try this") == ""
+    assert heading_block("## Try this\n\n## Next\n1. c\n", "Try this").strip() == ""
+
+
+def references(source: str, own: str | None) -> list[tuple[str, int]]:
+    """(notebook number, section number) of every 'section N' / 'notebook NN, section N' in ``source``."""
+    out = []
+    for m in SECTION_REF.finditer(source):
+        target = m.group(1) or own
+        if target is None:
+            continue
+        for n in re.findall(r"\d+", m.group(2)):
+            out.append((target, int(n)))
+    return out
+
+
+def test_the_reference_parser_reads_ranges_and_other_notebooks():
+    got = references("see section 3, notebook 01, section 5 and sections 1-3 and 6; notebook 07's section 2", "04")
+    assert got == [("04", 3), ("01", 5), ("04", 1), ("04", 3), ("04", 6), ("07", 2)]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_cross_reference_points_at_something_that_exists(notebook):
+    numbers = by_number()
+    source = "\n".join(text(c) for c in cells(notebook))
+    for n in NOTEBOOK_REF.findall(source):
+        assert n in numbers, f"{notebook.name} refers to notebook {n}, which does not exist"
+    for target, section in references(source, notebook.name[:2]):
+        assert target in numbers, f"{notebook.name} refers to notebook {target}"
+        assert section in headings(numbers[target]), (
+            f"{notebook.name} refers to section {section} of {numbers[target].name}, which has sections "
+            f"{sorted(headings(numbers[target]))}"
+        )
+    for image in re.findall(r"\]\((images/[^)\s]+)\)", source):
+        assert (notebook.parent / image).is_file(), f"{notebook.name} shows {image}, which does not exist"
+
+
+def test_the_lesson_lists_name_every_notebook_and_nothing_else():
+    readme = (REPO / "README.md").read_text()
+    lessons = (REPO / "docs" / "lessons.md").read_text()
+    for p in NOTEBOOKS:
+        assert f"(notebooks/{p.name})" in readme, f"README.md's notebook list lacks {p.name}"
+        assert f"(../notebooks/{p.name})" in lessons, f"docs/lessons.md's table lacks {p.name}"
+        assert f"notebooks/{p.stem}\n" in lessons, f"docs/lessons.md's toctree lacks {p.stem}"
+    for doc, found in (("README.md", readme), ("docs/lessons.md", lessons)):
+        for name in re.findall(r"notebooks/(\d\d_\w+)\.ipynb", found):
+            assert (REPO / "notebooks" / f"{name}.ipynb").is_file(), f"{doc} lists {name}, which does not exist"
+        for n, section in references(found, None):
+            assert section in headings(by_number()[n]), f"{doc} refers to section {section} of notebook {n}"
+
+
+def test_notebook_01_ends_with_the_cheat_sheet_of_the_docs():
+    sheet = (REPO / "docs" / "cheat-sheet.md").read_text().replace("# Cheat sheet", "## Cheat sheet", 1).strip()
+    last = cells(by_number()["01"])[-1]
+    assert last["cell_type"] == "markdown" and text(last).strip() == sheet, (
+        "notebook 01's last cell is not docs/cheat-sheet.md (heading one level down): change both together"
+    )
