@@ -4,9 +4,10 @@ onnxruntime-genai as a peer and the machine's memory bandwidth as the roofline; 
 
 from .anatomy import step_phases
 from .machine import memory_bandwidth, roofline_ms
-from .plan import Interrupted, Plan, run_plan
+from .plan import Plan
 from .profile import op_profile
 from .results import report, write
+from .sweep import Interrupted, run_plan
 from .weights import matmuls_only_model, run_matmuls_only, weight_bytes_per_token
 
 __all__ = [

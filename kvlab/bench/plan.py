@@ -9,23 +9,19 @@ measured before every round and after the last: each round's roofline uses the h
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, check_choice
-from ..ort import Model, close_device, load, open_device
+from ..core.errors import ConfigError
+from ..ort import Model, load
 from ..ort.runtime.backend import DEVICES
-from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..ort.runtime.gpu_memory import GpuMemory
-from .machine import cpu_times, memory_bandwidth, roofline_ms
-from .results import environment
-from .variants import GENAI_GRAPH, KVLAB, MATMULS_ONLY, GenaiPeer, Run, Setting, Variant, small_pages_device, variants
-from .weights import matmuls_only_model, weight_bytes_per_token
+from .machine import cpu_times, memory_bandwidth
+from .variants import KVLAB, MATMULS_ONLY, Run, Variant
 
 
 @dataclass
@@ -179,168 +175,3 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
                     f"{model.info.context_length - new}"
                 )
     return models
-
-
-class Interrupted(KeyboardInterrupt):
-    """A plan stopped by Ctrl-C: ``result`` holds the rows of every context that finished (``complete`` False)."""
-
-    def __init__(self, result: dict[str, Any]) -> None:
-        super().__init__("kvlab bench interrupted")
-        self.result = result
-
-
-def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every row of ``plan``: ``{"environment", "plan", "rows", "complete"}``; ``log`` gets one line per row.
-    A KeyboardInterrupt keeps what was measured: it arrives as ``Interrupted`` with the finished contexts' rows (a
-    context's rows join the result all at once, after its last round). Raises ConfigError for a bad plan before
-    anything runs."""
-    for mode in plan.buffer_cache_modes:
-        check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ")
-    models = load_checked(plan)
-    bandwidth: dict[str, Any] = {**memory_bandwidth(), "paired": []}
-    log("memory bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bandwidth.items() if k != "paired"))
-    rows: list[dict[str, Any]] = []
-    genai_huge: list[int] = []  # bytes of the peer's memory collapsed into huge pages
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
-            _run_plan(plan, models, log, Path(tmp), bandwidth, rows, genai_huge)
-    except KeyboardInterrupt as stop:
-        raise Interrupted(_result(plan, bandwidth, rows, sum(genai_huge), complete=False)) from stop
-    return _result(plan, bandwidth, rows, sum(genai_huge), complete=True)
-
-
-def _result(
-    plan: Plan, bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: int, complete: bool
-) -> dict[str, Any]:
-    bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
-    for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
-        row["roofline_fraction_at_run_best"] = (
-            roofline_ms(row["weight_bytes"] + row["kv_read_bytes"], bandwidth["best"]) / row["decode_ms"]
-        )
-    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows, "complete": complete}
-
-
-def _run_plan(
-    plan: Plan,
-    models: dict[tuple[str, str], Model],
-    log: Callable[[str], None],
-    tmp: Path,
-    bandwidth: dict[str, Any],
-    rows: list[dict[str, Any]],
-    genai_huge: list[int],
-) -> None:
-    from tqdm.auto import tqdm
-
-    for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
-        model = models[name, precision]
-        model_name = model.name
-        genai = GenaiPeer(model) if plan.genai.get(device) and device == "cpu" else None
-        genai_huge.append(genai.huge_pages["bytes"] if genai else 0)
-        graph_model = (
-            load(name, precision=precision, graph_capture=True) if plan.graph_capture and device == "webgpu" else None
-        )
-        genai_graph = None
-        weights = weight_bytes_per_token(model)
-        for mode in plan.buffer_cache_modes if device == "webgpu" else [None]:
-            if device == "webgpu":
-                genai = genai_graph = setting = runners = (
-                    None  # genai's sessions hold the WebGPU context: they go first
-                )
-                close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
-                dev = open_device("webgpu", buffer_cache_mode=mode)
-                genai = GenaiPeer(model, "webgpu") if plan.genai.get(device) else None  # joins the new context
-                if graph_model is not None and plan.genai.get(device):
-                    genai_graph = GenaiPeer(graph_model, "webgpu", graph_capture=True)
-            else:
-                dev = open_device("cpu")
-            small = None
-            if device == "cpu" and plan.small_pages_twin and dev.huge_pages:
-                dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
-                small = small_pages_device()
-            with_floor = device == "cpu" and plan.matmuls_only and model.info.weights == "float32"  # fp32 MatMuls
-            floor, floor_bytes = matmuls_only_model(model, tmp / model_name) if with_floor else (None, 0)
-            new = plan.new_tokens[device]
-            for context in tqdm(plan.contexts[device], desc=f"{model_name} on {device}", leave=False):
-                setting = Setting(
-                    model,
-                    device,
-                    prompt_ids(model, context),
-                    new,
-                    genai,
-                    small,
-                    floor,
-                    prefill=plan.prefill_on.get(device),
-                    graph_model=graph_model,
-                    genai_graph=genai_graph,
-                )
-                runners, kept = variants(
-                    setting,
-                    plan.static_lens,
-                    plan.static_fit.get(device, True),
-                    tuple(plan.check_every),
-                    plan.token_on_device[device],
-                )
-                try:
-                    rounds = interleaved(runners, plan.reps)
-                    traces = memory_traces(runners) if device == "webgpu" and plan.gpu_memory else {}
-                finally:
-                    for pre in kept:
-                        pre.cache.dispose()
-                summary = summarize(rounds.runs, next(iter(runners)))
-                valid = all(s["tokens_equal"] is not False for s in summary.values())
-                kv_read = (context + new // 2) * model.info.bytes_per_token
-                bw = float(np.median(rounds.bandwidth))
-                done = []
-                for v, s in summary.items():
-                    w, kv = (floor_bytes, 0) if v.runner == MATMULS_ONLY else (weights, kv_read)
-                    paired = [roofline_ms(w + kv, b) / r.decode_ms for b, r in zip(rounds.bandwidth, rounds.runs[v])]
-                    done.append(
-                        {
-                            "model": model_name,
-                            "device": device,
-                            "adapter": str(dev.adapter),
-                            "adapter_kind": dev.adapter.kind,
-                            "precision": precision,
-                            "weights": model.info.weights,
-                            "buffer_cache_mode": mode or "",
-                            "dtype": model.info.dtype_name,
-                            "context": context,
-                            "kv_tensor_mib": context * model.info.bytes_per_token / model.info.layout.tensors / 2**20,
-                            "new_tokens": new,
-                            **v.fields(),
-                            "reps": plan.reps,
-                            "valid": valid,
-                            "model_build": "enable_webgpu_graph"
-                            if v.runner == GENAI_GRAPH or (v.cache is not None and v.cache.variant.startswith("graph"))
-                            else "standard",
-                            "prefill_on": setting.prefill or device,
-                            "weight_bytes": w,
-                            "kv_read_bytes": kv,
-                            "bandwidth_gbps": bw,
-                            "roofline_ms": roofline_ms(w + kv, bw),
-                            "roofline_fraction": float(np.median(paired)),
-                            "roofline_fraction_min": min(paired),
-                            "roofline_fraction_max": max(paired),
-                            "overhead_fraction": s["overhead_ms"] / s["decode_ms"],
-                            "cpu_steal_fraction": rounds.steal_fraction,
-                            **s,
-                            **traces.get(v, {}),
-                        }
-                    )
-                bandwidth["paired"].extend(rounds.measured)
-                rows.extend(done)  # one step: an interrupt leaves a context's rows all in or all out
-                log(_row_line(model_name, device, mode, context, summary, valid))
-            if small is not None:
-                small.close()
-            if floor is not None:
-                dev.forget(floor)  # its weights (a model's worth) go with the run
-        genai = genai_graph = setting = runners = None
-
-
-def _row_line(model: str, device: str, mode: str | None, context: int, summary: dict, valid: bool) -> str:
-    parts = [f"{v.name} {s['decode_ms']:.1f} ms (x{s['ratio_to_dynamic']:.2f})" for v, s in summary.items()]
-    return (
-        f"{model}/{device}{'/' + mode if mode else ''} ctx {context}: "
-        + ", ".join(parts)
-        + ("" if valid else "  INVALID: tokens differ")
-    )
