@@ -133,37 +133,13 @@ def step_phases(
     steps: list[dict[str, float]] = []
     kv_tokens, genai_tokens, pairs = [], [], []  # pairs: per round (kvlab step, genai step, kvlab t2t, genai t2t)
     for _ in range(rounds):
-        p = _Phases()
-        with StaticCache(context + new_tokens, check_every=check_every) as cache, _wrapped(p):
-            g = generate(
-                model,
-                ids,
-                cache=cache,
-                device=device,
-                max_new_tokens=new_tokens,
-                stop_on_eos=False,
-                on_step=p.record,
-                token_on_device=token_on_device,
-            )
-        mine = p.steps[1:]  # after the first decode step, as genai's
+        mine, tokens = _kvlab_round(model, ids, device, new_tokens, check_every, token_on_device)
         steps += mine
-        kv_tokens.append(g.token_ids)
+        kv_tokens.append(tokens)
         if peer is not None:
-            stamps: list[float] = []
-            run = peer.run(ids, new_tokens, hooks=[lambda stamps=stamps: stamps.append(time.perf_counter())])
-            genai_tokens.append(run.token_ids)
-            pairs.append(
-                (
-                    _median_ms(mine, "wall"),
-                    run.decode_ms,
-                    _median_ms(mine, "token to token"),
-                    float(np.median(np.diff(stamps[1:]))) * 1e3,
-                )
-            )  # genai: after its first decode call
-    rows = [{"phase": ph, "ms_per_step": _median_ms(steps, ph)} for ph in PHASES]
-    t2t = _median_ms(steps, "token to token")
-    for r in rows:
-        r["share"] = r["ms_per_step"] / t2t
+            tokens, pair = _genai_round(peer, ids, new_tokens, mine)
+            genai_tokens.append(tokens)
+            pairs.append(pair)
     out: dict[str, Any] = {
         "model": model.name,
         "precision": model.info.dtype_name,
@@ -174,23 +150,77 @@ def step_phases(
         "check_every": check_every,
         "token_on_device": bool(token_on_device),
         "greedy_reduction": reduction_of(token_on_device),
+        **_kvlab_medians(steps),
+        "kvlab_tokens_repeat": all(t == kv_tokens[0] for t in kv_tokens),
+    }
+    if peer is not None:
+        out.update(
+            genai_version=peer.version,
+            **_paired(pairs),
+            tokens_equal_genai=all(t == kv_tokens[0] for t in genai_tokens),
+        )
+    return out
+
+
+def _kvlab_round(
+    model: Model, ids: np.ndarray, device: str, new_tokens: int, check_every: int, token_on_device: bool | str
+) -> tuple[list[dict[str, float]], list[int]]:
+    """One kvlab generation on a static cache with every phase timed: the steps after the first decode step (as
+    genai's are counted) and the tokens."""
+    p = _Phases()
+    with StaticCache(len(ids) + new_tokens, check_every=check_every) as cache, _wrapped(p):
+        g = generate(
+            model,
+            ids,
+            cache=cache,
+            device=device,
+            max_new_tokens=new_tokens,
+            stop_on_eos=False,
+            on_step=p.record,
+            token_on_device=token_on_device,
+        )
+    return p.steps[1:], g.token_ids
+
+
+def _genai_round(
+    peer: GenaiPeer, ids: np.ndarray, new_tokens: int, mine: list[dict[str, float]]
+) -> tuple[list[int], tuple[float, float, float, float]]:
+    """One onnxruntime-genai generation after kvlab's round ``mine``: its tokens, and the round's pair (kvlab step,
+    genai step, kvlab token to token, genai token to token; genai's after its first decode call), in ms."""
+    stamps: list[float] = []
+    run = peer.run(ids, new_tokens, hooks=[lambda: stamps.append(time.perf_counter())])
+    pair = (
+        _median_ms(mine, "wall"),
+        run.decode_ms,
+        _median_ms(mine, "token to token"),
+        float(np.median(np.diff(stamps[1:]))) * 1e3,
+    )
+    return run.token_ids, pair
+
+
+def _kvlab_medians(steps: list[dict[str, float]]) -> dict[str, Any]:
+    """Each phase's median ms per step and its share of the token-to-token time, and the step's own medians."""
+    rows = [{"phase": ph, "ms_per_step": _median_ms(steps, ph)} for ph in PHASES]
+    t2t = _median_ms(steps, "token to token")
+    for r in rows:
+        r["share"] = r["ms_per_step"] / t2t
+    return {
         "rows": rows,
         "kvlab_step_ms": _median_ms(steps, "wall"),
         "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time
         "python_share": _median_ms(steps, "python") / _median_ms(steps, "wall"),
-        "kvlab_tokens_repeat": all(t == kv_tokens[0] for t in kv_tokens),
     }
-    if peer is not None:
-        k_step, g_step, k_t2t, g_t2t = (np.array(c) for c in zip(*pairs))
-        out.update(
-            genai_version=peer.version,
-            genai_step_ms=float(np.median(g_step)),
-            genai_token_to_token_ms=float(np.median(g_t2t)),
-            step_ratio=float(np.median(k_step / g_step)),  # paired by round
-            token_to_token_ratio=float(np.median(k_t2t / g_t2t)),
-            step_ratios=(k_step / g_step).tolist(),
-            token_to_token_ratios=(k_t2t / g_t2t).tolist(),
-            tokens_equal_genai=all(t == kv_tokens[0] for t in genai_tokens),
-        )
-    return out
+
+
+def _paired(pairs: list[tuple[float, float, float, float]]) -> dict[str, Any]:
+    """genai's medians, and kvlab's step and token-to-token times over genai's, paired by round."""
+    k_step, g_step, k_t2t, g_t2t = (np.array(c) for c in zip(*pairs))
+    return {
+        "genai_step_ms": float(np.median(g_step)),
+        "genai_token_to_token_ms": float(np.median(g_t2t)),
+        "step_ratio": float(np.median(k_step / g_step)),  # paired by round
+        "token_to_token_ratio": float(np.median(k_t2t / g_t2t)),
+        "step_ratios": (k_step / g_step).tolist(),
+        "token_to_token_ratios": (k_t2t / g_t2t).tolist(),
+    }

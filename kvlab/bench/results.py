@@ -94,77 +94,89 @@ def _is(row: dict[str, Any], runner: str, kind: str = "", variant: str = "") -> 
 
 
 def report(result: dict[str, Any]) -> str:
-    """The targets of the benchmark issue, computed from the rows (ratios come from paired runs)."""
+    """The targets of the benchmark issue, computed from the rows (ratios come from paired runs): one line per CPU
+    context, and per WebGPU buffer cache mode and context one line and its graph capture lines."""
     rows = result["rows"]
     lines = []
     for model in sorted({r["model"] for r in rows if r["device"] == "cpu"}):
         cpu = [r for r in rows if r["model"] == model and r["device"] == "cpu"]
         for ctx in sorted({r["context"] for r in cpu}):
-            row = [r for r in cpu if r["context"] == ctx]
-            static = min((r for r in row if _is(r, KVLAB, "static")), key=lambda r: r["decode_ms"])
-            dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
-            line = f"{model} cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
-            genai = next((r for r in row if _is(r, GENAI)), None)
-            if genai:
-                line += (
-                    f"; genai {genai['decode_ms']:.1f} ms -> static/genai "
-                    f"{static['decode_ms'] / genai['decode_ms']:.2f} (target <= 0.9; tokens equal: "
-                    f"{genai['tokens_equal'] and static['tokens_equal']})"
-                )
-            line += f"; dynamic/static {dynamic['decode_ms'] / static['decode_ms']:.1f}x"
-            line += (
-                f"; roofline {static['roofline_fraction']:.0%} (paired; "
-                f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); Python's own time "
-                f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}"
-            )
-            fit = next((r for r in row if _is(r, KVLAB, "static") and r["fitted"]), None)
-            floor = next((r for r in row if _is(r, MATMULS_ONLY)), None)
-            if floor and fit:  # how far the matrix products alone get; what the rest of a step adds
-                rest = [a - b for a, b in zip(fit["decode_ms_runs"], floor["decode_ms_runs"])]
-                line += (
-                    f"; matmuls alone {floor['decode_ms']:.1f} ms = {floor['roofline_fraction']:.0%} of their "
-                    f"roofline (paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
-                    f"(per round {min(rest):.1f} to {max(rest):.1f})"
-                )
-            twin = next((r for r in row if _is(r, KVLAB, "static", SMALL_PAGES)), None)
-            if twin and fit:
-                ratios = [a / b for a, b in zip(fit["decode_ms_runs"], twin["decode_ms_runs"])]
-                line += (
-                    f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({fit['variant']}, paired, faster in "
-                    f"{sum(x < 1 for x in ratios)}/{len(ratios)})"
-                )
-            lines.append(line)
+            lines.append(_cpu_line(model, ctx, [r for r in cpu if r["context"] == ctx]))
     for model in sorted({r["model"] for r in rows if r["device"] == "webgpu"}):
         gpu = [r for r in rows if r["model"] == model and r["device"] == "webgpu"]
         for mode in sorted({r["buffer_cache_mode"] for r in gpu}):
             for ctx in sorted({r["context"] for r in gpu}):
                 row = [r for r in gpu if r["context"] == ctx and r["buffer_cache_mode"] == mode]
-                dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
-                statics = [r for r in row if _is(r, KVLAB, "static")]
-                worst = max((r for r in statics if not r.get("token_on_device")), key=lambda r: r["ratio_to_dynamic"])
-                line = (
-                    f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
-                    + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
-                    + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
-                    + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
-                    + f"; Python's own time {worst['overhead_fraction']:.1%}"
-                )
-                genai = next((r for r in row if _is(r, GENAI)), None)
-                if genai:
-                    ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]
-                    line += (
-                        f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
-                        f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})"
-                    )
-                    for tok in (r for r in statics if r.get("token_on_device")):
-                        ratios = [a / b for a, b in zip(tok["decode_ms_runs"], genai["decode_ms_runs"])]
-                        line += (
-                            f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
-                            f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})"
-                        )
-                lines.append(line)
+                lines.append(_webgpu_line(model, mode, ctx, row))
                 lines += capture_lines(row)
     return "\n".join(lines)
+
+
+def _cpu_line(model: str, ctx: int, row: list[dict[str, Any]]) -> str:
+    """One CPU context: the best static cache against genai (target <= 0.9) and the dynamic cache, its roofline,
+    and where measured the matmuls-only floor and the 4 KiB-pages twin."""
+    static = min((r for r in row if _is(r, KVLAB, "static")), key=lambda r: r["decode_ms"])
+    dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
+    line = f"{model} cpu ctx {ctx}: static {static['decode_ms']:.1f} ms ({static['variant']})"
+    genai = next((r for r in row if _is(r, GENAI)), None)
+    if genai:
+        line += (
+            f"; genai {genai['decode_ms']:.1f} ms -> static/genai "
+            f"{static['decode_ms'] / genai['decode_ms']:.2f} (target <= 0.9; tokens equal: "
+            f"{genai['tokens_equal'] and static['tokens_equal']})"
+        )
+    line += f"; dynamic/static {dynamic['decode_ms'] / static['decode_ms']:.1f}x"
+    line += (
+        f"; roofline {static['roofline_fraction']:.0%} (paired; "
+        f"{static['roofline_fraction_at_run_best']:.0%} at the run's best bandwidth); Python's own time "
+        f"{static['overhead_fraction']:.1%}; cpu steal {static['cpu_steal_fraction']:.1%}"
+    )
+    fit = next((r for r in row if _is(r, KVLAB, "static") and r["fitted"]), None)
+    floor = next((r for r in row if _is(r, MATMULS_ONLY)), None)
+    if floor and fit:  # how far the matrix products alone get; what the rest of a step adds
+        rest = [a - b for a, b in zip(fit["decode_ms_runs"], floor["decode_ms_runs"])]
+        line += (
+            f"; matmuls alone {floor['decode_ms']:.1f} ms = {floor['roofline_fraction']:.0%} of their "
+            f"roofline (paired), the rest of {fit['variant']}'s step {np.median(rest):.1f} ms "
+            f"(per round {min(rest):.1f} to {max(rest):.1f})"
+        )
+    twin = next((r for r in row if _is(r, KVLAB, "static", SMALL_PAGES)), None)
+    if twin and fit:
+        ratios = [a / b for a, b in zip(fit["decode_ms_runs"], twin["decode_ms_runs"])]
+        line += (
+            f"; huge pages x{np.median(ratios):.2f} vs 4 KiB ({fit['variant']}, paired, faster in "
+            f"{sum(x < 1 for x in ratios)}/{len(ratios)})"
+        )
+    return line
+
+
+def _webgpu_line(model: str, mode: str, ctx: int, row: list[dict[str, Any]]) -> str:
+    """One WebGPU context in one buffer cache mode: the dynamic cache against the worst static one (target >= 1),
+    and each static cache against genai where it ran."""
+    dynamic = next(r for r in row if _is(r, KVLAB, "dynamic"))
+    statics = [r for r in row if _is(r, KVLAB, "static")]
+    worst = max((r for r in statics if not r.get("token_on_device")), key=lambda r: r["ratio_to_dynamic"])
+    line = (
+        f"{model} webgpu/{mode} ctx {ctx}: dynamic {dynamic['decode_ms']:.1f} ms, "
+        + ", ".join(f"{r['variant']} {r['decode_ms']:.1f} ms" for r in statics)
+        + f"; dynamic/static {1 / worst['ratio_to_dynamic']:.2f}x (worst static; target >= 1)"
+        + f"; static new buffers/step {max(r['new_buffers_per_step'] for r in statics):g}"
+        + f"; Python's own time {worst['overhead_fraction']:.1%}"
+    )
+    genai = next((r for r in row if _is(r, GENAI)), None)
+    if genai:
+        ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]
+        line += (
+            f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
+            f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})"
+        )
+        for tok in (r for r in statics if r.get("token_on_device")):
+            ratios = [a / b for a, b in zip(tok["decode_ms_runs"], genai["decode_ms_runs"])]
+            line += (
+                f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
+                f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})"
+            )
+    return line
 
 
 def _paired(a: dict[str, Any], b: dict[str, Any], key: str = "decode_ms_runs") -> str:
