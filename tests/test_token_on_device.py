@@ -79,21 +79,38 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
 
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_the_label_says_where_the_token_was_chosen(toy, device):
-    """Opt-in (which path is faster depends on the model's vocabulary, data/gpu/token/): the default chooses on the
-    host, and each run's label says which path ran."""
+    """Which path is faster depends on the adapter and the vocabulary (data/gpu/argmax/): the default ("auto")
+    chooses on the host on the CPU EP and on a software adapter, and each run's label says which path ran."""
 
     def run(**kw):
         return generate(toy, PROMPT, device=device, max_new_tokens=6, stop_on_eos=False, **kw)
 
-    host, on_device = run(), run(token_on_device=True)
+    default, host, on_device = run(), run(token_on_device=False), run(token_on_device=True)
+    adapter = open_device(device).label.adapter.kind
+    assert default.label.token_on_device == (device == "webgpu" and adapter == "hardware")  # toy: vocabulary 260
     assert not host.label.token_on_device and on_device.label.token_on_device
-    assert on_device.token_ids == host.token_ids
+    assert on_device.token_ids == host.token_ids == default.token_ids
+
+
+def test_auto_keeps_the_token_on_the_device_only_where_it_was_measured_to_pay():
+    from kvlab.ort.decode.greedy import AUTO_MAX_VOCAB, auto_reduction
+
+    assert auto_reduction(1024, "hardware", "webgpu") == "single"  # phi4-kv's vocabulary: x0.91 of genai
+    assert auto_reduction(49152, "hardware", "webgpu") == ""  # SmolLM2's: neither reduction beat the host path
+    assert auto_reduction(AUTO_MAX_VOCAB + 1, "hardware", "webgpu") == ""
+    assert auto_reduction(260, "software", "webgpu") == auto_reduction(260, "hardware", "cpu") == ""
+
+
+def test_auto_with_sampling_chooses_on_the_host(toy):
+    g = generate(toy, PROMPT, max_new_tokens=3, sampling=Sampling(do_sample=True, seed=0), token_on_device="auto")
+    assert not g.label.token_on_device
 
 
 def test_refusals(toy):
     with pytest.raises(
         ConfigError,
-        match="token_on_device='yes' must be True or False, or a reduction of the greedy graph: 'blocks', 'single'",
+        match="token_on_device='yes' must be True or False, 'auto', or a reduction of the greedy graph: "
+        "'blocks', 'single'",
     ):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
     with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):

@@ -98,7 +98,7 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
                 max_new_tokens=args.max_new_tokens,
                 sampling=sampling,
                 stop_on_eos=not args.ignore_eos,
-                token_on_device=args.token_on_device and kind != GRAPH,
+                token_on_device=False if kind == GRAPH else (args.token_on_device or "auto"),
             )
     return {
         "model": model.name,

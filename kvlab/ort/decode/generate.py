@@ -25,7 +25,7 @@ from ...core.records import StepHook, StepRecord, hook_list
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache
-from .greedy import reduction_of
+from .greedy import AUTO, reduction_for, reduction_of
 from .stepper import Stepper
 
 
@@ -42,7 +42,7 @@ def generate(
     on_step: StepHook | Iterable[StepHook] | None = None,
     prefill_device: Device | str | None = None,
     prefill_model: Model | str | None = None,
-    token_on_device: bool | str = False,
+    token_on_device: bool | str = AUTO,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
@@ -53,10 +53,11 @@ def generate(
     wrong (``kvlab.ort.runtime.builtin``), this one is right.
 
     ``token_on_device=True`` (greedy only; or a reduction name, ``kvlab.ort.decode.greedy.REDUCTIONS``: "blocks", the
-    default, or "single"): the decode device's graph picks each token and the next step reads it
-    from the device, so neither the logits nor the token cross between host and device per step
-    (``kvlab.ort.decode.greedy``; the run's label says so). Opt-in: it pays on a small vocabulary and costs on a large
-    one (``data/gpu/token/``).
+    default, or "single"): the decode device's graph picks each token and the next step reads it from the device,
+    so neither the logits nor the token cross between host and device per step (``kvlab.ort.decode.greedy``).
+    The default, "auto", does that only where it was measured to pay (``kvlab.ort.decode.greedy.auto_reduction``: a
+    small vocabulary on a hardware WebGPU adapter) and for greedy decoding; elsewhere the host picks the token.
+    The run's label says which ran (``token_on_device``, ``greedy_reduction``).
 
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
     argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at
@@ -66,7 +67,7 @@ def generate(
     check_flag("chat", chat)
     check_flag("stop_on_eos", stop_on_eos)
     model, dev = load(model), open_device(device)
-    choose, reduction = _choice(model, sampling, token_on_device)
+    choose, reduction = _choice(model, sampling, token_on_device, dev)
     user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
@@ -80,7 +81,7 @@ def generate(
         positions = positions_needed(len(ids), new_tokens)
         with (
             cache if own_cache else nullcontext(),
-            Stepper(model, cache, dev, positions, hooks, token_on_device=token_on_device) as stepper,
+            Stepper(model, cache, dev, positions, hooks, token_on_device=reduction or False) as stepper,
         ):
             _decode(stepper, run.pre, ids, None if reduction else choose, choose, run.tokens, run.stop)
     except BaseException as exc:
@@ -116,11 +117,14 @@ class _Run:
         return Generation(label, self.ids.tolist(), list(self.tokens), m.decode(self.tokens), stop, list(self.records))
 
 
-def _choice(model: Model, sampling: Sampling | None, token_on_device: bool | str) -> tuple[Any, str]:
+def _choice(model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device) -> tuple[Any, str]:
     """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none)."""
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
+    sampled = sampling is not None and sampling.do_sample
+    if isinstance(token_on_device, str) and token_on_device == AUTO:
+        return choose, "" if sampled else reduction_for(AUTO, model.info.vocab_size, dev)
     reduction = reduction_of(token_on_device)
-    if reduction and sampling is not None and sampling.do_sample:
+    if reduction and sampled:
         raise ConfigError(
             "token_on_device picks the greedy token on the device; sampling (do_sample=True) needs "
             "the logits on the host: use token_on_device=False"

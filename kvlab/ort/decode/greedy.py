@@ -6,8 +6,7 @@ that token back to the device: on a real GPU that copy costs more than all of kv
 logits, ``NEXT``), written into a device tensor that the next step reads as its input ids, and a host copy of it
 (``NEXT_HOST``, 8 bytes, copied back as the logits would be): the token never travels to the device. The graph with
 those outputs is written beside the model's (``greedy_graph``; the weights are the model's own file, not copied).
-Opt-in: ONNX Runtime's WebGPU ArgMax reduces the whole vocabulary in one GPU invocation, so it pays on a small
-vocabulary and costs on a large one (``data/gpu/token/``).
+``auto_reduction`` says where it pays, from what was measured (``AUTO_MAX_VOCAB``): ``generate`` uses it by default.
 """
 
 from __future__ import annotations
@@ -29,11 +28,32 @@ SINGLE_SUFFIX = ".kvlab-greedy-single.onnx"
 
 
 REDUCTIONS = ("blocks", "single")  # how the greedy graph finds the largest logit (``greedy_graph``)
+AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
+# The largest vocabulary at which the token on the device was measured faster than the host path (one ArgMax,
+# "single": x0.91-0.96 of onnxruntime-genai's step against the host path's x1.02-1.04, on an NVIDIA H200's WebGPU;
+# at 49,152 neither reduction beat the host path: data/gpu/argmax/).
+AUTO_MAX_VOCAB = 1024
+
+
+def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
+    """What ``token_on_device="auto"`` runs: "single" (one ArgMax on the device) on a hardware WebGPU adapter for a
+    vocabulary of at most ``AUTO_MAX_VOCAB``, where it was measured faster than the host path; "" (the host path)
+    everywhere else, including software adapters and the CPU EP, where it was not measured."""
+    small = vocab_size <= AUTO_MAX_VOCAB
+    return "single" if device_name == "webgpu" and adapter_kind == "hardware" and small else ""
+
+
+def reduction_for(token_on_device: object, vocab_size: int, device: Any) -> str:
+    """``reduction_of``, with "auto" resolved for this vocabulary on this device (``auto_reduction``)."""
+    if isinstance(token_on_device, str) and token_on_device == AUTO:
+        return auto_reduction(vocab_size, device.label.adapter.kind, device.name)
+    return reduction_of(token_on_device)
 
 
 def reduction_of(token_on_device: object) -> str:
     """The greedy graph's reduction a ``token_on_device`` setting asks for: "" for the host path (False), "blocks"
-    for True, or the reduction named. ConfigError for anything else."""
+    for True, or the reduction named ("auto" needs the model and the device: ``reduction_for``). ConfigError for
+    anything else."""
     if token_on_device is False:
         return ""
     if token_on_device is True:
@@ -41,7 +61,7 @@ def reduction_of(token_on_device: object) -> str:
     if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
         return token_on_device
     raise ConfigError(
-        f"token_on_device={token_on_device!r} must be True or False, or a reduction of the greedy graph: "
+        f"token_on_device={token_on_device!r} must be True or False, {AUTO!r}, or a reduction of the greedy graph: "
         f"{', '.join(map(repr, REDUCTIONS))}"
     )
 
