@@ -144,11 +144,7 @@ def generate(
             start = time.perf_counter()
             n = int(feed.shape[1])
             with AllocCounter(dev, count_cpu_allocs) as counter:
-                t0 = time.perf_counter()
-                out = model.hf(input_ids=feed, use_cache=True, logits_to_keep=1, **{kw: hf_cache})
-                sync(dev)
-                run = time.perf_counter() - t0
-                logits = out.logits[0, -1].float().cpu().numpy()
+                logits, run = _forward(model, feed, kw, hf_cache)
             token = choose(logits)
             stop = finish_step(
                 records,
@@ -170,6 +166,16 @@ def generate(
                 break
             feed = torch.tensor([[token]], dtype=torch.long, device=dev)
     return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
+
+
+def _forward(model: TorchModel, feed: torch.Tensor, kw: str, hf_cache: Any) -> tuple[Any, float]:
+    """One forward of ``feed`` [1, n] through ``hf_cache`` (passed as ``kw``): the last position's logits (float32,
+    on the host) and the seconds to the device's sync."""
+    t0 = time.perf_counter()
+    out = model.hf(input_ids=feed, use_cache=True, logits_to_keep=1, **{kw: hf_cache})
+    sync(model.device)
+    run = time.perf_counter() - t0
+    return out.logits[0, -1].float().cpu().numpy(), run
 
 
 def generation(

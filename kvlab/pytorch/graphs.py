@@ -9,7 +9,7 @@ Recorded on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -21,21 +21,21 @@ from ..core.records import CacheStep, StepHook, hook_list
 from .counters import AllocCounter, KVWatch
 from .fuse import DECODE_ATTENTION, fuse_modules
 from .generate import check_capacity, finish_step, generation, sync
-from .models import ATTENTION, TorchModel, cache_kwarg
+from .graph_step import CapturedStep, argmax_cols, two_stage_argmax
+from .models import ATTENTION, TorchModel
 
 MODES = ("eager", "capture", "compile")
+__all__ = ["MODES", "CapturedStep", "GraphRunner", "argmax_cols", "two_stage_argmax"]
 
 
-class GraphRunner:
-    """Decode over one transformers StaticCache with a captured CUDA graph per step.
+class GraphRunner(CapturedStep):
+    """Decode over one transformers StaticCache with a captured CUDA graph per step (the step, its buffers and its
+    graph: ``CapturedStep``); this class checks the arguments and runs the loops.
 
-    - The cache's own device counter (layer 0's ``cumulative_length``) is the position: positions, the 4-D
-      attention mask (``arange(max_cache_len) <= position``) and the write index are computed on the device
-      inside the step, so one captured graph serves every position.
     - Valid-window writes: every step writes exactly the tokens it is fed at [position, position + n); prefill
       runs uncaptured at its exact length, so no padding ever enters the cache; the mask hides stale slots.
-    - The step's argmax runs inside the graph and writes the next token into the input buffer (and into a token
-      history at position + 1): ``decode_greedy`` replays N times with no host sync in between.
+    - The step feeds its own argmax to the next: ``decode_greedy`` replays N times with no host sync in between;
+      ``generate`` keeps kvlab's contract (records, hooks, sampling) with one replay and one sync per token.
     - ``reset()`` zeroes the counters (and KV) in place: no reallocation, the graph stays valid across generations.
 
     mode: "capture" (capture the eager step), "compile" (torch.compile the step, fullgraph, then capture it;
@@ -60,144 +60,10 @@ class GraphRunner:
         keep_logits: bool = True,
         warmup: int = 3,
     ):
-        if not isinstance(model, TorchModel):
-            raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
-        check_choice(mode, MODES, "mode=")
-        attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
-        if attn not in (*ATTENTION, *(name for name, _ in DECODE_ATTENTION.values())):
-            raise ConfigError(
-                f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
-                "with a 4-D mask (load(..., attn_implementation='sdpa'))"
-            )
-        if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
-            raise ConfigError(f"max_cache_len={max_cache_len!r} must be an int >= 2")
-        ctx = getattr(model.config, "max_position_embeddings", None)
-        if ctx and max_cache_len > ctx:
-            raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")
-        if mode == "capture" and model.device.type != "cuda":
-            raise DeviceError(
-                f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
-                "'cuda' or use mode='eager'"
-            )
-        from transformers import StaticCache
-
-        if attention != "sdpa" and not fuse:
-            raise ConfigError(f"attention={attention!r} is one of fuse_modules' rewrites: pass fuse=True with it")
+        check_runner(model, max_cache_len, mode, attention, fuse)
         self.fused = fuse_modules(model, attention=attention) if fuse else {}
-        self.model, self.mode, self.max_cache_len = model, mode, max_cache_len
-        self.attn = "eager" if model.hf.config._attn_implementation == "eager" else "sdpa"  # the mask's format
-        self.keep_logits = keep_logits
-        self._cols = argmax_cols(model.vocab_size)
-        self.kw = cache_kwarg(model.hf)
-        dev = model.device
-        self.cache = StaticCache(config=model.hf.config, max_cache_len=max_cache_len)
-        self.tok = torch.zeros((1, 1), dtype=torch.long, device=dev)  # the decode input, written by the step
-        self.history = torch.zeros(max_cache_len + 1, dtype=torch.long, device=dev)  # token at each position
-        self.logits = torch.zeros(model.vocab_size, dtype=torch.float32, device=dev)  # last step's logits
-        self.slots = torch.arange(max_cache_len, device=dev)  # [L]
-        self.graph = None
-        self.setup_s = {"compile_warmup_s": 0.0, "capture_s": 0.0}
-        self._step = self._decode_step
-        with torch.inference_mode():
-            self._forward(torch.zeros((1, 1), dtype=torch.long, device=dev))  # allocates the cache (lazy init)
-        self._pos = self.cache.layers[0].cumulative_length  # 0-d device tensor: the position counter
-        self.kv_ptrs = [t.data_ptr() for t in KVWatch.tensors(self.cache)]
-        if mode == "compile":
-            options = {"mode": compile_mode} if compile_backend == "inductor" else {}
-            self._step = torch.compile(
-                self._decode_step, backend=compile_backend, fullgraph=True, dynamic=False, **options
-            )
-        if mode != "eager" and model.device.type == "cuda":
-            self._capture(warmup)
-        elif mode == "compile":  # CPU: the compiled step runs without a graph (tests check tracing this way)
-            with torch.inference_mode():
-                self._step()
-        self.reset()
+        super().__init__(model, max_cache_len, mode, compile_mode, compile_backend, keep_logits, warmup)
 
-    # -- the step ------------------------------------------------------------------------------------------------
-    def _mask(self, n: int) -> torch.Tensor:
-        """[1, 1, n, L] attention mask for n tokens fed at the current position (bool for sdpa, additive else)."""
-        rows = self._pos + torch.arange(n, device=self.slots.device)  # [n] absolute positions
-        allowed = (self.slots[None, :] <= rows[:, None])[None, None]  # [1, 1, n, L]
-        if self.attn == "sdpa":
-            return allowed
-        dt = self.model.dtype
-        return torch.zeros((), dtype=dt, device=rows.device).masked_fill(~allowed, torch.finfo(dt).min)
-
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed ids [1, n] at the current position; returns the last logits [V] (float32)."""
-        n = ids.shape[1]
-        pos = self.cache.layers[0].cumulative_length if self.cache.layers[0].is_initialized else None
-        if pos is None:  # the very first call allocates the cache at position 0
-            position_ids = torch.arange(n, device=ids.device)[None]
-            self._pos = torch.zeros((), dtype=torch.long, device=ids.device)
-        else:
-            self._pos = pos
-            position_ids = (pos + torch.arange(n, device=ids.device))[None]  # [1, n]
-        out = self.model.hf(
-            input_ids=ids,
-            attention_mask=self._mask(n),
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.kw: self.cache},
-        )
-        return out.logits[0, -1].float()
-
-    def _decode_step(self) -> None:
-        """One decode token: feeds self.tok at the position, writes logits, argmax into tok and history."""
-        pos = self._pos.clone()
-        logits = self._forward(self.tok)  # [V]
-        nxt = two_stage_argmax(logits, self._cols)
-        if self.keep_logits:
-            self.logits.copy_(logits)
-        self.tok.copy_(nxt.view(1, 1))
-        self.history.index_copy_(0, (pos + 1).view(1), nxt.view(1))
-
-    def _capture(self, warmup: int) -> None:
-        dev = self.model.device
-        t0 = time.perf_counter()
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(max(1, warmup)):  # warm-up (and compile) off the capture
-                self._step()
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
-        self.reset()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self._step()
-        torch.cuda.synchronize(dev)
-        self.setup_s = {"compile_warmup_s": t1 - t0, "capture_s": time.perf_counter() - t1}
-
-    def reset(self) -> None:
-        """Empty the cache in place (addresses unchanged: the captured graph stays valid)."""
-        with torch.inference_mode():
-            self.cache.reset()
-            self.history.zero_()
-        now = [t.data_ptr() for t in KVWatch.tensors(self.cache)]
-        if now != self.kv_ptrs:
-            raise RuntimeError("the static cache was reallocated: the captured graph would read stale addresses")
-
-    def kv_tensors(self) -> list[torch.Tensor]:
-        """The static cache's key and value tensors (their addresses never change: the graph reads them)."""
-        return KVWatch.tensors(self.cache)
-
-    def replay(self) -> None:
-        """One decode step: the captured graph (or the eager step), feeding the token the last step chose."""
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            with torch.inference_mode():
-                self._step()
-
-    @property
-    def position(self) -> int:
-        return int(self._pos.item())
-
-    # -- generation ----------------------------------------------------------------------------------------------
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
         """reset(), then feed the prompt uncaptured; returns its last logits [V] (float32, on device)."""
         n = len(ids)
@@ -245,7 +111,7 @@ class GraphRunner:
         sampling = sampling or Sampling()
         if sampling.do_sample and not self.keep_logits:
             raise ConfigError("sampling needs the step's logits: build the GraphRunner with keep_logits=True")
-        choose = sampling.chooser()
+        choose = sampling.chooser() if sampling.do_sample else None
         hooks, records, tokens = hook_list(on_step), [], []
         host_tok = torch.zeros((1, 1), dtype=torch.long, pin_memory=dev.type == "cuda")
         memory = CacheStep(live_bytes=sum(t.nbytes for t in KVWatch.tensors(self.cache)))
@@ -254,23 +120,8 @@ class GraphRunner:
             start = time.perf_counter()
             n = len(ids) if position == 0 else 1
             with AllocCounter(dev, cpu_proxy=False) as counter:
-                t0 = time.perf_counter()
-                if position == 0:
-                    logits = self.prefill(ids)
-                    self.logits.copy_(logits)
-                else:
-                    self.replay()
-                sync(dev)
-                run = time.perf_counter() - t0
-                if sampling.do_sample:
-                    token = choose(self.logits.cpu().numpy())
-                elif position == 0:
-                    token = int(self.logits.argmax().item())
-                else:
-                    token = int(self.tok.item())  # the graph's own argmax
-                if position == 0 or sampling.do_sample:  # greedy decode: the graph already fed its argmax
-                    host_tok[0, 0] = token
-                    self.tok.copy_(host_tok, non_blocking=True)
+                token, run = self._token_step(ids if position == 0 else None, choose, host_tok)
+            wall = (time.perf_counter() - start) * 1e3
             stop = finish_step(
                 records,
                 hooks,
@@ -280,7 +131,7 @@ class GraphRunner:
                 position=position,
                 n=n,
                 token=token,
-                wall=(time.perf_counter() - start) * 1e3,
+                wall=wall,
                 run=run,
                 memory=memory,
                 n_new=n_new,
@@ -294,18 +145,53 @@ class GraphRunner:
             model, CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, tokens, stop, records
         )
 
+    def _token_step(
+        self, prompt: Sequence[int] | None, choose: Callable[[Any], int] | None, host_tok: torch.Tensor
+    ) -> tuple[int, float]:
+        """One position of ``generate``: the prefill of ``prompt`` or, when it is None, one replay; then the token
+        (sampled by ``choose`` from the logits, else greedy: the graph's own argmax after a replay) and the run's
+        seconds to its sync. A token chosen on the host is copied into the step's input."""
+        dev = self.model.device
+        t0 = time.perf_counter()
+        if prompt is not None:
+            self.logits.copy_(self.prefill(prompt))
+        else:
+            self.replay()
+        sync(dev)
+        run = time.perf_counter() - t0
+        if choose is not None:
+            token = choose(self.logits.cpu().numpy())
+        elif prompt is not None:
+            token = int(self.logits.argmax().item())
+        else:
+            token = int(self.tok.item())  # the graph's own argmax
+        if prompt is not None or choose is not None:  # greedy decode: the graph already fed its argmax
+            host_tok[0, 0] = token
+            self.tok.copy_(host_tok, non_blocking=True)
+        return token, run
 
-def argmax_cols(n: int) -> int:
-    """Row length for the two-stage argmax of n values: the largest divisor of n in [64, 1024], else 0."""
-    return max([c for c in range(64, min(n, 1024) + 1) if n % c == 0] or [0])
 
-
-def two_stage_argmax(x: torch.Tensor, cols: int) -> torch.Tensor:
-    """argmax of a 1-D tensor in two stages (rows of ``cols``, then the rows' maxima): a parallel reduction where
-    torch's argmax reduces a large vocabulary in a single block. Ties resolve to the first index, as argmax does."""
-    n = x.shape[0]
-    if not cols or n % cols or n // cols < 2:
-        return x.argmax()
-    vals, idx = x.view(n // cols, cols).max(dim=1)  # [R], [R]
-    row = vals.argmax()
-    return row * cols + idx.gather(0, row.view(1)).squeeze(0)  # gather: no host sync (capturable)
+def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse: bool) -> None:
+    """GraphRunner's arguments: ConfigError for a bad one or a model it cannot drive, DeviceError for
+    ``mode="capture"`` off CUDA."""
+    if not isinstance(model, TorchModel):
+        raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
+    check_choice(mode, MODES, "mode=")
+    attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
+    if attn not in (*ATTENTION, *(name for name, _ in DECODE_ATTENTION.values())):
+        raise ConfigError(
+            f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
+            "with a 4-D mask (load(..., attn_implementation='sdpa'))"
+        )
+    if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
+        raise ConfigError(f"max_cache_len={max_cache_len!r} must be an int >= 2")
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    if ctx and max_cache_len > ctx:
+        raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")
+    if mode == "capture" and model.device.type != "cuda":
+        raise DeviceError(
+            f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
+            "'cuda' or use mode='eager'"
+        )
+    if attention != "sdpa" and not fuse:
+        raise ConfigError(f"attention={attention!r} is one of fuse_modules' rewrites: pass fuse=True with it")
