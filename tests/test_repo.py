@@ -52,3 +52,35 @@ def test_environment_yml_lists_the_pyproject_dependencies():
     post = (REPO / "postBuild").read_text()
     assert f"pip install --no-deps {' '.join(setup['NO_DEPS'])}" in post
     assert f'--name {setup["KERNEL"][0]} --display-name "{setup["KERNEL"][1]}"' in post
+    assert "npm ci --ignore-scripts --omit=optional --prefix kvlab/web" in post, "Binder installs the runner's assets"
+
+
+def test_requires_python_is_the_one_setup_py_checks():
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert declared == ">=3.11" and "MIN_PYTHON = (3, 11)" in (REPO / "scripts" / "setup.py").read_text()
+
+
+def test_a_built_wheel_carries_the_browser_runners_files(tmp_path):
+    """A non-editable install (a wheel, as on a laptop or a JupyterHub image) has the page and the JavaScript the
+    browser runner serves, and the npm manifest its assets come from. Built from the tracked files alone, as a clean
+    checkout has them (a checkout's own egg-info would list the files whatever pyproject.toml says)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, tracked.split("\0")):
+        if (REPO / name).is_file() and not name.startswith(("data/", "notebooks/", "docs/")):
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, src]
+    subprocess.run(pip, check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("kvlab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {str(p.relative_to(REPO)) for p in (REPO / "kvlab" / "web" / "js").iterdir()}
+    shipped |= {"kvlab/web/package.json", "kvlab/web/package-lock.json"}
+    assert shipped <= names, sorted(shipped - names)
