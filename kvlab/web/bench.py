@@ -32,7 +32,7 @@ from ..core.labels import cpu_adapter
 from ..ort import generate
 from ..ort.models.loading import Model, load
 from .assets import versions
-from .job import make_job
+from .job import Job, make_job
 from .results import BrowserGeneration, BrowserResult
 from .run import run_job
 
@@ -60,26 +60,13 @@ def row_of(
     fitted: bool,
 ) -> dict[str, Any]:
     """One results row for one cache at one context (``runs``: its measured rounds, in order; ``fitted``: a static
-    cache sized for this run, not given a size)."""
+    cache sized for this run, not given a size): where it ran, the cache, its step times against the dynamic
+    cache's, its buffer counts per step, and the first round's tokens and per-step values."""
     g = runs[0]
-    medians = [float(np.median(_decode(r))) for r in runs]
-    paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] if dynamic else []
     spec = g.cache
     equal = all(r.token_ids == reference for r in runs)
-    entry = model.info.entries[0]
     return {
-        "model": model.name,
-        "device": "webgpu",
-        "adapter": str(result.adapter),
-        "adapter_kind": result.adapter.kind,
-        "host": str(result.host),
-        "host_kind": result.host.kind,
-        "precision": precision_of(model),
-        "weights": model.info.weights,
-        "buffer_cache_mode": buffer_cache_mode or "bucket",
-        "dtype": model.info.dtype_name,
-        "context": context,
-        "kv_tensor_mib": entry.nbytes(context) / MiB,
+        **_where(model, context, result, buffer_cache_mode),
         "new_tokens": len(g.token_ids),
         "variant": spec.name,
         "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
@@ -92,6 +79,43 @@ def row_of(
         "reps": len(runs),
         "valid": equal,
         "tokens_equal": equal,
+        **_timings(runs, dynamic),
+        **_buffers_per_step(runs),
+        "released_buffers": g.release["buffers_destroyed"] if g.release else None,
+        "tokens": list(g.token_ids),
+        "step_wall_ms": [r.wall_ms for r in g.records],
+        "step_run_ms": [r.run_ms for r in g.records],
+        "step_gpu_buffers_created": [r.gpu_buffers_created for r in g.records],
+        "step_gpu_buffers_destroyed": [r.gpu_buffers_destroyed for r in g.records],
+        "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
+        "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
+    }
+
+
+def _where(model: Model, context: int, result: BrowserResult, buffer_cache_mode: str) -> dict[str, Any]:
+    """The row's model, the host and adapter the page ran on, and the context with one KV tensor's size there."""
+    return {
+        "model": model.name,
+        "device": "webgpu",
+        "adapter": str(result.adapter),
+        "adapter_kind": result.adapter.kind,
+        "host": str(result.host),
+        "host_kind": result.host.kind,
+        "precision": precision_of(model),
+        "weights": model.info.weights,
+        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "dtype": model.info.dtype_name,
+        "context": context,
+        "kv_tensor_mib": model.info.entries[0].nbytes(context) / MiB,
+    }
+
+
+def _timings(runs: list[BrowserGeneration], dynamic: list[BrowserGeneration]) -> dict[str, Any]:
+    """The median decode step over the rounds (each round's median), its spread, and its ratio to the dynamic
+    cache's paired by round (1 without a dynamic cache); the prefill's median."""
+    medians = [float(np.median(_decode(r))) for r in runs]
+    paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] if dynamic else []
+    return {
         "decode_ms": float(np.median(medians)),
         "decode_ms_min": float(min(medians)),
         "decode_ms_max": float(max(medians)),
@@ -102,20 +126,19 @@ def row_of(
         "ratio_max": float(max(paired)) if paired else 1.0,
         "tokens_per_s": 1000.0 / float(np.median(medians)),
         "prefill_ms": float(np.median([r.records[0].wall_ms for r in runs])),
-        "tensors_per_step": float(np.mean([_per_step(r, "cache_tensors_allocated") for r in runs])),
-        "gpu_buffers_per_step": float(np.mean([_per_step(r, "gpu_buffers_created") for r in runs])),
-        "storage_buffers_per_step": float(np.mean([_per_step(r, "storage_buffers_created") for r in runs])),
-        "staging_buffers_per_step": float(np.mean([_per_step(r, "staging_buffers_created") for r in runs])),
-        "new_buffers_per_step": float(np.mean([_per_step(r, "new_buffers") for r in runs])),
-        "released_buffers": g.release["buffers_destroyed"] if g.release else None,
-        "tokens": list(g.token_ids),
-        "step_wall_ms": [r.wall_ms for r in g.records],
-        "step_run_ms": [r.run_ms for r in g.records],
-        "step_gpu_buffers_created": [r.gpu_buffers_created for r in g.records],
-        "step_gpu_buffers_destroyed": [r.gpu_buffers_destroyed for r in g.records],
-        "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
-        "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
     }
+
+
+def _buffers_per_step(runs: list[BrowserGeneration]) -> dict[str, float]:
+    """Tensors and GPU buffers created per decode step, averaged over the rounds."""
+    columns = {
+        "tensors_per_step": "cache_tensors_allocated",
+        "gpu_buffers_per_step": "gpu_buffers_created",
+        "storage_buffers_per_step": "storage_buffers_created",
+        "staging_buffers_per_step": "staging_buffers_created",
+        "new_buffers_per_step": "new_buffers",
+    }
+    return {key: float(np.mean([_per_step(r, column) for r in runs])) for key, column in columns.items()}
 
 
 def precision_of(model: Model) -> str:
@@ -198,34 +221,10 @@ def browser_bench(
         t0 = time.monotonic()
         result = run_job(job, host=host, adapter=adapter, timeout=timeout)
         results.append(result)
-        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
-        if reference == "cpu":
-            ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new_tokens, stop_on_eos=False).token_ids
-        else:  # the first cache's first measured round: every run of every cache is compared with it
-            ref = next(iter(by_name.values()))[0].token_ids
-        dynamic = by_name.get("dynamic", [])
-        fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
-        for name, measured in by_name.items():
-            rows.append(row_of(model, context, measured, dynamic, ref, result, buffer_cache_mode, name in fitted))
-        for g in result.generations:
-            runs.append(
-                {
-                    "model": model.name,
-                    "context": context,
-                    "cache": g.cache.name,
-                    "impl": g.impl,
-                    "rep": g.rep,
-                    "warmup": g.warmup,
-                    "release": g.release,
-                    "steps": [asdict(r) for r in g.records],
-                }
-            )
-        parts = [
-            f"{r['variant']} {r['decode_ms']:.1f} ms/step, {r['storage_buffers_per_step']:g} storage buffers/step, "
-            f"tokens equal: {r['tokens_equal']}"
-            for r in rows[-len(by_name) :]
-        ]
-        on_line(f"{model.name} context {context}: " + "; ".join(parts) + f" [{time.monotonic() - t0:.0f} s]")
+        page = _page_rows(model, context, job, result, caches, reference, buffer_cache_mode)
+        rows += page
+        runs += [_run_of(model, context, g) for g in result.generations]
+        on_line(_page_line(model, context, page, time.monotonic() - t0))
     plan = {
         "models": [m.name for m in loaded],
         "contexts": list(contexts),
@@ -238,3 +237,52 @@ def browser_bench(
         "reference": reference,
     }
     return {"environment": environment(results, host, adapter), "plan": plan, "rows": rows, "runs": runs}
+
+
+def _page_rows(
+    model: Model,
+    context: int,
+    job: Job,
+    result: BrowserResult,
+    caches: Sequence[str],
+    reference: str,
+    buffer_cache_mode: str,
+) -> list[dict[str, Any]]:
+    """One row per cache of a finished page, each compared with the reference tokens: kvlab's CPU EP run of the
+    same prompt (``reference="cpu"``) or the first cache's first measured round."""
+    by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
+    if reference == "cpu":
+        new = job.max_new_tokens
+        ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new, stop_on_eos=False).token_ids
+    else:  # the first cache's first measured round: every run of every cache is compared with it
+        ref = next(iter(by_name.values()))[0].token_ids
+    dynamic = by_name.get("dynamic", [])
+    fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
+    return [
+        row_of(model, context, measured, dynamic, ref, result, buffer_cache_mode, name in fitted)
+        for name, measured in by_name.items()
+    ]
+
+
+def _run_of(model: Model, context: int, g: BrowserGeneration) -> dict[str, Any]:
+    """One run of a page as ``result["runs"]`` keeps it: which cache and round, its release, every step record."""
+    return {
+        "model": model.name,
+        "context": context,
+        "cache": g.cache.name,
+        "impl": g.impl,
+        "rep": g.rep,
+        "warmup": g.warmup,
+        "release": g.release,
+        "steps": [asdict(r) for r in g.records],
+    }
+
+
+def _page_line(model: Model, context: int, rows: list[dict[str, Any]], seconds: float) -> str:
+    """The progress line of a finished page: each cache's step time, storage buffers per step and tokens."""
+    parts = [
+        f"{r['variant']} {r['decode_ms']:.1f} ms/step, {r['storage_buffers_per_step']:g} storage buffers/step, "
+        f"tokens equal: {r['tokens_equal']}"
+        for r in rows
+    ]
+    return f"{model.name} context {context}: " + "; ".join(parts) + f" [{seconds:.0f} s]"
