@@ -1,0 +1,145 @@
+"""Steady under load? The CPU EP's decode step with the machine quiet and with CPU-bound processes competing for
+its cores, for kvlab's static cache and onnxruntime-genai, paired by round.
+
+    python -m kvlab.bench.load [--model smollm2] [--context 1024] [--new-tokens 16] [--rounds 3]
+                               [--load N] [--settings default,spinning=off,threads=1] [--out DIR]
+
+Each setting (the CPU EP options kvlab opens its device with: ``kvlab.ort.open_device("cpu", ...)``; genai keeps
+its own defaults) runs in a process of its own, since a process has one CPU device. Within it every round runs
+both variants quiet and loaded, the order of conditions and of variants alternating from round to round; the
+ratio loaded/quiet is taken per round (paired) and its median reported with its range. The load is ``N`` Python
+processes spinning on arithmetic (default: one per core), started before and stopped after each loaded block,
+exactly once whatever happens (Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+
+SPIN = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\nwhile True: pass"
+SETTINGS = {"default": {}, "spinning=off": {"spinning": False}, "threads=1": {"threads": 1}}
+
+
+@contextmanager
+def competing(n: int) -> Iterator[list[subprocess.Popen]]:
+    """``n`` CPU-bound processes, running (each has said so) for the block, then killed and reaped."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            p.stdout.readline()
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+            p.stdout.close()
+
+
+def check_setting(name: str) -> dict[str, Any]:
+    if name not in SETTINGS:
+        raise ConfigError(f"setting {name!r} is not valid; choose from {', '.join(SETTINGS)}")
+    return SETTINGS[name]
+
+
+def measure(model_name: str, context: int, new: int, rounds: int, load: int, setting: str) -> dict[str, Any]:
+    """One setting, in this process: each variant's median decode step quiet and loaded, per round."""
+    from ..ort import StaticCache, open_device
+    from ..ort import load as load_model
+    from .machine import memory_bandwidth
+    from .plan import prompt_ids
+    from .results import environment
+    from .variants import GenaiPeer, run_kvlab
+
+    device = open_device("cpu", **check_setting(setting))
+    model = load_model(model_name)
+    ids = prompt_ids(model, context)
+    genai = GenaiPeer(model, "cpu")
+    runs = {
+        "kvlab static": lambda: run_kvlab(model, ids, lambda: StaticCache(context + new), device, new),
+        "genai": lambda: genai.run(ids, new),
+    }
+    tokens = {name: run().token_ids for name, run in runs.items()}  # warm-up, and the tokens to compare
+    times: dict[str, dict[str, list[float]]] = {name: {"quiet": [], "loaded": []} for name in runs}
+    for r in range(rounds):
+        for condition in ("quiet", "loaded") if r % 2 == 0 else ("loaded", "quiet"):
+            with competing(load if condition == "loaded" else 0):
+                for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                    times[name][condition].append(runs[name]().decode_ms)
+    return {
+        "setting": setting,
+        "cpu_ep_options": device.ep_options,
+        "tokens_equal": tokens["kvlab static"] == tokens["genai"],
+        "variants": {name: summary(t) for name, t in times.items()},
+        "environment": environment(memory_bandwidth(), genai.huge_pages),
+    }
+
+
+def summary(t: dict[str, list[float]]) -> dict[str, Any]:
+    ratios = [b / a for a, b in zip(t["quiet"], t["loaded"])]
+    return {
+        "quiet_ms": float(np.median(t["quiet"])),
+        "loaded_ms": float(np.median(t["loaded"])),
+        "loaded_over_quiet": float(np.median(ratios)),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "quiet_ms_runs": t["quiet"],
+        "loaded_ms_runs": t["loaded"],
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    v = result["variants"]
+    cells = [
+        f"{name} {s['quiet_ms']:.1f} -> {s['loaded_ms']:.1f} ms (x{s['loaded_over_quiet']:.2f}, "
+        f"{s['ratio_min']:.2f}-{s['ratio_max']:.2f})"
+        for name, s in v.items()
+    ]
+    return f"{result['setting']}: " + "; ".join(cells) + f"; tokens equal: {result['tokens_equal']}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kvlab.bench.load", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--load", type=int, default=os.cpu_count() or 1, help="competing processes (default: one a core)")
+    ap.add_argument("--settings", default="default,spinning=off")
+    ap.add_argument("--out", type=Path, help="write results.json there")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # run one setting in this process, print its JSON
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.model, args.context, args.new_tokens, args.rounds, args.load, args.one)))
+        return
+    names = args.settings.split(",")
+    for name in names:
+        check_setting(name)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)  # before any measuring: a bad path fails now
+    results = []
+    for name in names:
+        child = [sys.executable, "-m", "kvlab.bench.load", *(argv if argv is not None else sys.argv[1:]), "--one", name]
+        out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+        print(report(results[-1]), flush=True)
+    if args.out is not None:
+        (args.out / "results.json").write_text(json.dumps({"rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
