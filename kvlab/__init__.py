@@ -22,13 +22,16 @@ from .core import (
     InPlaceError,
     KvlabError,
     ModelError,
+    PromptLookup,
     Recorder,
     Sampling,
     StepRecord,
+    Turn,
 )
 from .core.cache import Cache
 from .ort import (
     CapturedStaticCache,
+    Conversation,
     DynamicCache,
     Model,
     ModelInfo,
@@ -49,6 +52,9 @@ __all__ = [
     "CapturedStaticCache",
     "make_cache",
     "generate",
+    "Conversation",
+    "Turn",
+    "PromptLookup",
     "Generation",
     "Sampling",
     "Stepper",

@@ -2,11 +2,13 @@
 result, the cache contract and lifecycle, errors."""
 
 from .cache import Cache
+from .conversation import Turn
 from .errors import CacheStateError, CapacityError, ConfigError, DeviceError, InPlaceError, KvlabError, ModelError
 from .frames import Recorder
 from .generation import Generation, Sampling
 from .labels import Adapter, CacheSpec, DeviceLabel
 from .layout import CacheLayout, KVLayout, LayerSpec, MemoryReport
+from .lookup import PromptLookup
 from .records import COLUMNS, CacheStep, StepRecord
 
 __all__ = [
@@ -28,7 +30,9 @@ __all__ = [
     "LayerSpec",
     "MemoryReport",
     "ModelError",
+    "PromptLookup",
     "Recorder",
     "Sampling",
     "StepRecord",
+    "Turn",
 ]

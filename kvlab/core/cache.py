@@ -47,6 +47,11 @@ class CacheSteps(CacheState):
         self._lost = ""  # why the slots no longer match seq_length (until reset)
         self._runs = 0
 
+    @property
+    def lost(self) -> str:
+        """Why the slots no longer match ``seq_length`` ("" when they do): the cache refuses steps until a reset."""
+        return self._lost
+
     def check_capacity(self, positions: int) -> None:
         """Raise CapacityError when ``positions`` positions do not fit. No side effects."""
 
@@ -147,6 +152,7 @@ class Cache(CacheSteps):
         super().__init__()
         self._user = OneAtATime()  # the generation using the cache (``use``)
         self._disposed = False
+        self.epoch = 0  # uses so far: who remembers it knows whether another use came between two of its own
 
     @property
     def spec(self) -> CacheSpec:
@@ -167,11 +173,18 @@ class Cache(CacheSteps):
     def __exit__(self, *exc: object) -> None:
         self.dispose()
 
+    @property
+    def capacity(self) -> int | None:
+        """The most positions this cache holds (None: no limit of its own; the model's context length applies)."""
+        return None
+
     @contextmanager
-    def use(self, info: Any, device: Any, positions: int) -> Iterator[Cache]:
+    def use(self, info: Any, device: Any, positions: int, keep: bool = False) -> Iterator[Cache]:
         """Hold the cache for one generation of ``positions`` positions of the model ``info`` describes (its
-        ``name`` and ``layout``) on ``device``, starting from an empty sequence. Raises CacheStateError (disposed,
-        in use, bound to another model or device) and CapacityError (``positions`` do not fit)."""
+        ``name`` and ``layout``) on ``device``, starting from an empty sequence; ``keep=True``: from the sequence it
+        holds (a conversation's next turn; ``positions`` counts the held ones too). Every use counts in ``epoch``.
+        Raises CacheStateError (disposed, in use, bound to another model or device) and CapacityError
+        (``positions`` do not fit)."""
         self._check_alive()
         busy = CacheStateError(
             f"this {self.kind} cache is in use by another generation; a cache serves one "
@@ -186,7 +199,9 @@ class Cache(CacheSteps):
                     "shorten the prompt or max_new_tokens"
                 )
             self.check_capacity(positions)
-            self._reset()
+            if not keep:
+                self._reset()
+            self.epoch += 1
             self._allocate()
             yield self
 
@@ -245,7 +260,8 @@ class Cache(CacheSteps):
             raise CacheStateError(self._lost)
         if n < self.seq_length:
             self._crop(n)
-            self._lost = self._lost if n else ""
+        if not n:  # a sequence started over reads no state: what a failed step left in them is never read
+            self._lost, self._step = "", ""
 
     def dispose(self) -> None:
         """Release every buffer. Idempotent; any later use is a CacheStateError (as is disposing while in use)."""

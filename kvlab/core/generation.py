@@ -137,10 +137,10 @@ def positions_needed(prompt_tokens: int, new_tokens: int) -> int:
     return prompt_tokens + new_tokens - 1
 
 
-def check_new_tokens(max_new_tokens: Any) -> int:
-    """``max_new_tokens`` as an int when it is a positive int; else ConfigError."""
+def check_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> int:
+    """``max_new_tokens`` (or another count, ``name``) as an int when it is a positive int; else ConfigError."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a positive int")
+        raise ConfigError(f"{name}={max_new_tokens!r} must be a positive int")
     return int(max_new_tokens)
 
 

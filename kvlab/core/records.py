@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # column -> (meaning, "exact" | "proxy" | "label")
 COLUMNS: dict[str, tuple[str, str]] = {
     "step": ("0 for the prefill (and the handoff that moves it), then 1, 2, ... per decode step", "exact"),
-    "phase": ("'prefill', 'handoff' (the prefill's KV copied to the decode device) or 'decode'", "label"),
+    "phase": (
+        "'prefill', 'handoff' (the prefill's KV copied to the decode device), 'decode', or 'verify' (a decode step "
+        "that also checks tokens proposed by prompt lookup)",
+        "label",
+    ),
     "device": ("device that ran the step ('cpu', 'webgpu' or 'cuda'; for a handoff, the one copied to)", "label"),
     "copied_from": ("for a handoff, the device the KV was copied from; '' otherwise", "label"),
     "position": ("cache length before the step: the position of the first token fed", "exact"),
@@ -45,6 +49,19 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "includes everything else the process holds",
         "proxy",
     ),
+    "turn": ("the conversation turn the step belongs to (1, 2, ...); 0 outside a conversation", "exact"),
+    "reused": (
+        "on a conversation turn's first step: cache positions kept from before the turn and not fed again; 0 on "
+        "every other step",
+        "exact",
+    ),
+    "prefilled": ("positions a prefill step fed (its n_tokens); 0 on decode, verify and handoff steps", "exact"),
+    "drafted": ("tokens prompt lookup proposed and this step verified (0 without lookup)", "exact"),
+    "accepted": (
+        "of those, the tokens the model's own greedy choice confirmed, kept in the cache; the step also yields the "
+        "model's next token after them",
+        "exact",
+    ),
 }
 
 
@@ -67,6 +84,12 @@ class StepRecord:
     used_cache_bytes: int
     copy_bytes: int
     rss_bytes: int
+    # the columns a conversation and prompt lookup fill (keyword-only, 0 by default: every other loop leaves them)
+    turn: int = field(default=0, kw_only=True)
+    reused: int = field(default=0, kw_only=True)
+    prefilled: int = field(default=0, kw_only=True)
+    drafted: int = field(default=0, kw_only=True)
+    accepted: int = field(default=0, kw_only=True)
 
 
 assert [f.name for f in fields(StepRecord)] == list(COLUMNS), "COLUMNS must document every StepRecord field"

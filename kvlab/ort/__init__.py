@@ -4,6 +4,7 @@ loop."""
 
 from .decode.caches import DynamicCache, StaticCache, make_cache
 from .decode.capture import CapturedStaticCache
+from .decode.conversation import Conversation
 from .decode.generate import generate
 from .decode.stepper import Stepper
 from .models.loading import Model, ModelInfo, load
@@ -11,6 +12,7 @@ from .runtime.device import Device, close_device, open_device, opened
 
 __all__ = [
     "CapturedStaticCache",
+    "Conversation",
     "Device",
     "DynamicCache",
     "Model",

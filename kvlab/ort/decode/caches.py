@@ -93,6 +93,10 @@ class StaticCache(OrtCache):
         return CacheSpec(self.kind, self.max_cache_len, variant)
 
     @property
+    def capacity(self) -> int:
+        return self.max_cache_len
+
+    @property
     def allocated(self) -> bool:
         return bool(self.tensors)
 

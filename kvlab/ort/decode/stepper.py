@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...core.cache import Cache
-from ...core.errors import ConfigError, check_choice
+from ...core.errors import ConfigError, check_choice, check_flag
 from ...core.generation import greedy
 from ...core.owner import OneBlock
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
@@ -35,7 +35,8 @@ LOGITS_OUT = ("last", "all", "none")
 
 class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its ``with`` block
-    (``with Stepper(model, cache, device, needed) as s:``), for at most ``needed`` positions.
+    (``with Stepper(model, cache, device, needed) as s:``), for at most ``needed`` positions, from an empty sequence
+    (``keep=True``: from the one the cache holds, counted in ``needed``; a conversation's next turn).
 
     ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
     logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
@@ -50,8 +51,9 @@ class Stepper:
         needed: int,
         hooks: Sequence[StepHook] = (),
         token_on_device: bool | str = False,
+        keep: bool = False,
     ):
-        model, device = load(model), open_device(device)
+        model, device, self.keep = load(model), open_device(device), check_flag("keep", keep)
         if not isinstance(cache, OrtCache):
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
         reduction = reduction_of(token_on_device)
@@ -68,14 +70,11 @@ class Stepper:
         self._block = OneBlock("Stepper", "`with Stepper(...) as s:`")  # entered once, one step at a time
         self.steps = 0
 
-    @property
-    def needed(self) -> int:
-        """``positions``, by the name of the argument."""
-        return self.positions
+    needed = property(lambda self: self.positions, doc="``positions``, by the name of the argument.")
 
     def __enter__(self) -> Stepper:
         with self._block.opening():
-            self._cache_held = self.cache.use(self.model.info, self.device, self.positions)
+            self._cache_held = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep)
             self._cache_held.__enter__()
             if self.token_on_device:
                 try:
@@ -95,10 +94,17 @@ class Stepper:
             self._cache_held.__exit__(*exc)
 
     def step(
-        self, tokens: Any, choose: Callable[[np.ndarray], int] | None = None, logits_out: str = "last"
+        self,
+        tokens: Any,
+        choose: Callable[[np.ndarray], int] | None = None,
+        logits_out: str = "last",
+        pick: Callable[[np.ndarray], tuple[int, dict[str, Any]]] | None = None,
+        **columns: Any,
     ) -> tuple[np.ndarray | None, StepRecord]:
         """Feed ``tokens`` [n]; returns a copy of the logits ("last": [vocab], "all": [n, vocab], "none": None)
-        and the step's record. ``choose`` picks the token from the last logits (default greedy). Raises ConfigError
+        and the step's record. ``choose`` picks the token from the last logits (default greedy); ``pick``, instead,
+        from every position's logits [n, vocab], returning it and record columns it decides (prompt lookup's
+        verification); ``columns`` set record columns the caller knows (``phase``, ``turn``, ...). Raises ConfigError
         (bad tokens, more positions than the stepper was opened for), CacheStateError (outside its with block, a
         step of another thread running) and what the cache and the run raise; a failed step leaves the cache as it
         was."""
@@ -113,21 +119,23 @@ class Stepper:
                     f"step of {n} tokens at position {position} exceeds the {self.positions} positions this "
                     "stepper was opened for"
                 )
-            on_device = logits_out == "none" and choose in (None, greedy) and self._device_token is not None
+            on_device = (
+                logits_out == "none" and choose in (None, greedy) and not pick and self._device_token is not None
+            )
             info = self.model.info
             logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
             result, memory = self._run(tokens, position, logits, on_device)
             try:
                 if on_device:
-                    out, token = None, self._device_token.written()
+                    out, token, picked = None, self._device_token.written(), {}
                 else:
                     last = logits[0, -1]
                     out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
-                    token = (choose or greedy)(last)
-                phase, run_seconds = "prefill" if position == 0 else "decode", result.seconds + result.bind_seconds
-                record = self._record(
-                    memory, start, run_seconds, phase=phase, position=position, n_tokens=n, token=token
-                )
+                    token, picked = pick(logits[0]) if pick else ((choose or greedy)(last), {})
+                fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
+                fields.setdefault("prefilled", n if fields["phase"] == "prefill" else 0)
+                fields.update(position=position, n_tokens=n, token=token)
+                record = self._record(memory, start, result.seconds + result.bind_seconds, **fields)
             except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
                 self.cache.rollback(n)
                 raise
@@ -173,15 +181,19 @@ class Stepper:
     def receive(self, src: Cache) -> StepRecord:
         """Take over the sequence another stepper's cache holds (a prefill on another device): a 'handoff' step."""
         with self._block.call("receive"):
-            start = time.perf_counter()
-            memory, copied = self.cache.receive(src)
-            if self._device_token is not None:
-                self._device_token.forget()
-            self.steps = 0  # the handoff is step 0, with the prefill it carries over
-            handoff = {"phase": "handoff", "copied_from": src.device.name, "copy_bytes": copied}
-            record = self._record(memory, start, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
-            self.steps = 1  # the next step is the first decode step
-            return record
+            return _handoff(self, src)
+
+
+def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
+    start = time.perf_counter()
+    memory, copied = stepper.cache.receive(src)
+    if stepper._device_token is not None:
+        stepper._device_token.forget()
+    stepper.steps = 0  # the handoff is step 0, with the prefill it carries over
+    handoff = {"phase": "handoff", "copied_from": src.device.name, "copy_bytes": copied}
+    record = stepper._record(memory, start, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
+    stepper.steps = 1  # the next step is the first decode step
+    return record
 
 
 def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) -> Session:

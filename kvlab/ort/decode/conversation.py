@@ -1,0 +1,270 @@
+"""``Conversation``: a chat that keeps its cache between turns on ONNX Runtime. Each turn opens a ``Stepper`` that
+keeps the sequence the cache holds (``keep=True``) and prefills only the positions it lacks; the history, the plan
+of a turn and its capacity check are backend-neutral (``kvlab.core.conversation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ...core.conversation import History, Turn, TurnPlan, chat_delta, plan_turn
+from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag
+from ...core.generation import attach_partial, check_new_tokens, check_sampling, stop_reason
+from ...core.labels import RunLabel
+from ...core.lookup import PromptLookup
+from ...core.records import StepHook, StepRecord, hook_list
+from ..models.loading import Model, load
+from ..runtime.device import Device, open_device
+from .caches import DynamicCache, OrtCache
+from .lookup import NO_CROP, lookup_steps
+from .stepper import Stepper
+
+
+class Conversation:
+    """A conversation with ``model`` on ``device`` whose ``cache`` (default: a DynamicCache of its own, disposed by
+    ``close()``) is kept between turns: ``say(message)`` feeds only the positions the cache does not hold, and
+    returns the turn (a ``Generation``: ``kvlab.core.conversation.Turn``). ``rewind(n)`` keeps the first ``n``
+    positions, ``rewind_turn()`` goes back to the start of the last turn (edit the last message: rewind it, say it
+    again). ``system``: a system prompt for text turns. ``on_step``: hooks for every step's record.
+
+    Caches whose layers keep states (conv, recurrent: ``layout.states``) refuse ``crop(n)`` by name, and a
+    conversation does not keep snapshots of them: a snapshot serves only the position it was taken at, costs the
+    states' bytes per turn on every turn whether or not it is ever rewound to, and would make a rewind's cost depend on
+    where one stops. Instead, a rewind (or a failed turn) empties such a cache, and the next turn prefills the whole
+    history again: its records say so (``reused`` 0). KV caches crop: a rewind costs nothing (fixed KV) or one copy
+    of the kept positions (growing KV).
+
+    A failed turn (an error or Ctrl-C at any step) leaves the history and the cache as they were after the previous
+    turn (a state cache: empty, see above); a turn that does not fit is a CapacityError before any work. Raises
+    ConfigError for a bad argument, CacheStateError once closed."""
+
+    def __init__(
+        self,
+        model: Model | str,
+        cache: OrtCache | None = None,
+        device: Device | str = "cpu",
+        system: str | None = None,
+        on_step: StepHook | Iterable[StepHook] | None = None,
+    ):
+        self.model, self.device = load(model), open_device(device)
+        if cache is not None and not isinstance(cache, OrtCache):
+            raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
+        if system is not None and not isinstance(system, str):
+            raise ConfigError(f"system={system!r:.60} must be a str (the system prompt) or None")
+        self._own, self.cache = cache is None, DynamicCache() if cache is None else cache
+        self.history = History(messages=[{"role": "system", "content": system}] if system else [])
+        self.hooks = hook_list(on_step)
+        self._epoch = -1  # the cache's epoch after this conversation last used it: another use in between is seen
+        self._closed = False
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the conversation: its own cache is disposed (once; a cache given to it stays the caller's)."""
+        if not self._closed and self._own:
+            self.cache.dispose()
+        self._closed = True
+
+    @property
+    def ids(self) -> list[int]:
+        """Every position of the conversation so far (inputs and replies)."""
+        return list(self.history.ids)
+
+    @property
+    def turns(self) -> list[Turn]:
+        return list(self.history.turns)
+
+    @property
+    def held(self) -> int:
+        """Positions of the history the cache holds now (0 when another use of the cache came in between)."""
+        c = self.cache
+        if c.disposed or c.epoch != self._epoch or c.seq_length > len(self.history.ids):
+            return 0
+        return c.seq_length
+
+    @property
+    def capacity(self) -> tuple[int, str]:
+        """The most positions a conversation may reach, and what sets it."""
+        context, cap = self.model.info.context_length, self.cache.capacity
+        if cap is not None and cap < context:
+            return cap, f"max_cache_len of the {self.cache.kind} cache"
+        return context, f"model {self.model.name}'s context length"
+
+    def say(
+        self,
+        message: str | Any,
+        max_new_tokens: int = 32,
+        *,
+        sampling: Any = None,
+        stop_on_eos: bool = True,
+        lookup: PromptLookup | None = None,
+        prefill_chunk: int | None = None,
+    ) -> Turn:
+        """One turn: ``message`` (text, rendered with the model's chat template after the conversation so far; or
+        token ids, taken as they are), then up to ``max_new_tokens`` tokens of reply. ``lookup``: greedy
+        prompt-lookup decoding (``kvlab.core.lookup``; the same tokens, several per step). ``prefill_chunk``: feed
+        the positions the cache lacks in steps of at most this many (None: one step; 1 where a package's multi-token
+        steps are wrong, ``kvlab.ort.runtime.builtin``). Raises ConfigError,
+        ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
+        conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
+        self._check_open()
+        new_tokens = check_new_tokens(max_new_tokens)
+        check_flag("stop_on_eos", stop_on_eos)
+        choose = check_sampling(sampling, self.model.info.vocab_size).chooser()
+        if lookup is not None and not isinstance(lookup, PromptLookup):
+            raise ConfigError(f"lookup={lookup!r:.60} must be a kvlab.PromptLookup (e.g. PromptLookup(k=5)) or None")
+        if lookup is not None and sampling is not None and sampling.do_sample:
+            raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
+        if prefill_chunk is not None:
+            prefill_chunk = check_new_tokens(prefill_chunk, "prefill_chunk")
+        new_ids, user = self._input(message)
+        plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
+        text = message if isinstance(message, str) else None
+        turn = self._run(plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
+        self.history.add(turn, user)
+        return turn
+
+    def rewind(self, n: int) -> None:
+        """Keep the first ``n`` positions of the conversation (0 <= n <= len(ids)); the cache keeps what it holds of
+        them (a state cache empties, see the class docstring). ConfigError for another ``n``; nothing changes then."""
+        self._check_open()
+        h = self.history
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(h.ids):
+            raise ConfigError(f"rewind({n!r}): n must be an int from 0 to the {len(h.ids)} positions of the history")
+        if n < self.held:
+            self.cache.crop(0 if self.model.info.layout.states else n)
+        h.rewind(n, self.model.decode)
+
+    def rewind_turn(self) -> Turn:
+        """Go back to the start of the last turn (as if it had never been said) and return it; ConfigError when
+        there is no turn."""
+        self._check_open()
+        if not self.history.turns:
+            raise ConfigError("rewind_turn(): the conversation has no turn yet")
+        last = self.history.turns[-1]
+        self.rewind(last.start)
+        return last
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheStateError("this conversation was closed; start a new kvlab.Conversation")
+
+    def _input(self, message: Any) -> tuple[list[int], str]:
+        """The turn's token ids, and its user message's text."""
+        m = self.model
+        if isinstance(message, str):
+            if m.chat_template is None:
+                raise ModelError(f"model {m.name} has no chat template; say the turn as token ids (model.encode(text))")
+            last = self.history.ids[-1:] if self.history.turns else []
+            closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
+            text = chat_delta(m.apply_chat_template, self.history.messages, message, closed)
+            try:
+                return m.tokenizer.encode(text, add_special_tokens=False).ids, message
+            except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
+                raise ConfigError(
+                    f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text"
+                ) from exc
+        if isinstance(message, (list, tuple, np.ndarray)) and len(message):
+            ids = m.check_ids(message).tolist()
+            return ids, m.decode(ids)
+        raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
+
+    def _run(
+        self,
+        plan: TurnPlan,
+        new_ids: list[int],
+        message: str | None,
+        new_tokens: int,
+        choose: Any,
+        eos: bool,
+        lookup: Any,
+        chunk: int | None,
+    ) -> Turn:
+        """The turn's steps on a stepper that keeps the cache's sequence; on any failure, the cache goes back."""
+        records: list[StepRecord] = []
+        tokens: list[int] = []
+        prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
+        why = NO_CROP if lookup is not None and self.model.info.layout.states else ""
+
+        def stop() -> str | None:
+            return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)
+
+        def turn(reason: str) -> Turn:
+            return self._turn(plan, prompt, tokens, records, reason, index, message, why)
+
+        stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
+        try:
+            with stepper:
+                try:
+                    if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
+                        self.cache.crop(0)
+                    for i in range(0, len(plan.feed), chunk or len(plan.feed)):
+                        part, reused = plan.feed[i : i + (chunk or len(plan.feed))], 0 if i else plan.reused
+                        _, rec = stepper.step(part, choose, "none", phase="prefill", turn=index, reused=reused)
+                    tokens.append(rec.token)
+                    if lookup is not None and not why:
+                        lookup_steps(stepper, prompt, tokens, new_tokens, stop, lookup, {"turn": index})
+                    while not stop():
+                        _, rec = stepper.step(np.array(tokens[-1:], np.int64), choose, "none", turn=index)
+                        tokens.append(rec.token)
+                except BaseException:
+                    self._restore(plan.reused)
+                    raise
+        except BaseException as exc:
+            if tokens:
+                attach_partial(exc, turn("error"))
+            raise
+        finally:
+            self._epoch = self.cache.epoch
+        return turn(stop() or "")
+
+    def _restore(self, held: int) -> None:
+        """The cache back at ``held`` positions after a failed turn; a state cache whose states a failed step may have
+        overwritten, or one a crop fails on, empties."""
+        cache, states = self.cache, self.model.info.layout.states
+        undone = all(s.undoable for s in cache.slots) or not states
+        if cache.seq_length == held and not cache.lost and undone:
+            return
+        try:
+            cache.crop(0 if states else held)
+        except Exception:  # noqa: BLE001 - the turn's own error propagates; an empty cache is always reachable
+            cache.settle()  # a step stopped between its commit and its settle is final: now it can be cropped
+            cache.crop(0)
+
+    def _turn(
+        self,
+        plan: TurnPlan,
+        prompt: list[int],
+        tokens: list[int],
+        records: list[StepRecord],
+        reason: str,
+        index: int,
+        message: str | None,
+        why: str,
+    ) -> Turn:
+        m, c = self.model, self.cache
+        label = RunLabel(m.name, m.info.dtype_name, self.device.label, c.spec)
+        drafted, accepted = sum(r.drafted for r in records), sum(r.accepted for r in records)
+        return Turn(
+            label,
+            prompt,
+            list(tokens),
+            m.decode(tokens),
+            reason,
+            list(records),
+            index=index,
+            start=len(self.history.ids),
+            message=message,
+            reused=plan.reused,
+            prefilled=len(plan.feed),
+            drafted=drafted,
+            accepted=accepted,
+            lookup=why,
+        )
