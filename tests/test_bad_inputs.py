@@ -383,6 +383,16 @@ CASES = [
         "holds at most 4096 (its context length",
         gen(cache=DynamicCache(), max_new_tokens=5000),
     ),
+    *[
+        Case(
+            "cache",
+            f"max_new_tokens={text} (refused before anything sized by it is allocated)",
+            "CapacityError",
+            f"{n + 2} positions are needed but model toy holds at most 4096",
+            gen(cache=StaticCache(64), max_new_tokens=n),
+        )
+        for text, n in (("5 * 10**8", 5 * 10**8), ("10**10", 10**10), ("10**30", 10**30))
+    ],
     Case("cache", 'cache="static"', "ConfigError", "cache must be a kvlab cache", gen(cache="static")),
     Case(
         "cache",

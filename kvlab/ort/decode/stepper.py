@@ -64,7 +64,7 @@ class Stepper:
         if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
             raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
         self.positions = int(needed)  # the most positions its steps may fill
-        self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
+        self._mask = np.ones((1, 0), np.int64)  # made when the block opens, once the positions are known to fit
         self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
         self._cache_held: Any = None  # the cache's use, while open
         self._block = OneBlock("Stepper", "`with Stepper(...) as s:`")  # entered once, one step at a time
@@ -75,7 +75,8 @@ class Stepper:
     def __enter__(self) -> Stepper:
         with self._block.opening():
             self._cache_held = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep)
-            self._cache_held.__enter__()
+            self._cache_held.__enter__()  # capacity checked: the positions fit the model and the cache
+            self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
             if self.token_on_device:
                 try:
                     self._device_token = DeviceToken(self.device)
