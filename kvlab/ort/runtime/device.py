@@ -6,6 +6,9 @@ cache mode, ...) come from whoever created it; a later session with other option
 context, and device tensors die with the context (how long it lives depends on the package:
 ``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``). So kvlab keeps one ``Device`` per name, refuses options
 that would not take effect, and refuses to close a device while kvlab tensors live on it.
+
+A device's options are checked in ``kvlab.ort.runtime.options``; what a graph needs before its session opens on a
+device, in ``kvlab.ort.runtime.preflight``.
 """
 
 from __future__ import annotations
@@ -22,18 +25,32 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError, DeviceError, check_choice, check_flag
+from ...core.errors import ConfigError, DeviceError, check_choice
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
-from ..models.graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
+from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options
+from .preflight import refuse_f16, workarounds
 from .session import Session, drop_every_binding, drop_every_session
 from .tensors import DeviceTensor, release_everything
 
-BUFFER_CACHE_MODES = ("disabled", "lazyRelease", "simple", "bucket")
-VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
+__all__ = [
+    "BUFFER_CACHE_MODES",
+    "VALIDATION_MODES",
+    "Device",
+    "backend",
+    "close_device",
+    "copy_tensor",
+    "cpu_options",
+    "describe",
+    "open_device",
+    "opened",
+    "private_device",
+    "versions",
+    "webgpu_options",
+]
 
 
 class Device:
@@ -62,42 +79,11 @@ class Device:
         path = str(Path(model_path).resolve())
         key = _session_key(path, options)
         if key not in self._sessions:
-            self._check_f16(Path(path), label or path)
-            model, rewrites = self._workarounds(Path(path))
+            refuse_f16(self, Path(path), label or path)
+            model, rewrites = workarounds(self, Path(path))
             self._sessions[key] = Session(self, model, label or path, options)
             self._sessions[key].rewrites = rewrites
         return self._sessions[key]
-
-    def _workarounds(self, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-        """The model to open, rewritten in memory where this device's runtime needs it (a bool Gather on WebGPU:
-        ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
-        if self.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
-            return str(onnx_file), []
-        import onnx
-
-        model = onnx.load(str(onnx_file))  # with its weights: the rewritten model is opened from memory
-        if model.ByteSize() >= 2**31:
-            raise DeviceError(
-                f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
-                "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB"
-            )
-        names = cast_bool_gathers(model)
-        return model.SerializeToString(), [
-            f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)" for n in names
-        ]
-
-    def _check_f16(self, onnx_file: Path, label: str) -> None:
-        """Refuse (DeviceError) a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before
-        any kernel runs: such a kernel fails at its first run, and the process then dies at exit."""
-        if self.name != "webgpu" or self.adapter.shader_f16 is not False:
-            return
-        graph = load_graph(onnx_file)
-        if any(elem_type(v) == FLOAT16 for v in [*graph.graph.input, *graph.graph.output]):
-            raise DeviceError(
-                f"{label} computes in float16, but the WebGPU adapter {self.adapter} has no shader-f16 "
-                "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
-                "'cpu', on a GPU adapter, or use precision fp32"
-            )
 
     @property
     def sessions(self) -> tuple[str, ...]:
@@ -206,37 +192,6 @@ def backend() -> Backend:
     if _BACKEND is None:
         _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
     return _BACKEND
-
-
-def _flag(name: str, value: Any) -> str:
-    return "1" if check_flag(name, value) else "0"
-
-
-def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:
-    """Validated WebGPU EP options (only what was asked for; ORT's defaults otherwise)."""
-    options = {}
-    if buffer_cache_mode is not None:
-        options["storageBufferCacheMode"] = check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
-    if validation_mode is not None:
-        options["validationMode"] = check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
-    return options
-
-
-def cpu_options(
-    threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
-) -> dict[str, str]:
-    """CPU EP options (ORT's defaults otherwise: one thread per physical core, spinning on; kvlab's: huge pages
-    on)."""
-    options = {}
-    if huge_pages is not None:
-        options["huge_pages"] = _flag("huge_pages", huge_pages)
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigError(f"threads={threads!r} must be a positive int")
-        options["threads"] = str(threads)
-    if spinning is not None:
-        options["spinning"] = _flag("spinning", spinning)
-    return options
 
 
 def open_device(

@@ -1,0 +1,47 @@
+"""What a device's runtime needs of a graph before a session of it opens: a float16 graph is refused on a WebGPU
+adapter without shader-f16 (``refuse_f16``), and a graph that gathers from a bool tensor is rewritten in memory for
+WebGPU (``workarounds``). ``Device.session`` calls both; neither opens a session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...core.errors import DeviceError
+from ..models.graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .device import Device
+
+
+def workarounds(device: Device, onnx_file: Path) -> tuple[str | bytes, list[str]]:
+    """The model to open on ``device``, rewritten in memory where its runtime needs it (a bool Gather on WebGPU:
+    ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
+    if device.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
+        return str(onnx_file), []
+    import onnx
+
+    model = onnx.load(str(onnx_file))  # with its weights: the rewritten model is opened from memory
+    if model.ByteSize() >= 2**31:
+        raise DeviceError(
+            f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
+            "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB"
+        )
+    names = cast_bool_gathers(model)
+    return model.SerializeToString(), [
+        f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)" for n in names
+    ]
+
+
+def refuse_f16(device: Device, onnx_file: Path, label: str) -> None:
+    """Refuse (DeviceError) a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before
+    any kernel runs: such a kernel fails at its first run, and the process then dies at exit."""
+    if device.name != "webgpu" or device.adapter.shader_f16 is not False:
+        return
+    graph = load_graph(onnx_file)
+    if any(elem_type(v) == FLOAT16 for v in [*graph.graph.input, *graph.graph.output]):
+        raise DeviceError(
+            f"{label} computes in float16, but the WebGPU adapter {device.adapter} has no shader-f16 "
+            "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
+            "'cpu', on a GPU adapter, or use precision fp32"
+        )
