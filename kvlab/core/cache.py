@@ -48,6 +48,11 @@ class CacheSteps(CacheState):
         self._runs = 0
 
     @property
+    def capacity(self) -> int | None:
+        """The most positions this cache holds (None: no limit of its own; the model's context length applies)."""
+        return None
+
+    @property
     def lost(self) -> str:
         """Why the slots no longer match ``seq_length`` ("" when they do): the cache refuses steps until a reset."""
         return self._lost
@@ -172,11 +177,6 @@ class Cache(CacheSteps):
 
     def __exit__(self, *exc: object) -> None:
         self.dispose()
-
-    @property
-    def capacity(self) -> int | None:
-        """The most positions this cache holds (None: no limit of its own; the model's context length applies)."""
-        return None
 
     @contextmanager
     def use(self, info: Any, device: Any, positions: int, keep: bool = False) -> Iterator[Cache]:

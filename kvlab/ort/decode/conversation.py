@@ -124,10 +124,10 @@ class Conversation:
             raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
         if prefill_chunk is not None:
             prefill_chunk = check_new_tokens(prefill_chunk, "prefill_chunk")
-        new_ids, user = self._input(message)
+        new_ids, user = _input(self, message)
         plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
         text = message if isinstance(message, str) else None
-        turn = self._run(plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
+        turn = _run(self, plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
         self.history.add(turn, user)
         return turn
 
@@ -156,115 +156,117 @@ class Conversation:
         if self._closed:
             raise CacheStateError("this conversation was closed; start a new kvlab.Conversation")
 
-    def _input(self, message: Any) -> tuple[list[int], str]:
-        """The turn's token ids, and its user message's text."""
-        m = self.model
-        if isinstance(message, str):
-            if m.chat_template is None:
-                raise ModelError(f"model {m.name} has no chat template; say the turn as token ids (model.encode(text))")
-            last = self.history.ids[-1:] if self.history.turns else []
-            closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
-            text = chat_delta(m.apply_chat_template, self.history.messages, message, closed)
+
+def _input(conv: Conversation, message: Any) -> tuple[list[int], str]:
+    """The turn's token ids, and its user message's text."""
+    m = conv.model
+    if isinstance(message, str):
+        if m.chat_template is None:
+            raise ModelError(f"model {m.name} has no chat template; say the turn as token ids (model.encode(text))")
+        last = conv.history.ids[-1:] if conv.history.turns else []
+        closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
+        text = chat_delta(m.apply_chat_template, conv.history.messages, message, closed)
+        try:
+            return m.tokenizer.encode(text, add_special_tokens=False).ids, message
+        except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
+            raise ConfigError(f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text") from exc
+    if isinstance(message, (list, tuple, np.ndarray)) and len(message):
+        ids = m.check_ids(message).tolist()
+        return ids, m.decode(ids)
+    raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
+
+
+def _run(
+    self,
+    plan: TurnPlan,
+    new_ids: list[int],
+    message: str | None,
+    new_tokens: int,
+    choose: Any,
+    eos: bool,
+    lookup: Any,
+    chunk: int | None,
+) -> Turn:
+    """The turn's steps on a stepper that keeps the cache's sequence; on any failure, the cache goes back."""
+    records: list[StepRecord] = []
+    tokens: list[int] = []
+    prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
+    why = NO_CROP if lookup is not None and self.model.info.layout.states else ""
+
+    def stop() -> str | None:
+        return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)
+
+    def turn(reason: str) -> Turn:
+        return _turn(self, plan, prompt, tokens, records, reason, index, message, why)
+
+    stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
+    try:
+        with stepper:
             try:
-                return m.tokenizer.encode(text, add_special_tokens=False).ids, message
-            except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
-                raise ConfigError(
-                    f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text"
-                ) from exc
-        if isinstance(message, (list, tuple, np.ndarray)) and len(message):
-            ids = m.check_ids(message).tolist()
-            return ids, m.decode(ids)
-        raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
-
-    def _run(
-        self,
-        plan: TurnPlan,
-        new_ids: list[int],
-        message: str | None,
-        new_tokens: int,
-        choose: Any,
-        eos: bool,
-        lookup: Any,
-        chunk: int | None,
-    ) -> Turn:
-        """The turn's steps on a stepper that keeps the cache's sequence; on any failure, the cache goes back."""
-        records: list[StepRecord] = []
-        tokens: list[int] = []
-        prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
-        why = NO_CROP if lookup is not None and self.model.info.layout.states else ""
-
-        def stop() -> str | None:
-            return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)
-
-        def turn(reason: str) -> Turn:
-            return self._turn(plan, prompt, tokens, records, reason, index, message, why)
-
-        stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
-        try:
-            with stepper:
-                try:
-                    if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
-                        self.cache.crop(0)
-                    for i in range(0, len(plan.feed), chunk or len(plan.feed)):
-                        part, reused = plan.feed[i : i + (chunk or len(plan.feed))], 0 if i else plan.reused
-                        _, rec = stepper.step(part, choose, "none", phase="prefill", turn=index, reused=reused)
+                if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
+                    self.cache.crop(0)
+                for i in range(0, len(plan.feed), chunk or len(plan.feed)):
+                    part, reused = plan.feed[i : i + (chunk or len(plan.feed))], 0 if i else plan.reused
+                    _, rec = stepper.step(part, choose, "none", phase="prefill", turn=index, reused=reused)
+                tokens.append(rec.token)
+                if lookup is not None and not why:
+                    lookup_steps(stepper, prompt, tokens, new_tokens, stop, lookup, {"turn": index})
+                while not stop():
+                    _, rec = stepper.step(np.array(tokens[-1:], np.int64), choose, "none", turn=index)
                     tokens.append(rec.token)
-                    if lookup is not None and not why:
-                        lookup_steps(stepper, prompt, tokens, new_tokens, stop, lookup, {"turn": index})
-                    while not stop():
-                        _, rec = stepper.step(np.array(tokens[-1:], np.int64), choose, "none", turn=index)
-                        tokens.append(rec.token)
-                except BaseException:
-                    self._restore(plan.reused)
-                    raise
-        except BaseException as exc:
-            if tokens:
-                attach_partial(exc, turn("error"))
-            raise
-        finally:
-            self._epoch = self.cache.epoch
-        return turn(stop() or "")
+            except BaseException:
+                _restore(self, plan.reused)
+                raise
+    except BaseException as exc:
+        if tokens:
+            attach_partial(exc, turn("error"))
+        raise
+    finally:
+        self._epoch = self.cache.epoch
+    return turn(stop() or "")
 
-    def _restore(self, held: int) -> None:
-        """The cache back at ``held`` positions after a failed turn; a state cache whose states a failed step may have
-        overwritten, or one a crop fails on, empties."""
-        cache, states = self.cache, self.model.info.layout.states
-        undone = all(s.undoable for s in cache.slots) or not states
-        if cache.seq_length == held and not cache.lost and undone:
-            return
-        try:
-            cache.crop(0 if states else held)
-        except Exception:  # noqa: BLE001 - the turn's own error propagates; an empty cache is always reachable
-            cache.settle()  # a step stopped between its commit and its settle is final: now it can be cropped
-            cache.crop(0)
 
-    def _turn(
-        self,
-        plan: TurnPlan,
-        prompt: list[int],
-        tokens: list[int],
-        records: list[StepRecord],
-        reason: str,
-        index: int,
-        message: str | None,
-        why: str,
-    ) -> Turn:
-        m, c = self.model, self.cache
-        label = RunLabel(m.name, m.info.dtype_name, self.device.label, c.spec)
-        drafted, accepted = sum(r.drafted for r in records), sum(r.accepted for r in records)
-        return Turn(
-            label,
-            prompt,
-            list(tokens),
-            m.decode(tokens),
-            reason,
-            list(records),
-            index=index,
-            start=len(self.history.ids),
-            message=message,
-            reused=plan.reused,
-            prefilled=len(plan.feed),
-            drafted=drafted,
-            accepted=accepted,
-            lookup=why,
-        )
+def _restore(self: Conversation, held: int) -> None:
+    """The cache back at ``held`` positions after a failed turn; a state cache whose states a failed step may have
+    overwritten, or one a crop fails on, empties."""
+    cache, states = self.cache, self.model.info.layout.states
+    undone = all(s.undoable for s in cache.slots) or not states
+    if cache.seq_length == held and not cache.lost and undone:
+        return
+    try:
+        cache.crop(0 if states else held)
+    except Exception:  # noqa: BLE001 - the turn's own error propagates; an empty cache is always reachable
+        cache.settle()  # a step stopped between its commit and its settle is final: now it can be cropped
+        cache.crop(0)
+
+
+def _turn(
+    self,
+    plan: TurnPlan,
+    prompt: list[int],
+    tokens: list[int],
+    records: list[StepRecord],
+    reason: str,
+    index: int,
+    message: str | None,
+    why: str,
+) -> Turn:
+    m, c = self.model, self.cache
+    label = RunLabel(m.name, m.info.dtype_name, self.device.label, c.spec)
+    drafted, accepted = sum(r.drafted for r in records), sum(r.accepted for r in records)
+    return Turn(
+        label,
+        prompt,
+        list(tokens),
+        m.decode(tokens),
+        reason,
+        list(records),
+        index=index,
+        start=len(self.history.ids),
+        message=message,
+        reused=plan.reused,
+        prefilled=len(plan.feed),
+        drafted=drafted,
+        accepted=accepted,
+        lookup=why,
+    )
