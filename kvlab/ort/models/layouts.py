@@ -1,6 +1,6 @@
 """Reading a model directory into a ``ModelInfo``: what its config declares, checked against its graph.
 
-Two layouts are read:
+Two layouts are read (their configs by ``kvlab.ort.models.declared``):
 
 - an onnxruntime-genai model builder output: ``genai_config.json`` naming the decoder graph (``model.onnx`` by
   default) and its input/output names;
@@ -15,244 +15,33 @@ the graph by ``kvlab.ort.models.layers``: the config names the inputs, the ops t
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...core.errors import ModelError
-from ...core.layout import STATE_ROLES
+from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, elem_type, load_graph, producers, uses, weight_format
 from .info import ModelInfo
 from .layers import known_ops, read_layers
-
-_WITH_ENCODER = ("whisper", "t5", "bart", "marian", "encoder")
-BUILDER_HINT = "python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e webgpu"
-
-
-@dataclass
-class Declared:
-    """What a directory's config says about its decoder."""
-
-    config_file: str  # "genai_config.json" or "config.json"
-    decoder_file: str
-    model_type: str
-    layers: int
-    heads: int  # 0 where the config does not say
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    context: int
-    eos: tuple[int, ...]
-    roles: dict[str, str]  # graph input name -> role ("input_ids", "attention_mask", "position_ids", "past")
-    past: tuple[tuple[str, str], ...]
-    present: tuple[tuple[str, str], ...]
-    logits: str
-    # the names of fixed-size states per role ("conv", "recurrent"): (past pattern, present pattern), each with %d
-    states: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-
-def _load_json(file: Path) -> dict:
-    try:
-        config = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{file} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelError(f"{file} must hold a JSON object, not {type(config).__name__}")
-    return config
-
-
-def _get(config: dict, dotted: str, file: Path, default: Any = ...) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            if default is not ...:
-                return default
-            raise ModelError(f"{file} has no '{dotted}'; is this an onnxruntime-genai model builder output?")
-        node = node[key]
-    return node
-
-
-def _int(config: dict, dotted: str, file: Path, default: Any = ...) -> int:
-    value = _get(config, dotted, file, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ModelError(f"{file}: '{dotted}' is {value!r}; it must be a non-negative integer")
-    return value
-
-
-def _eos(value: Any, file: Path) -> tuple[int, ...]:
-    values = value if isinstance(value, list) else [] if value is None else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ModelError(f"{file}: eos_token_id {value!r} must be an integer or a list of integers")
-    return tuple(values)
-
-
-def _names(fmt_key: str, fmt_value: str, layers: int, file: Path) -> tuple[tuple[str, str], ...]:
-    try:
-        return tuple((fmt_key % i, fmt_value % i) for i in range(layers))
-    except (TypeError, ValueError) as exc:
-        raise ModelError(f"{file}: the name patterns {fmt_key!r}, {fmt_value!r} must hold one %d") from exc
-
-
-def declared_genai(path: Path) -> Declared:
-    """What an onnxruntime-genai builder output's genai_config.json declares; ModelError for a malformed config or
-    a model with an encoder."""
-    file = path / "genai_config.json"
-    config = _load_json(file)
-    model = _get(config, "model", file)
-    if "encoder" in model or any(t in str(model.get("type", "")) for t in _WITH_ENCODER):
-        raise ModelError(f"{path}: model type {model.get('type')!r} has an encoder; kvlab supports decoder-only models")
-    dec = _get(config, "model.decoder", file)
-    layers = _int(config, "model.decoder.num_hidden_layers", file)
-    ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
-    past = _names(
-        ins.get("past_key_names", "past_key_values.%d.key"),
-        ins.get("past_value_names", "past_key_values.%d.value"),
-        layers,
-        file,
-    )
-    roles = {
-        ins.get("input_ids", "input_ids"): "input_ids",
-        ins.get("attention_mask", "attention_mask"): "attention_mask",
-        **{n: "past" for pair in past for n in pair},
-    }
-    if "position_ids" in ins:
-        roles[ins["position_ids"]] = "position_ids"
-    states = {}
-    for role in STATE_ROLES:  # builder 0.18: "past.%d.conv" / "present.%d.conv", "past.%d.recurrent" / ...
-        if f"past_{role}_names" in ins:
-            fmt = (ins[f"past_{role}_names"], outs.get(f"present_{role}_names", ""))
-            _names(*fmt, 1, file)
-            states[role] = fmt
-    return Declared(
-        "genai_config.json",
-        str(dec.get("filename", "model.onnx")),
-        str(model.get("type", "?")),
-        layers,
-        _int(config, "model.decoder.num_attention_heads", file, 0),
-        _int(config, "model.decoder.num_key_value_heads", file),
-        _int(config, "model.decoder.head_size", file),
-        _int(config, "model.vocab_size", file),
-        _int(config, "model.context_length", file),
-        _eos(model.get("eos_token_id"), file),
-        roles,
-        past,
-        _names(
-            outs.get("present_key_names", "present.%d.key"),
-            outs.get("present_value_names", "present.%d.value"),
-            layers,
-            file,
-        ),
-        outs.get("logits", "logits"),
-        states,
-    )
-
-
-def declared_hf(path: Path) -> Declared:
-    """What a Hugging Face Optimum / transformers.js export declares: config.json and model.onnx (or
-    onnx/model.onnx); ModelError for a malformed config, a missing graph or an encoder-decoder."""
-    file = path / "config.json"
-    config = _load_json(file)
-    decoder = next((f for f in ("model.onnx", "onnx/model.onnx") if (path / f).is_file()), None)
-    if decoder is None:
-        found = sorted(str(p.relative_to(path)) for p in path.glob("**/*.onnx"))
-        raise ModelError(f"{path} has a config.json but no model.onnx or onnx/model.onnx (found {found or 'none'})")
-    text = config.get("text_config", config)  # multimodal configs keep the decoder's numbers there
-    if config.get("is_encoder_decoder"):
-        raise ModelError(
-            f"{path}: {config.get('model_type')!r} is an encoder-decoder; kvlab supports decoder-only models"
-        )
-    layers, heads = _int(text, "num_hidden_layers", file), _int(text, "num_attention_heads", file)
-    head_dim = (
-        _int(text, "head_dim", file, None)
-        if text.get("head_dim") is not None
-        else _int(text, "hidden_size", file) // max(heads, 1)
-    )
-    past = _names("past_key_values.%d.key", "past_key_values.%d.value", layers, file)
-    roles = {
-        "input_ids": "input_ids",
-        "attention_mask": "attention_mask",
-        "position_ids": "position_ids",
-        **{n: "past" for pair in past for n in pair},
-    }
-    return Declared(
-        "config.json",
-        decoder,
-        str(config.get("model_type", "?")),
-        layers,
-        heads,
-        _int(text, "num_key_value_heads", file, heads),
-        head_dim,
-        _int(text, "vocab_size", file),
-        _int(text, "max_position_embeddings", file),
-        _eos(text.get("eos_token_id"), file),
-        roles,
-        past,
-        _names("present.%d.key", "present.%d.value", layers, file),
-        "logits",
-    )
 
 
 def read_info(path: Path, name: str | None = None) -> ModelInfo:
     """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph; ModelError
     naming the first disagreement, or what kvlab cannot feed or hold."""
-    if (path / "genai_config.json").is_file():
-        d = declared_genai(path)
-    elif (path / "config.json").is_file():
-        d = declared_hf(path)
-    else:
-        raise ModelError(
-            f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
-            f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
-            "model.onnx)"
-        )
+    d = _declared(path)
     onnx_file = path / d.decoder_file
     if not onnx_file.is_file():
         raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
     graph = load_graph(onnx_file)
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
-    pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
-    if d.states:  # a hybrid: each layer has KV or states; the KV pairs are those the graph has
-        pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
-        d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
-        d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
-    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in zip(p, q, ("key", "value"))}
-    for role, (fmt_in, fmt_out) in d.states.items():
-        declared.update({fmt_in % i: (i, role, fmt_out % i) for i in range(d.layers) if fmt_in % i in inputs})
-    extra = [n for n in inputs if n not in d.roles and n not in declared]
-    if extra:
-        read_by = uses(graph)
-        found = "; ".join(
-            f"{n!r} is read by "
-            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
-            for n in extra[:4]
-        )
-        raise ModelError(
-            f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
-            "attention_mask, position_ids and the cache inputs its config names, read by "
-            f"{known_ops()}"
-        )
-    missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
-    if missing:
-        raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
-    for out_name in [*(n for pair in d.present for n in pair), d.logits]:
-        if out_name not in outputs:
-            raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
+    declared = _cache_inputs(d, inputs)
+    _check_names(d, graph, inputs, outputs, declared, path)
     _cross_check(d, graph, inputs, outputs, path)
     cache = read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path)
-    made_by = {n: node.op_type for n, node in producers(graph).items()}
-    not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
-    problem = ""
-    if not_gqa:
-        first = next(iter(not_gqa.items()))
-        problem = (
-            f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
-            f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
-            f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
-        )
+    problem = _sharing_problem(d, graph)
     first = next(iter(declared), None)
     dtypes = [
         ONNX_DTYPES.get(t, f"onnx type {t}")
@@ -284,9 +73,75 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
         past_names=d.past,
         present_names=d.present,
         logits_name=d.logits,
-        shares_buffers=not not_gqa,
+        shares_buffers=not problem,
         sharing_problem=problem,
         cache_layout=cache,
+    )
+
+
+def _declared(path: Path) -> Declared:
+    """What the directory's config declares, in whichever layout it has; ModelError where it has neither."""
+    if (path / "genai_config.json").is_file():
+        return declared_genai(path)
+    if (path / "config.json").is_file():
+        return declared_hf(path)
+    raise ModelError(
+        f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
+        f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
+        "model.onnx)"
+    )
+
+
+def _cache_inputs(d: Declared, inputs: dict) -> dict[str, tuple[int, str, str]]:
+    """Each cache input the graph has: past name -> (layer, role, present name). In a hybrid (a config with
+    states) each layer has KV or states, and ``d`` keeps only the KV pairs the graph has."""
+    pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
+    if d.states:
+        pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
+        d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
+        d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
+    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in zip(p, q, ("key", "value"))}
+    for role, (fmt_in, fmt_out) in d.states.items():
+        declared.update({fmt_in % i: (i, role, fmt_out % i) for i in range(d.layers) if fmt_in % i in inputs})
+    return declared
+
+
+def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> None:
+    """ModelError for a graph input kvlab does not feed (naming the nodes that read it), or an input or output the
+    config names that the graph lacks."""
+    extra = [n for n in inputs if n not in d.roles and n not in declared]
+    if extra:
+        read_by = uses(graph)
+        found = "; ".join(
+            f"{n!r} is read by "
+            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
+            for n in extra[:4]
+        )
+        raise ModelError(
+            f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
+            "attention_mask, position_ids and the cache inputs its config names, read by "
+            f"{known_ops()}"
+        )
+    missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
+    if missing:
+        raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
+    for out_name in [*(n for pair in d.present for n in pair), d.logits]:
+        if out_name not in outputs:
+            raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
+
+
+def _sharing_problem(d: Declared, graph: Any) -> str:
+    """Why a static cache cannot share its past and present buffers on this graph ("" when it can): every present
+    output must come from a GroupQueryAttention node."""
+    made_by = {n: node.op_type for n, node in producers(graph).items()}
+    not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
+    if not not_gqa:
+        return ""
+    first = next(iter(not_gqa.items()))
+    return (
+        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
+        f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
+        f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
     )
 
 
