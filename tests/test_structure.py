@@ -1,0 +1,247 @@
+"""kvlab's shape, held by tests: size limits on what kvlab/ holds and the direction of its imports.
+
+- Sizes: no module over 350 lines, no class over 150, no function (or method) over 60, each counted from its
+  ``def``/``class`` line to its last line (decorators aside). kvlab/lab's current violators are listed in
+  ``EXEMPT`` with their sizes today: an entry may shrink but not grow, and one that no longer exceeds its limit
+  fails, so the list only gets shorter.
+- Imports (every import counts: module level, inside functions, under TYPE_CHECKING): ``kvlab.core`` imports no
+  other kvlab package; in ``kvlab.ort`` each room imports only itself and the rooms below it (models <- runtime <-
+  decode <- checks; none imports the ``kvlab.ort`` facade); ``kvlab.lab`` imports neither ``kvlab.ort.runtime``
+  nor ``kvlab.ort.models``; kvlab's top-level packages import each other without a cycle.
+
+The checks are functions of a source root, so ``test_the_checks_catch_a_violating_tree`` runs them on a planted
+tree to show each one fails where it should.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the folder holding the kvlab package
+LIMITS = {"module": 350, "class": 150, "function": 60}
+ROOMS = ("models", "runtime", "decode", "checks")  # kvlab.ort's rooms, lowest first
+
+# kvlab/lab's violators, split later (with the notebooks that use them): (kind, "path[:qualname]") -> lines today.
+# Delete an entry once its split lands; the test fails while a stale entry stays or an entry grows.
+EXEMPT = {
+    ("module", "kvlab/lab/plots.py"): 388,
+    ("module", "kvlab/lab/recorded.py"): 886,
+    ("module", "kvlab/lab/widgets.py"): 532,
+    ("class", "kvlab/lab/liveplot.py:LivePlot"): 152,
+    ("class", "kvlab/lab/widgets.py:CacheLab"): 419,
+    ("function", "kvlab/lab/plots.py:buffer_map"): 81,
+    ("function", "kvlab/lab/recorded.py:sweep"): 117,
+    ("function", "kvlab/lab/recorded.py:staircase"): 133,
+    ("function", "kvlab/lab/recorded.py:staircase_glance"): 62,
+    ("function", "kvlab/lab/recorded.py:static_gain"): 64,
+    ("function", "kvlab/lab/recorded.py:modes_figure"): 72,
+    ("function", "kvlab/lab/widgets.py:CacheLab.__init__"): 126,
+    ("function", "kvlab/lab/widgets.py:CacheLab._run"): 74,
+}
+# kvlab/lab's imports of kvlab.ort internals today (the device names and buffer cache modes its widget offers);
+# they go when those names are importable from where lab may import them. Stale entries fail too.
+IMPORT_EXEMPT = {
+    ("kvlab.lab.widgets", "kvlab.ort.runtime.backend"),
+    ("kvlab.lab.widgets", "kvlab.ort.runtime.device"),
+}
+
+
+def python_files(root: Path) -> Iterator[Path]:
+    """Every .py file of the kvlab package under ``root`` (none from node_modules)."""
+    for path in sorted((root / "kvlab").rglob("*.py")):
+        if "node_modules" not in path.parts:
+            yield path
+
+
+def oversized(root: Path) -> dict[tuple[str, str], int]:
+    """Every module, class and function over its limit: (kind, "path" or "path:qualname") -> its lines."""
+    out: dict[tuple[str, str], int] = {}
+    for path in python_files(root):
+        text = path.read_text()
+        where = path.relative_to(root).as_posix()
+        if len(text.splitlines()) > LIMITS["module"]:
+            out["module", where] = len(text.splitlines())
+        for kind, qualname, lines in _definitions(ast.parse(text)):
+            if lines > LIMITS[kind]:
+                out[kind, f"{where}:{qualname}"] = lines
+    return out
+
+
+def _definitions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, str, int]]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            qualname = prefix + node.name
+            yield kind, qualname, node.end_lineno - node.lineno + 1
+            yield from _definitions(node, qualname + ".")
+        else:
+            yield from _definitions(node, prefix)
+
+
+def imports(root: Path) -> dict[str, set[str]]:
+    """Each kvlab module -> the kvlab modules and packages it imports (relative imports resolved; ``from X import
+    name`` counts as importing X.name where that is a module or package)."""
+    modules = {_module_name(p, root): p for p in python_files(root)}
+    out: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                subs = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules}
+                targets |= subs or {base}
+        out[name] = {t for t in targets if t == "kvlab" or t.startswith("kvlab.")}
+    return out
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def import_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
+    """(rule, importer, imported) for every import that breaks a rule of the module docstring."""
+    out = []
+    for importer, targets in graph.items():
+        for target in sorted(targets):
+            if _within(importer, "kvlab.core") and not _within(target, "kvlab.core"):
+                out.append(("core imports no other kvlab package", importer, target))
+            room = _room(importer)
+            if room is not None and _within(target, "kvlab.ort"):
+                to = _room(target)
+                if to is None or ROOMS.index(to) > ROOMS.index(room):
+                    out.append(("ort rooms import only downward", importer, target))
+            if _within(importer, "kvlab.lab") and any(
+                _within(target, f"kvlab.ort.{room}") for room in ("runtime", "models")
+            ):
+                out.append(("lab reaches no ort internals", importer, target))
+    return out
+
+
+def _room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "ort" and parts[2] in ROOMS else None
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles among kvlab's top-level packages (and the ``kvlab`` package itself), each as a path that ends
+    where it starts."""
+    top = lambda name: ".".join(name.split(".")[:2])  # noqa: E731
+    edges: dict[str, set[str]] = {}
+    for importer, targets in graph.items():
+        edges.setdefault(top(importer), set()).update(top(t) for t in targets if top(t) != top(importer))
+    cycles, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycles.append(path[path.index(node) :] + [node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(edges):
+        visit(node, [])
+    return cycles
+
+
+@pytest.fixture(scope="module")
+def sizes() -> dict[tuple[str, str], int]:
+    return oversized(ROOT)
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return imports(ROOT)
+
+
+def test_no_module_class_or_function_over_its_limit(sizes):
+    over = {k: v for k, v in sizes.items() if k not in EXEMPT}
+    assert not over, (
+        "over the limits "
+        + str(LIMITS)
+        + ":\n"
+        + "\n".join(f"  {kind} {where}: {lines} lines" for (kind, where), lines in sorted(over.items()))
+    )
+
+
+def test_the_exempt_list_only_shrinks(sizes):
+    stale = sorted(k for k in EXEMPT if k not in sizes)
+    grown = {k: (EXEMPT[k], sizes[k]) for k in EXEMPT if sizes.get(k, 0) > EXEMPT[k]}
+    assert not stale, f"within the limits now: delete these EXEMPT entries: {stale}"
+    assert not grown, f"EXEMPT entries grew (listed, now): {grown}"
+
+
+def test_imports_follow_the_layers(graph):
+    broken = [v for v in import_violations(graph) if v[1:] not in IMPORT_EXEMPT]
+    assert not broken, "\n".join(f"{rule}: {importer} imports {target}" for rule, importer, target in broken)
+
+
+def test_the_import_exemptions_are_still_needed(graph):
+    stale = sorted(pair for pair in IMPORT_EXEMPT if pair[1] not in graph.get(pair[0], set()))
+    assert not stale, f"no longer imported: delete these IMPORT_EXEMPT entries: {stale}"
+
+
+def test_top_level_packages_import_without_a_cycle(graph):
+    cycles = package_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_checks_catch_a_violating_tree(tmp_path):
+    files = {
+        "kvlab/__init__.py": "",
+        "kvlab/core/__init__.py": "",
+        "kvlab/core/cache.py": "def f():\n    from ..ort.runtime import device\n",
+        "kvlab/ort/__init__.py": "from .decode import caches\n",
+        "kvlab/ort/runtime/__init__.py": "",
+        "kvlab/ort/runtime/device.py": "from ..decode.caches import X\nfrom .. import decode\n",
+        "kvlab/ort/decode/__init__.py": "",
+        "kvlab/ort/decode/caches.py": "from ..runtime.device import Device\nfrom ..models import layouts\n",
+        "kvlab/ort/models/__init__.py": "",
+        "kvlab/ort/models/layouts.py": "from kvlab.ort.checks import faults\n",
+        "kvlab/ort/checks/__init__.py": "",
+        "kvlab/ort/checks/faults.py": "from ..decode import caches\n",
+        "kvlab/lab/__init__.py": "from ..ort.models.layouts import read_info\nfrom ..ort import caches\n",
+        "kvlab/bench/__init__.py": "from ..web import job\n",
+        "kvlab/web/__init__.py": "",
+        "kvlab/web/job.py": "def g():\n    from ..bench import plan\n",
+        "kvlab/bench/plan.py": "",
+        "kvlab/pytorch/big.py": "x = 1\n" * 351,
+        "kvlab/pytorch/graphs.py": "class C:\n    def f(self):\n"
+        + "        y = 1\n" * 60
+        + "".join(f"    def m{i}(self): ...\n" for i in range(89)),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert oversized(tmp_path) == {
+        ("module", "kvlab/pytorch/big.py"): 351,
+        ("class", "kvlab/pytorch/graphs.py:C"): 151,
+        ("function", "kvlab/pytorch/graphs.py:C.f"): 61,
+    }
+    planted = imports(tmp_path)
+    assert {v[1:] for v in import_violations(planted)} == {
+        ("kvlab.core.cache", "kvlab.ort.runtime.device"),  # core reaches a backend (inside a function)
+        ("kvlab.ort.runtime.device", "kvlab.ort.decode.caches"),  # a room imports a higher one
+        ("kvlab.ort.runtime.device", "kvlab.ort.decode"),
+        ("kvlab.ort.models.layouts", "kvlab.ort.checks.faults"),  # absolute imports count alike
+        ("kvlab.lab", "kvlab.ort.models.layouts"),  # lab reaches ort's internals
+    }
+    assert ("kvlab.ort.decode.caches", "kvlab.ort.runtime.device") not in {v[1:] for v in import_violations(planted)}
+    assert package_cycles(planted) == [["kvlab.bench", "kvlab.web", "kvlab.bench"]]
