@@ -30,6 +30,7 @@ MODELS = [
     ("kv-heavy", "fp32", False),
     ("smollm2", "fp32", False),
     *[(name, "fp32", False) for name in ("sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy")],
+    ("kv-shared-toy", "fp32", False),
 ]
 
 

@@ -101,7 +101,7 @@ def test_unknown_model_name():
     with pytest.raises(
         ModelError,
         match=r"'tiny' is neither a built-in name \(toy, kv-heavy, smollm2, phi4-kv, smollm2-shape, sliding-toy, "
-        r"gemma2-toy, mistral-toy, hybrid-toy, conv-toy\)",
+        r"gemma2-toy, mistral-toy, hybrid-toy, conv-toy, kv-shared-toy\)",
     ):
         kvlab.load("tiny")
 
@@ -131,6 +131,7 @@ def test_recipes_are_validated():
         "mistral-toy",
         "hybrid-toy",
         "conv-toy",
+        "kv-shared-toy",
     }
     assert byte_tokenizer(300).get_vocab_size() == 259
 

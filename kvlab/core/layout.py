@@ -109,6 +109,22 @@ class ConvState(LayerKind):
         return "conv state"
 
 
+@dataclass(frozen=True)
+class SharedKV(LayerKind):
+    """Attention over the keys and values of layer ``source`` (Gemma 4's KV-shared layers): the layer has no past
+    input or present output of its own, so it keeps nothing (0 bytes); ``window`` is its sliding window (0: full)."""
+
+    source: int
+    window: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"KV of layer {self.source} ({f'window {self.window}' if self.window else 'full'})"
+
+    def attended(self, length: int) -> int:
+        return min(length, self.window) if self.window else length
+
+
 GROWING_ROLES = ("key", "value")  # entries that get one position longer per token (length axis 2)
 STATE_ROLES = ("conv", "recurrent")  # fixed-size states
 

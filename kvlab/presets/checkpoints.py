@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ModelError
-from .recipes import SPECIAL_TOKENS, SmolLM2, TinyArch, TinyLlama, building, checkpoint_dir, recipe
+from .recipes import SPECIAL_TOKENS, SmolLM2, TinyArch, TinyKVShared, TinyLlama, building, checkpoint_dir, recipe
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -23,9 +23,11 @@ def ensure_checkpoint(name: str) -> Path:
     if not (out / "config.json").is_file():
         r = recipe(name)
         with building(out) as tmp:
-            writer = {TinyLlama: write_tiny_checkpoint, TinyArch: write_arch_checkpoint}.get(
-                type(r), write_smollm2_checkpoint
-            )
+            writer = {
+                TinyLlama: write_tiny_checkpoint,
+                TinyArch: write_arch_checkpoint,
+                TinyKVShared: write_kv_shared_checkpoint,
+            }.get(type(r), write_smollm2_checkpoint)
             writer(r, tmp)
     return out
 
@@ -128,7 +130,7 @@ def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
 
 
 # -- architectures beyond full attention: one function per architecture, the transformers config and class
-def _common(spec: TinyArch) -> dict[str, Any]:
+def _common(spec: TinyArch | TinyKVShared) -> dict[str, Any]:
     return dict(
         vocab_size=spec.vocab,
         hidden_size=spec.hidden,
@@ -249,5 +251,27 @@ def write_arch_checkpoint(spec: TinyArch, out: Path) -> None:
 
     torch.manual_seed(spec.seed)
     model = cls(config).eval()
+    _randomize(model, spec.seed)
+    model.save_pretrained(out)
+
+
+def write_kv_shared_checkpoint(spec: TinyKVShared, out: Path) -> None:
+    """Write a random Gemma 4 text model of ``spec`` (seeded, KV-shared last layers) with the byte tokenizer."""
+    import torch
+    import transformers as T
+
+    _save_tokenizer(spec.vocab, out)
+    common = _common(spec)
+    config = T.Gemma4TextConfig(
+        **common,
+        global_head_dim=spec.global_head_dim,
+        layer_types=list(spec.layer_types),
+        sliding_window=spec.window,
+        num_kv_shared_layers=spec.kv_shared,
+        hidden_size_per_layer_input=spec.per_layer_input,
+        vocab_size_per_layer_input=spec.vocab,
+    )
+    torch.manual_seed(spec.seed)
+    model = T.Gemma4ForCausalLM(config).eval()
     _randomize(model, spec.seed)
     model.save_pretrained(out)

@@ -120,7 +120,51 @@ class TinyArch:
         return len(self.layer_types)
 
 
-Recipe = TinyLlama | SmolLM2 | TinyArch
+@dataclass(frozen=True)
+class TinyKVShared:
+    """A random Gemma 4 text model (``Gemma4ForCausalLM``) whose last ``kv_shared`` layers attend over the keys and
+    values of the last earlier layer of their type (no k/v projections, no cache of their own), deterministic given
+    its seed. Exported by mobius (``kvlab.ort.models.mobius``): the onnxruntime-genai builder has no KV sharing.
+    As in Gemma 4, full-attention layers have heads of ``global_head_dim`` and every layer a per-layer input of
+    ``per_layer_input`` (transformers 5.24 cannot run KV sharing without one)."""
+
+    layer_types: tuple[str, ...]
+    kv_shared: int
+    window: int
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    global_head_dim: int = 32
+    per_layer_input: int = 16
+    intermediate: int = 128
+    vocab: int = 512
+    context: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f, v in asdict(self).items():
+            if f != "layer_types" and (not isinstance(v, int) or isinstance(v, bool) or (v <= 0 and f != "seed")):
+                raise ConfigError(f"TinyKVShared.{f}={v!r} must be a positive int")
+        allowed = ARCH_LAYER_TYPES["gemma3"]
+        if not self.layer_types or any(t not in allowed for t in self.layer_types):
+            raise ConfigError(f"TinyKVShared.layer_types={self.layer_types!r}: Gemma 4 layers are {allowed}")
+        owners = self.layer_types[: self.layers - self.kv_shared]
+        orphans = [t for t in self.layer_types[len(owners) :] if t not in owners]
+        if self.kv_shared >= self.layers or orphans:
+            raise ConfigError(
+                f"TinyKVShared.kv_shared={self.kv_shared} must leave, before the shared layers, a layer of each "
+                f"type they share ({self.layers} layers {self.layer_types}; no earlier {orphans or 'layer'})"
+            )
+        if self.vocab < 256 + len(SPECIAL_TOKENS):
+            raise ConfigError(f"TinyKVShared.vocab={self.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_types)
+
+
+Recipe = TinyLlama | SmolLM2 | TinyArch | TinyKVShared
 
 _S, _F, _L, _C = "sliding_attention", "full_attention", "linear_attention", "conv"
 
@@ -156,13 +200,13 @@ RECIPES: dict[str, Recipe] = {
     "hybrid-toy": TinyArch("qwen3_5", (_L, _L, _L, _F) * 2),
     # LFM2: short-convolution layers (a conv state) with attention at layers 2, 5 and 7 (LFM2-350M: 6 of 16)
     "conv-toy": TinyArch("lfm2", (_C, _C, _F, _C, _C, _F, _C, _F)),
+    # Gemma 4 (E2B-style): sliding and full layers, the last two sharing the KV of layers 3 (sliding) and 2 (full);
+    # built through mobius, a third exporter (kvlab.ort.models.mobius)
+    "kv-shared-toy": TinyKVShared((_S, _S, _F, _S, _S, _F), kv_shared=2, window=16),
 }
-# Architectures that cannot be built here, and why: the builder's own errors (README "Caches beyond full attention")
+# Architectures that cannot be built here, and why: the builder's own errors (README "Caches beyond full attention").
+# (Gemma 4 with KV sharing, which the builder cannot export either, is built through mobius: "kv-shared-toy".)
 DROPPED_PRESETS: dict[str, str] = {
-    "kv-shared-toy": 'Gemma 4 with KV sharing (num_kv_shared_layers > 0): the builder fails with "AttributeError: '
-    "'Gemma4UnifiedTextAttention' object has no attribute 'k_proj'\" (a KV-shared layer has no k/v "
-    "projection, and builder 0.18 has no KV-sharing code: no mention of num_kv_shared_layers in "
-    "it); the MoE Gemma 4 fails alike ('Gemma4TextAttention' object has no attribute 'k_proj')",
     "qwen3-next-toy": 'Qwen3-Next (Qwen3NextForCausalLM): "NotImplementedError: The ... model is not currently '
     'supported." (no builder dispatch entry)',
 }

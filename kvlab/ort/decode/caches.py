@@ -21,11 +21,23 @@ from ...core.slots import Slot
 from ..models.loading import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
+from .shared import shared_window_on, shared_window_refusal
 from .slots import FixedKV, GrowingKV, InPlaceState, RuntimeState, SwappedState
 
 
 class OrtCache(Cache):
-    """A cache whose steps run on ONNX Runtime."""
+    """A cache whose steps run on ONNX Runtime. On WebGPU, a model whose KV-shared layers slide (Gemma 4) runs only
+    sequences within their window (``kvlab.ort.decode.shared``): CapacityError beyond it."""
+
+    _shared_window = 0  # the smallest window of a KV-shared sliding layer, on WebGPU (0: no limit)
+
+    def _attach(self, info: ModelInfo, device: Device) -> None:
+        self._shared_window = shared_window_on(info, device)
+        super()._attach(info, device)
+
+    def check_capacity(self, positions: int) -> None:
+        if self._shared_window and positions > self._shared_window:
+            raise CapacityError(shared_window_refusal(self._info, positions, self._shared_window))
 
     def session(self, device: Device, model: Any) -> Session:
         """The session this cache's steps run on: the device's session of the model, by default; a cache that
@@ -137,6 +149,7 @@ class StaticCache(OrtCache):
         super()._attach(info, device)
 
     def check_capacity(self, positions: int) -> None:
+        super().check_capacity(positions)
         if positions > self.max_cache_len:
             raise CapacityError(
                 f"{positions} positions are needed but max_cache_len is {self.max_cache_len}; "

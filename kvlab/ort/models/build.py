@@ -19,11 +19,12 @@ from pathlib import Path
 
 from ...core.errors import ModelError
 from ...presets import cache_dir, check_precision, ensure_checkpoint, recipe
-from ...presets.recipes import TinyArch, building, recipe_key
+from ...presets.recipes import TinyArch, TinyKVShared, building, recipe_key
 from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
+MOBIUS_BUILD_VERSION = 1  # the same, for the recipes mobius exports (TinyKVShared: kvlab.ort.models.mobius)
 # builder options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder fuses
 # into GroupQueryAttention as inputs 14 and 15 on WebGPU; the built-in package's GQA takes at most 14 inputs
 # (kvlab.ort.runtime.builtin), so the norms stay separate nodes
@@ -40,7 +41,13 @@ def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -
     """Where the built-in model ``name`` in ``precision`` is (or will be) built: one directory per recipe, precision,
     build and version of the build code."""
     spec = recipe(name)
-    version = ARCH_BUILDER_VERSION if isinstance(spec, TinyArch) else BUILDER_VERSION
+    version = (
+        ARCH_BUILDER_VERSION
+        if isinstance(spec, TinyArch)
+        else MOBIUS_BUILD_VERSION
+        if isinstance(spec, TinyKVShared)
+        else BUILDER_VERSION
+    )
     more = {"webgpu_graph": True} if graph_capture else {}  # the standard build keeps its key
     key = recipe_key(spec, version, precision=check_precision(precision), **more)
     return cache_dir() / "models" / f"{name}-{precision}{'-graph' if graph_capture else ''}-{key}"
@@ -90,6 +97,11 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
     from tqdm.auto import tqdm
 
     spec = recipe(name)
+    if isinstance(spec, TinyKVShared):  # the third exporter (the builder has no KV sharing)
+        from .mobius import build as build_with_mobius
+
+        build_with_mobius(name, out, precision)
+        return
     missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnxscript") if _missing(m)]
     if missing:
         raise ModelError(

@@ -37,6 +37,8 @@ class Declared:
     logits: str
     # the names of fixed-size states per role ("conv", "recurrent"): (past pattern, present pattern), each with %d
     states: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # past input -> its head size, where a layer's differs from head_dim (Gemma 4's full-attention layers)
+    head_dims: dict[str, int] = field(default_factory=dict)
 
 
 def _load_json(file: Path) -> dict:
@@ -177,4 +179,21 @@ def declared_hf(path: Path) -> Declared:
         past,
         _names("present.%d.key", "present.%d.value", layers, file),
         "logits",
+        head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
     )
+
+
+def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:
+    """Layer -> head size from a config's ``per_layer_config`` (transformers 5.24's Gemma 4: the full-attention
+    layers' heads are larger)."""
+    per_layer = text.get("per_layer_config") or {}
+    if not isinstance(per_layer, dict):
+        raise ModelError(f"{file}: per_layer_config is {per_layer!r:.60}; it must map layer indices to configs")
+    layers = _int(text, "num_hidden_layers", file)
+    out = {}
+    for key, cfg in per_layer.items():
+        if not (str(key).isdigit() and int(key) < layers and isinstance(cfg, dict)):
+            raise ModelError(f"{file}: per_layer_config key {key!r} must be a layer index below {layers}")
+        if "head_dim" in cfg:
+            out[int(key)] = _int(cfg, "head_dim", file)
+    return out

@@ -5,8 +5,10 @@ One rule per op (``OPS``): GroupQueryAttention reads past keys and values (input
 (outputs 1 and 2), its ``local_window_size`` the window of a sliding layer (-1: full attention);
 CausalConvWithState reads a conv state (input 3) and writes it (output 1); LinearAttention a recurrent state
 (input 3 -> output 1). Keys and values another op makes (an Optimum export's Concat) are full-attention KV that
-cannot share a buffer. A state read by an op kvlab does not know is refused, naming the input, the output and the
-op: kvlab would not know how its size changes from step to step.
+cannot share a buffer. A layer with no cache input whose GroupQueryAttention reads another layer's presents as its
+past shares that layer's KV (``SharedKV``: Gemma 4, exported by mobius): it keeps nothing. A state read by an op
+kvlab does not know is refused, naming the input, the output and the op: kvlab would not know how its size changes
+from step to step.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from ...core.layout import (
     LayerKind,
     LayerSpec,
     LinearAttention,
+    SharedKV,
     SlidingWindow,
 )
 from .graph import ONNX_DTYPES, elem_type, producers, uses
 
 
 def _attention_kind(node: Any) -> LayerKind:
-    window = next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
-    return SlidingWindow(int(window)) if window > 0 else FullAttention()
+    window = _window(node)
+    return SlidingWindow(window) if window > 0 else FullAttention()
 
 
 @dataclass(frozen=True)
@@ -107,13 +110,16 @@ def read_layers(
                 "that state changes from step to step"
             )
         per_layer[layer].append((_entry(inputs[past], layer, role, present, node, head_dim, kv_heads, path), node))
-    specs = []
+    specs, shared = [], _shared_layers(graph, per_layer)
     for layer, found in per_layer.items():
+        if layer in shared:
+            specs.append(LayerSpec(layer, shared[layer]))
+            continue
         if not found:
             raise ModelError(
                 f"{path}: layer {layer} (of num_hidden_layers = {layers}) has no cache input in the "
-                "graph; kvlab knows no layer kind without one (KV shared with another layer cannot be "
-                "exported by onnxruntime-genai 0.18's builder)"
+                "graph, and no GroupQueryAttention node reads another layer's presents in its place (KV "
+                "shared with another layer, as mobius exports Gemma 4); kvlab knows no layer kind without one"
             )
         specs.append(
             LayerSpec(
@@ -124,6 +130,42 @@ def read_layers(
 
 
 ROLE_ORDER = ("key", "value", "conv", "recurrent")
+
+
+def _shared_layers(graph: Any, per_layer: dict[int, list[tuple[CacheEntry, Any]]]) -> dict[int, SharedKV]:
+    """The layers without a cache input of their own whose GroupQueryAttention reads, as its past keys and values,
+    the presents another layer's GroupQueryAttention writes (Gemma 4's KV sharing, as mobius exports it): layer ->
+    ``SharedKV``. The attention nodes that own no entry are matched, in graph order, with the layers that have
+    none, in layer order; {} when their counts differ (those layers are then refused as having no cache input)."""
+    owner = {id(node): layer for layer, found in per_layer.items() for _, node in found if node is not None}
+    writes = {
+        node.output[1]: node for node in graph.graph.node if node.op_type == "GroupQueryAttention" and id(node) in owner
+    }
+    readers = [
+        node
+        for node in graph.graph.node
+        if node.op_type == "GroupQueryAttention" and id(node) not in owner and len(node.input) > 4
+    ]
+    empty = [layer for layer, found in per_layer.items() if not found]
+    out: dict[int, SharedKV] = {}
+    for layer, node in zip(empty, readers):
+        source = writes.get(node.input[3])
+        if source is None or source.output[2] != node.input[4] or len(readers) != len(empty):
+            return {}
+        out[layer] = SharedKV(owner[id(source)], max(0, _window(node)))
+    return out
+
+
+def borrows_kv(graph: Any) -> bool:
+    """Some GroupQueryAttention node reads, as its past keys, the presents another one writes (KV sharing)."""
+    written = {n.output[1] for n in graph.graph.node if n.op_type == "GroupQueryAttention" and len(n.output) > 1}
+    return any(
+        n.op_type == "GroupQueryAttention" and len(n.input) > 3 and n.input[3] in written for n in graph.graph.node
+    )
+
+
+def _window(node: Any) -> int:
+    return int(next((a.i for a in node.attribute if a.name == "local_window_size"), -1))
 
 
 def _layer_kind(found: list[tuple[CacheEntry, Any]]) -> LayerKind:

@@ -24,7 +24,8 @@ from ...core.errors import ModelError
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, elem_type, load_graph, producers, uses, weight_format
 from .info import ModelInfo
-from .layers import known_ops, read_layers
+from .layers import borrows_kv, known_ops, read_layers
+from .mobius import check as check_mobius
 
 
 def read_info(path: Path, name: str | None = None) -> ModelInfo:
@@ -35,9 +36,10 @@ def read_info(path: Path, name: str | None = None) -> ModelInfo:
     if not onnx_file.is_file():
         raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
     graph = load_graph(onnx_file)
+    check_mobius(graph, path)
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
-    declared = _cache_inputs(d, inputs)
+    declared = _cache_inputs(d, inputs, borrows_kv(graph))
     _check_names(d, graph, inputs, outputs, declared, path)
     _cross_check(d, graph, inputs, outputs, path)
     cache = read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path)
@@ -92,11 +94,12 @@ def _declared(path: Path) -> Declared:
     )
 
 
-def _cache_inputs(d: Declared, inputs: dict) -> dict[str, tuple[int, str, str]]:
+def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, tuple[int, str, str]]:
     """Each cache input the graph has: past name -> (layer, role, present name). In a hybrid (a config with
-    states) each layer has KV or states, and ``d`` keeps only the KV pairs the graph has."""
+    states) each layer has KV or states, and in a graph whose layers borrow KV (``shared``) the borrowing layers
+    have none: ``d`` keeps only the KV pairs the graph has."""
     pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
-    if d.states:
+    if d.states or shared:
         pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
         d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
         d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
@@ -182,7 +185,7 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
 
     for key, _ in d.past:
         agree("num_key_value_heads", d.kv_heads, _dim(inputs[key], 1), f"input {key!r}")
-        agree("head_size", d.head_dim, _dim(inputs[key], 3), f"input {key!r}")
+        agree("head_size", d.head_dims.get(key, d.head_dim), _dim(inputs[key], 3), f"input {key!r}")
     agree("vocab_size", d.vocab, _dim(outputs[d.logits], 2), f"output {d.logits!r}")
     inits = {t.name: t for t in graph.graph.initializer}
     gqa = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
