@@ -7,7 +7,8 @@ with its environment, to data/conversation/<name>.json.
     .venv/bin/python scripts/conversation_bench.py genai [--turns 4]
 
 ttft: per turn, the time to first token of the reused turn (its prefill step: the positions the cache lacks) and of
-a from-scratch prefill of the same history (a fresh StaticCache of the same size), in alternating order.
+a from-scratch prefill of the same history (a fresh StaticCache of the same size), in alternating order; with
+``--probe N``, of a message of N tokens said after each turn (then taken back).
 lookup: the same greedy reply with and without PromptLookup on a StaticCache, alternating; tokens checked equal.
 genai: kvlab's turn against onnxruntime-genai's append_tokens on the same turns (time to first token).
 """
@@ -38,13 +39,16 @@ def _turn_ids(model: kvlab.Model, i: int, n: int) -> list[int]:
 
 def ttft(args: argparse.Namespace) -> dict:
     model = kvlab.load(args.model)
-    size = args.turns * (args.turn_tokens + args.new) + 8
+    size = args.turns * (args.turn_tokens + args.probe + 2 * args.new) + 8
     rows = []
     generate(model, _turn_ids(model, 0, 64), max_new_tokens=2)  # a warm-up, not measured
     with Conversation(model, cache=StaticCache(size)) as conv:
         for i in range(args.turns):
             ids = _turn_ids(model, i, args.turn_tokens)
             turn = conv.say(ids, max_new_tokens=args.new, stop_on_eos=False)
+            if args.probe:  # the turn builds the history; a short message after it is what is measured
+                ids = _turn_ids(model, i + 50, args.probe)
+                turn = conv.say(ids, max_new_tokens=args.new, stop_on_eos=False)
             reused, fresh = [turn.records[0].wall_ms], []
             for rep in range(args.reps):  # alternate: a fresh prefill, then the same turn again from its start
                 order = ("fresh", "reuse") if rep % 2 == 0 else ("reuse", "fresh")
@@ -58,6 +62,8 @@ def ttft(args: argparse.Namespace) -> dict:
                         again = conv.say(ids, max_new_tokens=args.new, stop_on_eos=False)
                         assert again.token_ids == turn.token_ids
                         reused.append(again.records[0].wall_ms)
+            if args.probe:
+                conv.rewind_turn()
             row = {
                 "turn": i + 1,
                 "history_tokens": len(turn.prompt_ids),
@@ -169,6 +175,7 @@ def main() -> None:
     p.add_argument("--turn-tokens", type=int, default=480)
     p.add_argument("--new", type=int, default=16)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--probe", type=int, default=0, help="measure a message of this many tokens after each turn")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--ngram", type=int, default=3)
     p.add_argument("--prompt", default="The capital of France is Paris. The capital of France is")
