@@ -11,6 +11,10 @@
 #                                          # 1k-8k, on whichever ONNX Runtime package is importable; the capture tests
 #   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
 #                                          # kvlab's tests of them on WebGPU
+#   bash scripts/record_gpu.sh kvshared OUT # kv-shared-toy (Gemma 4 KV sharing, built through mobius: bring the
+#                                          # mobius-onnx 0.1.0 and onnx-shape-inference wheels): its tests on WebGPU,
+#                                          # then static vs static + graph capture within its window (both packages
+#                                          # refuse capture here: ConstantOfShape on the CPU EP; the log says so)
 #   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k;
 #                                          # again with the greedy token on the device),
 #                                          # then the static cache (also with the token on the device) vs
@@ -31,7 +35,7 @@
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond, phases, argmax, modes, matrix, browser or colab}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, modes, matrix, browser or colab}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -106,6 +110,17 @@ beyond)
   step beyond 400 kv bench --models "$PRESETS" --devices webgpu --contexts "${BEYOND_CONTEXTS:-1024,8192}" \
     --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --no-genai --prefill-on webgpu --max-cache-lens 1 --no-charts \
     --out "$out/beyond"
+  ;;
+kvshared)  # the window of the KV-shared sliding layer is 16: WebGPU runs only sequences within it (kvlab refuses more)
+  step doctor 120 kv doctor --json
+  step build 200 builds kv-shared-toy:fp32
+  step tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_kv_shared.py
+  step static 300 kv bench --models kv-shared-toy --devices webgpu --contexts "${KVSHARED_CONTEXTS:-8}" \
+    --new-tokens "${NEW:-8}" --reps "${REPS:-3}" --no-genai --prefill-on cpu --max-cache-lens 1 --no-charts \
+    --out "$out/static"
+  step capture 300 kv bench --models kv-shared-toy --devices webgpu --contexts "${KVSHARED_CONTEXTS:-8}" \
+    --new-tokens "${NEW:-8}" --reps "${REPS:-3}" --no-genai --prefill-on cpu --max-cache-lens 1 --graph-capture \
+    --no-charts --out "$out/capture"
   ;;
 phases)
   step build 200 builds phi4-kv:fp32 phi4-kv:fp16
@@ -207,7 +222,7 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
   step advice 400 kv bench --models phi4-kv --devices webgpu --contexts 2048,4096 --new-tokens 16 --reps 1 --no-genai \
     --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/advice"
   ;;
-*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, phases, modes, matrix, browser, colab)" >&2
+*) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, lean, capture, beyond, kvshared, phases, modes, matrix, browser, colab)" >&2
    exit 2 ;;
 esac
 echo "== done ($(date +%T))"

@@ -248,3 +248,20 @@ def test_bad_recipes_and_precisions_are_named():
         TinyKVShared(("sliding_attention", "sliding_attention"), kv_shared=1, window=0)
     with pytest.raises(ConfigError, match=r"TinyKVShared.layer_types=\('conv', 'conv'\): Gemma 4 layers are"):
         TinyKVShared(("conv", "conv"), kv_shared=1, window=8)
+
+
+def test_graph_capture_is_refused_naming_the_constant_of_shape_nodes(model):
+    """mobius's KV-shared layers make their empty keys with ConstantOfShape, which neither package runs on WebGPU
+    (measured: onnxruntime-webgpu 1.27.0 also puts the mask's int64 ReduceSum and Sub, and the Concats, on the CPU
+    EP; onnxruntime-ep-webgpu 0.4.0 only the two ConstantOfShape nodes): the capturing session is refused before
+    anything is captured, naming the nodes and the package."""
+    from kvlab import DeviceError
+    from kvlab.ort.decode.capture import CapturedStaticCache
+
+    with CapturedStaticCache(16) as cache, pytest.raises(DeviceError) as refused:
+        generate(model, SHORT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=2)
+    message = str(refused.value)
+    assert "graph capture refused for model kv-shared-toy on onnxruntime-" in message
+    for layer in (4, 5):
+        assert f"ConstantOfShape 'model/layers.{layer}/self_attn/ConstantOfShape_node_" in message
+    assert cache.captures == 0
