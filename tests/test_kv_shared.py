@@ -153,13 +153,9 @@ def _one_gqa(path, window):
     onnx.save(model, str(path))
 
 
-def test_the_webgpu_kernel_ignores_the_window_of_a_layer_without_keys(tmp_path):
-    """The cause of the refusal above, in one node: past 28 positions, window 16. The CPU EP equals attention
-    over the last 16 (numpy); WebGPU equals attention over all 28. When a package fixes it this test says so."""
-    _one_gqa(tmp_path / "gqa.onnx", 16)
-    rng = np.random.default_rng(0)
-    p = 28
-    feeds = {
+def gqa_feeds(rng, p):
+    """Inputs of ``_one_gqa``'s node: a query, no keys or values of its own, a past of ``p`` positions."""
+    return {
         "q": rng.normal(size=(1, 1, 64)).astype(np.float32),
         "k": np.zeros((1, 0, 32), np.float32),
         "v": np.zeros((1, 0, 32), np.float32),
@@ -168,6 +164,14 @@ def test_the_webgpu_kernel_ignores_the_window_of_a_layer_without_keys(tmp_path):
         "sk": np.array([p - 1], np.int32),
         "total": np.array(p, np.int32),
     }
+
+
+def test_the_webgpu_kernel_ignores_the_window_of_a_layer_without_keys(tmp_path):
+    """The cause of the refusal above, in one node: past 28 positions, window 16. The CPU EP equals attention
+    over the last 16 (numpy); WebGPU equals attention over all 28. When a package fixes it this test says so."""
+    _one_gqa(tmp_path / "gqa.onnx", 16)
+    p = 28
+    feeds = gqa_feeds(np.random.default_rng(0), p)
 
     def attention(first):
         q, k, v = feeds["q"].reshape(4, 16), np.repeat(feeds["pk"][0], 2, 0), np.repeat(feeds["pv"][0], 2, 0)

@@ -37,6 +37,7 @@ from ..models.graph import load_graph, uses
 from ..runtime.session import Binding, RunResult, Session
 from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 from .caches import StaticCache
+from .shared import shared_capture_problem
 
 CAPTURE_OPTIONS = {"enableGraphCapture": "1"}  # the session option (both packages)
 DIAGNOSIS_OPTIONS = {"enableInt64": "1"}  # without capture, the int64 mask Cast that capture moves to WebGPU
@@ -242,6 +243,9 @@ class CapturedStaticCache(StaticCache):
         problem = capture_problem(model.info)
         if problem:
             raise ModelError(f"model {model.name} cannot be captured: {problem}")
+        problem = shared_capture_problem(model.info, device.backend)
+        if problem:
+            raise DeviceError(f"graph capture refused for model {model.name}: {problem}")
         return open_capture_session(device, model)
 
     def _attach(self, info: Any, device: Any) -> None:

@@ -24,7 +24,8 @@ from .graph import load_graph, producers, uses
 
 BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
 ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
-MOBIUS_BUILD_VERSION = 1  # the same, for the recipes mobius exports (TinyKVShared: kvlab.ort.models.mobius)
+MOBIUS_BUILD_VERSION = 2  # the same, for the recipes mobius exports (TinyKVShared: kvlab.ort.models.mobius; 2: the
+# graph-capture build rewritten, kvlab.ort.models.capture_rewrites)
 # builder options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder fuses
 # into GroupQueryAttention as inputs 14 and 15 on WebGPU; the built-in package's GQA takes at most 14 inputs
 # (kvlab.ort.runtime.builtin), so the norms stay separate nodes
@@ -100,7 +101,7 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
     if isinstance(spec, TinyKVShared):  # the third exporter (the builder has no KV sharing)
         from .mobius import build as build_with_mobius
 
-        build_with_mobius(name, out, precision)
+        build_with_mobius(name, out, precision, graph_capture)
         return
     missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnxscript") if _missing(m)]
     if missing:

@@ -175,10 +175,23 @@ def repair(onnx_file: Path) -> list[str]:
     return done
 
 
-def build(name: str, out: Path, precision: str = "fp32") -> None:
+def rewrite_for_capture(onnx_file: Path) -> list[str]:
+    """``kvlab.ort.models.capture_rewrites.for_capture`` on a repaired graph, in place; what changed."""
+    import onnx
+
+    from .capture_rewrites import for_capture
+
+    graph = load_graph(Path(onnx_file))
+    done = for_capture(graph)
+    onnx.save(graph, str(onnx_file))
+    return done
+
+
+def build(name: str, out: Path, precision: str = "fp32", graph_capture: bool = False) -> None:
     """Build the built-in ``name`` (a ``TinyKVShared`` recipe) through mobius into ``out`` (atomic): its
-    checkpoint, the graph (repaired), the checkpoint's config.json and tokenizer, ``kvlab_recipe.json`` last.
-    ConfigError for a precision other than fp32, ModelError when mobius is missing or fails."""
+    checkpoint, the graph (repaired; for ``graph_capture`` also rewritten for WebGPU graph capture), the
+    checkpoint's config.json and tokenizer, ``kvlab_recipe.json`` last. ConfigError for a precision other than
+    fp32, ModelError when mobius is missing or fails."""
     from ...presets import ensure_checkpoint, recipe
     from ...presets.recipes import building
 
@@ -194,6 +207,8 @@ def build(name: str, out: Path, precision: str = "fp32") -> None:
         except Exception as exc:  # noqa: BLE001 - mobius raises whatever its passes raise
             raise ModelError(f"mobius-onnx {version} failed to export {name!r}: {type(exc).__name__}: {exc}") from exc
         rewrites = repair(tmp / "model.onnx")
+        if graph_capture:
+            rewrites += rewrite_for_capture(tmp / "model.onnx")
         for file in ("config.json", *TOKENIZER_FILES):
             if (hf_dir / file).is_file():
                 shutil.copy(hf_dir / file, tmp / file)
@@ -204,6 +219,7 @@ def build(name: str, out: Path, precision: str = "fp32") -> None:
             **asdict(spec),
             "hf_dir": str(hf_dir),
             "exporter": f"mobius-onnx {version} (execution_provider={EXECUTION_PROVIDER!r})",
+            "graph_capture": graph_capture,
             "graph_rewrites": rewrites,
         }
         (tmp / "kvlab_recipe.json").write_text(json.dumps(record, indent=1))
