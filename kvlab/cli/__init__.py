@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance, browser-bench.
+"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance, browser-bench, chat.
 
 Every failure is one line on stderr, never a traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error
 1, Ctrl-C 130, a defect 2 (``kvlab: internal error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM
@@ -19,6 +19,7 @@ from ..core.errors import ConfigError, KvlabError
 from .args import parser
 from .bench import bench_command, conformance_command, profile_command, trace_command
 from .browser import browser_bench_command
+from .chat import chat_command
 from .doctor import doctor
 from .runs import emit, graph_kinds, run_kinds
 
@@ -58,6 +59,8 @@ def command(args: argparse.Namespace) -> int:
             return conformance_command(args)
         if args.command == "browser-bench":
             return browser_bench_command(args)
+        if args.command == "chat":
+            return chat_command(args)
         kinds = ("dynamic", "static") if args.command == "compare" else (args.cache,)
         if args.command == "generate" and args.cache == "dynamic" and args.max_cache_len is not None:
             raise ConfigError("--max-cache-len applies to --cache static only")

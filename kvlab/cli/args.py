@@ -12,6 +12,7 @@ from ..ort.runtime.backend import DEVICES
 from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .browser import add_browser_bench
+from .chat import add_chat
 
 
 def _shared(p: argparse.ArgumentParser) -> None:
@@ -99,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     ap = _OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     subcommands = (_add_doctor, _add_generate, _add_compare, _add_bench, _add_trace, _add_conformance, _add_profile)
-    for add in (*subcommands, add_browser_bench):
+    for add in (*subcommands, add_browser_bench, add_chat):
         add(sub)
     return ap
 

@@ -1,0 +1,121 @@
+"""``kvlab chat``: a scripted or piped conversation prints each turn with the positions it reused and prefilled and
+its time to first token; ``/back`` takes a turn back; a turn that does not fit, or a bad flag, is one line on stderr
+and exit 2, with the turns before it printed; Ctrl-C exits 130. ``kvlab chat --bench`` writes results.json with its
+environment and a row per turn (reused against re-prefilled). All on the toy model, on the CPU EP."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from kvlab.cli import main
+
+TOY = ["chat", "--model", "toy", "--max-new-tokens", "6", "--json"]
+
+
+def _turns(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_scripted_turns_reuse_the_cache(capsys):
+    assert main([*TOY, "--turn", "hello there", "--turn", "and once more"]) == 0
+    first, second = _turns(capsys.readouterr().out)
+    assert (first["turn"], first["reused"]) == (1, 0) and first["prefilled"] > 0
+    assert second["reused"] == first["positions"] - 1  # all but the reply's last token, which the turn feeds
+    assert second["reused"] + second["prefilled"] + second["new_tokens"] == second["positions"]
+    assert first["ttft_ms"] > 0 and first["capacity"] == 2048
+
+
+def test_plain_output_names_reused_prefilled_and_ttft(capsys):
+    assert main(["chat", "--model", "toy", "--max-new-tokens", "4", "--turn", "hi", "--turn", "again"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[turn 1: reused 0, prefilled ") and " ms, 4 tokens" in lines[0]
+    assert lines[1].startswith("assistant: ") and lines[2].startswith("[turn 2: reused ")
+
+
+def test_stdin_lines_and_back(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first message\n\nsecond message\n/back\nsecond, edited\n"))
+    assert main(TOY) == 0
+    first, second, back, edited = _turns(capsys.readouterr().out)
+    assert back == {"back": 2, "positions": first["positions"]}
+    assert edited["turn"] == 2 and edited["reused"] == second["reused"] + 1  # the rewound cache kept one more
+    assert second["text"] != "" and edited["positions"] > first["positions"]
+
+
+def test_a_turn_that_does_not_fit_is_one_line_and_exit_2(capsys):
+    rc = main([*TOY, "--max-cache-len", "60", "--turn", "a short one", "--turn", "x " * 80, "--turn", "never"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and len(_turns(out)) == 1
+    assert err.count("\n") == 1 and err.startswith("kvlab: error: chat: turn 2: turn 2 does not fit")
+    assert "positions (max_cache_len of the static cache)" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-new-tokens", "0", "--turn", "hi"],
+        ["--max-cache-len", "0", "--turn", "hi"],
+        ["--lookup", "0", "--turn", "hi"],
+        ["--bench", "--turns", "0"],
+    ],
+)
+def test_bad_values_are_one_line_and_exit_2(capsys, argv):
+    assert main(["chat", "--model", "toy", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvlab: error: chat: "), err
+
+
+def test_a_bad_flag_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["chat", "--cache", "paged"])
+    assert stop.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_lookup_reports_drafts(capsys):
+    text = "one two three four one two three four one two three four"
+    assert main([*TOY, "--lookup", "4", "--max-new-tokens", "12", "--turn", text]) == 0
+    (turn,) = _turns(capsys.readouterr().out)
+    assert turn["new_tokens"] == 12 and 0 <= turn["accepted"] <= turn["drafted"]
+
+
+def test_bench_writes_rows_with_their_environment(tmp_path, capsys):
+    argv = ["chat", "--bench", "--model", "toy", "--turns", "2", "--turn-tokens", "24", "--probe", "6"]
+    assert main([*argv, "--new-tokens", "4", "--reps", "2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert {"versions", "backend_package", "cpu", "commit", "date"} <= set(result["environment"])
+    rows = result["rows"]
+    assert [r["turn"] for r in rows] == [1, 2] and all(r["tokens_equal"] for r in rows)
+    for r in rows:
+        assert r["reused_positions"] + r["prefilled_positions"] == r["history_tokens"]
+        assert r["message_tokens"] == 6 and len(r["reprefill_ttft_runs"]) == 2 and len(r["reuse_ttft_runs"]) == 3
+        assert r["ratio"] == pytest.approx(r["reuse_ttft_ms"] / r["reprefill_ttft_ms"])
+    assert rows[1]["history_tokens"] > rows[0]["history_tokens"]
+    assert "turn 2: history" in capsys.readouterr().out
+
+
+def test_ctrl_c_exits_130():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvlab", *TOY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc.stdin.write("hello\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        while line and not line.startswith("{"):  # e.g. a model build's progress, in a fresh cache dir
+            line = proc.stdout.readline()
+        assert json.loads(line)["turn"] == 1  # the turn is done; it waits for the next line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert proc.stderr.read().startswith("kvlab: interrupted")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
