@@ -8,10 +8,13 @@ from typing import Any
 from .counters import ALLOC_COLUMNS, TorchStepRecord
 from .generate import generate, make_cache
 from .models import SHAPES, TorchModel, load, random_model
+from .quantized import KV_PRECISIONS, QuantizedKV
 
 __all__ = [
     "ALLOC_COLUMNS",
     "GraphRunner",
+    "KV_PRECISIONS",
+    "QuantizedKV",
     "SHAPES",
     "TorchModel",
     "TorchStepRecord",

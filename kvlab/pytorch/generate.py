@@ -14,21 +14,28 @@ from ..core.labels import CacheSpec, RunLabel
 from ..core.records import CacheStep, StepHook, hook_list, step_record
 from .counters import AllocCounter, KVWatch, TorchStepRecord
 from .models import TorchModel, cache_kwarg, need_torch
+from .quantized import QuantizedWatch, make_quantized, quantized_setting
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-CACHES = ("dynamic", "static")
+CACHES = ("dynamic", "static", "quantized")
 
 
-def make_cache(model: TorchModel, cache: Any, needed: int, max_cache_len: int | None = None) -> Any:
+def make_cache(
+    model: TorchModel, cache: Any, needed: int, max_cache_len: int | None = None, kv_precision: str | None = None
+) -> Any:
     """A transformers cache for ``needed`` positions from ``"dynamic"``/``"static"`` (``max_cache_len``, default
-    ``needed``), a kvlab cache (the transformers one of the same kind and size, from its ``spec``) or a
-    transformers Cache (used as is, reset)."""
+    ``needed``), ``"quantized"`` or a ``QuantizedKV`` (``kv_precision``: kvlab.pytorch.quantized), a kvlab cache
+    (the transformers one of the same kind and size, from its ``spec``) or a transformers Cache (used as is,
+    reset)."""
     from transformers import Cache as HFCache
     from transformers import DynamicCache as HFDynamic
     from transformers import StaticCache as HFStatic
 
+    setting = quantized_setting(cache, kv_precision)
+    if setting is not None:
+        return make_quantized(model, setting)
     if isinstance(cache, HFCache):
         if isinstance(cache, HFStatic):
             check_capacity(int(cache.get_max_length()), needed)
@@ -49,6 +56,8 @@ def make_cache(model: TorchModel, cache: Any, needed: int, max_cache_len: int | 
 
 
 def cache_spec(hf_cache: Any) -> CacheSpec:
+    if type(hf_cache).__name__ == "QuantizedCache":
+        return CacheSpec("quantized", None, getattr(hf_cache, "kvlab_variant", ""))
     if type(hf_cache).__name__ == "StaticCache":
         return CacheSpec("static", int(hf_cache.get_max_length()))
     return CacheSpec("dynamic")
@@ -120,10 +129,13 @@ def generate(
     stop_on_eos: bool = True,
     on_step: StepHook | Iterable[StepHook] | None = None,
     count_cpu_allocs: bool = False,
+    kv_precision: str | None = None,
 ) -> Generation:
     """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
 
-    ``cache``: "dynamic" | "static" | kvlab.DynamicCache() | kvlab.StaticCache(n) | a transformers Cache.
+    ``cache``: "dynamic" | "static" | "quantized" | kvlab.DynamicCache() | kvlab.StaticCache(n) |
+    kvlab.pytorch.QuantizedKV(...) | a transformers Cache. ``kv_precision`` (with "quantized"): "int8", "int4",
+    "int4-hqq", "int2" or "fp8" (kvlab.pytorch.quantized; default int8).
     A static cache defaults to exactly prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU
     allocation proxy (``kvlab.pytorch.counters``; slow). Returns a ``Generation`` of ``TorchStepRecord`` s. Raises
     ConfigError for a bad argument, CapacityError when the tokens do not fit the cache."""
@@ -133,10 +145,11 @@ def generate(
     n_new = check_new_tokens(max_new_tokens)
     ids = model.encode(prompt, chat=chat)
     needed = positions_needed(len(ids), n_new)
-    hf_cache = make_cache(model, cache, needed, max_cache_len)
+    hf_cache = make_cache(model, cache, needed, max_cache_len, kv_precision)
     choose = (sampling or Sampling()).chooser()
     kw, dev, hooks = cache_kwarg(model.hf), model.device, hook_list(on_step)
-    watch, records, tokens = KVWatch(), [], []
+    watch = QuantizedWatch() if type(hf_cache).__name__ == "QuantizedCache" else KVWatch()
+    records, tokens = [], []
     feed = torch.tensor([ids], dtype=torch.long, device=dev)
     position = 0
     with torch.inference_mode():

@@ -21,6 +21,7 @@ from ...core.slots import Slot
 from ..models.loading import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
+from .kvprecision import refuse_kv_precision
 from .shared import shared_window_on, shared_window_refusal
 from .slots import FixedKV, GrowingKV, InPlaceState, RuntimeState, SwappedState
 
@@ -51,6 +52,10 @@ class DynamicCache(OrtCache):
     between steps (no host round trip), so the churn measured is the runtime's real one."""
 
     kind = "dynamic"
+
+    def __init__(self, kv_precision: str | None = None):
+        super().__init__()
+        refuse_kv_precision(kv_precision, "DynamicCache")
 
     def _slot(self, entry: CacheEntry, device: Device) -> Slot:
         return GrowingKV(entry, device) if entry.grows else RuntimeState(entry, device)
@@ -89,8 +94,9 @@ class StaticCache(OrtCache):
 
     kind = "static"
 
-    def __init__(self, max_cache_len: int, check_every: int = 1, states: str = "swap"):
+    def __init__(self, max_cache_len: int, check_every: int = 1, states: str = "swap", kv_precision: str | None = None):
         super().__init__()
+        refuse_kv_precision(kv_precision, "StaticCache")
         self.max_cache_len = check_max_cache_len(max_cache_len)
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
             raise ConfigError(f"check_every={check_every!r} must be a positive int (1: check every step)")

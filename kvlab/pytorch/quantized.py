@@ -1,0 +1,185 @@
+"""Quantized KV on PyTorch: transformers' ``QuantizedCache`` (KIVI-style: the newest ``residual_length`` positions
+kept in the model's dtype, older ones quantized group-wise) as a kvlab cache setting.
+
+``kv_precision`` names what the quantized part holds and which transformers backend makes it (docs/kv-memory.md
+has the measurements behind each line):
+
+- ``"int8"``: HQQ, 8 bits (optimum-quanto's KV layer has no 8-bit mode in transformers 5.24: nbits 2 or 4 only);
+- ``"int4"``: optimum-quanto, 4 bits (``"int4-hqq"``: HQQ, 4 bits);
+- ``"int2"``: optimum-quanto, 2 bits;
+- ``"fp8"``: transformers' own float8_e4m3 layer, one scale per tensor, no residual window.
+
+Exact bytes: ``held_bytes`` walks every tensor a layer holds (packed integers, scales, zero points, the residual
+window), so ``kv_bytes_per_token`` is measured, not assumed. Importing this module imports neither torch nor the
+quantization packages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import ConfigError, ModelError
+from ..core.records import CacheStep
+
+# kv_precision -> (transformers backend, bits, the package it needs)
+KV_PRECISIONS: dict[str, tuple[str, int | None, str]] = {
+    "int8": ("hqq", 8, "hqq"),
+    "int4": ("quanto", 4, "optimum-quanto"),
+    "int4-hqq": ("hqq", 4, "hqq"),
+    "int2": ("quanto", 2, "optimum-quanto"),
+    "fp8": ("fp8", None, ""),
+}
+FULL = ("model", None)  # the model's own dtype: no quantization
+INSTALL = "pip install 'kvlab[build]' (it brings optimum-quanto and hqq)"
+
+
+@dataclass(frozen=True)
+class QuantizedKV:
+    """A quantized-KV cache setting for ``kvlab.pytorch.generate``: ``precision`` (a key of ``KV_PRECISIONS``),
+    ``group_size`` values per scale (integer backends), ``residual_length`` newest positions kept unquantized."""
+
+    precision: str = "int8"
+    group_size: int = 64
+    residual_length: int = 128
+
+    def __post_init__(self) -> None:
+        check_kv_precision(self.precision)
+        for name in ("group_size", "residual_length"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"QuantizedKV.{name}={v!r} must be a positive int")
+
+    @property
+    def backend(self) -> str:
+        return KV_PRECISIONS[self.precision][0]
+
+    @property
+    def bits(self) -> int | None:
+        return KV_PRECISIONS[self.precision][1]
+
+    @property
+    def variant(self) -> str:
+        """How the cache label names it: "int8 hqq g64 r128", "fp8"."""
+        if self.backend == "fp8":
+            return "fp8"
+        return f"{self.precision.split('-')[0]} {self.backend} g{self.group_size} r{self.residual_length}"
+
+
+def check_kv_precision(kv_precision: object) -> str:
+    if isinstance(kv_precision, str) and kv_precision in KV_PRECISIONS:
+        return kv_precision
+    raise ConfigError(
+        f"kv_precision={kv_precision!r} is not valid on PyTorch; choose one of {tuple(KV_PRECISIONS)} "
+        "(or leave it None: the model's own dtype)"
+    )
+
+
+def _need_package(precision: str) -> None:
+    package = KV_PRECISIONS[precision][2]
+    if not package:
+        return
+    import importlib.util
+
+    module = "optimum.quanto" if package == "optimum-quanto" else package
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ModelError(f"kv_precision={precision!r} needs the {package} package: {INSTALL}")
+
+
+def quantized_setting(cache: Any, kv_precision: Any) -> QuantizedKV | None:
+    """The quantized setting a ``generate`` call asks for: ``cache="quantized"`` with ``kv_precision`` (default
+    int8), a ``QuantizedKV``, or None for a full-precision cache (ConfigError: kv_precision on a cache that cannot
+    hold it)."""
+    if isinstance(cache, QuantizedKV):
+        if kv_precision not in FULL and kv_precision != cache.precision:
+            raise ConfigError(f"kv_precision={kv_precision!r} contradicts cache={cache!r}; give one of the two")
+        return cache
+    if isinstance(cache, str) and cache == "quantized":
+        return QuantizedKV("int8" if kv_precision in FULL else check_kv_precision(kv_precision))
+    if kv_precision not in FULL:
+        check_kv_precision(kv_precision)
+        raise ConfigError(
+            f"kv_precision={kv_precision!r} with cache={cache!r}: transformers quantizes KV only in its "
+            "QuantizedCache (a growing cache; its StaticCache has no quantized form). Use cache='quantized' "
+            f"(or kvlab.pytorch.QuantizedKV({kv_precision!r}))"
+        )
+    return None
+
+
+def make_quantized(model: Any, setting: QuantizedKV) -> Any:
+    """transformers' QuantizedCache for ``model`` with ``setting``; ModelError when its package is missing or the
+    model has layers other than full attention (QuantizedCache refuses them)."""
+    from transformers import QuantizedCache
+
+    _need_package(setting.precision)
+    kinds = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ModelError(
+            f"kv_precision={setting.precision!r} cannot run model {model.name}: transformers' QuantizedCache holds "
+            f"full-attention layers only, this model has {sorted(kinds)}; use a full-attention model"
+        )
+    if setting.backend == "fp8":
+        cache = QuantizedCache("fp8", model.hf.config)
+    else:
+        cache = QuantizedCache(
+            setting.backend,
+            model.hf.config,
+            nbits=setting.bits,
+            q_group_size=setting.group_size,
+            residual_length=setting.residual_length,
+        )
+    cache.kvlab_variant = setting.variant  # the label kvlab.pytorch.generate gives its runs
+    return cache
+
+
+def _tensors(obj: Any) -> list[Any]:
+    """Every plain tensor inside ``obj`` (tensor subclasses flattened, tuples, lists and dicts walked)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+            names, _ = obj.__tensor_flatten__()
+            return [t for n in names for t in _tensors(getattr(obj, n))]
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+LAYER_FIELDS = ("keys", "values", "_quantized_keys", "_quantized_values")
+
+
+def layer_tensors(cache: Any) -> list[Any]:
+    return [t for layer in cache.layers for f in LAYER_FIELDS for t in _tensors(getattr(layer, f, None))]
+
+
+def held_bytes(cache: Any) -> int:
+    """Bytes every layer of a transformers cache holds now (quantized data, scales, zero points, residual)."""
+    seen, total = set(), 0
+    for t in layer_tensors(cache):
+        if t.numel() and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+class QuantizedWatch:
+    """``KVWatch`` for a QuantizedCache: which held tensors are new objects after a step, and the live bytes
+    (every tensor ``held_bytes`` counts)."""
+
+    def __init__(self) -> None:
+        self.prev: set[int] = set()
+        self.seen: set[int] = set()
+
+    def diff(self, cache: Any) -> CacheStep:
+        now = [t for t in layer_tensors(cache) if t.numel()]
+        created = [t for t in now if id(t) not in self.prev]
+        fresh = sum(1 for t in created if t.data_ptr() not in self.seen)
+        self.seen.update(t.data_ptr() for t in created)
+        self.prev = {id(t) for t in now}
+        return CacheStep(len(created), sum(t.numel() * t.element_size() for t in created), fresh, held_bytes(cache))
