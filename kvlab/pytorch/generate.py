@@ -139,7 +139,7 @@ def generate(
     A static cache defaults to exactly prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU
     allocation proxy (``kvlab.pytorch.counters``; slow). Returns a ``Generation`` of ``TorchStepRecord`` s. Raises
     ConfigError for a bad argument, CapacityError when the tokens do not fit the cache."""
-    torch = need_torch()
+    need_torch()  # fails with its own message where torch is missing, before anything else
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a kvlab.pytorch.TorchModel (kvlab.pytorch.load(...)), got {model!r}")
     n_new = check_new_tokens(max_new_tokens)
@@ -147,7 +147,26 @@ def generate(
     needed = positions_needed(len(ids), n_new)
     hf_cache = make_cache(model, cache, needed, max_cache_len, kv_precision)
     choose = (sampling or Sampling()).chooser()
-    kw, dev, hooks = cache_kwarg(model.hf), model.device, hook_list(on_step)
+    tokens, stop, records = _loop(
+        model, ids, hf_cache, choose, hook_list(on_step), n_new, stop_on_eos, count_cpu_allocs
+    )
+    return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
+
+
+def _loop(
+    model: TorchModel,
+    ids: list[int],
+    hf_cache: Any,
+    choose: Any,
+    hooks: list[StepHook],
+    n_new: int,
+    stop_on_eos: bool,
+    count_cpu_allocs: bool,
+) -> tuple[list[int], str, list]:
+    """The prefill of ``ids`` and one decode step per token through ``hf_cache``, each recorded and given to the
+    hooks: the new tokens, why the loop stopped and the records."""
+    torch = need_torch()
+    kw, dev = cache_kwarg(model.hf), model.device
     watch = QuantizedWatch() if type(hf_cache).__name__ == "QuantizedCache" else KVWatch()
     records, tokens = [], []
     feed = torch.tensor([ids], dtype=torch.long, device=dev)
@@ -176,9 +195,8 @@ def generate(
             )
             position += n
             if stop:
-                break
+                return tokens, stop, records
             feed = torch.tensor([[token]], dtype=torch.long, device=dev)
-    return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
 
 
 def _forward(model: TorchModel, feed: torch.Tensor, kw: str, hf_cache: Any) -> tuple[Any, float]:
