@@ -63,8 +63,9 @@ def mobius_config(hf: Any) -> Any:
     return config
 
 
-def export(hf_dir: Path, out: Path) -> None:
-    """mobius's export of the checkpoint ``hf_dir`` for WebGPU in float32, its weights applied, into ``out``."""
+def export(hf_dir: Path, out: Path, task: Any = "text-generation") -> None:
+    """mobius's export of the checkpoint ``hf_dir`` for WebGPU in float32 as ``task`` (a mobius task or its
+    name), its weights applied, into ``out``."""
     import mobius
     import transformers
     from mobius._registry import registry
@@ -73,7 +74,7 @@ def export(hf_dir: Path, out: Path) -> None:
     hf = transformers.AutoConfig.from_pretrained(hf_dir)
     config = mobius_config(hf)
     module = registry.get(hf.model_type)(config)
-    package = mobius.build_from_module(module, config, "text-generation", execution_provider=EXECUTION_PROVIDER)
+    package = mobius.build_from_module(module, config, task, execution_provider=EXECUTION_PROVIDER)
     weights = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
         weights.update(load_file(str(file)))

@@ -1,0 +1,115 @@
+"""mobius's own static cache (``mobius.tasks.CausalLMTask(static_cache=True, max_seq_len=N)``) for a
+``TinyKVShared`` preset, built and run beside kvlab's ``StaticCache``: a different idea of a static cache.
+
+kvlab's StaticCache binds fixed [1, kv_heads, max_cache_len, head_dim] buffers as both past and present of the
+builder's GroupQueryAttention (written in place, ``past_present_share_buffer``), and feeds the attention mask.
+mobius's static graph instead takes each cache-owning layer's buffer as an input ``key_cache.i`` / ``value_cache.i``
+of [batch, max_seq_len, kv_hidden], scatters the step's keys into it (ONNX ``TensorScatter`` at ``write_indices``)
+and returns the result as a new output ``updated_key_cache.i``, which the caller feeds back at the next step; the
+attention is ONNX's opset-24 ``Attention`` over all max_seq_len slots with a float bias (causal, sliding window,
+``slot < nonpad_kv_seqlen``) built inside the graph. From the runtime it needs: ``input_ids``, ``position_ids``,
+``write_indices`` (where the step's keys go) and ``nonpad_kv_seqlen`` (how many slots are valid after it), and two
+sets of cache buffers (the fed ones and the updated ones: ``run`` swaps them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import ConfigError
+from .mobius import export
+
+
+def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:
+    """mobius's static-cache export of the checkpoint behind ``model`` (a loaded mobius preset), weights applied,
+    into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``); reused when built already."""
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise ConfigError(f"max_seq_len={max_seq_len!r} must be a positive int")
+    out = Path(out or model.info.path.parent / f"{model.info.path.name}-mobius-static-{max_seq_len}")
+    if (out / "model.onnx").is_file():
+        return out
+    from mobius.tasks import CausalLMTask
+
+    hf_dir = Path(json.loads((model.info.path / "kvlab_recipe.json").read_text())["hf_dir"])
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a build that did not finish
+    export(hf_dir, tmp, CausalLMTask(static_cache=True, max_seq_len=max_seq_len))
+    tmp.rename(out)
+    return out
+
+
+@dataclass
+class StaticRun:
+    """A greedy generation on mobius's static graph: its tokens and each run's seconds (the first: the prefill)."""
+
+    token_ids: list[int]
+    seconds: list[float] = field(default_factory=list)
+    cpu_nodes: list[str] = field(default_factory=list)  # "op:name" the WebGPU EP did not take
+
+    @property
+    def step_ms(self) -> float:
+        """The median one-token step, in milliseconds."""
+        return float(np.median(self.seconds[1:]) * 1e3) if len(self.seconds) > 1 else float("nan")
+
+
+class MobiusStatic:
+    """mobius's static-cache graph at ``path`` on ``device`` (a kvlab device name): ``generate`` runs it greedily
+    with its buffers on the device, the updated ones fed back at every step."""
+
+    def __init__(self, path: Path, device: str = "cpu"):
+        from ..runtime.device import open_device
+
+        self.device = open_device(device)
+        self.session = self.device.session(Path(path) / "model.onnx", f"mobius static cache, {path.name}")
+        inputs = self.session.ort.get_inputs()
+        self.caches = {i.name: (1, *i.shape[1:]) for i in inputs if "_cache." in i.name}
+        self.max_seq_len = int(next(iter(self.caches.values()))[1])
+
+    def generate(self, prompt: list[int], max_new_tokens: int) -> StaticRun:
+        """Greedy tokens for ``prompt``; ConfigError when prompt + max_new_tokens exceeds max_seq_len."""
+        from ..runtime.tensors import release_all, zeros_all
+
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise ConfigError(
+                f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed this graph's max_seq_len "
+                f"{self.max_seq_len} (its cache buffers are that long)"
+            )
+        buffers = dict(zip(self.caches, zeros_all(self.device, [(s, np.float32) for s in self.caches.values()])))
+        run, ids, pos = StaticRun([], cpu_nodes=list(self.session.cpu_nodes)), list(prompt), 0
+        try:
+            for _ in range(max_new_tokens):
+                logits, seconds, buffers = self._step(ids, pos, buffers)
+                pos += len(ids)
+                ids = [int(logits[0, -1].argmax())]
+                run.token_ids.append(ids[0])
+                run.seconds.append(seconds)
+        finally:
+            release_all(list(buffers.values()))
+        return run
+
+    def _step(self, ids: list[int], pos: int, buffers: dict) -> tuple[np.ndarray, float, dict]:
+        b = self.session.binding()
+        n = len(ids)
+        b.input("input_ids", np.array([ids], np.int64))
+        b.input("position_ids", np.arange(pos, pos + n, dtype=np.int64)[None])
+        b.input("write_indices", np.array([pos], np.int64))
+        b.input("nonpad_kv_seqlen", np.array([pos + n], np.int64))
+        for name, t in buffers.items():
+            b.input(name, t)
+        logits = np.empty((1, n, self.session.ort.get_outputs()[0].shape[2]), np.float32)
+        b.output("logits", logits)
+        for name in buffers:
+            b.output_new("updated_" + name)
+        start = time.perf_counter()
+        result = b.run()
+        seconds = time.perf_counter() - start
+        for t in buffers.values():
+            t.release()
+        return logits, seconds, {name: result.new["updated_" + name] for name in buffers}
