@@ -11,6 +11,9 @@ a from-scratch prefill of the same history (a fresh StaticCache of the same size
 ``--probe N``, of a message of N tokens said after each turn (then taken back).
 lookup: the same greedy reply with and without PromptLookup on a StaticCache, alternating; tokens checked equal.
 genai: kvlab's turn against onnxruntime-genai's append_tokens on the same turns (time to first token).
+
+On the CPU EP. For another model or device (phi4-kv on WebGPU, genai beside it): ``kvlab chat --bench``
+(kvlab.bench.conversation, results.json with the adapter and environment).
 """
 
 from __future__ import annotations
