@@ -243,3 +243,19 @@ def test_an_unknown_reduction_is_named(toy):
 
     with pytest.raises(ConfigError, match=r"reduction='tree' is not valid; choose one of \('blocks', 'single'\)"):
         greedy_graph(toy, "tree")
+
+
+def test_auto_on_a_captured_cache_chooses_on_the_host(monkeypatch):
+    """A captured graph runs a session of its own, where the greedy graph cannot run: "auto" picks the host there,
+    where an explicit token_on_device=True is refused. The adapter's answer is faked at the boundary (SwiftShader
+    is a software adapter, where "auto" would choose the host anyway): auto_reduction says "single"."""
+    import kvlab.ort.decode.greedy as greedy
+    from kvlab.ort import CapturedStaticCache
+
+    monkeypatch.setattr(greedy, "auto_reduction", lambda *a: "single")
+    graph_toy = kvlab.load("toy", graph_capture=True)
+    with CapturedStaticCache(64) as cache:
+        g = generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
+    assert not g.label.token_on_device and len(g.token_ids) == 4
+    with pytest.raises(ConfigError, match="runs a session of its own"), CapturedStaticCache(64) as cache:
+        generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=2, token_on_device=True)

@@ -24,9 +24,9 @@ from ...core.labels import RunLabel
 from ...core.records import StepHook, StepRecord, hook_list
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
-from .caches import DynamicCache
+from .caches import DynamicCache, OrtCache
 from .greedy import AUTO, reduction_for, reduction_of
-from .stepper import Stepper
+from .stepper import Stepper, has_own_session
 
 
 def generate(
@@ -74,6 +74,8 @@ def generate(
     cache = DynamicCache() if own_cache else cache
     if not isinstance(cache, Cache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
+    if token_on_device == AUTO and isinstance(cache, OrtCache) and has_own_session(cache):
+        reduction = ""  # a captured graph runs its own session: "auto" picks the token on the host there
     run = _Run(model, dev, cache, ids, new_tokens, stop_on_eos, reduction)
     hooks = [*user_hooks, run.records.append]  # the generation's own record last: a failed step is never in it
     run.pre = _prefill_stepper(model, cache, ids, hooks, prefill_device, prefill_model, dev)

@@ -197,12 +197,17 @@ def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
     return record
 
 
+def has_own_session(cache: OrtCache) -> bool:
+    """Whether the cache runs a session of its own (a captured graph), where the greedy graph cannot run."""
+    return type(cache).session is not OrtCache.session
+
+
 def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) -> Session:
     """The session the steps run on: the cache's (the device's session of the model, or one of its own), or, for
     the greedy token on the device, the device's session of the model's greedy graph."""
     if not reduction:
         return cache.session(device, model)
-    if type(cache).session is not OrtCache.session:
+    if has_own_session(cache):
         raise ConfigError(
             f"token_on_device runs the model's greedy graph on the device's own session; a "
             f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache"
