@@ -19,6 +19,7 @@ import pytest
 
 import kvlab
 from kvlab import DynamicCache, Sampling, StaticCache, Stepper, generate, load, open_device
+from kvlab.ort.runtime.device import private_device
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_PAGE = ROOT / "docs" / "reliability.md"  # the page that shows the table
@@ -508,6 +509,34 @@ CASES = [
     ),
     Case(
         "device",
+        'open_device("cpu", threads=4096) (more threads than logical CPUs)',
+        "ConfigError",
+        "threads=4096 is more than the",
+        lambda e: open_device("cpu", threads=4096),
+    ),
+    Case(
+        "device",
+        'open_device("cpu", threads=10**6)',
+        "ConfigError",
+        "threads=1000000 is more than the",
+        lambda e: open_device("cpu", threads=10**6),
+    ),
+    Case(
+        "device",
+        'open_device("cpu", threads="4")',
+        "ConfigError",
+        "threads='4' must be a positive int",
+        lambda e: open_device("cpu", threads="4"),
+    ),
+    Case(
+        "device",
+        'private_device("cpu", threads=4096)',
+        "ConfigError",
+        "threads=4096 is more than the",
+        lambda e: private_device("cpu", threads=4096),
+    ),
+    Case(
+        "device",
         'open_device("webgpu", threads=2)',
         "ConfigError",
         "apply to device 'cpu' only",
@@ -592,6 +621,13 @@ CASES = [
         "exit 1",
         "seed=-3 must be None or an int >= 0",
         lambda e: e.cli("generate", "--seed", "-3"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --threads 4096",
+        "exit 1",
+        "threads=4096 is more than the",
+        lambda e: e.cli("generate", "--threads", "4096", "--max-new-tokens", "1"),
     ),
     Case("CLI", "kvlab bench --contexts 1k,x", "exit 1", "--contexts", lambda e: e.cli("bench", "--contexts", "1k,x")),
     Case(
