@@ -12,9 +12,10 @@
 #   bash scripts/record_gpu.sh beyond OUT  # the presets beyond full attention: dynamic vs static per architecture,
 #                                          # kvlab's tests of them on WebGPU
 #   bash scripts/record_gpu.sh kvshared OUT # kv-shared-toy (Gemma 4 KV sharing, built through mobius: bring the
-#                                          # mobius-onnx 0.1.0 and onnx-shape-inference wheels): its tests on WebGPU,
-#                                          # then static vs static + graph capture within its window (both packages
-#                                          # refuse capture here: ConstantOfShape on the CPU EP; the log says so)
+#                                          # mobius-onnx 0.1.0 and onnx-shape-inference wheels): its tests, the
+#                                          # capture build's and mobius's static graph's, then static vs
+#                                          # static + graph capture within its window, paired, and mobius's static
+#                                          # graph on the CPU (scripts/kvshared_ratio.py; 1.27 refuses capture)
 #   bash scripts/record_gpu.sh phases OUT  # phi4-kv: kvlab's static step phase by phase beside genai's (1k-16k;
 #                                          # again with the greedy token on the device),
 #                                          # then the static cache (also with the token on the device) vs
@@ -113,14 +114,10 @@ beyond)
   ;;
 kvshared)  # the window of the KV-shared sliding layer is 16: WebGPU runs only sequences within it (kvlab refuses more)
   step doctor 120 kv doctor --json
-  step build 200 builds kv-shared-toy:fp32
-  step tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_kv_shared.py
-  step static 300 kv bench --models kv-shared-toy --devices webgpu --contexts "${KVSHARED_CONTEXTS:-8}" \
-    --new-tokens "${NEW:-8}" --reps "${REPS:-3}" --no-genai --prefill-on cpu --max-cache-lens 1 --no-charts \
-    --out "$out/static"
-  step capture 300 kv bench --models kv-shared-toy --devices webgpu --contexts "${KVSHARED_CONTEXTS:-8}" \
-    --new-tokens "${NEW:-8}" --reps "${REPS:-3}" --no-genai --prefill-on cpu --max-cache-lens 1 --graph-capture \
-    --no-charts --out "$out/capture"
+  step build 200 build kv-shared-toy:fp32 kv-shared-toy:fp32:graph
+  step tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_kv_shared.py \
+    tests/test_kv_shared_capture.py tests/test_mobius_static.py
+  step ratio 200 python3 scripts/kvshared_ratio.py --reps "${REPS:-5}" --out "$out/kvshared_ratio.json"
   ;;
 phases)
   step build 200 builds phi4-kv:fp32 phi4-kv:fp16

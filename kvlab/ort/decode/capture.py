@@ -243,10 +243,11 @@ class CapturedStaticCache(StaticCache):
         problem = capture_problem(model.info)
         if problem:
             raise ModelError(f"model {model.name} cannot be captured: {problem}")
+        session = open_capture_session(device, model)  # first: the nodes the CPU EP takes, named
         problem = shared_capture_problem(model.info, device.backend)
         if problem:
             raise DeviceError(f"graph capture refused for model {model.name}: {problem}")
-        return open_capture_session(device, model)
+        return session
 
     def _attach(self, info: Any, device: Any) -> None:
         if device.name != "webgpu":
