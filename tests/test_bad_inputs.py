@@ -116,6 +116,12 @@ def step(ids: Any, needed: int = 8, **kw: Any) -> Callable[[Env], Any]:
     return run
 
 
+def existing(e: Env) -> Path:
+    f = e.tmp / "results"
+    f.write_text("kept")
+    return f
+
+
 def prompt_file(content: bytes | None) -> Callable[[Env], Any]:
     def run(e: Env) -> tuple[int, str]:
         f = e.tmp / "prompt.txt"
@@ -628,6 +634,77 @@ CASES = [
         "exit 1",
         "threads=4096 is more than the",
         lambda e: e.cli("generate", "--threads", "4096", "--max-new-tokens", "1"),
+    ),
+    # output paths: checked before anything is measured (exit 2, as a bad flag)
+    Case(
+        "CLI",
+        "kvlab bench --out an existing file",
+        "exit 2",
+        "is an existing file; it must name a folder",
+        lambda e: e.cli("bench", "--out", str(existing(e))),
+    ),
+    Case(
+        "CLI",
+        "kvlab bench --out /dev/null/bench (under a file)",
+        "exit 2",
+        "'/dev/null' is not a folder",
+        lambda e: e.cli("bench", "--out", "/dev/null/bench"),
+    ),
+    Case(
+        "CLI",
+        "kvlab bench --out /proc/kvlab (a folder nothing can be written in)",
+        "exit 2",
+        "cannot write in '/proc'",
+        lambda e: e.cli("bench", "--out", "/proc/kvlab"),
+    ),
+    Case(
+        "CLI",
+        "kvlab trace --out /dev/null/t.json",
+        "exit 2",
+        "'/dev/null' is not a folder",
+        lambda e: e.cli("trace", "--out", "/dev/null/t.json"),
+    ),
+    Case(
+        "CLI",
+        "kvlab trace --out an existing folder",
+        "exit 2",
+        "is a folder; it must name a file",
+        lambda e: e.cli("trace", "--out", str(e.tmp)),
+    ),
+    Case(
+        "CLI",
+        "kvlab conformance --out /dev/null/c.json",
+        "exit 2",
+        "'/dev/null' is not a folder",
+        lambda e: e.cli("conformance", "--out", "/dev/null/c.json"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --csv /dev/null/p.csv",
+        "exit 2",
+        "--csv '/dev/null/p.csv'",
+        lambda e: e.cli("profile", "--csv", "/dev/null/p.csv"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --phases --json an existing folder",
+        "exit 2",
+        "--json",
+        lambda e: e.cli("profile", "--phases", "--json", str(e.tmp)),
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --out an existing file",
+        "exit 2",
+        "is an existing file",
+        lambda e: e.cli("browser-bench", "--out", str(existing(e))),
+    ),
+    Case(
+        "CLI",
+        "kvlab chat --bench --out /dev/null/x",
+        "exit 2",
+        "'/dev/null' is not a folder",
+        lambda e: e.cli("chat", "--bench", "--out", "/dev/null/x"),
     ),
     Case("CLI", "kvlab bench --contexts 1k,x", "exit 1", "--contexts", lambda e: e.cli("bench", "--contexts", "1k,x")),
     Case(

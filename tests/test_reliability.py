@@ -277,3 +277,17 @@ print("closed")
     r = run_python(code)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["cpu", "0", "webgpu", "0", "closed"]
+
+
+def test_a_result_file_is_written_whole_or_not_at_all(tmp_path):
+    """A write that fails part-way (a real failure: text that cannot be encoded) leaves the old file as it was and
+    no temporary file beside it; one that succeeds replaces it whole (issue 33, defects 5-7)."""
+    from kvlab.core.paths import write_atomic
+
+    out = tmp_path / "results.json"
+    out.write_text("old")
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(out, '{"rows": [1, 2, "\ud800"]}')
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    write_atomic(out, "new")
+    assert out.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["results.json"]

@@ -203,10 +203,8 @@ def write(result: dict[str, Any], out: Path) -> Path:
     """results.json under ``out``, with the environment it was measured in."""
     import json
 
+    from ..core.paths import write_atomic
     from .results import environment
 
     result["environment"] = environment({"note": "not measured by kvlab chat --bench"})
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    return path
+    return write_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.paths import write_atomic
 from ..lab.recorded import bench_figure
 from ..ort import open_device, opened
 from ..ort.runtime import memory
@@ -58,17 +60,18 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
 
 
 def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
-    """results.json, results.csv and (unless disabled) one chart per (model, device) as HTML and PNG."""
+    """results.json, results.csv (each written whole or not at all: ``write_atomic``) and (unless disabled) one
+    chart per (model, device) as HTML and PNG."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "results.json", out / "results.csv"]
-    files[0].write_text(json.dumps(result, indent=1, default=float))
-    with files[1].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
-        w.writeheader()
-        w.writerows(
-            {k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
-            for r in result["rows"]
-        )
+    write_atomic(files[0], json.dumps(result, indent=1, default=float))
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=list(result["rows"][0]))
+    w.writeheader()
+    w.writerows(
+        {k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()} for r in result["rows"]
+    )
+    write_atomic(files[1], table.getvalue())
     if charts and importlib.util.find_spec("plotly") is None:
         print(
             "kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.lab.recorded."

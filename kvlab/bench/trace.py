@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..core.frames import decode_median
+from ..core.paths import write_atomic
 from ..ort import DynamicCache, Model, StaticCache, generate, open_device
 from ..ort.checks.conformance import check
 from ..ort.runtime.device import describe
@@ -94,7 +95,5 @@ def conformance(models: list[Model], device: str = "webgpu", prompt_tokens: int 
 
 
 def write_json(data: Any, path: Path) -> Path:
-    """Write ``data`` as JSON to ``path`` (its folder made first); returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=float))
-    return path
+    """Write ``data`` as JSON to ``path`` (its folder made first; whole or not at all: ``write_atomic``)."""
+    return write_atomic(path, json.dumps(data, indent=1, default=float))

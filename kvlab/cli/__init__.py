@@ -1,7 +1,8 @@
 """The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance, browser-bench, chat.
 
-Every failure is one line on stderr, never a traceback: a bad flag exits 2 (``kvlab: error: ...``), a kvlab error
-1, Ctrl-C 130, a defect 2 (``kvlab: internal error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM
+Every failure is one line on stderr, never a traceback: a bad flag exits 2 (``kvlab: error: ...``; an output path
+kvlab cannot write too, checked before anything is measured: ``check_outputs``), a kvlab error 1, Ctrl-C 130, a
+defect 2 (``kvlab: internal error: ...``; ``KVLAB_TRACEBACK=1`` shows its traceback). SIGTERM
 (``timeout``, a job scheduler) stops a command as Ctrl-C does: through the same releases, and ``kvlab bench``
 keeps the contexts it finished."""
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.errors import ConfigError, KvlabError
+from ..core.paths import check_output
 from .args import parser
 from .bench import bench_command, conformance_command, profile_command, trace_command
 from .browser import browser_bench_command
@@ -27,11 +29,38 @@ from .runs import emit, graph_kinds, run_kinds
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status."""
     args = parser().parse_args(argv)
+    try:
+        check_outputs(args)
+    except ConfigError as exc:  # a bad output flag, as argparse's bad flags: exit 2, before anything is measured
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         return command(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# Every command's output flags: (command, attribute) -> whether it names a folder (else a file).
+OUTPUTS = {
+    ("bench", "out"): True,
+    ("browser-bench", "out"): True,
+    ("chat", "out"): True,
+    ("trace", "out"): False,
+    ("conformance", "out"): False,
+    ("profile", "csv"): False,
+    ("profile", "json"): False,
+}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """ConfigError for the first output flag of ``args`` that names a path kvlab cannot write (``check_output``),
+    before any measuring. ``kvlab chat`` writes only with ``--bench``."""
+    for (cmd, attr), folder in OUTPUTS.items():
+        value = getattr(args, attr, None)
+        if args.command != cmd or not isinstance(value, Path) or (cmd == "chat" and not args.bench):
+            continue
+        check_output(value, f"--{attr}", folder)
 
 
 def stop(signum: int, frame: object) -> None:

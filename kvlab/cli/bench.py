@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 
 from .. import bench
 from ..core.errors import ConfigError
+from ..core.paths import write_atomic
 from ..ort import load
 from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
@@ -94,11 +96,11 @@ def profile_command(args: argparse.Namespace) -> int:
         f"a little to every node; mean of {new_tokens - 2} decode runs)"
     )
     if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        with args.csv.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        table = io.StringIO(newline="")
+        w = csv.DictWriter(table, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+        write_atomic(args.csv, table.getvalue())
     return 0
 
 
@@ -184,6 +186,5 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         "first)"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(r, indent=1))
+        write_atomic(args.json, json.dumps(r, indent=1))
     return 0

@@ -1,0 +1,65 @@
+"""Output paths: checked before anything is measured, written atomically.
+
+``check_output`` finds a bad output path (an existing file where a folder goes, a folder where a file goes, a parent
+that is a file such as ``/dev/null/t.json``, a folder kvlab cannot write in) before a command spends minutes
+measuring; ``write_atomic`` writes a result into a temporary file beside it and renames it over the old one
+(``os.replace``), so a reader sees the old file or the whole new one, never half of one."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (``path`` made absolute first)."""
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _probe(folder: Path, what: str, path: Path) -> None:
+    """ConfigError unless a file can really be made in ``folder`` (``os.access`` says yes to root everywhere)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvlab-probe-")
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output(path: str | os.PathLike, what: str, folder: bool) -> Path:
+    """``path`` as a Path when kvlab can write there: a folder (``folder=True``: new or existing, made later) or a
+    file (new or replaced). Raises ConfigError naming ``what`` (e.g. "--out") and the path otherwise."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ConfigError(f"{what} {path!r} must be a non-empty path")
+    path = Path(path)
+    if path.exists():
+        if folder and not path.is_dir():
+            raise ConfigError(f"{what} {str(path)!r} is an existing file; it must name a folder (new or existing)")
+        if not folder and path.is_dir():
+            raise ConfigError(f"{what} {str(path)!r} is a folder; it must name a file (new or to replace)")
+    base = _nearest_existing(path if folder else path.parent)
+    if not base.is_dir():
+        raise ConfigError(f"{what} {str(path)!r}: {str(base)!r} is not a folder, so nothing can be written under it")
+    _probe(base, what, path)
+    return path
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in its folder (made first) and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
