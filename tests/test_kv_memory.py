@@ -4,6 +4,9 @@ quality rows of data/kv-quality/."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +15,7 @@ from kvlab.bench import kv_quality
 from kvlab.pytorch import quantized as q
 
 pytest.importorskip("torch")
+QUALITY = Path(__file__).resolve().parents[1] / "data" / "kv-quality" / "kv-quality.json"
 
 
 @pytest.mark.parametrize("cache", [kvlab.StaticCache, kvlab.DynamicCache])
@@ -85,3 +89,19 @@ def test_quantized_cache_refuses_a_model_with_sliding_layers():
     model = kvlab.pytorch.load("sliding-toy")
     with pytest.raises(kvlab.ModelError, match=r"QuantizedCache holds full-attention layers only.*sliding_attention"):
         kvlab.pytorch.generate(model, [5, 6, 7], cache="quantized", kv_precision="int8", max_new_tokens=2)
+
+
+def test_the_recorded_quality_rows():
+    """data/kv-quality/kv-quality.json: >= 4096 tokens of real text, every row's fields, the reference row exact,
+    and bytes per token as measured below the float32 KV's."""
+    result = json.loads(QUALITY.read_text())
+    assert result["n_tokens"] >= 4096 and result["environment"]["transformers_version"]
+    rows = {r["kv_precision"]: r for r in result["rows"]}
+    assert {"float32", "int8", "int4"} <= set(rows)
+    for r in rows.values():
+        assert set(kv_quality.ROW_FIELDS) <= set(r)
+    ref = rows["float32"]
+    assert ref["top1_agreement"] == 1 and ref["kl_mean"] == 0 and ref["first_divergent_token"] is None
+    assert ref["kv_bytes_per_token"] == ref["predicted_bytes_per_token"] == 46080
+    assert ref["kv_bytes_per_token"] > rows["int8"]["kv_bytes_per_token"] > rows["int4"]["kv_bytes_per_token"]
+    assert rows["int8"]["kl_mean"] < rows["int4"]["kl_mean"]
