@@ -589,7 +589,7 @@ def static_gain(
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     t = title(
         "What a static cache buys: the dynamic cache's decode step over the static cache's",
-        "recorded: kvlab bench, paired medians; live: this notebook's runs, one each",
+        "recorded: kvlab bench, paired medians; live: this notebook's runs, not paired (see the note)",
         note,
     )
     lo, hi = (min(contexts), max(contexts)) if contexts else (256, 16384)

@@ -1,0 +1,36 @@
+"""How a live widget reads where no kernel draws it: a committed notebook opened without running it, or a static
+viewer. The widget itself is displayed as usual; only the plain-text fallback changes, from the object's repr
+(``<kvlab.web.widget.BrowserLab object at 0x...>``) to a sentence saying what it is and how to get it.
+
+    from kvlab.lab.show import live_widget
+    live_widget(browser, "the browser runner (a live widget): run this cell, then press its button")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LiveWidget:
+    """``widget`` as a notebook shows it, with ``text`` as its plain-text form."""
+
+    def __init__(self, widget: Any, text: str) -> None:
+        self.widget, self.text = widget, text
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):  # (data, metadata), as ipywidgets may return
+            data, metadata = bundle
+            return {**data, "text/plain": self.text}, metadata
+        if isinstance(bundle, dict):
+            return {**bundle, "text/plain": self.text}
+        return {"text/plain": self.text}
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def live_widget(widget: Any, text: str) -> Any:
+    """What a cell ends with to show ``widget`` live, and ``text`` where it cannot be drawn; None (nothing shown)
+    when there is no widget, e.g. it could not start here."""
+    return LiveWidget(widget, text) if widget is not None else None
