@@ -57,7 +57,7 @@ def main() -> None:
     except DeviceError as exc:
         result.update(capture_refused=str(exc), static_ms=static_ms, tokens=static_tokens)
     try:
-        from kvlab.ort.models.mobius_static import MobiusStatic, build_static
+        from kvlab.ort.checks.mobius_static import MobiusStatic, build_static
 
         plain = kvlab.load("kv-shared-toy", progress=False)
         run = MobiusStatic(build_static(plain, 64), "cpu")

@@ -1,4 +1,4 @@
-"""mobius's own static cache (kvlab.ort.models.mobius_static: ``CausalLMTask(static_cache=True)``) on kv-shared-toy,
+"""mobius's own static cache (kvlab.ort.checks.mobius_static: ``CausalLMTask(static_cache=True)``) on kv-shared-toy,
 real sessions against transformers' Gemma 4 greedy tokens: what its graph takes from the runtime, its tokens within
 and beyond the sliding window on the CPU EP, and why neither WebGPU package runs it."""
 
@@ -10,7 +10,7 @@ from test_kv_shared import PROMPT, SHORT, SHORT_NEW
 import kvlab
 from kvlab import ConfigError, DeviceError
 from kvlab.ort.checks.references import transformers_greedy
-from kvlab.ort.models.mobius_static import MobiusStatic, build_static
+from kvlab.ort.checks.mobius_static import MobiusStatic, build_static
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import ConfigError
-from .mobius import export
+from ..models.mobius import export
 
 
 def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:

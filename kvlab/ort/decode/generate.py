@@ -67,15 +67,13 @@ def generate(
     check_flag("chat", chat)
     check_flag("stop_on_eos", stop_on_eos)
     model, dev = load(model), open_device(device)
-    choose, reduction = _choice(model, sampling, token_on_device, dev)
     user_hooks = hook_list(on_step)
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
     cache = DynamicCache() if own_cache else cache
     if not isinstance(cache, Cache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
-    if token_on_device == AUTO and isinstance(cache, OrtCache) and has_own_session(cache):
-        reduction = ""  # a captured graph runs its own session: "auto" picks the token on the host there
+    choose, reduction = _choice(model, sampling, token_on_device, dev, cache)
     run = _Run(model, dev, cache, ids, new_tokens, stop_on_eos, reduction)
     hooks = [*user_hooks, run.records.append]  # the generation's own record last: a failed step is never in it
     run.pre = _prefill_stepper(model, cache, ids, hooks, prefill_device, prefill_model, dev)
@@ -119,12 +117,16 @@ class _Run:
         return Generation(label, self.ids.tolist(), list(self.tokens), m.decode(self.tokens), stop, list(self.records))
 
 
-def _choice(model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device) -> tuple[Any, str]:
-    """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none)."""
+def _choice(
+    model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device, cache: Cache
+) -> tuple[Any, str]:
+    """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none). "auto" picks
+    the host when sampling and for a cache that runs a session of its own (a captured graph)."""
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
     sampled = sampling is not None and sampling.do_sample
     if isinstance(token_on_device, str) and token_on_device == AUTO:
-        return choose, "" if sampled else reduction_for(AUTO, model.info.vocab_size, dev)
+        own = isinstance(cache, OrtCache) and has_own_session(cache)
+        return choose, "" if sampled or own else reduction_for(AUTO, model.info.vocab_size, dev)
     reduction = reduction_of(token_on_device)
     if reduction and sampled:
         raise ConfigError(
