@@ -35,6 +35,7 @@ import numpy as np
 
 from ...core.errors import DeviceError
 from .backend import DEVICES, Backend
+from .context import WEBGPU
 from .session import Session
 from .tensors import DeviceTensor
 
@@ -129,14 +130,15 @@ class BuiltinWebGpu(Backend):
         if device.name == "cpu":
             host = np.zeros(shape, dtype)
             return DeviceTensor(self.host_value(host), device, keep=host)
-        binding = self._helper(device, dtype).binding()
-        if dtype == np.float16:
-            binding.input("x", np.zeros(shape, dtype))
-        else:
-            binding.input("value", np.zeros((), dtype))
-            binding.input("shape", np.asarray(shape, np.int64))
-        binding.output_new("y")
-        return binding.run().new["y"]
+        with WEBGPU:  # the helper session is made once, on the one context
+            binding = self._helper(device, dtype).binding()
+            if dtype == np.float16:
+                binding.input("x", np.zeros(shape, dtype))
+            else:
+                binding.input("value", np.zeros((), dtype))
+                binding.input("shape", np.asarray(shape, np.int64))
+            binding.output_new("y")
+            return binding.run().new["y"]
 
     def _helper(self, device: Any, dtype: np.dtype) -> Session:
         """The one-node session that allocates ``dtype`` tensors on ``device`` (Expand, or Identity for float16)."""
@@ -166,7 +168,8 @@ class BuiltinWebGpu(Backend):
         if src.device_name() == dst.device_name() == "cpu":  # copy_tensors has no transfer from the CPU to itself
             np.copyto(dst.numpy(), src.numpy())  # a CPU value's numpy() is a view of its memory
             return
-        self.ort.copy_tensors([src], [dst], None)
+        with WEBGPU:  # one of them is on WebGPU's one context (kvlab.ort.runtime.context)
+            self.ort.copy_tensors([src], [dst], None)
 
     def forget(self, device: Any) -> None:
         for key in [k for k in self._helpers if k[0] == id(device)]:

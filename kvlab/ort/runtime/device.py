@@ -31,6 +31,7 @@ from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
+from .context import gate
 from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options
 from .preflight import refuse_f16, workarounds
 from .session import Session, drop_every_binding, drop_every_session
@@ -62,6 +63,7 @@ class Device:
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
         self._live: dict[int, int] = {}  # tensor token -> nbytes of live kvlab-owned tensors
         self._lock = threading.Lock()
+        self._sessions_lock = threading.RLock()  # the session cache is checked and filled by one thread at a time
         self.closed = False
 
     @property
@@ -78,12 +80,13 @@ class Device:
         self._check_open()
         path = str(Path(model_path).resolve())
         key = _session_key(path, options)
-        if key not in self._sessions:
-            refuse_f16(self, Path(path), label or path)
-            model, rewrites = workarounds(self, Path(path))
-            self._sessions[key] = Session(self, model, label or path, options)
-            self._sessions[key].rewrites = rewrites
-        return self._sessions[key]
+        with self._sessions_lock, gate(self.name):
+            if key not in self._sessions:
+                refuse_f16(self, Path(path), label or path)
+                model, rewrites = workarounds(self, Path(path))
+                self._sessions[key] = Session(self, model, label or path, options)
+                self._sessions[key].rewrites = rewrites
+            return self._sessions[key]
 
     @property
     def sessions(self) -> tuple[str, ...]:
@@ -182,6 +185,7 @@ def _session_key(path: str, options: dict[str, str] | None) -> str:
 
 
 _OPEN: dict[str, Device] = {}
+_OPEN_LOCK = threading.RLock()  # open_device checks and sets _OPEN under it: threads opening at once get one device
 _BACKEND: Backend | None = None
 
 
@@ -228,6 +232,12 @@ def open_device(
     )
     if profile is not None:
         options["profile"] = str(profile)
+    with _OPEN_LOCK:
+        return _open(name, options)
+
+
+def _open(name: str, options: dict[str, str]) -> Device:
+    """The open device of that name (its options checked against ``options``), or a new one registered."""
     dev = _OPEN.get(name)
     if dev is not None:
         differing = {k: v for k, v in options.items() if dev.ep_options.get(k, v) != v or k not in dev.ep_options}
@@ -282,8 +292,9 @@ def _release_while_the_runtime_lives() -> None:
 
 def close_device(name: str) -> None:
     """Close the open device of that name, if any (see ``Device.close``)."""
-    if name in _OPEN:
-        _OPEN[name].close()
+    with _OPEN_LOCK:
+        if name in _OPEN:
+            _OPEN[name].close()
 
 
 def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 
 from ...core.errors import DeviceError
 from .builtin import BuiltinWebGpu
+from .context import WEBGPU
 from .session import Session
 from .tensors import DeviceTensor
 
@@ -190,8 +191,9 @@ class PluginWebGpu(BuiltinWebGpu):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
         if device.name == "cpu":
             return super().zeros(shape, dtype, device)
-        self._anchor(device)
-        return DeviceTensor(self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "webgpu", 0), device)
+        with WEBGPU:
+            self._anchor(device)
+            return DeviceTensor(self.ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "webgpu", 0), device)
 
     def _anchor(self, device: Any) -> None:
         """Create the WebGPU context with the device's options (not the defaults), by a one-node session."""

@@ -15,6 +15,7 @@ import numpy as np
 from ...core.errors import ConfigError, DeviceError
 from . import memory
 from .backend import HEAVY_OPS
+from .context import gate
 from .tensors import DeviceTensor, _Owner
 
 _SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_session(), at exit
@@ -106,7 +107,8 @@ class Binding:
             self._io.bind_ortvalue_input(name, value)
         else:  # the runtime copies it to the device at binding time (or reads it in place on the CPU)
             start = time.perf_counter()
-            self._keep["in:" + name] = (value, self._backend.bind_host_input(self._io, name, value))
+            with gate(self.session.device.name):  # a copy onto WebGPU's one context
+                self._keep["in:" + name] = (value, self._backend.bind_host_input(self._io, name, value))
         self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
@@ -149,6 +151,10 @@ class Binding:
         DeviceError when a binding with runtime-allocated outputs is run twice."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
+        with gate(self.session.device.name):  # one thread at a time on WebGPU's one context (kvlab.ort.runtime.context)
+            return self._run()
+
+    def _run(self) -> RunResult:
         start = time.perf_counter()
         self.session.ort.run_with_iobinding(self._io, self.run_options)
         result = RunResult(time.perf_counter() - start, self._bind_seconds)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ...core.atomic import atomic
 from ...core.errors import ConfigError, DeviceError
+from .context import gate
 
 ONNX_TYPES = {
     np.dtype(np.float32): "tensor(float)",
@@ -71,17 +72,19 @@ class DeviceTensor:
 
     def numpy(self) -> np.ndarray:
         """A host copy of the contents."""
-        return np.array(self.ortvalue().numpy(), copy=True)
+        with gate(self.device.name):
+            return np.array(self.ortvalue().numpy(), copy=True)
 
     def release(self) -> None:
         if self._value is None:
             return
-        self._value = self._keep = None
-        self._untrack()
-        _UNRELEASED.discard(self)
-        if self._owner is not None:
-            self._owner.drop()
-            self._owner = None
+        with gate(self.device.name):  # the buffer goes back to the (one) WebGPU buffer manager now
+            self._value = self._keep = None
+            self._untrack()
+            _UNRELEASED.discard(self)
+            if self._owner is not None:
+                self._owner.drop()
+                self._owner = None
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.nbytes} bytes"
