@@ -15,6 +15,8 @@ from .frames import decode_median, frame
 from .labels import RunLabel
 from .records import COLUMNS, StepRecord
 
+MIN_TEMPERATURE = 1e-6  # below it the logits / temperature can overflow float64 (a subnormal: inf, NaN)
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -31,6 +33,11 @@ class Sampling:
         check_flag("do_sample", self.do_sample)
         if not _real(self.temperature) or not math.isfinite(self.temperature) or not self.temperature > 0:
             raise ConfigError(f"temperature={self.temperature!r} must be a finite number > 0")
+        if self.temperature < MIN_TEMPERATURE:  # a subnormal one made the logits / temperature inf, p NaN
+            raise ConfigError(
+                f"temperature={self.temperature!r} is below {MIN_TEMPERATURE:g}, where the scaled logits overflow; "
+                "for the most likely token use do_sample=False"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k!r} must be an int >= 0 (0 disables it)")
         if not _real(self.top_p) or not 0 < self.top_p <= 1:
@@ -160,7 +167,10 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
         ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size
     ):
         return ids
-    ids = np.asarray(ids)
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError) as exc:  # a ragged list ([[1, 2], [3]]), ...
+        raise ConfigError(f"token ids must be a 1-D list of ints, got {ids!r:.60} ({exc})") from None
     if ids.ndim == 2 and ids.shape[0] != 1:
         raise ConfigError(
             f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a time (batch size 1)"

@@ -122,6 +122,11 @@ class Model:
         if isinstance(prompt, np.ndarray) or (
             isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
         ):
+            if chat:  # token ids are already past any template: chat=True would be silently ignored
+                raise ConfigError(
+                    "chat=True applies to text or chat messages, not token ids; render the template "
+                    "yourself or pass chat=False"
+                )
             out = self.check_ids(prompt)
         elif isinstance(prompt, str):
             text = self.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt

@@ -291,7 +291,8 @@ def _release_while_the_runtime_lives() -> None:
 
 
 def close_device(name: str) -> None:
-    """Close the open device of that name, if any (see ``Device.close``)."""
+    """Close the open device of that name, if any (see ``Device.close``); ConfigError for a name not a device."""
+    check_choice(name, DEVICES, "device ")
     with _OPEN_LOCK:
         if name in _OPEN:
             _OPEN[name].close()
