@@ -9,8 +9,8 @@ from test_kv_shared import PROMPT, SHORT, SHORT_NEW
 
 import kvlab
 from kvlab import ConfigError, DeviceError
-from kvlab.ort.checks.references import transformers_greedy
 from kvlab.ort.checks.mobius_static import MobiusStatic, build_static
+from kvlab.ort.checks.references import transformers_greedy
 
 
 @pytest.fixture(scope="module")
