@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.paths import write_atomic
 
 SPIN = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\nwhile True: pass"
 SETTINGS = {"default": {}, "spinning=off": {"spinning": False}, "threads=1": {"threads": 1}}
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(json.loads(out.strip().splitlines()[-1]))
         print(report(results[-1]), flush=True)
     if args.out is not None:
-        (args.out / "results.json").write_text(json.dumps({"rows": results}, indent=1))
+        write_atomic(args.out / "results.json", json.dumps({"rows": results}, indent=1))
 
 
 if __name__ == "__main__":
