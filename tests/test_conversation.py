@@ -27,8 +27,20 @@ BEYOND = ["sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy"]
 NEW = 8
 
 
-def _cache(kind: str) -> kvlab.Cache:
-    return DynamicCache() if kind == "dynamic" else StaticCache(256)
+_MADE: list[kvlab.Cache] = []  # every cache a test made here; a Conversation leaves a given cache to its caller
+
+
+def _cache(kind: str, max_cache_len: int = 256, **options) -> kvlab.Cache:
+    cache = DynamicCache() if kind == "dynamic" else StaticCache(max_cache_len, **options)
+    _MADE.append(cache)
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def _dispose_the_caches_a_test_made():
+    yield
+    while _MADE:
+        _MADE.pop().dispose()
 
 
 def _from_scratch(model, turn, kind, device="cpu") -> list[int]:
@@ -92,7 +104,7 @@ def test_the_presets_beyond_full_attention_keep_their_cache_across_turns(name, k
 def test_text_turns_are_rendered_with_the_chat_template_after_the_conversation_so_far(smollm2):
     """The first turn is the template's rendering of the message; a later one the template's text after the last
     reply, so the whole history is the template's rendering of every message (the replies as generated)."""
-    with Conversation(smollm2, cache=StaticCache(512)) as conv:
+    with Conversation(smollm2, cache=_cache("static", 512)) as conv:
         first = conv.say("What is the capital of France?", max_new_tokens=6)
         assert first.prompt_ids == smollm2.encode("What is the capital of France?", chat=True).tolist()
         second = conv.say("And of Italy?", max_new_tokens=6)
@@ -135,7 +147,7 @@ def test_a_rewind_inside_a_reply_keeps_its_first_tokens(toy, kind):
 
 
 def test_a_turn_that_does_not_fit_is_refused_before_any_work_and_the_conversation_goes_on(toy):
-    with Conversation(toy, cache=StaticCache(64)) as conv:
+    with Conversation(toy, cache=_cache("static", 64)) as conv:
         conv.say(TURNS[0], max_new_tokens=NEW)  # 30 + 8 positions: 37 in the cache
         ids, held, steps = conv.ids, conv.held, len(conv.turns[0].records)
         with pytest.raises(CapacityError, match=r"turn 2 does not fit: the conversation uses 38 of 64 positions "
@@ -153,7 +165,7 @@ def test_a_turn_that_does_not_fit_is_refused_before_any_work_and_the_conversatio
 @pytest.mark.parametrize("how", ["run", "hook", "ctrl-c"])
 def test_a_failed_turn_leaves_the_conversation_at_the_previous_turn(name, kind, how):
     model = kvlab.load(name)
-    cache = StaticCache(256, states="in-place") if kind == "in-place" else _cache(kind)
+    cache = _cache("static", states="in-place") if kind == "in-place" else _cache(kind)
     with Conversation(model, cache=cache) as conv, Conversation(model, cache=_cache("static")) as clean:
         conv.say(TURNS[0], max_new_tokens=NEW)
         ids, held = conv.ids, conv.held
@@ -178,7 +190,7 @@ def test_a_failed_turn_leaves_the_conversation_at_the_previous_turn(name, kind, 
 
 def test_another_use_of_the_cache_between_turns_is_noticed(toy):
     """generate() on the conversation's cache replaces its sequence: the next turn feeds the whole history."""
-    with Conversation(toy, cache=StaticCache(256)) as conv:
+    with Conversation(toy, cache=_cache("static", 256)) as conv:
         conv.say(TURNS[0], max_new_tokens=NEW)
         generate(toy, TURNS[0][:len(conv.ids) - 1], cache=conv.cache, max_new_tokens=2)  # fmt: skip
         assert conv.held == 0
@@ -236,7 +248,7 @@ def test_a_bad_cache_or_system_prompt_is_named(toy):
 
 
 def test_records_frame_carries_the_new_columns(toy):
-    with Conversation(toy, cache=StaticCache(128)) as conv:
+    with Conversation(toy, cache=_cache("static", 128)) as conv:
         conv.say(TURNS[1], max_new_tokens=3)
         frame = conv.say(TURNS[2], max_new_tokens=3).frame()
     assert list(frame.columns) == list(kvlab.COLUMNS)
