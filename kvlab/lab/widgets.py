@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.errors import CapacityError, ConfigError, DeviceError, KvlabError, check_choice
 from ..core.generation import Generation, positions_needed
 from ..ort import Device, Model, StaticCache, close_device, generate, load, make_cache, open_device, opened
 from ..ort.decode.caches import CACHE_KINDS
-from ..ort.runtime.backend import DEVICES
-from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES
 from .liveplot import LivePlot
 from .style import run_color, runtime_text, unit

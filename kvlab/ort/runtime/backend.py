@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ...core.devices import DEVICES as DEVICES  # the device names, kept importable from here
 from .tensors import DeviceTensor
-
-DEVICES = ("cpu", "webgpu")
 
 # Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
 # EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ...core.devices import BUFFER_CACHE_MODES
 from ...core.errors import ConfigError, check_choice, check_flag
 
-BUFFER_CACHE_MODES = ("disabled", "lazyRelease", "simple", "bucket")
 VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
 
 
