@@ -31,7 +31,6 @@ EXEMPT = {
     ("module", "kvlab/lab/plots.py"): 388,
     ("module", "kvlab/lab/recorded.py"): 886,
     ("module", "kvlab/lab/widgets.py"): 532,
-    ("class", "kvlab/lab/liveplot.py:LivePlot"): 152,
     ("class", "kvlab/lab/widgets.py:CacheLab"): 419,
     ("function", "kvlab/lab/plots.py:buffer_map"): 81,
     ("function", "kvlab/lab/recorded.py:sweep"): 117,

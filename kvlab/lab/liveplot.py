@@ -77,45 +77,13 @@ class LivePlot:
         with self.figure.batch_update():
             if len(self.figure.data) >= 3 * self.max_runs:
                 self.figure.data = self.figure.data[3:]
-            self.figure.add_trace(
-                go.Scatter(
-                    x=[],
-                    y=[],
-                    name=name,
-                    mode="lines+markers",
-                    legendgroup=name,
-                    line={"color": color},
-                    marker={"size": 4},
-                ),
-                row=1,
-                col=1,
-            )
-            self.figure.add_trace(
-                go.Scatter(
-                    x=[],
-                    y=[],
-                    name=f"{name}: reserved",
-                    mode="lines",
-                    legendgroup=name,
-                    line={"color": color, "width": 3},
-                    showlegend=False,
-                ),
-                row=1,
-                col=2,
-            )
-            self.figure.add_trace(
-                go.Scatter(
-                    x=[],
-                    y=[],
-                    name=f"{name}: used",
-                    mode="lines",
-                    legendgroup=name,
-                    line={"color": color, "dash": "dash"},
-                    showlegend=False,
-                ),
-                row=1,
-                col=2,
-            )
+            for col, suffix, style in (  # one trace per panel line: latency; memory reserved; memory used
+                (1, "", {"mode": "lines+markers", "line": {"color": color}, "marker": {"size": 4}}),
+                (2, ": reserved", {"mode": "lines", "line": {"color": color, "width": 3}, "showlegend": False}),
+                (2, ": used", {"mode": "lines", "line": {"color": color, "dash": "dash"}, "showlegend": False}),
+            ):
+                trace = go.Scatter(x=[], y=[], name=name + suffix, legendgroup=name, **style)
+                self.figure.add_trace(trace, row=1, col=col)
             self.figure.layout.title.text = title
         self._traces = tuple(self.figure.data[-3:])  # type: ignore[assignment]
         self._xs, self._lat, self._mem_x, self._res, self._used = [], [], [], [], []
