@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.errors import check_choice
 from ..core.generation import first_divergence
+from .layouts import memory_by_layout as memory_by_layout  # it draws layouts, not records; importable here too
 from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
 from .style import add_bucket_lines, cache_colors, go, legend_below, title, top_margin, unit
 
@@ -264,47 +265,9 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
         row_heights=[1.0] * n + [0.6, 0.6],
         subplot_titles=(*titles, "fresh buffers per step (a handle never held before)", "wall time per step (ms)"),
     )
-    code = {s: i for i, s in enumerate(STATES)}
-    scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
     colors = cache_colors(w.cache.spec for w in watches)
     for row, (w, color) in enumerate(zip(watches, colors), start=1):
-        z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
-        fig.add_trace(
-            go().Heatmap(
-                x=w.lengths,
-                y=list(range(z.shape[0])),
-                z=z,
-                zmin=0,
-                zmax=len(STATES) - 1,
-                colorscale=scale,
-                showscale=False,
-                xgap=1,
-                ygap=1,
-                customdata=np.array(w.states).T,
-                hovertemplate=f"length %{{x}}, KV tensor %{{y}}: %{{customdata}}<extra>{w.name}</extra>",
-            ),
-            row=row,
-            col=1,
-        )
-        fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
-        fig.add_trace(
-            go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color, legendgroup=w.name),
-            row=n + 1,
-            col=1,
-        )
-        fig.add_trace(
-            go().Scatter(
-                x=w.lengths,
-                y=w.wall_ms,
-                name=w.name,
-                mode="lines+markers",
-                showlegend=False,
-                line={"color": color},
-                legendgroup=w.name,
-            ),
-            row=n + 2,
-            col=1,
-        )
+        _draw_watch(fig, w, color, row, n)
     for state in STATES:  # a legend for the map's colours
         fig.add_trace(
             go().Bar(x=[None], y=[None], name=f"buffer {state}", marker_color=STATE_COLORS[state]), row=1, col=1
@@ -329,60 +292,47 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
     return fig
 
 
-ARCH_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
+def _draw_watch(fig: Any, w: Any, color: str, row: int, n: int) -> None:
+    """One watched cache on ``buffer_map``'s figure: its map of buffer states in panel ``row``, its fresh buffers
+    per step and its wall time per step in the two panels shared by all ``n`` watches, below the maps."""
+    from .buffers import STATES
 
-
-def memory_by_layout(
-    layouts: dict[str, Any],
-    *,
-    max_length: int,
-    points: Sequence[tuple[str, Sequence[tuple[int, float]]]] = (),
-    common: str = "",
-    note: str = "",
-) -> Any:
-    """KV cache memory against the context, one line per cache layout (``{legend name: model.info.layout}``): the
-    exact bytes a cache holding ``n`` tokens needs (``layout.report(n)``: the growing entries at ``n`` positions
-    plus one copy of every fixed-size state), from 0 to ``max_length`` tokens. ``points``: (legend name, [(length,
-    bytes), ...]) measured elsewhere, drawn as markers on the same axes (a name ending in "(recorded)" gets open
-    squares, any other filled diamonds)."""
-    fig = go().Figure()
-    lengths = np.linspace(0, max_length, 65).astype(int)
-    top = max(layout.report(max_length).total_bytes for layout in layouts.values()) if layouts else 0
-    scale, units = unit(top)
-    for (name, layout), color in zip(layouts.items(), ARCH_COLORS * 4):
-        fig.add_scatter(
-            x=lengths,
-            y=[layout.report(int(n)).total_bytes / scale for n in lengths],
-            mode="lines",
-            name=name,
-            line={"color": color, "width": 2},
-            hovertemplate=f"%{{x}} tokens<br>%{{y:.3f}} {units}<extra>%{{fullData.name}}</extra>",
-        )
-    for name, pts in points:
-        recorded = name.endswith("(recorded)")
-        fig.add_scatter(
-            x=[p[0] for p in pts],
-            y=[p[1] / scale for p in pts],
-            mode="markers",
-            name=name,
-            marker={
-                "symbol": "square-open" if recorded else "diamond",
-                "size": 11 if recorded else 9,
-                "color": "#333" if recorded else "#d62728",
-                "line": {"width": 2 if recorded else 1, "color": "#333"},
-            },
-            hovertemplate=f"%{{x}} tokens<br>%{{y:.3f}} {units}<extra>%{{fullData.name}}</extra>",
-        )
-    t = title("KV cache memory against the context, per architecture", common, note)
-    fig.update_layout(
-        title=t,
-        xaxis_title="tokens held (cache length)",
-        yaxis_title=f"KV cache memory ({units})",
-        yaxis_rangemode="tozero",
-        xaxis_rangemode="tozero",
-        height=480,
-        legend=legend_below(-0.2),
-        template="plotly_white",
-        margin=top_margin(t),
+    code = {s: i for i, s in enumerate(STATES)}
+    scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
+    z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
+    fig.add_trace(
+        go().Heatmap(
+            x=w.lengths,
+            y=list(range(z.shape[0])),
+            z=z,
+            zmin=0,
+            zmax=len(STATES) - 1,
+            colorscale=scale,
+            showscale=False,
+            xgap=1,
+            ygap=1,
+            customdata=np.array(w.states).T,
+            hovertemplate=f"length %{{x}}, KV tensor %{{y}}: %{{customdata}}<extra>{w.name}</extra>",
+        ),
+        row=row,
+        col=1,
     )
-    return fig
+    fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
+    fig.add_trace(
+        go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color, legendgroup=w.name),
+        row=n + 1,
+        col=1,
+    )
+    fig.add_trace(
+        go().Scatter(
+            x=w.lengths,
+            y=w.wall_ms,
+            name=w.name,
+            mode="lines+markers",
+            showlegend=False,
+            line={"color": color},
+            legendgroup=w.name,
+        ),
+        row=n + 2,
+        col=1,
+    )
