@@ -28,14 +28,8 @@ ROOMS = ("models", "runtime", "decode", "checks")  # kvlab.ort's rooms, lowest f
 # kvlab/lab's violators, split later (with the notebooks that use them): (kind, "path[:qualname]") -> lines today.
 # Delete an entry once its split lands; the test fails while a stale entry stays or an entry grows.
 EXEMPT = {
-    ("module", "kvlab/lab/recorded.py"): 886,
     ("module", "kvlab/lab/widgets.py"): 532,
     ("class", "kvlab/lab/widgets.py:CacheLab"): 419,
-    ("function", "kvlab/lab/recorded.py:sweep"): 117,
-    ("function", "kvlab/lab/recorded.py:staircase"): 133,
-    ("function", "kvlab/lab/recorded.py:staircase_glance"): 62,
-    ("function", "kvlab/lab/recorded.py:static_gain"): 64,
-    ("function", "kvlab/lab/recorded.py:modes_figure"): 72,
     ("function", "kvlab/lab/widgets.py:CacheLab.__init__"): 126,
     ("function", "kvlab/lab/widgets.py:CacheLab._run"): 74,
 }

@@ -1,0 +1,69 @@
+"""A recorded ``kvlab trace`` drawn: one long generation per cache, its decode step and the process's GPU memory
+after every step (``trace_figure``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..style import KIND_COLORS, MiB, legend_below, title, top_margin
+
+
+def trace_figure(trace: dict[str, Any]) -> Any:
+    """A recorded ``kvlab trace`` (one long generation per cache from the same prompt): per decode step its wall
+    time, and the GPU memory the process holds after it (NVML: the driver's per-process accounting, a measurement
+    of the whole process), with the KV tensors the runtime allocated per step (kvlab's exact count) in the legend."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=("decode step (ms)", "GPU memory the process holds (MiB, NVML)"),
+    )
+    top, first = 0.0, []
+    for kind, run in trace["runs"].items():
+        rec, mem = run["records"], run["gpu_memory"]
+        steps = [s for s, p in zip(rec["step"], rec["phase"]) if p == "decode"]
+        ms = [w for w, p in zip(rec["wall_ms"], rec["phase"]) if p == "decode"]
+        name = f"{kind}: {run['tensors_allocated_per_step']:.0f} KV tensors allocated per step"
+        color = KIND_COLORS.get(kind, "#444")
+        fig.add_scatter(
+            x=steps, y=ms, mode="lines", name=name, line={"color": color, "width": 1}, legendgroup=kind, row=1, col=1
+        )
+        top = max(top, float(np.percentile(ms, 99)))
+        first.append(f"{kind} {ms[0]:.0f} ms")
+        fig.add_scatter(
+            x=[s for s in mem["steps"] if s > 0],
+            y=[b / MiB for s, b in zip(mem["steps"], mem["bytes"]) if s > 0],
+            mode="lines",
+            name=name,
+            line={"color": color},
+            legendgroup=kind,
+            showlegend=False,
+            row=2,
+            col=1,
+        )
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(range=[0, 1.3 * top], row=1, col=1)  # the first step (shader compilation) is off the scale
+    fig.update_xaxes(title_text="decode step", row=2, col=1)
+    env = trace["environment"]
+    package = next(
+        (
+            f"{p} {v}"
+            for p, v in env.get("versions", {}).items()
+            if p.startswith("onnxruntime-") and p != "onnxruntime-genai" and v != "missing"
+        ),
+        env["backend"],
+    )
+    t = title(
+        f"{trace['steps']:,} decode steps from {trace['context']:,} tokens, recorded",
+        f"{trace['model']} on {trace['device']}, {package}",
+        f"recorded {env['date']}; tokens equal: {trace['tokens_equal']}; first step (off the scale): "
+        f"{', '.join(first)}<br>GPU memory: NVML's per-process figure (the driver's accounting); tensors "
+        "allocated: kvlab's exact count",
+    )
+    fig.update_layout(title=t, height=560, template="plotly_white", legend=legend_below(-0.15), margin=top_margin(t))
+    return fig
