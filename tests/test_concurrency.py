@@ -74,14 +74,16 @@ def test_threads_with_their_own_caches_on_one_device_equal_single_threaded_runs(
 
 def test_one_cache_in_two_threads_at_once_is_refused_by_name(toy):
     cache = StaticCache(4096)
-    gate = threading.Event()
+    holding, gate = threading.Event(), threading.Event()
 
     def hold(step):  # the first generation waits here, holding the cache, until the second one has tried
+        holding.set()
         gate.wait(timeout=60)
 
     def work(i):
         if i == 0:
             return generate(toy, [1, 2], cache=cache, device="webgpu", max_new_tokens=3, on_step=hold)
+        holding.wait(timeout=60)  # only once the first holds the cache (threads start in any order)
         try:
             generate(toy, [1, 2], cache=cache, device="webgpu", max_new_tokens=3)
         finally:
