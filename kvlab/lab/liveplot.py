@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ..core.records import StepRecord
-from .style import LOG_TICKS
+from .style import LOG_TICKS, run_color
 
 
 class LivePlot:
@@ -55,6 +55,13 @@ class LivePlot:
         self._mem_x: list[int] = []
         self._last = 0.0
         self._traces: tuple[Any, Any, Any] | None = None
+        self._shades: dict[str, int] = {}  # runs drawn so far per cache kind: each gets its own shade
+
+    def next_color(self, kind: str) -> str:
+        """The colour of the next run of cache ``kind``: its kind's next shade."""
+        index = self._shades.get(kind, 0)
+        self._shades[kind] = index + 1
+        return run_color(kind, index)
 
     def set_units(self, scale: int, units: str) -> None:
         """The memory panel's unit (bytes per unit, its name), for the runs from now on; the runs already drawn

@@ -1,0 +1,151 @@
+"""The CacheLab's controls: the widgets a run's settings are read from (each with its ``kvlab-...`` CSS class, so a
+browser test can find it), the settings they hold as one value, and the dashboard's own progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.devices import BUFFER_CACHE_MODES, DEVICES
+from ..core.generation import positions_needed
+from ..ort.decode.caches import CACHE_KINDS
+
+# the CSS class of each setting widget, in the order of ``Controls.inputs``: "kvlab-" + this
+CSS_CLASSES = ("model", "cache-type", "max-cache-len", "prompt-tokens", "new-tokens", "device", "buffer-cache-mode")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the controls say the next run is."""
+
+    model: str
+    cache: str  # "dynamic" or "static"
+    max_cache_len: int  # the control's value, meaningful for a static cache only (``size``)
+    prompt_tokens: int
+    new_tokens: int
+    device: str
+    buffer_cache_mode: str  # the control's value, meaningful on WebGPU only (``mode``)
+
+    @property
+    def mode(self) -> str:
+        """The WebGPU buffer cache mode; "-" on another device."""
+        return self.buffer_cache_mode if self.device == "webgpu" else "-"
+
+    @property
+    def size(self) -> int | None:
+        """The static cache's max_cache_len; None for a dynamic cache."""
+        return self.max_cache_len if self.cache == "static" else None
+
+    @property
+    def needed(self) -> int:
+        """Positions the run needs: prompt + new tokens - 1 (the last token is never fed back)."""
+        return positions_needed(self.prompt_tokens, self.new_tokens)
+
+
+class Controls:
+    """Dropdowns, toggles and sliders for model (``names``), cache type, max_cache_len, prompt length, new tokens,
+    device and WebGPU buffer cache mode, with the values of ``first``; the Run button and a hidden progress bar. The
+    values are not checked here."""
+
+    def __init__(self, names: Sequence[str], first: Settings):
+        import ipywidgets as w
+
+        style = {"description_width": "110px"}
+        lay = w.Layout(width="330px")
+        self.model = w.Dropdown(options=list(names), value=first.model, description="model", style=style, layout=lay)
+        self.cache_type = w.ToggleButtons(
+            options=list(CACHE_KINDS),
+            value=first.cache,
+            description="cache",
+            style={**style, "button_width": "104px"},
+            layout=w.Layout(width="340px", display="flex", flex_flow="row"),
+        )
+        self.max_cache_len = w.BoundedIntText(
+            value=first.max_cache_len, min=1, max=1 << 16, description="max_cache_len", style=style, layout=lay
+        )
+        self.prompt_tokens = w.IntSlider(
+            value=first.prompt_tokens,
+            min=1,
+            max=2048,
+            description="prompt tokens",
+            continuous_update=False,
+            style=style,
+            layout=lay,
+        )
+        self.new_tokens = w.IntSlider(
+            value=first.new_tokens,
+            min=1,
+            max=256,
+            description="new tokens",
+            continuous_update=False,
+            style=style,
+            layout=lay,
+        )
+        self.device = w.Dropdown(
+            options=list(DEVICES), value=first.device, description="device", style=style, layout=lay
+        )
+        self.buffer_cache_mode = w.Dropdown(
+            options=list(BUFFER_CACHE_MODES),
+            value=first.buffer_cache_mode,
+            description="buffer cache",
+            style=style,
+            layout=lay,
+        )
+        self.run_button = w.Button(
+            description="Run", button_style="primary", icon="play", layout=w.Layout(width="120px")
+        )
+        self.progress_bar = w.IntProgress(
+            value=0, min=0, max=1, description="tokens", layout=w.Layout(width="200px", visibility="hidden")
+        )
+        for widget, cls in (*zip(self.inputs, CSS_CLASSES), (self.run_button, "run")):
+            widget.add_class(f"kvlab-{cls}")
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        """The seven setting widgets, in the order shown: model, cache type, max_cache_len, prompt tokens, new
+        tokens, device, buffer cache mode."""
+        return (
+            self.model,
+            self.cache_type,
+            self.max_cache_len,
+            self.prompt_tokens,
+            self.new_tokens,
+            self.device,
+            self.buffer_cache_mode,
+        )
+
+    def read(self) -> Settings:
+        """The settings the controls hold now."""
+        return Settings(*(widget.value for widget in self.inputs))
+
+    def enable(self) -> None:
+        """max_cache_len only for a static cache, the buffer cache mode only on WebGPU."""
+        self.max_cache_len.disabled = self.cache_type.value != "static"
+        self.buffer_cache_mode.disabled = self.device.value != "webgpu"
+
+    def box(self) -> Any:
+        """The controls stacked, the Run button and the progress bar in the last row."""
+        import ipywidgets as w
+
+        return w.VBox([*self.inputs, w.HBox([self.run_button, self.progress_bar])], layout=w.Layout(min_width="360px"))
+
+    def progress(self, total: int) -> ProgressBar:
+        """The progress bar shown, empty, for ``total`` tokens."""
+        return ProgressBar(self.progress_bar, total)
+
+
+class ProgressBar:
+    """The dashboard's own progress bar (a widget in the layout: it adds no cell output, so it behaves the same in
+    JupyterLab, under nbval and in pytest): shown for ``total`` steps when made, hidden by ``close``."""
+
+    def __init__(self, bar: Any, total: int):
+        self.bar = bar
+        bar.max, bar.value, bar.description = total, 0, "tokens"
+        bar.layout.visibility = "visible"
+
+    def update(self, n: int) -> None:
+        self.bar.value = min(self.bar.max, self.bar.value + n)
+
+    def close(self) -> None:
+        self.bar.layout.visibility = "hidden"
