@@ -30,7 +30,7 @@ KV_PRECISIONS: dict[str, tuple[str, int | None, str]] = {
     "fp8": ("fp8", None, ""),
 }
 FULL = ("model", None)  # the model's own dtype: no quantization
-INSTALL = "pip install 'kvlab[build]' (it brings optimum-quanto and hqq)"
+INSTALL = "pip install 'kvlab[build]' (optimum-quanto; hqq on Linux, elsewhere `pip install hqq==0.2.8`)"
 
 
 @dataclass(frozen=True)
