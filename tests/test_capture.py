@@ -292,7 +292,7 @@ def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
 )
 def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
     r = _kvlab(*args)
-    assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):

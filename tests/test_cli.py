@@ -127,7 +127,7 @@ def test_generate_and_python_dash_m():
 )
 def test_errors_exit_nonzero_with_message_on_stderr(args, message):
     r = kvlab(*args)
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("kvlab: error: ") and message in r.stderr
 
 

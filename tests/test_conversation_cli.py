@@ -115,7 +115,8 @@ def test_ctrl_c_exits_130():
         assert json.loads(line)["turn"] == 1  # the turn is done; it waits for the next line
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
-        assert proc.stderr.read().startswith("kvlab: interrupted")
+        err = proc.stderr.read()
+        assert err.startswith("kvlab: interrupted") and err.count("\n") == 1 and "Traceback" not in err, err
     finally:
         if proc.poll() is None:
             proc.kill()

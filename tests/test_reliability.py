@@ -207,7 +207,7 @@ def test_an_exception_kept_until_exit_does_not_crash_the_process_at_exit():
     "error, code, line",
     [
         (KeyboardInterrupt(), 130, "kvlab: interrupted"),
-        (ZeroDivisionError("a defect"), 2, "kvlab: internal error: ZeroDivisionError: a defect"),
+        (ZeroDivisionError("a defect"), 1, "kvlab: internal error: ZeroDivisionError: a defect"),
     ],
     ids=["KeyboardInterrupt", "defect"],
 )

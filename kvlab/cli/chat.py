@@ -20,6 +20,7 @@ from ..core.errors import ConfigError, KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
 from ..presets import BUILTIN_NAMES, PRECISIONS
+from .exits import USER_ERROR, one_line, say
 
 BACK = "/back"
 
@@ -52,8 +53,8 @@ def chat_command(args: argparse.Namespace) -> int:
     try:
         return _bench(args) if args.bench else _chat(args)
     except KvlabError as exc:
-        print(f"kvlab: error: chat: {exc}", file=sys.stderr)
-        return 2
+        say(f"kvlab: error: chat: {one_line(exc)}")
+        return USER_ERROR
 
 
 def _positive(value: int, flag: str) -> int:
@@ -76,10 +77,10 @@ def _chat(args: argparse.Namespace) -> int:
             try:
                 turn = conv.say(message, args.max_new_tokens, lookup=lookup)
             except KvlabError as exc:
-                print(f"kvlab: error: chat: turn {len(conv.turns) + 1}: {exc}", file=sys.stderr)
+                say(f"kvlab: error: chat: turn {len(conv.turns) + 1}: {one_line(exc)}")
                 if interactive:
                     continue
-                return 2
+                return USER_ERROR
             _print_turn(conv, turn, args.json)
     return 0
 
@@ -106,7 +107,7 @@ def _back(conv: Conversation, as_json: bool) -> None:
     try:
         turn = conv.rewind_turn()
     except ConfigError as exc:
-        print(f"kvlab: error: chat: {BACK}: {exc}", file=sys.stderr)
+        say(f"kvlab: error: chat: {BACK}: {one_line(exc)}")
         return
     if as_json:
         print(json.dumps({"back": turn.index, "positions": len(conv.ids)}))

@@ -1,0 +1,151 @@
+"""The ``kvlab`` command's exit statuses (``kvlab.cli``'s docstring): a table of bad command lines, each exiting 2
+with one line on stderr and no "internal error" (in-process, through ``kvlab.cli.main``); and, as a user meets
+them, in real subprocesses: a user error through ``python -m kvlab``, a real SIGINT while the subcommands import
+(exit 130, one line, no traceback), and stdout's reader gone, before the first byte and in the middle of a long
+output (exit 141, nothing on stderr)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvlab.cli import main
+
+KVLAB = str(Path(sys.executable).parent / "kvlab")
+
+# (argv, a fragment of the one line): each a mistake a user can make; none starts a measurement.
+BAD = [
+    ([], "the following arguments are required: command"),
+    (["generate", "--prompt", "a", "--prompt-file", "b.txt"], "not allowed with argument --prompt"),
+    (["generate", "--graph-capture"], "needs --device webgpu, not cpu"),
+    (["generate", "--model", "toy", "--sample", "--top-k", "-1"], "top_k"),
+    (["generate", "--model", "toy", "--cache", "dynamic", "--max-new-tokens", "5000"], "holds at most 4096"),
+    (["generate", "--model", "toy", "--max-new-tokens", str(10**10)], "positions are needed but model toy holds"),
+    (["generate", "--model", "toy", "--max-new-tokens", str(10**30)], "positions are needed but model toy holds"),
+    (["generate", "--model", "toy", "--sample", "--temperature", "1e-320"], "temperature=1e-320 is below"),
+    (["compare", "--model", "toy", "--max-new-tokens", "-5"], "--max-new-tokens -5 must be >= 1"),
+    (["bench", "--reps", "0"], "--reps '0' must be comma-separated positive ints"),
+    (["bench", "--precisions", "int3"], "precision 'int3' is not valid"),
+    (["bench", "--max-cache-lens", "64,0"], "--max-cache-lens '64,0'"),
+    (["bench", "--genai-on", "tpu"], "--genai-on 'tpu' is not valid"),
+    (["profile", "--context", "0"], "--context '0' must be comma-separated positive ints"),
+    (["profile", "--model", "/no/such/model"], "'/no/such/model' is neither a built-in name"),
+    (["trace", "--model", "toy", "--steps", "0"], "--steps '0'"),
+    (["conformance", "--precisions", "fp32,int3"], "precision 'int3' is not valid"),
+    (["chat", "--model", "toy", "--max-new-tokens", "0", "--turn", "hi"], "--max-new-tokens 0 must be a positive int"),
+    (["chat", "--bench", "--probe", "-1"], "--probe -1 must be 0 or a positive int"),
+    (["chat", "--model", "/no/such/model", "--turn", "hi"], "'/no/such/model' is neither a built-in name"),
+    (["browser-bench", "--new-tokens", "0"], "argument --new-tokens: 0 must be >= 1"),
+    (["browser-bench", "--caches", "paged"], "cache 'paged' is not valid"),
+    (["browser-bench", "--timeout", "nan"], "argument --timeout: nan must be > 0"),
+    (["doctor", "--verbose"], "unrecognized arguments: --verbose"),
+]
+
+
+@pytest.mark.parametrize("argv, says", BAD, ids=[" ".join(a) or "(none)" for a, _ in BAD])
+def test_a_bad_command_line_exits_2_with_one_line(argv, says, toy, capsys):
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's usage errors exit from inside the parser
+        rc = exc.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("kvlab: error: "), (rc, err)
+    assert "internal error" not in err and "Traceback" not in err and says in lines[0], err
+
+
+def test_the_table_spans_the_subcommands():
+    assert len(BAD) >= 10 and {a[0] for a, _ in BAD if a} >= {
+        "generate",
+        "compare",
+        "bench",
+        "profile",
+        "trace",
+        "conformance",
+        "chat",
+        "browser-bench",
+        "doctor",
+    }
+
+
+def test_a_user_error_through_python_m_kvlab_exits_2():
+    r = subprocess.run(
+        [sys.executable, "-m", "kvlab", "bench", "--contexts", "1k"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("kvlab: error: --contexts '1k'"), r.stderr
+
+
+def test_ctrl_c_while_the_subcommands_import_exits_130():
+    """A real SIGINT, sent when ``main`` starts importing the subcommands (``python -v`` names each module as it
+    loads; the child waits on that pipe, so the signal lands within the imports): one line, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-v", "-m", "kvlab", "doctor"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stderr:
+            if "kvlab/cli/commands" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ours = [line for line in err.splitlines() if line.startswith("kvlab")]
+    assert proc.returncode == 130 and ours == ["kvlab: interrupted"], (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and out == "", err[-3000:]
+
+
+def _quiet(err: str) -> bool:
+    """Nothing on stderr from kvlab or from Python's flush at exit."""
+    return not any(s in err for s in ("Traceback", "Exception ignored", "kvlab:", "BrokenPipeError"))
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_stdout_closed_before_the_first_byte_exits_141_quietly(buffered):
+    """``kvlab generate --json`` into a pipe whose reader has already gone: the write fails in the command's own
+    print (stdout unbuffered, ``PYTHONUNBUFFERED=1``) or when ``main`` flushes stdout at the end (buffered)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [KVLAB, "generate", "--model", "toy", "--prompt", "hi", "--max-new-tokens", "2", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and _quiet(proc.stderr), (proc.returncode, proc.stderr)
+
+
+def test_a_reader_that_takes_one_line_and_goes_stops_kvlab_quietly():
+    """As ``kvlab generate --json | head -1``: the JSON is far larger than a pipe holds, so kvlab is still writing
+    when its reader goes, in the middle of the command."""
+    proc = subprocess.Popen(
+        [KVLAB, "generate", "--model", "toy", "--prompt", "hi", "--max-new-tokens", "400", "--ignore-eos", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout.readline() == b"{\n"
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141 and _quiet(err), (proc.returncode, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
