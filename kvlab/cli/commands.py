@@ -23,13 +23,7 @@ from .runs import emit, graph_kinds, run_kinds
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run its subcommand; returns the exit status (argparse's errors and ``--help`` exit)."""
-    args = parser().parse_args(argv)
-    try:
-        check_outputs(args)
-    except ConfigError as exc:  # a bad output flag: before anything is measured
-        say(f"kvlab: error: {one_line(exc)}")
-        return USER_ERROR
-    return command(args)
+    return command(parser().parse_args(argv))
 
 
 # Every command's output flags: (command, attribute) -> whether it names a folder (else a file).
@@ -80,6 +74,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def command(args: argparse.Namespace) -> int:
     """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (``kvlab.cli``)."""
     try:
+        check_outputs(args)  # a bad output flag is refused before anything is measured
         return SUBCOMMANDS.get(args.command, generations)(args)
     except KvlabError as exc:  # a user error, the environment's included (kvlab.cli's docstring)
         say(f"kvlab: error: {one_line(exc)}")
