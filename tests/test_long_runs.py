@@ -1,5 +1,5 @@
 """Long runs: 10,000 decode steps with one StaticCache on the CPU EP (four generations of 2,500 through the same
-cache: the toy model's context is 4,096), 2,000 on WebGPU, and a DynamicCache's growth per step. The process's
+cache: the toy model's context is 4,096), 1,000 on WebGPU (SwiftShader: 80 ms a step), and a DynamicCache's growth per step. The process's
 resident memory (VmRSS, from /proc: a whole-process figure, so a proxy for kvlab's own) and the device's live
 tensors (an exact count) are sampled every 250 steps and printed; after a warm-up they must stay flat."""
 
@@ -41,7 +41,7 @@ def report(title: str, samples: list[tuple[int, int, int, int]]) -> None:
         print(f"{step:7d} {r / 2**20:10.1f} {live:13d} {held:12d}")
 
 
-@pytest.mark.parametrize("device, generations, steps", [("cpu", 4, 2500), ("webgpu", 1, 2000)])
+@pytest.mark.parametrize("device, generations, steps", [("cpu", 4, 2500), ("webgpu", 1, 1000)])
 def test_a_static_cache_runs_flat_for_thousands_of_steps(toy, device, generations, steps):
     dev = open_device(device)
     samples: list[tuple[int, int, int, int]] = []
