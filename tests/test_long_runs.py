@@ -1,7 +1,8 @@
 """Long runs: 10,000 decode steps with one StaticCache on the CPU EP (four generations of 2,500 through the same
-cache: the toy model's context is 4,096), 1,000 on WebGPU (SwiftShader: 80 ms a step), and a DynamicCache's growth per step. The process's
-resident memory (VmRSS, from /proc: a whole-process figure, so a proxy for kvlab's own) and the device's live
-tensors (an exact count) are sampled every 250 steps and printed; after a warm-up they must stay flat."""
+cache: the toy model's context is 4,096), 1,000 on WebGPU (SwiftShader: 80 ms a step), and a DynamicCache's
+growth per step. The process's resident memory (VmRSS, from /proc: a whole-process figure, so a proxy for kvlab's
+own) and the device's live tensors (an exact count) are sampled every 250 steps and printed; after a warm-up they
+must stay flat."""
 
 from __future__ import annotations
 
