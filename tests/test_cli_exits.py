@@ -1,6 +1,6 @@
 """The ``kvlab`` command's exit statuses (``kvlab.cli``'s docstring): a table of bad command lines, each exiting 2
 with one line on stderr and no "internal error" (in-process, through ``kvlab.cli.main``); and, as a user meets
-them, in real subprocesses: a user error through ``python -m kvlab``, a real SIGINT while the subcommands import
+them, in real subprocesses: a user error through ``python -m kvlab``, a real SIGINT at points of the startup
 (exit 130, one line, no traceback), and stdout's reader gone, before the first byte and in the middle of a long
 output (exit 141, nothing on stderr)."""
 
@@ -82,9 +82,16 @@ def test_a_user_error_through_python_m_kvlab_exits_2():
     assert r.stderr.startswith("kvlab: error: --contexts '1k'"), r.stderr
 
 
-def test_ctrl_c_while_the_subcommands_import_exits_130():
-    """A real SIGINT, sent when ``main`` starts importing the subcommands (``python -v`` names each module as it
-    loads; the child waits on that pipe, so the signal lands within the imports): one line, no traceback."""
+# Where in ``python -m kvlab doctor``'s startup the SIGINT is sent: once a module has loaded (``python -v`` names
+# each one). From the package itself (now a few milliseconds: its names load lazily) through ``kvlab.cli`` to the
+# heavy imports (numpy, ONNX Runtime) that ``main`` makes after its handler is in place.
+STARTUP = ["import 'kvlab' ", "import 'kvlab.cli.exits'", "import 'kvlab.cli' ", "import 'numpy' ", "kvlab.ort.models"]
+
+
+@pytest.mark.parametrize("after", STARTUP, ids=[m.split("'")[1] if "'" in m else m for m in STARTUP])
+def test_ctrl_c_at_any_point_of_the_startup_exits_130(after):
+    """A real SIGINT, sent once ``after`` shows in ``python -v``'s list of imports (the child waits on that pipe,
+    so the signal lands within the startup): exit 130, one line, no traceback."""
     proc = subprocess.Popen(
         [sys.executable, "-v", "-m", "kvlab", "doctor"],
         stdout=subprocess.PIPE,
@@ -93,7 +100,7 @@ def test_ctrl_c_while_the_subcommands_import_exits_130():
     )
     try:
         for line in proc.stderr:
-            if "kvlab/cli/commands" in line:
+            if after in line:
                 proc.send_signal(signal.SIGINT)
                 break
         out, err = proc.communicate(timeout=120)
@@ -103,6 +110,18 @@ def test_ctrl_c_while_the_subcommands_import_exits_130():
     ours = [line for line in err.splitlines() if line.startswith("kvlab")]
     assert proc.returncode == 130 and ours == ["kvlab: interrupted"], (proc.returncode, err[-3000:])
     assert "Traceback" not in err and out == "", err[-3000:]
+
+
+def test_import_kvlab_loads_nothing_heavy():
+    """The package's names load on first use: ``import kvlab`` leaves numpy and ONNX Runtime unloaded, so Ctrl-C
+    is the command's from the start; ``from kvlab import X`` and ``kvlab.X`` still reach every public name."""
+    code = (
+        "import sys, kvlab; heavy = [m for m in ('numpy', 'onnxruntime', 'kvlab.ort') if m in sys.modules]; "
+        "from kvlab import load, KvlabError, Cache; assert all(getattr(kvlab, n) for n in kvlab.__all__); "
+        "assert set(kvlab.__all__) <= set(dir(kvlab)); print(heavy)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
 
 
 def _quiet(err: str) -> bool:

@@ -12,7 +12,7 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   adapter, an execution provider that refuses the graph): its fix is the user's all the same (another
   ``--device``, a driver, ``kvlab doctor``'s advice), and one status for "kvlab refused" keeps scripts simple; the
   line says which. An output path kvlab cannot write is found before anything is measured (``check_outputs``).
-- 130 (128 + SIGINT): Ctrl-C, at any point from the moment this package is imported (the subcommands' imports
+- 130 (128 + SIGINT): Ctrl-C, at any point from the moment the ``kvlab`` package is imported (the subcommands' imports
   load inside ``main``): ``kvlab: interrupted ...``. SIGTERM (``timeout``, a job scheduler) stops a command as
   Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished.
 - 141 (128 + SIGPIPE): stdout's reader went away (``kvlab generate --json | head -1``): the command stops
@@ -20,8 +20,10 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   sees ``kvlab ... | head -1`` as it sees ``yes | head -1``; without pipefail the pipeline's status is
   ``head``'s. (``--help`` may exit 0 instead: argparse ignores a failed write of its text.)
 
-This module and ``kvlab.cli.exits`` import only the standard library, so that ``main`` handles Ctrl-C before the
-subcommands load; a Ctrl-C while ``import kvlab`` itself runs, before this module, is Python's."""
+This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s own ``__init__``, whose
+names load lazily), so that ``main`` handles Ctrl-C before the subcommands load. Under ``python -m kvlab`` the
+package installs a handler as it is imported that exits 130 with the same line, until ``main`` takes over: a
+Ctrl-C is ours from the package's import on (before it, in Python's own startup, it is Python's)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from .. import _interrupted_at_startup
 from .exits import BROKEN_PIPE, INTERRUPTED, say, silence_stdout
 
 __all__ = ["main", "stop"]
@@ -37,6 +40,8 @@ __all__ = ["main", "stop"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status (the module
     docstring). argparse's errors and ``--help`` raise SystemExit, as argparse does."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # python -m kvlab: Ctrl-C is ours from here
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         try:
