@@ -163,7 +163,7 @@ def test_a_sigterm_is_ctrl_c_and_waits_for_an_atomic_block(ctrl_c):
     import signal
 
     from kvlab.cli import stop
-    from kvlab.core.atomic import atomic
+    from kvlab.core.guards import atomic
 
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler if ctrl_c == "default" else signal.SIG_IGN)
     old_term = signal.signal(signal.SIGTERM, stop)

@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .atomic import atomic
 from .errors import CacheStateError, CapacityError, ConfigError, InPlaceError
+from .guards import OneAtATime, atomic
 from .labels import CacheSpec
-from .owner import OneAtATime
 from .records import CacheStep
 from .slots import CacheState, Slot
 

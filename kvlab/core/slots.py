@@ -29,8 +29,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .atomic import atomic
 from .errors import CacheStateError, ConfigError
+from .guards import atomic
 from .layout import CacheEntry
 from .records import CacheStep
 

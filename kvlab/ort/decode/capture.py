@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ...core.atomic import atomic
 from ...core.errors import ConfigError, DeviceError, ModelError
+from ...core.guards import atomic
 from ...core.labels import CacheSpec
 from ..models.graph import load_graph, uses
 from ..runtime.session import Binding, RunResult, Session

@@ -21,8 +21,8 @@ import numpy as np
 
 from ...core.cache import Cache
 from ...core.errors import ConfigError, check_choice, check_flag
-from ...core.generation import greedy
-from ...core.owner import OneBlock
+from ...core.generation import check_token_ids, greedy
+from ...core.guards import OneBlock
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
@@ -113,7 +113,7 @@ class Stepper:
             start = time.perf_counter()
             if logits_out not in LOGITS_OUT:
                 check_choice(logits_out, LOGITS_OUT, "logits_out=")
-            tokens = self.model.check_ids(tokens)
+            tokens = check_token_ids(tokens, self.model.info.vocab_size)
             n, position = int(tokens.shape[0]), self.cache.seq_length
             if position + n > self.positions:
                 raise ConfigError(

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ...core.atomic import atomic
 from ...core.errors import ConfigError, DeviceError
+from ...core.guards import atomic
 from .context import gate
 
 ONNX_TYPES = {

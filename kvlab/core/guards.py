@@ -1,13 +1,45 @@
-"""One user at a time: what a cache (one generation at a time) and a stepper (one with block, one step at a time)
-keep to, with a CacheStateError that names the misuse instead of a race."""
+"""What keeps a step whole: one user at a time (a cache runs one generation at a time, a stepper one with block
+and one step at a time; a second user gets a CacheStateError naming the misuse instead of a race), and blocks that
+Ctrl-C cannot split (``atomic``: a tensor handed over inside one is always owned by exactly one side)."""
 
 from __future__ import annotations
 
+import _signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .errors import CacheStateError
+
+SIGINT = 2
+
+
+class atomic:  # noqa: N801 - used as a context manager, like contextlib's
+    """``with atomic(): ...``: a block that no Ctrl-C splits: a KeyboardInterrupt (SIGINT) arriving meanwhile is
+    raised when the block ends (through the handler that was in force: Python's raises KeyboardInterrupt; a SIGTERM
+    the CLI passes on as Ctrl-C goes back to the CLI's handler). Caches hand tensors over inside one, so a tensor is
+    always owned by exactly one side. Off the main thread (where Python delivers no signals) it does nothing. A
+    class, and the C signal module: it runs every decode step."""
+
+    __slots__ = ("_pending", "_previous")
+
+    def __enter__(self) -> None:
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._pending: list[int] = []
+            self._previous = _signal.signal(SIGINT, lambda signum, frame: self._pending.append(signum))
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is None:
+            return
+        _signal.signal(SIGINT, self._previous)
+        if self._pending:  # a signal another handler passed on (the CLI's SIGTERM) goes back to that handler
+            signum = self._pending[0]
+            handler = self._previous if signum == SIGINT else _signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)
+
 
 NEW, OPEN, CLOSED = "new", "open", "closed"  # before, inside and after a with block
 
