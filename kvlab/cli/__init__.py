@@ -63,8 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def stop(signum: int, frame: object) -> None:
     """SIGTERM, handled as Ctrl-C: through the SIGINT handler in force (Python's raises KeyboardInterrupt;
-    ``kvlab.core.atomic``'s defers it to its block's end), or straight away where Ctrl-C is ignored (a job started
-    in the background by a script inherits that) but a SIGTERM still means stop."""
+    ``kvlab.core.guards.atomic``'s defers it to its block's end), or straight away where Ctrl-C is ignored (a job
+    started in the background by a script inherits that) but a SIGTERM still means stop."""
     handler = signal.getsignal(signal.SIGINT)
     if not callable(handler):
         raise KeyboardInterrupt
