@@ -1,7 +1,8 @@
-"""kvlab.web's notebook widget in a real JupyterLab: the kernel sends onnxruntime-web, transformers.js and the toy
-model to the page over the comm channel (no side server), the page runs both caches on Chromium's SwiftShader
-WebGPU adapter and sends its result back, and the kernel checks it against its own CPU EP run. Driven with
-Playwright on system Chromium (the tiers mark it browser + slow)."""
+"""kvlab.web's notebook widgets in a real JupyterLab. Notebook 00's adapter cells first: the page reports Chromium's
+WebGPU adapter (SwiftShader) to the kernel, which prints it beside its own. Then the browser runner: the kernel
+sends onnxruntime-web, transformers.js and the toy model to the page over the comm channel (no side server), the
+page runs both caches on Chromium's SwiftShader WebGPU adapter and sends its result back, and the kernel checks it
+against its own CPU EP run. Driven with Playwright on system Chromium (the tiers mark it browser + slow)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from kvlab.web.chromium import adapter_flags, find_chromium
 
 WIDGET_CELL = "from kvlab.web.widget import BrowserLab\nlab = BrowserLab('toy', [5, 6, 7], new_tokens=6)\nlab"
+NOTEBOOK_00 = Path(__file__).resolve().parents[1] / "notebooks" / "00_setup_check.ipynb"
+
+
+def notebook_00_adapter_cells() -> list[str]:
+    """Notebook 00's own cells, as the lesson has them: the kernel's facts, the adapter widget, the text table."""
+    sources = ["".join(c["source"]) for c in json.loads(NOTEBOOK_00.read_text())["cells"] if c["cell_type"] == "code"]
+    wanted = ("facts = collect()", "BrowserAdapter(gpu)", "adapters.side_by_side()")
+    return [next(s for s in sources if w in s) for w in wanted]
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +49,11 @@ def _up(url: str) -> bool:
 def lab_server(chromium, tmp_path_factory):
     """JupyterLab on 127.0.0.1 serving one notebook that shows a BrowserLab; yields its URL with the token."""
     root = tmp_path_factory.mktemp("weblab")
-    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": WIDGET_CELL}
+    sources = [*notebook_00_adapter_cells(), WIDGET_CELL]
+    blank = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
+    cells = [{**blank, "source": s} for s in sources]
     kernel = {"name": "kvlab", "display_name": "Python (kvlab)", "language": "python"}
-    nb = {"cells": [cell], "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {"cells": cells, "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}
     (root / "widget.ipynb").write_text(json.dumps(nb))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,8 +77,10 @@ def lab_server(chromium, tmp_path_factory):
 
 
 def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium):
-    """The attendee's path: the kernel sends onnxruntime-web, transformers.js and the model over the comm channel,
-    the page runs both caches and sends the result back, the kernel checks it against its CPU EP run."""
+    """The attendee's path. Notebook 00's adapter cells: the page answers with its WebGPU adapter (SwiftShader
+    here), the kernel holds it and prints it beside its own adapter (SwiftShader on Vulkan here). Then the browser
+    runner: the kernel sends onnxruntime-web, transformers.js and the model over the comm channel, the page runs
+    both caches and sends the result back, the kernel checks it against its CPU EP run."""
     from playwright.sync_api import sync_playwright
 
     flags = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan", *adapter_flags("swiftshader")]
@@ -78,8 +92,18 @@ def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
             page.goto(lab_server)
             page.get_by_text("Python (kvlab) | Idle").wait_for(timeout=90_000)
-            page.locator(".jp-NotebookPanel .jp-Cell").first.click()
-            page.keyboard.press("Shift+Enter")
+            cells = page.locator(".jp-NotebookPanel .jp-Cell")
+            cells.first.click()
+            page.keyboard.press("Shift+Enter")  # the kernel's facts
+            page.keyboard.press("Shift+Enter")  # the adapter widget: the page asks navigator.gpu
+            adapters = page.locator(".kvlab-adapters").first
+            adapters.get_by_text("software (fallback adapter)").wait_for(timeout=120_000)
+            shown = [r.locator("th, td").all_inner_texts() for r in adapters.locator("tr").all()]
+            page.keyboard.press("Shift+Enter")  # the table as text, from the kernel: the browser's answer came back
+            printed = cells.nth(2).locator(".jp-OutputArea-output")
+            printed.get_by_text("this browser (navigator.gpu)").wait_for(timeout=60_000)
+            table = printed.inner_text()
+            page.keyboard.press("Shift+Enter")  # the browser runner
             widget = page.locator(".kvlab-browser-lab").first
             widget.wait_for(timeout=120_000)
             widget.get_by_text("WebGPU adapter: google swiftshader (software)").wait_for(timeout=60_000)
@@ -96,6 +120,14 @@ def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium
             status = widget.locator(".kvlab-browser-status").inner_text()
         finally:
             browser.close()
+    rows = {r[0]: r[1:] for r in shown}
+    assert "SwiftShader" in rows["adapter"][0] and rows["kind"][0] == "software", shown  # the kernel's (Vulkan)
+    assert rows["vendor / architecture"][1] == "google swiftshader", shown  # the browser's, from adapter.info
+    assert rows["runs on"][0] == "Vulkan" and rows["runs on"][1].startswith("Chromium "), shown
+    lines = {line.split("  ")[0]: line for line in table.splitlines()}
+    assert "SwiftShader Device" in lines["adapter"] and "google swiftshader" in lines["vendor / architecture"], table
+    assert lines["vendor / architecture"].count("swiftshader") == 2 and "Chromium " in lines["runs on"], table
+    assert "no browser front end" not in table, table
     assert "greedy tokens equal the kernel's CPU EP run: True" in text, (status, text, console[-10:])
     assert "dynamic (transformers.js)" in text and "static@256 (onnxruntime-web)" in text, text
     assert "0 fresh KV tensors and 0 new GPU storage buffers per step" in text, text

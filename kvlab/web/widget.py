@@ -37,14 +37,19 @@ _RELATIVE_IMPORT = re.compile(r"^import \{[^}]*\} from '\./[\w.]+\.mjs';\n", re.
 _EXPORT = re.compile(r"^export (?=(async )?function |class |const )", re.M)
 
 
-def widget_esm() -> str:
-    """The front end as one ES module: the runner's modules in dependency order, their imports of each other
-    removed (their names do not collide), only widget.mjs's default export kept."""
+def bundle(names: Sequence[str]) -> str:
+    """``kvlab/web/js``'s modules ``names`` as one ES module: their imports of each other removed (their names do
+    not collide); the default export is the last module's (the others have none)."""
     parts = []
-    for name in BUNDLE:
+    for name in names:
         text = _RELATIVE_IMPORT.sub("", (JS_DIR / name).read_text())
         parts.append(f"// ---- {name}\n" + _EXPORT.sub("", text))
     return "\n".join(parts)
+
+
+def widget_esm() -> str:
+    """The browser runner's front end: the runner's modules and widget.mjs as one ES module."""
+    return bundle(BUNDLE)
 
 
 CSS = """

@@ -15,23 +15,7 @@ import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
 import { decode } from './decode.mjs';
 import { generateWithTransformers } from './tjs.mjs';
-
-export async function openAdapter(gpu) {
-  if (!gpu) throw new Error('this host has no navigator.gpu: WebGPU is not available here');
-  const adapter = await gpu.requestAdapter({ powerPreference: 'high-performance' });
-  if (!adapter) throw new Error('navigator.gpu.requestAdapter() returned no adapter: WebGPU has no device here');
-  const info = adapter.info ?? {};
-  const adapterInfo = {
-    vendor: info.vendor ?? '',
-    architecture: info.architecture ?? '',
-    device: info.device ?? '',
-    description: info.description ?? '',
-    is_fallback: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
-    features: [...adapter.features].sort(),
-    max_buffer_size: Number(adapter.limits.maxBufferSize),
-  };
-  return { adapter, adapterInfo };
-}
+import { openAdapter } from './host.mjs';
 
 // every model file a job names: the decoder, its external data, and the graph for transformers.js when sent
 export function jobFiles(job) {

@@ -9,23 +9,11 @@
 // On render the widget also reports this browser and its WebGPU adapter in the synced trait `browser`.
 // Assets stay in this page (globalThis) for every later widget; onnxruntime-web is imported once per page.
 
-import { browserHost, browserName } from './host.mjs';
-import { errorResult, jobFiles, openAdapter, runJob } from './runner.mjs';
+import { browserHost, reportBrowser } from './host.mjs';
+import { errorResult, jobFiles, runJob } from './runner.mjs';
 import { loadTransformers } from './tjs.mjs';
 
 const pageState = (globalThis.__kvlabWeb ??= { blobs: new Map(), ort: null, ortUrl: null });
-
-async function describeBrowser() {
-  const out = { user_agent: navigator.userAgent, name: await browserName(), webgpu: Boolean(navigator.gpu) };
-  if (!navigator.gpu) return out;
-  try {
-    const { adapterInfo } = await openAdapter(navigator.gpu);
-    out.adapter = adapterInfo;
-  } catch (err) {
-    out.error = `${err?.message ?? err}`;
-  }
-  return out;
-}
 
 function receiveBlob(msg, buffers) {
   let parts = pageState.blobs.get(msg.name);
@@ -110,12 +98,7 @@ function render({ model, el }) {
   model.on('change:running', show);
   show();
 
-  if (!model.get('browser')?.name) {
-    describeBrowser().then((b) => {
-      model.set('browser', b);
-      model.save_changes();
-    });
-  }
+  reportBrowser(model);
 
   let mine = false; // only the view whose button was pressed runs the job (a widget may be shown twice)
   const onMessage = (msg, buffers) => {
