@@ -1,0 +1,205 @@
+"""Where a KV cache's memory goes, for notebook 10: bytes per token predicted from a model's config, the bytes a
+cache layout needs at a length under a KV precision and a sliding-window policy, how many tokens fit a budget, and
+the chart and widget that show them.
+
+Every figure here is arithmetic on a ``kvlab.core.layout.CacheLayout`` (the layout kvlab reads from a model's
+graph: its ``report`` is the exact count a cache allocates on ONNX Runtime) or on a config; nothing here runs a
+model. The quantized formats' bytes per value are those of transformers' QuantizedCache as kvlab runs it
+(``kvlab.pytorch.quantized``: groups of 64 values, each with a float32 scale and zero point; fp8 one scale per
+tensor), without its residual window of unquantized positions; data/kv-quality/README.md measures them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.layout import CacheLayout, SlidingWindow
+from .style import finish, go, legend_below, title, top_margin
+
+GiB = 2**30
+GROUP = 64  # values per scale and zero point in kvlab's integer KV formats
+# KV precision -> (bytes one key or value element costs, where it runs)
+KV_FORMATS: dict[str, tuple[float, str]] = {
+    "model": (0.0, "the model's own dtype (any backend)"),
+    "float16": (2.0, "an fp16 build of the model (ONNX Runtime, PyTorch)"),
+    "int8": (1 + 8 / GROUP, "PyTorch QuantizedCache, HQQ 8 bits"),
+    "fp8": (1.0, "PyTorch QuantizedCache, float8_e4m3, one scale per tensor"),
+    "int4": (0.5 + 8 / GROUP, "PyTorch QuantizedCache, optimum-quanto 4 bits"),
+    "int2": (0.25 + 8 / GROUP, "PyTorch QuantizedCache, optimum-quanto 2 bits"),
+}
+
+
+def config_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
+    """KV bytes one token adds, from a Hugging Face config alone: 2 (K and V) x kv heads x head_dim x
+    ``dtype_bytes``, summed over the layers that keep their own KV (full or sliding attention; not linear-attention
+    or conv layers, nor the last ``num_kv_shared_layers``). A layer's head_dim is its ``per_layer_config`` entry's,
+    else ``head_dim``, else hidden_size / num_attention_heads."""
+    config = config.get("text_config", config)
+    layers = config["num_hidden_layers"]
+    types = config.get("layer_types") or ["full_attention"] * layers
+    own = layers - (config.get("num_kv_shared_layers") or 0)
+    default_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_layer = config.get("per_layer_config") or {}
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    total = 0
+    for i, kind in enumerate(types[:own]):
+        if kind in ("full_attention", "sliding_attention"):
+            total += 2 * kv_heads * per_layer.get(str(i), {}).get("head_dim", default_dim) * dtype_bytes
+    return total
+
+
+def element_bytes(layout: CacheLayout, kv_precision: str) -> float:
+    """Bytes one key or value element costs in ``layout`` at ``kv_precision`` (a key of ``KV_FORMATS``)."""
+    if kv_precision not in KV_FORMATS:
+        raise ValueError(f"kv_precision={kv_precision!r}: choose one of {tuple(KV_FORMATS)}")
+    return KV_FORMATS[kv_precision][0] or float(layout.dtype.itemsize)
+
+
+def kv_bytes(layout: CacheLayout, length: int, kv_precision: str = "model", window: int | None = None) -> float:
+    """Bytes a cache of ``layout`` holds at ``length`` positions: one copy of every fixed state (in the model's
+    dtype) plus each growing layer's keys and values at ``kv_precision``. ``window``: None, a sliding layer holds
+    every position (onnxruntime-webgpu 1.27); an int W, it holds at most W (a ring buffer). With the model's
+    precision and no window this is ``layout.report(length).total_bytes`` exactly."""
+    scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
+    grown = 0
+    for layer in layout.layers:
+        held = length if window is None or not isinstance(layer.kind, SlidingWindow) else min(length, window)
+        grown += held * layer.bytes_per_token
+    return layout.fixed_bytes + grown * scale
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How many tokens a budget holds: ``tokens`` (None: no limit, nothing grows past the window), the bytes
+    those tokens need, and, for a ``max_cache_len``, whether a cache reserving that many positions fits."""
+
+    tokens: int | None
+    bytes_needed: float
+    budget_bytes: int
+    max_cache_len: int | None = None
+    reserve_fits: bool | None = None
+
+    def __str__(self) -> str:
+        room = f"{self.budget_bytes / GiB:g} GiB"
+        if self.tokens is None:
+            text = f"no limit in {room}: nothing grows past the window ({self.bytes_needed:,.0f} bytes in all)"
+        else:
+            text = f"{self.tokens:,} tokens fit in {room} ({self.bytes_needed:,.0f} bytes)"
+        if self.max_cache_len is not None:
+            verdict = "fits" if self.reserve_fits else "does NOT fit"
+            text += f"; a cache reserving max_cache_len={self.max_cache_len:,} {verdict}"
+        return text
+
+
+def tokens_that_fit(
+    layout: CacheLayout,
+    budget_bytes: int,
+    *,
+    kv_precision: str = "model",
+    window: int | None = None,
+    max_cache_len: int | None = None,
+) -> Fit:
+    """The most positions whose ``kv_bytes`` (same arguments) stay within ``budget_bytes``; 0 when the fixed
+    states alone do not fit, None when no layer grows past ``window``. With ``max_cache_len``, also whether
+    reserving that many positions fits (a StaticCache reserves all of them before the first token)."""
+    scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
+    room = budget_bytes - layout.fixed_bytes
+    every = sum(layer.bytes_per_token for layer in layout.layers) * scale
+    windowed = [isinstance(layer.kind, SlidingWindow) and window is not None for layer in layout.layers]
+    unbounded = sum(layer.bytes_per_token for layer, w in zip(layout.layers, windowed) if not w) * scale
+    if room < 0:
+        tokens: int | None = 0
+    elif every == 0 or (window is not None and room >= window * every and unbounded == 0):
+        tokens = None
+    elif window is None or room < window * every:
+        tokens = int(room // every)
+    else:  # past the window only the unbounded layers grow
+        tokens = int((room - window * (every - unbounded)) // unbounded)
+    held = window if tokens is None else tokens
+    fit = Fit(tokens, kv_bytes(layout, held or 0, kv_precision, window), budget_bytes)
+    if max_cache_len is None:
+        return fit
+    need = kv_bytes(layout, max_cache_len, kv_precision, window)
+    return Fit(fit.tokens, fit.bytes_needed, budget_bytes, max_cache_len, need <= budget_bytes)
+
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One curve of ``bytes_figure``: ``bytes_at`` per length, drawn solid when ``exact`` (a count) and dashed
+    otherwise (a prediction); ``per_token`` is the predicted bytes per token named beside it in the legend."""
+
+    name: str
+    bytes_at: Sequence[float]
+    per_token: float
+    exact: bool = True
+
+
+def bytes_figure(
+    lengths: Sequence[int],
+    lines: Sequence[Line],
+    *,
+    what: str,
+    common: str,
+    note: str = "",
+    points: Sequence[tuple[str, Sequence[tuple[int, float]]]] = (),
+) -> Any:
+    """KV bytes (MiB, log axis) against the context (log axis), one trace per ``Line``; ``points``: (legend name,
+    [(length, bytes), ...]) measured or recorded elsewhere, drawn as open squares on the same axes."""
+    fig = go().Figure()
+    for line, color in zip(lines, COLORS * 4):
+        fig.add_scatter(
+            x=list(lengths),
+            y=[b / 2**20 for b in line.bytes_at],
+            mode="lines+markers",
+            name=f"{line.name}: {line.per_token:,.0f} B/token{'' if line.exact else ' (predicted)'}",
+            line={"color": color, "width": 2, "dash": "solid" if line.exact else "dash"},
+            marker={"size": 5},
+            hovertemplate="%{x} tokens<br>%{y:,.2f} MiB<extra>%{fullData.name}</extra>",
+        )
+    for name, pts in points:
+        fig.add_scatter(
+            x=[p[0] for p in pts],
+            y=[p[1] / 2**20 for p in pts],
+            mode="markers",
+            name=name,
+            marker={"symbol": "square-open", "size": 12, "color": "#333", "line": {"width": 2}},
+        )
+    t = title(what, common, note)
+    finish(fig, t, legend_y=-0.2, xaxis={"title": "tokens held (context)", "type": "log", "tickvals": list(lengths)}, yaxis={"title": "KV cache memory (MiB, log scale)", "type": "log"}, height=520)
+    return fig
+
+
+def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
+    """An ipywidgets box: model, KV precision, sliding-layer policy, budget and max_cache_len (0: none); its
+    answer is ``tokens_that_fit``'s, printed under the controls whenever one changes."""
+    import ipywidgets as w
+
+    windows = [("every position (onnxruntime-webgpu 1.27)", None)] + [
+        (f"a ring buffer of {n} positions", n) for n in (15, 16, 1024, 4096)
+    ]
+    model = w.Dropdown(options=list(layouts), description="model")
+    precision = w.Dropdown(options=list(KV_FORMATS), description="KV precision")
+    window = w.Dropdown(options=windows, description="sliding layers keep", style={"description_width": "initial"})
+    budget = w.FloatText(value=budget_gib, description="budget (GiB)")
+    reserve = w.IntText(value=0, description="max_cache_len")
+    out = w.HTML()
+
+    def show(_: Any = None) -> None:
+        fit = tokens_that_fit(
+            layouts[model.value],
+            int(budget.value * GiB),
+            kv_precision=precision.value,
+            window=window.value,
+            max_cache_len=reserve.value or None,
+        )
+        out.value = f"<b>{model.value}</b>, {precision.value} KV ({KV_FORMATS[precision.value][1]}): {fit}"
+
+    for control in (model, precision, window, budget, reserve):
+        control.observe(show, names="value")
+    show()
+    return w.VBox([w.HBox([model, precision]), w.HBox([window, budget, reserve]), out])
