@@ -68,35 +68,21 @@ def test_edges_of_the_fit():
     assert fit.tokens is None and fit.bytes_needed == 16 * 4096 and "no limit" in str(fit)
 
 
+def config(layers: int, kv_heads: int, head_dim: int, heads: int, **more: object) -> dict:
+    """A Hugging Face config's KV fields (hidden_size = heads x head_dim)."""
+    keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "num_attention_heads")
+    return {**dict(zip(keys, (layers, kv_heads, head_dim, heads))), "hidden_size": heads * head_dim, **more}
+
+
 def test_config_bytes_per_token():
-    smol = {
-        "num_hidden_layers": 30,
-        "num_key_value_heads": 3,
-        "head_dim": 64,
-        "hidden_size": 576,
-        "num_attention_heads": 9,
-    }
-    assert config_bytes_per_token(smol, 4) == 46080
-    hybrid = {
-        "num_hidden_layers": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "hidden_size": 128,
-        "num_attention_heads": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    }
+    assert config_bytes_per_token(config(30, 3, 64, 9), 4) == 46080
+    hybrid = config(4, 2, 32, 4, layer_types=["linear_attention"] * 3 + ["full_attention"])
     assert config_bytes_per_token(hybrid, 4) == 512
-    shared = {
-        "num_hidden_layers": 6,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_kv_shared_layers": 2,
-        "per_layer_config": {"2": {"head_dim": 32}},
-        "layer_types": ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3,
-    }
+    types = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3
+    shared = config(6, 2, 16, 4, num_kv_shared_layers=2, per_layer_config={"2": {"head_dim": 32}}, layer_types=types)
     assert config_bytes_per_token({"text_config": shared}, 4) == 2 * 2 * (16 * 3 + 32) * 4 == 1280
+    no_dim = {**config(2, 2, 16, 4), "head_dim": None}  # head_dim from hidden_size / heads
+    assert config_bytes_per_token(no_dim, 4) == 2 * 2 * 2 * 16 * 4
 
 
 def test_the_figure_labels_exact_and_predicted_lines():
