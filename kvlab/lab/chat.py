@@ -23,7 +23,7 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
-from .style import KIND_COLORS, OTHER_COLORS, go, legend_below, runtime_text, title, top_margin
+from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 
 REUSE, REPREFILL, GENAI = KIND_COLORS["static"], OTHER_COLORS[0], KIND_COLORS["genai"]
 
@@ -215,10 +215,7 @@ def ttft_figure(lab: ChatLab) -> Any:
         x=x, y=[r["reprefill_ms"] for r in rows], name="re-prefill (feeds the whole history)", marker_color=REPREFILL
     )
     t = title("Time to first token per turn, live: kept cache vs re-prefill", lab.label, "one run each, this machine")
-    fig.update_layout(
-        title=t, barmode="group", yaxis_title="time to first token (ms)", template="plotly_white", height=440,
-        legend=legend_below(-0.25), margin=top_margin(t),
-    )  # fmt: skip
+    finish(fig, t, legend_y=-0.25, barmode="group", yaxis_title="time to first token (ms)", height=440)
     return fig
 
 
@@ -263,10 +260,14 @@ def recorded_figure(result: dict[str, Any]) -> Any:
     dtype = rows[0].get("dtype", "float32")
     what = f"RECORDED: time to first token vs history, {result['model']} ({dtype}), cache {result.get('cache', '?')}"
     t = title(what, environment_text(result), f"file data/conversation/{result['source']}")
-    fig.update_layout(
-        title=t, xaxis_title="history before the message (positions)", yaxis_title="time to first token (ms)",
-        yaxis_type="log", template="plotly_white", height=440, legend=legend_below(), margin=top_margin(t),
-    )  # fmt: skip
+    finish(
+        fig,
+        t,
+        xaxis_title="history before the message (positions)",
+        yaxis_title="time to first token (ms)",
+        yaxis_type="log",
+        height=440,
+    )
     return fig
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import go, legend_below, title, top_margin, unit
+from .style import finish, go, title, unit
 
 ARCH_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
 
@@ -56,15 +56,14 @@ def memory_by_layout(
             hovertemplate=f"%{{x}} tokens<br>%{{y:.3f}} {units}<extra>%{{fullData.name}}</extra>",
         )
     t = title("KV cache memory against the context, per architecture", common, note)
-    fig.update_layout(
-        title=t,
+    finish(
+        fig,
+        t,
+        legend_y=-0.2,
         xaxis_title="tokens held (cache length)",
         yaxis_title=f"KV cache memory ({units})",
         yaxis_rangemode="tozero",
         xaxis_rangemode="tozero",
         height=480,
-        legend=legend_below(-0.2),
-        template="plotly_white",
-        margin=top_margin(t),
     )
     return fig

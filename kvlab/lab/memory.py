@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.layout import CacheLayout, SlidingWindow
-from .style import finish, go, legend_below, title, top_margin
+from .style import finish, go, title
 
 GiB = 2**30
 GROUP = 64  # values per scale and zero point in kvlab's integer KV formats
@@ -170,7 +170,14 @@ def bytes_figure(
             marker={"symbol": "square-open", "size": 12, "color": "#333", "line": {"width": 2}},
         )
     t = title(what, common, note)
-    finish(fig, t, legend_y=-0.2, xaxis={"title": "tokens held (context)", "type": "log", "tickvals": list(lengths)}, yaxis={"title": "KV cache memory (MiB, log scale)", "type": "log"}, height=520)
+    finish(
+        fig,
+        t,
+        legend_y=-0.2,
+        xaxis={"title": "tokens held (context)", "type": "log", "tickvals": list(lengths)},
+        yaxis={"title": "KV cache memory (MiB, log scale)", "type": "log"},
+        height=520,
+    )
     return fig
 
 

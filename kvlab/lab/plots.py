@@ -20,7 +20,7 @@ from ..core.errors import check_choice
 from ..core.generation import first_divergence
 from .layouts import memory_by_layout as memory_by_layout  # it draws layouts, not records; importable here too
 from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
-from .style import add_bucket_lines, cache_colors, go, legend_below, title, top_margin, unit
+from .style import add_bucket_lines, cache_colors, finish, go, title, unit
 
 Y_COLUMNS = ("wall_ms", "run_ms", "overhead_ms")  # the timings a latency plot can draw
 
@@ -92,14 +92,8 @@ def latency(
     if (_buckets_default(runs) if buckets is None else buckets) and runs:
         note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
     t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
-    fig.update_layout(
-        title=t,
-        xaxis_title="cache length after the step (tokens)",
-        yaxis_title=f"{y} (ms)",
-        yaxis_rangemode="tozero",
-        legend=legend_below(),
-        template="plotly_white",
-        margin=top_margin(t),
+    finish(
+        fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)", yaxis_rangemode="tozero"
     )
     return fig
 
@@ -143,9 +137,7 @@ def allocations(runs: Any) -> Any:
     fig.update_xaxes(title_text="cache length after the step (tokens)", row=3, col=1)
     fig.update_yaxes(tickformat="d", rangemode="tozero", row=1, col=1)  # counts: no decimals
     t = title("KV cache allocations per step", common, _recorded_note(runs))
-    fig.update_layout(
-        title=t, height=660, legend=legend_below(-0.1), template="plotly_white", margin=top_margin(t, extra=20)
-    )
+    finish(fig, t, legend_y=-0.1, top_extra=20, height=660)
     return fig
 
 
@@ -175,15 +167,7 @@ def memory(runs: Any) -> Any:
             )
         )
     t = title("KV memory: reserved vs used", common, _recorded_note(runs))
-    fig.update_layout(
-        title=t,
-        xaxis_title="cache length after the step (tokens)",
-        yaxis_title=units,
-        yaxis_rangemode="tozero",
-        legend=legend_below(),
-        template="plotly_white",
-        margin=top_margin(t),
-    )
+    finish(fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=units, yaxis_rangemode="tozero")
     return fig
 
 
@@ -207,16 +191,7 @@ def conformance(result: Any) -> Any:
         f"model {result.model} \u00b7 {result.device} vs {result.reference}",
         note,
     )
-    fig.update_layout(
-        title=t,
-        xaxis_title="position",
-        yaxis_title="max |logit difference|",
-        yaxis_type="log",
-        barmode="overlay",
-        legend=legend_below(),
-        template="plotly_white",
-        margin=top_margin(t),
-    )
+    finish(fig, t, xaxis_title="position", yaxis_title="max |logit difference|", yaxis_type="log", barmode="overlay")
     return fig
 
 
@@ -281,14 +256,7 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
         "fresh = a buffer handle this run never held before (a proxy for "
         "CreateBuffer: a lower bound if Dawn reuses an address)",
     )
-    fig.update_layout(
-        title=t,
-        height=260 * n + 420,
-        barmode="group",
-        legend=legend_below(-0.08),
-        template="plotly_white",
-        margin=top_margin(t, extra=20),
-    )
+    finish(fig, t, legend_y=-0.08, top_extra=20, height=260 * n + 420, barmode="group")
     return fig
 
 

@@ -82,6 +82,16 @@ def legend_below(y: float = -0.18) -> dict[str, Any]:
     return {"orientation": "h", "yanchor": "top", "y": y, "xanchor": "left", "x": 0}
 
 
+def finish(fig: Any, t: dict[str, Any], *, legend_y: float = -0.18, top_extra: int = 0, **layout: Any) -> Any:
+    """What every kvlab figure ends with: the title ``t`` (from ``title``) with a top margin that fits its lines
+    (plus ``top_extra`` pixels), the legend below the plot at ``legend_y``, the white template, and ``layout``, the
+    figure's own settings (axes, height, barmode), all in one ``fig.update_layout``. Returns ``fig``."""
+    fig.update_layout(
+        title=t, legend=legend_below(legend_y), template="plotly_white", margin=top_margin(t, top_extra), **layout
+    )
+    return fig
+
+
 def unit(max_bytes: float) -> tuple[float, str]:
     if max_bytes >= 4 * MiB:
         return MiB, "MiB"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..style import KIND_COLORS, go, legend_below, title, top_margin
+from ..style import KIND_COLORS, finish, go, title
 from .rows import paired
 
 
@@ -81,13 +81,8 @@ def capture_figure(results: Sequence[dict[str, Any]]) -> Any:
         f"median of {r0['reps']} paired rounds",
         "below 1: capture makes the step shorter",
     )
-    fig.update_layout(
-        title=t,
-        margin=top_margin(t),
-        template="plotly_white",
-        yaxis_title="captured / uncaptured",
-        xaxis_title="context (tokens already in the cache)",
-        legend=legend_below(-0.2),
+    finish(
+        fig, t, legend_y=-0.2, yaxis_title="captured / uncaptured", xaxis_title="context (tokens already in the cache)"
     )
     fig.update_xaxes(tickvals=sorted({r["context"] for r in rows}), tickformat="d")
     return fig

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..runs import as_runs
-from ..style import RATIO_TICKS, go, legend_below, title, top_margin
+from ..style import RATIO_TICKS, finish, go, title
 from .rows import rows_of
 
 
@@ -102,7 +102,7 @@ def static_gain(
         ticktext=[f"{v:g}x" for v in RATIO_TICKS],
         title_text="dynamic / static (log scale; 1x: no gain)",
     )
-    fig.update_layout(title=t, height=500, legend=legend_below(-0.22), template="plotly_white", margin=top_margin(t))
+    finish(fig, t, legend_y=-0.22, height=500)
     return fig
 
 

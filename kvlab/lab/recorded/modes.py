@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..style import MiB, legend_below, title, top_margin
+from ..style import MiB, finish, title
 from .rows import paired
 
 
@@ -90,13 +90,7 @@ def modes_figure(results: Sequence[dict[str, Any]], models: Sequence[str] | None
         fig.update_yaxes(title_text="kvlab static / genai", row=2, col=1)
     fig.update_xaxes(title_text="context (tokens)", row=2 if genai else 1)
     t = _modes_title(results, genai)
-    fig.update_layout(
-        title=t,
-        height=640 if genai else 430,
-        template="plotly_white",
-        legend=legend_below(-0.2 if genai else -0.3),
-        margin=top_margin(t),
-    )
+    finish(fig, t, legend_y=-0.2 if genai else -0.3, height=640 if genai else 430)
     return fig
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core.buckets import bucket_positions, fit_fresh_cost, predict_churn
-from ..style import KIND_COLORS, MODE_DASHES, MiB, go, legend_below, title, top_margin
+from ..style import KIND_COLORS, MODE_DASHES, MiB, finish, go, title
 from .rows import error_bars, rows_of
 
 
@@ -112,14 +112,7 @@ def staircase(result: dict[str, Any], model: str = "kv-heavy", device: str = "we
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=[str(c) for c in contexts])
     fig.update_xaxes(title_text="context when decoding starts (tokens; evenly spaced)", row=3, col=1)
     t = _staircase_title(result, model, device, cost)
-    fig.update_layout(
-        title=t,
-        height=820,
-        legend=legend_below(-0.1),
-        template="plotly_white",
-        barmode="group",
-        margin=top_margin(t, extra=20),
-    )
+    finish(fig, t, legend_y=-0.1, top_extra=20, height=820, barmode="group")
     return fig
 
 
@@ -258,7 +251,7 @@ def staircase_glance(result: dict[str, Any], model: str = "kv-heavy", device: st
     )
     fig.update_yaxes(rangemode="tozero", title_text="median decode step (ms)")
     t = _glance_title(result, rows[0], model, device)
-    fig.update_layout(title=t, height=460, legend=legend_below(-0.2), template="plotly_white", margin=top_margin(t))
+    finish(fig, t, legend_y=-0.2, height=460)
     return fig
 
 

@@ -14,11 +14,10 @@ from ..style import (
     MODE_DASHES,
     MiB,
     add_bucket_lines,
+    finish,
     go,
     kind_colors,
-    legend_below,
     title,
-    top_margin,
 )
 from .rows import error_bars, recorded_environment, rows_of, series_key, series_lines, series_name, where_measured
 
@@ -72,15 +71,13 @@ def sweep(
     if buckets and (runs or bytes_per_tensor_token):
         notes.append(bucket_note(fig, runs, xmax, bytes_per_tensor_token))
     t = title(f"median decode step ({y}) vs context", common, "<br>".join(n for n in notes if n))
-    fig.update_layout(
-        title=t,
+    finish(
+        fig,
+        t,
         xaxis_title="context when decoding starts (tokens)",
         yaxis_title=f"median {y} (ms)",
         yaxis_rangemode="tozero",
         xaxis_rangemode="tozero",
-        legend=legend_below(),
-        template="plotly_white",
-        margin=top_margin(t),
     )
     return fig
 

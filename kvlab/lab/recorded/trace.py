@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..style import KIND_COLORS, MiB, legend_below, title, top_margin
+from ..style import KIND_COLORS, MiB, finish, title
 
 
 def trace_figure(trace: dict[str, Any]) -> Any:
@@ -65,5 +65,5 @@ def trace_figure(trace: dict[str, Any]) -> Any:
         f"{', '.join(first)}<br>GPU memory: NVML's per-process figure (the driver's accounting); tensors "
         "allocated: kvlab's exact count",
     )
-    fig.update_layout(title=t, height=560, template="plotly_white", legend=legend_below(-0.15), margin=top_margin(t))
+    finish(fig, t, legend_y=-0.15, height=560)
     return fig
