@@ -1,6 +1,6 @@
-"""KV precision as a cache setting: the refusals (ONNX Runtime caches, bad settings on PyTorch), quantized KV running
-for real on PyTorch (transformers' QuantizedCache with HQQ and optimum-quanto), its exact bytes, and the recorded
-quality rows of data/kv-quality/."""
+"""KV precision as a cache setting on PyTorch (the ONNX Runtime caches': tests/test_kv_packed.py): bad settings,
+quantized KV running for real (transformers' QuantizedCache with HQQ and optimum-quanto), its exact bytes, and the
+recorded quality rows of data/kv-quality/."""
 
 from __future__ import annotations
 
@@ -16,18 +16,6 @@ from kvlab.pytorch import quantized as q
 
 pytest.importorskip("torch")
 QUALITY = Path(__file__).resolve().parents[1] / "data" / "kv-quality" / "kv-quality.json"
-
-
-@pytest.mark.parametrize("cache", [kvlab.StaticCache, kvlab.DynamicCache])
-def test_ort_caches_refuse_a_kv_precision_and_say_what_runs_it(cache):
-    args = (16,) if cache is kvlab.StaticCache else ()
-    with pytest.raises(
-        kvlab.ConfigError, match=r"kv_precision='int8'\) cannot run.*kvCacheQuantizationBits.*'quantized'"
-    ):
-        cache(*args, kv_precision="int8")
-    with pytest.raises(kvlab.ConfigError, match=r"kv_precision='q3'\) is not a KV precision"):
-        cache(*args, kv_precision="q3")
-    assert cache(*args, kv_precision="model").kind == cache.kind
 
 
 def test_pytorch_kv_precision_settings_are_checked():

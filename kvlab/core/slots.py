@@ -150,11 +150,11 @@ class CacheState:
     @property
     def used_bytes(self) -> int:
         """Bytes the held tokens need: seq_length x bytes per token, plus one copy of each fixed-size state (conv,
-        recurrent) once a sequence is held."""
-        if self._info is None:
+        recurrent) once a sequence is held; of the entries as the slots hold them (packed KV is smaller)."""
+        if self._info is None or not self.seq_length:
             return 0
-        layout = self._info.layout
-        return self.seq_length * layout.bytes_per_token + (layout.fixed_bytes if self.seq_length else 0)
+        per_token = sum(s.entry.bytes_per_token for s in self.slots)
+        return self.seq_length * per_token + sum(s.entry.nbytes(0) for s in self.slots if not s.entry.grows)
 
     def held(self) -> list[tuple[Any, tuple[Any, ...]]]:
         """Each cache entry of the model (``kvlab.core.layout.CacheEntry``) with the tensor(s) holding it now."""

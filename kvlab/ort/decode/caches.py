@@ -21,7 +21,7 @@ from ...core.slots import Slot
 from ..models.loading import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
-from .kvprecision import refuse_kv_precision
+from .kvprecision import check_kv_precision, check_runs_here, packed_entry, packed_layout, session_options
 from .shared import shared_window_on, shared_window_refusal
 from .slots import FixedKV, GrowingKV, InPlaceState, RuntimeState, SwappedState
 
@@ -31,10 +31,19 @@ class OrtCache(Cache):
     sequences within their window (``kvlab.ort.decode.shared``): CapacityError beyond it."""
 
     _shared_window = 0  # the smallest window of a KV-shared sliding layer, on WebGPU (0: no limit)
+    kv_precision: str | None = (
+        None  # None: KV in the model's dtype; "int8" / "int4": packed (kvlab.ort.decode.kvprecision)
+    )
 
     def _attach(self, info: ModelInfo, device: Device) -> None:
+        if self.kv_precision is not None:
+            check_runs_here(self.kv_precision, type(self).__name__, info, device)
         self._shared_window = shared_window_on(info, device)
         super()._attach(info, device)
+
+    def _kv_variant(self, variant: str = "") -> str:
+        """``variant`` with the KV precision added where it is not the model's ("kv-int8")."""
+        return "+".join(filter(None, [variant, self.kv_precision and f"kv-{self.kv_precision}"]))
 
     def check_capacity(self, positions: int) -> None:
         if self._shared_window and positions > self._shared_window:
@@ -43,7 +52,7 @@ class OrtCache(Cache):
     def session(self, device: Device, model: Any) -> Session:
         """The session this cache's steps run on: the device's session of the model, by default; a cache that
         needs a session of its own (graph capture opens one with other options) says so here."""
-        return device.session(model.onnx_path, f"model {model.name}")
+        return device.session(model.onnx_path, f"model {model.name}", session_options(self.kv_precision))
 
 
 class DynamicCache(OrtCache):
@@ -55,13 +64,19 @@ class DynamicCache(OrtCache):
 
     def __init__(self, kv_precision: str | None = None):
         super().__init__()
-        refuse_kv_precision(kv_precision, "DynamicCache")
+        self.kv_precision = check_kv_precision(kv_precision, "DynamicCache")
 
     def _slot(self, entry: CacheEntry, device: Device) -> Slot:
-        return GrowingKV(entry, device) if entry.grows else RuntimeState(entry, device)
+        if entry.grows:
+            return GrowingKV(packed_entry(entry, self.kv_precision), device)
+        return RuntimeState(entry, device)
+
+    @property
+    def spec(self) -> CacheSpec:
+        return CacheSpec(self.kind, variant=self._kv_variant())
 
     def empty_like(self) -> DynamicCache:
-        return DynamicCache()
+        return DynamicCache(self.kv_precision)
 
 
 STATE_MODES = ("swap", "in-place")
@@ -96,7 +111,7 @@ class StaticCache(OrtCache):
 
     def __init__(self, max_cache_len: int, check_every: int = 1, states: str = "swap", kv_precision: str | None = None):
         super().__init__()
-        refuse_kv_precision(kv_precision, "StaticCache")
+        self.kv_precision = check_kv_precision(kv_precision, "StaticCache")
         self.max_cache_len = check_max_cache_len(max_cache_len)
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
             raise ConfigError(f"check_every={check_every!r} must be a positive int (1: check every step)")
@@ -108,7 +123,7 @@ class StaticCache(OrtCache):
         variant = f"checked/{self.check_every}" if self.check_every > 1 else ""
         if self.states != "swap":
             variant = "+".join(filter(None, [variant, f"states-{self.states}"]))
-        return CacheSpec(self.kind, self.max_cache_len, variant)
+        return CacheSpec(self.kind, self.max_cache_len, self._kv_variant(variant))
 
     @property
     def capacity(self) -> int:
@@ -124,15 +139,15 @@ class StaticCache(OrtCache):
 
     def memory_report(self, info: ModelInfo) -> MemoryReport:
         """Memory this cache will reserve for a model, per layer, known before allocating anything."""
-        return info.layout.report(self.max_cache_len, self.state_copies)
+        return packed_layout(info.layout, self.kv_precision).report(self.max_cache_len, self.state_copies)
 
     def _slot(self, entry: CacheEntry, device: Device) -> Slot:
         if entry.grows:
-            return FixedKV(entry, device, self.max_cache_len)
+            return FixedKV(packed_entry(entry, self.kv_precision), device, self.max_cache_len)
         return STATE_SLOTS[self.states](entry, device)
 
     def empty_like(self) -> StaticCache:
-        return StaticCache(self.max_cache_len, self.check_every, self.states)
+        return StaticCache(self.max_cache_len, self.check_every, self.states, self.kv_precision)
 
     def _attach(self, info: ModelInfo, device: Device) -> None:
         if not info.shares_buffers:

@@ -48,6 +48,8 @@ class Backend:
     # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
     # states="in-place"); where it does not, kvlab.ort.decode.caches.WEBGPU_IN_PLACE says why
     webgpu_states_in_place = False
+    # whether its WebGPU GroupQueryAttention packs KV (kvCacheQuantizationBits: kvlab.ort.decode.kvprecision)
+    kv_quantization = False
 
     @property
     def name(self) -> str:

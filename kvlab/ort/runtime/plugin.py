@@ -87,6 +87,7 @@ class PluginWebGpu(BuiltinWebGpu):
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"
     webgpu_states_in_place = True  # a state read and written in place by one run (tests/test_beyond_full.py)
+    kv_quantization = True  # the EP option kvCacheQuantizationBits, 8 or 4 (docs/kv-memory.md)
 
     def __init__(self) -> None:
         super().__init__()

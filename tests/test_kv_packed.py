@@ -1,0 +1,63 @@
+"""Quantized KV in kvlab's ONNX Runtime caches: ``StaticCache(n, kv_precision="int8" | "int4")`` and
+``DynamicCache(kv_precision=...)`` hold the packed KV the WebGPU plugin EP's GroupQueryAttention reads and writes
+(session option ``kvCacheQuantizationBits``). On the plugin EP (.venv-plugin) they run for real; everywhere else
+(onnxruntime-webgpu 1.27, the CPU EP) they are refused when the cache meets the model, naming what runs it, with
+nothing allocated."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvlab
+from kvlab.ort import DynamicCache, StaticCache, generate
+from kvlab.ort.runtime.plugin import installed
+
+PROMPT = [1, 2, 3, 4, 5, 6]
+NEW = 16
+CACHES = {"static": lambda p: StaticCache(64, kv_precision=p), "dynamic": lambda p: DynamicCache(kv_precision=p)}
+
+
+def run(toy, cache, device="webgpu"):
+    with cache:
+        return generate(toy, PROMPT, max_new_tokens=NEW, cache=cache, device=device), cache.live_bytes
+
+
+@pytest.mark.parametrize("kind", CACHES)
+def test_a_bad_kv_precision_is_named(kind):
+    with pytest.raises(kvlab.ConfigError, match=r"kv_precision='q3'\) is not a KV precision.*'int8', 'int4'"):
+        CACHES[kind]("q3")
+    assert CACHES[kind]("model").kv_precision is None and CACHES[kind](None).spec.variant in ("", None)
+
+
+@pytest.mark.parametrize("device", ["cpu", "webgpu"])
+def test_where_kv_is_not_packed_the_cache_refuses_before_allocating(toy, device):
+    if device == "webgpu" and installed():
+        pytest.skip("the plugin EP packs KV: test_packed_kv_runs_on_the_plugin_ep")
+    cache = StaticCache(64, kv_precision="int8")
+    with pytest.raises(kvlab.ConfigError, match=rf"kv_precision='int8'\) cannot run on {device} with .*plugin EP"):
+        generate(toy, PROMPT, max_new_tokens=2, cache=cache, device=device)
+    assert cache.tensors == () and cache.seq_length == 0
+    cache.dispose()
+
+
+@pytest.mark.skipif(not installed(), reason="packed KV needs the WebGPU plugin EP (.venv-plugin)")
+@pytest.mark.parametrize("kind", CACHES)
+def test_packed_kv_runs_on_the_plugin_ep(toy, kind):
+    """int8: the model-precision run's tokens (toy, 16 new tokens); int4 runs, the same tokens in both caches.
+    Bytes exact: toy's K and V are [1, 2, n, 16] fp32 per layer; packed, the last axis is 1 + 16 * bits / 32 words."""
+    reference, _ = run(toy, CACHES[kind](None))
+    int8, int8_bytes = run(toy, CACHES[kind]("int8"))
+    int4, _ = run(toy, CACHES[kind]("int4"))
+    assert int8.token_ids == reference.token_ids
+    assert int8.label.cache.variant.endswith("kv-int8") and int4.label.cache.variant.endswith("kv-int4")
+    other, _ = run(toy, CACHES["dynamic" if kind == "static" else "static"]("int4"))
+    assert int4.token_ids == other.token_ids
+    words = {"int8": 5, "int4": 3}
+    last = int8.records[-1]
+    positions = 64 if kind == "static" else len(PROMPT) + NEW - 1
+    assert last.live_cache_bytes == 4 * 2 * positions * words["int8"] * 4
+    assert last.used_cache_bytes == (last.position + last.n_tokens) * 4 * 2 * words["int8"] * 4
+    if kind == "static":
+        assert all(r.cache_tensors_allocated == 0 for r in int8.records[1:]), "a static cache allocates once"
+        report = StaticCache(64, kv_precision="int4").memory_report(toy.info)
+        assert report.bytes_per_token == 4 * 2 * words["int4"] * 4
