@@ -174,7 +174,12 @@ def bytes_figure(
         fig,
         t,
         legend_y=-0.2,
-        xaxis={"title": "tokens held (context)", "type": "log", "tickvals": list(lengths)},
+        xaxis={
+            "title": "tokens held (context)",
+            "type": "log",
+            "tickvals": list(lengths),
+            "ticktext": [f"{n:,}" for n in lengths],
+        },
         yaxis={"title": "KV cache memory (MiB, log scale)", "type": "log"},
         height=520,
     )
