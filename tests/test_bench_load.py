@@ -1,11 +1,14 @@
 """The under-load benchmark (kvlab.bench.load): its competing processes live exactly for their block, a bad
-setting or output path is refused before anything is measured, and a real run on the toy model writes paired
-quiet/loaded figures for kvlab's static cache and onnxruntime-genai with equal tokens."""
+setting or output path is refused before anything is measured, and a real run on the toy model (``kvlab bench
+--under-load N``) writes paired quiet/loaded figures for kvlab's static cache and onnxruntime-genai with equal
+tokens."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -38,14 +41,35 @@ def test_a_bad_setting_or_output_path_is_refused_before_measuring(tmp_path):
         main(["--model", "toy", "--settings", "default", "--out", str(blocker / "out")])
 
 
-def test_a_real_run_pairs_quiet_and_loaded_rounds(tmp_path, capsys):
-    main(["--model", "toy", "--context", "32", "--new-tokens", "4", "--rounds", "2", "--load", "1",
-          "--settings", "spinning=off", "--out", str(tmp_path)])  # fmt: skip
+def test_a_real_run_pairs_quiet_and_loaded_rounds(tmp_path):
+    """Through the CLI, ``kvlab bench --under-load N``, as a user runs it."""
+    cmd = [sys.executable, "-m", "kvlab", "bench", "--under-load", "1", "--models", "toy", "--contexts", "32",
+           "--new-tokens", "4", "--reps", "2", "--load-settings", "spinning=off", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert row["setting"] == "spinning=off" and row["cpu_ep_options"]["spinning"] == "0"
+    assert row["context"] == 32 and row["setting"] == "spinning=off" and row["cpu_ep_options"]["spinning"] == "0"
     assert row["tokens_equal"] is True
     for name in ("kvlab static", "genai"):
         v = row["variants"][name]
         assert len(v["quiet_ms_runs"]) == len(v["loaded_ms_runs"]) == 2
         assert v["ratio_min"] <= v["loaded_over_quiet"] <= v["ratio_max"]
-    assert "spinning=off: kvlab static" in capsys.readouterr().out
+    assert "32 tokens, spinning=off: kvlab static" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--under-load", "0"], "--under-load 0 must be at least 1"),
+        (["--under-load", "1", "--models", "toy,smollm2"], "--under-load runs one model on the CPU EP"),
+        (["--under-load", "1", "--models", "toy", "--devices", "webgpu"], "--under-load runs one model on the CPU"),
+        (["--under-load", "1", "--models", "toy", "--load-settings", "spin=maybe"], "setting 'spin=maybe' is not"),
+        (["--under-load", "1", "--models", "nope"], "nope"),
+    ],
+)
+def test_bench_under_load_refuses_bad_flags_in_one_line(flags, says, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvlab", "bench", *flags, "--out", str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "results.json").exists()

@@ -113,6 +113,28 @@ def report(result: dict[str, Any]) -> str:
     return f"{result['setting']}: " + "; ".join(cells) + f"; tokens equal: {result['tokens_equal']}"
 
 
+def run(model: str, contexts: list[int], new: int, rounds: int, load: int, settings: list[str]) -> list[dict[str, Any]]:
+    """Every setting at every context, each in a process of its own (one CPU device a process); a row per
+    (setting, context), its line printed as it comes. ConfigError for a bad setting, before anything runs."""
+    for name in settings:
+        check_setting(name)
+    rows = []
+    for context in contexts:
+        for name in settings:
+            child = [sys.executable, "-m", "kvlab.bench.load", "--model", model, "--context", str(context)]
+            child += ["--new-tokens", str(new), "--rounds", str(rounds), "--load", str(load), "--one", name]
+            out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
+            rows.append({"context": context, **json.loads(out.strip().splitlines()[-1])})
+            print(f"{context} tokens, {report(rows[-1])}", flush=True)
+    return rows
+
+
+def write(rows: list[dict[str, Any]], out: Path) -> Path:
+    """results.json in ``out`` (atomically), the directory made if need be."""
+    out.mkdir(parents=True, exist_ok=True)
+    return write_atomic(out / "results.json", json.dumps({"rows": rows}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kvlab.bench.load", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -127,19 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         print(json.dumps(measure(args.model, args.context, args.new_tokens, args.rounds, args.load, args.one)))
         return
-    names = args.settings.split(",")
-    for name in names:
-        check_setting(name)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)  # before any measuring: a bad path fails now
-    results = []
-    for name in names:
-        child = [sys.executable, "-m", "kvlab.bench.load", *(argv if argv is not None else sys.argv[1:]), "--one", name]
-        out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
-        print(report(results[-1]), flush=True)
+    rows = run(args.model, [args.context], args.new_tokens, args.rounds, args.load, args.settings.split(","))
     if args.out is not None:
-        write_atomic(args.out / "results.json", json.dumps({"rows": results}, indent=1))
+        write(rows, args.out)
 
 
 if __name__ == "__main__":

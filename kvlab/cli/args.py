@@ -167,6 +167,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="where WebGPU rows prefill, once per cache kind "
         "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)",
     )
+    b.add_argument(
+        "--under-load",
+        type=int,
+        metavar="N",
+        help="instead: the CPU EP's static step against genai's, each quiet and with N CPU-bound processes "
+        "competing (kvlab.bench.load; one --models entry, each --contexts, --reps rounds, --load-settings)",
+    )
+    b.add_argument(
+        "--load-settings",
+        default="default,spinning=off",
+        help="with --under-load: comma-separated CPU EP settings (default, spinning=off, threads=1)",
+    )
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _cpu_flags(b)

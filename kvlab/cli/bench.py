@@ -25,7 +25,29 @@ def check_devices(text: str, flag: str) -> list[str]:
     return devices
 
 
+def under_load_command(args: argparse.Namespace) -> int:
+    """``kvlab bench --under-load N``: kvlab.bench.load's rows for one model on the CPU EP, written to --out."""
+    from ..bench import load as competing_load
+
+    if args.under_load < 1:
+        raise ConfigError(f"--under-load {args.under_load} must be at least 1 (competing processes)")
+    models = (args.models or "smollm2").split(",")
+    if len(models) != 1 or check_devices(args.devices or "cpu", "--devices") != ["cpu"]:
+        raise ConfigError(
+            f"--under-load runs one model on the CPU EP; got --models {args.models!r} --devices {args.devices!r}"
+        )
+    load(models[0])  # a bad name is refused here (ModelError), not inside a child process
+    contexts = ints(args.contexts or "1024", "--contexts")
+    new = ints(str(args.new_tokens or 16), "--new-tokens")[0]
+    rounds = ints(str(args.reps or 3), "--reps")[0]
+    rows = competing_load.run(models[0], contexts, new, rounds, args.under_load, args.load_settings.split(","))
+    print(f"\nwrote {competing_load.write(rows, args.out)}")
+    return 0
+
+
 def bench_command(args: argparse.Namespace) -> int:
+    if args.under_load is not None:
+        return under_load_command(args)
     plan = bench.Plan.quick() if args.quick else bench.Plan()
     if args.models or args.devices:
         models = (args.models or ",".join(sorted({m for m, _ in plan.targets}))).split(",")
