@@ -147,3 +147,56 @@ def test_the_recorded_long_trace_shows_a_flat_static_cache():
     assert dynamic["gpu_memory"]["bytes"][-1] > static["gpu_memory"]["bytes"][-1] and trace["tokens_equal"]
     fig = recorded.trace_figure(trace)
     assert [len(t.x) for t in fig.data] == [1000, 1000, 1000, 1000]
+
+
+def test_the_recorded_kv_shared_run_reads_as_its_readme_says():
+    """data/gpu/kvshared (H200, onnxruntime-webgpu 1.27.0, kv-shared-toy): the hardware adapter, capture refused by
+    name before it runs (so no captured/uncaptured ratio), the uncaptured WebGPU step and the CPU EP's figures as
+    the README's table gives them, tokens identical on the CPU EP, and 23 tests passed there."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "kvshared"
+    run = json.loads((data / "kvshared_ratio.json").read_text())
+    doctor = json.loads((data / "doctor.json").read_text())
+    assert doctor["adapter"]["kind"] == "hardware" and doctor["adapter"]["description"] == "NVIDIA H200"
+    assert run["versions"]["onnxruntime-webgpu"] == "1.27.0" and run["versions"]["onnxruntime-ep-webgpu"] == "missing"
+    assert "captured_over_static" not in run and "fails under capture" in run["capture_refused"]
+    assert all(f"GroupQueryAttention_node_{n}" in run["capture_refused"] for n in (245, 281))
+    assert round(run["static_ms"], 2) == 4.28 and len(run["tokens"]) == run["new_tokens"] == 12
+    cpu = run["cpu"]
+    assert cpu["tokens_identical"] and (round(cpu["kvlab_static_ms"], 2), round(cpu["mobius_static_ms"], 2)) == (
+        0.34,
+        0.46,
+    )
+    assert "23 passed" in (data / "tests.log").read_text(errors="replace")
+    readme = (data / "README.md").read_text()
+    assert "| 4.28 ms (" in readme and "| 0.34 ms / 0.46 ms, tokens identical" in readme
+
+
+def test_the_recorded_h200_conversation_reads_as_its_readme_says():
+    """data/conversation/h200-phi4-kv (H200, phi4-kv fp32 on WebGPU, genai's append_tokens beside it): 8 turns up to
+    3,936 positions of history; tokens equal in every row, kvlab's and genai's; each 32-token message fed 33
+    positions and reused the rest; the kept cache's time within 2% of genai's; kept / re-prefill falling from 0.91 to
+    0.27, every ratio as the README's table gives it (three decimals)."""
+    import re
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "conversation" / "h200-phi4-kv"
+    result = json.loads((folder / "results.json").read_text())
+    rows = result["rows"]
+    assert result["model"] == "phi4-kv" and result["cache"] == "static@4216" and len(rows) == 8
+    assert result["environment"]["backend_version"] == "1.27.0" and result["environment"]["commit"] == "6a13740"
+    for r in rows:
+        assert r["tokens_equal"] is True and r["genai_tokens_equal"] is True, r
+        assert r["adapter_kind"] == "hardware" and r["dtype"] == "float32", r
+        assert r["prefilled_positions"] == 33 and r["reused_positions"] + 33 == r["history_tokens"], r
+        assert 0.99 < r["reuse_ttft_ms"] / r["genai_ttft_ms"] < 1.02, r
+    assert [r["history_tokens"] for r in rows] == [520 + 488 * i for i in range(8)]
+    ratios = [round(r["ratio"], 3) for r in rows]
+    assert ratios == sorted(ratios, reverse=True) and ratios[0] == 0.91 and ratios[-1] == 0.273
+    table = re.findall(
+        r"^\| (\d) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", (folder / "README.md").read_text(), re.M
+    )
+    assert [(int(t), float(k), float(f), float(q)) for t, k, f, q in table] == [
+        (r["turn"], round(r["reuse_ttft_ms"], 1), round(r["reprefill_ttft_ms"], 1), round(r["ratio"], 3)) for r in rows
+    ]
