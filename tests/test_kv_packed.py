@@ -6,6 +6,9 @@ nothing allocated."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import kvlab
@@ -61,3 +64,16 @@ def test_packed_kv_runs_on_the_plugin_ep(toy, kind):
         assert all(r.cache_tensors_allocated == 0 for r in int8.records[1:]), "a static cache allocates once"
         report = StaticCache(64, kv_precision="int4").memory_report(toy.info)
         assert report.bytes_per_token == 4 * 2 * words["int4"] * 4
+
+
+def test_compare_kv_precision_runs_where_kv_is_packed_and_is_refused_in_one_line_elsewhere():
+    """``kvlab compare --kv-precision int8``: both caches packed on the plugin EP (tokens equal between them); on
+    the CPU EP (either package) exit 2 with one line naming the runtime."""
+    base = [sys.executable, "-m", "kvlab", "compare", "--model", "toy", "--prompt", "hi", "--max-new-tokens", "4"]
+    cpu = subprocess.run([*base, "--device", "cpu", "--kv-precision", "int8"], capture_output=True, text=True)
+    assert cpu.returncode == 2 and cpu.stderr.count("\n") == 1, cpu.stderr
+    assert "kv_precision='int8') cannot run on cpu with" in cpu.stderr
+    if installed():
+        gpu = subprocess.run([*base, "--device", "webgpu", "--kv-precision", "int8"], capture_output=True, text=True)
+        assert gpu.returncode == 0, gpu.stderr
+        assert "static@" in gpu.stdout and "kv-int8" in gpu.stdout and "outputs identical: True" in gpu.stdout

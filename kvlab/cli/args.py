@@ -38,6 +38,13 @@ def _shared(p: argparse.ArgumentParser) -> None:
         help="keep the greedy token on the device (kvlab.ort.decode.greedy) instead of choosing it on the host",
     )
     p.add_argument(
+        "--kv-precision",
+        choices=("model", "int8", "int4"),
+        default="model",
+        help="KV held in the model's dtype (default) or packed int8 / int4 (the WebGPU plugin EP only: "
+        "kvlab.ort.decode.kvprecision; elsewhere refused, naming what runs it)",
+    )
+    p.add_argument(
         "--graph-capture",
         action="store_true",
         help="WebGPU graph capture of the decode step (a static "

@@ -82,13 +82,16 @@ def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
     sampling = Sampling(
         do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
-    memory = str(make_cache("static", size).memory_report(model.info)) if {"static", GRAPH} & set(kinds) else ""
+    kv = None if args.kv_precision == "model" else args.kv_precision
+    if kv and GRAPH in kinds:
+        raise ConfigError(f"--kv-precision {kv} with --graph-capture: the captured cache holds the model's KV dtype")
+    memory = str(make_cache("static", size, kv).memory_report(model.info)) if {"static", GRAPH} & set(kinds) else ""
     runs: dict[str, Generation] = {}
     for kind in kinds:
         if kind == GRAPH:
             cache, run_model = CapturedStaticCache(size), _graph_model(args, model)
         else:
-            cache, run_model = make_cache(kind, size if kind == "static" else None), model
+            cache, run_model = make_cache(kind, size if kind == "static" else None, kv), model
         with cache:
             runs[kind] = generate(
                 run_model,

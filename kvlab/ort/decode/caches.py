@@ -21,7 +21,14 @@ from ...core.slots import Slot
 from ..models.loading import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
-from .kvprecision import check_kv_precision, check_runs_here, packed_entry, packed_layout, session_options
+from .kvprecision import (
+    KV_PRECISIONS,
+    check_kv_precision,
+    check_runs_here,
+    packed_entry,
+    packed_layout,
+    session_options,
+)
 from .shared import shared_window_on, shared_window_refusal
 from .slots import FixedKV, GrowingKV, InPlaceState, RuntimeState, SwappedState
 
@@ -189,16 +196,18 @@ class StaticCache(OrtCache):
 CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}
 
 
-def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None) -> Cache:
-    """A cache by kind ("dynamic" or "static"; static needs max_cache_len) or by its ``CacheSpec``; ConfigError
-    for another kind or a static cache without a size."""
+def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_precision: str | None = None) -> Cache:
+    """A cache by kind ("dynamic" or "static"; static needs max_cache_len) or by its ``CacheSpec`` (its
+    ``kv-int8`` / ``kv-int4`` variant included), at ``kv_precision``; ConfigError for another kind or a static cache
+    without a size."""
+    states = "swap"
     if isinstance(spec, CacheSpec):
-        if spec.kind == "static" and "states-in-place" in spec.variant:
-            return StaticCache(spec.max_cache_len, states="in-place")
+        states = "in-place" if spec.kind == "static" and "states-in-place" in spec.variant else states
+        kv_precision = next((p for p in KV_PRECISIONS if f"kv-{p}" in spec.variant), kv_precision)
         spec, max_cache_len = spec.kind, spec.max_cache_len
     check_choice(spec, CACHE_KINDS, "cache type ")
     if spec == "static":
         if max_cache_len is None:
             raise ConfigError("a static cache needs max_cache_len (a positive int)")
-        return StaticCache(max_cache_len)
-    return DynamicCache()
+        return StaticCache(max_cache_len, states=states, kv_precision=kv_precision)
+    return DynamicCache(kv_precision)
