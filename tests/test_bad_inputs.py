@@ -7,6 +7,7 @@ bad value or what would be valid), and no device tensor is left alive. Regenerat
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -15,11 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import kvlab
-from kvlab import DynamicCache, Sampling, StaticCache, Stepper, generate, load, open_device
+from kvlab import Conversation, DynamicCache, Sampling, StaticCache, Stepper, generate, load, open_device
+from kvlab.ort import close_device, make_cache
 from kvlab.ort.runtime.device import private_device
+from kvlab.presets import check_precision, recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_PAGE = ROOT / "docs" / "reliability.md"  # the page that shows the table
@@ -130,6 +134,70 @@ def prompt_file(content: bytes | None) -> Callable[[Env], Any]:
         return e.cli("generate", "--prompt-file", str(f), "--max-new-tokens", "1")
 
     return run
+
+
+def deep(opening: str, inner: str, closing: str) -> Callable[[Path], None]:
+    """A genai_config.json nested 100,000 levels deep (Python's JSON reader recurses per level)."""
+    return write("genai_config.json", opening * 100_000 + inner + closing * 100_000)
+
+
+def unreadable(e: Env) -> None:
+    if os.geteuid() == 0:  # root reads a file of any mode: no honest way to make it unreadable here
+        pytest.skip("running as root, which can read a file of mode 000")
+    load(e.model_dir(lambda d: (d / "genai_config.json").chmod(0)))
+
+
+def conversation(act: Callable[[Conversation], Any], closed: bool = False) -> Callable[[Env], Any]:
+    def run(e: Env) -> None:
+        c = Conversation(e.toy)
+        try:
+            if closed:
+                c.close()
+            act(c)
+        finally:
+            c.close()
+
+    return run
+
+
+def stepper(act: Callable[[Stepper], Any]) -> Callable[[Env], Any]:
+    def run(e: Env) -> None:
+        with DynamicCache() as cache:
+            act(Stepper(e.toy, cache, "cpu", 8))
+
+    return run
+
+
+def after_its_block(s: Stepper) -> None:
+    with s:
+        s.step([1])
+    s.step([2])
+
+
+def entered_twice(s: Stepper) -> None:
+    with s, s:
+        pass
+
+
+def with_cache_dir(value: str, act: Callable[[Env], Any]) -> Callable[[Env], Any]:
+    """``act`` with $KVLAB_CACHE_DIR set to ``value`` (put back after)."""
+
+    def run(e: Env) -> Any:
+        old = os.environ.get("KVLAB_CACHE_DIR")
+        os.environ["KVLAB_CACHE_DIR"] = value
+        try:
+            return act(e)
+        finally:
+            if old is None:
+                del os.environ["KVLAB_CACHE_DIR"]
+            else:
+                os.environ["KVLAB_CACHE_DIR"] = old
+
+    return run
+
+
+def cli(*argv: str) -> Callable[[Env], Any]:
+    return lambda e: e.cli(*argv)
 
 
 CASES = [
@@ -820,6 +888,316 @@ CASES = [
     Case("CLI", "kvlab bench --contexts 1k,x", "exit 2", "--contexts", lambda e: e.cli("bench", "--contexts", "1k,x")),
     Case(
         "CLI", "kvlab bench --devices tpu", "exit 2", "'tpu' is not valid", lambda e: e.cli("bench", "--devices", "tpu")
+    ),
+    # round three: configs that lie, the conversation API, Stepper misuse, presets, the environment, more CLI
+    Case(
+        "model",
+        "genai_config.json nested 100,000 deep ([[[...)",
+        "ModelError",
+        "is nested too deeply",
+        lambda e: load(e.model_dir(deep("[", "", "]"))),
+    ),
+    Case(
+        "model",
+        "genai_config.json: an object nested 100,000 deep",
+        "ModelError",
+        "is nested too deeply",
+        lambda e: load(e.model_dir(deep('{"a":', "1", "}"))),
+    ),
+    Case("model", "genai_config.json of mode 000 (skipped as root)", "ModelError", "cannot be read", unreadable),
+    Case(
+        "model",
+        "context_length: 0",
+        "ModelError",
+        "the context length is 0",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(context_length=0)))),
+    ),
+    Case(
+        "model",
+        "eos_token_id: 99999 (vocabulary 512)",
+        "ModelError",
+        "eos_token_id 99999 is outside the vocabulary [0, 512)",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(eos_token_id=99999)))),
+    ),
+    Case(
+        "model",
+        "eos_token_id: [2, -1]",
+        "ModelError",
+        "eos_token_id -1 is outside the vocabulary",
+        lambda e: load(e.model_dir(genai(lambda m: m.update(eos_token_id=[2, -1])))),
+    ),
+    Case(
+        "tokenizer",
+        "a chat template reaching past the sandbox (''.__class__)",
+        "ModelError",
+        "is unsafe",
+        chat_with("{{ ''.__class__.__mro__[1].__subclasses__() }}"),
+    ),
+    Case(
+        "tokenizer",
+        "a chat template reaching for a function's globals",
+        "ModelError",
+        "is unsafe",
+        chat_with("{{ raise_exception.__globals__['os'].system('id') }}"),
+    ),
+    Case(
+        "conversation",
+        "Conversation.say after close()",
+        "CacheStateError",
+        "this conversation was closed",
+        conversation(lambda c: c.say("hi", max_new_tokens=1), closed=True),
+    ),
+    Case(
+        "conversation",
+        "Conversation.rewind(10**6), past the history",
+        "ConfigError",
+        "rewind(1000000): n must be an int from 0 to",
+        conversation(lambda c: c.rewind(10**6)),
+    ),
+    Case(
+        "conversation",
+        "Conversation.rewind(-1)",
+        "ConfigError",
+        "rewind(-1): n must be an int from 0",
+        conversation(lambda c: c.rewind(-1)),
+    ),
+    Case(
+        "conversation", "Conversation.rewind(1.5)", "ConfigError", "rewind(1.5)", conversation(lambda c: c.rewind(1.5))
+    ),
+    Case(
+        "conversation",
+        "Conversation.say(3)",
+        "ConfigError",
+        "message must be text or a non-empty list of token ids",
+        conversation(lambda c: c.say(3, max_new_tokens=1)),
+    ),
+    Case(
+        "conversation",
+        "Conversation.say([])",
+        "ConfigError",
+        "message must be text or a non-empty list",
+        conversation(lambda c: c.say([], max_new_tokens=1)),
+    ),
+    Case(
+        "conversation",
+        'Conversation.say("hi", max_new_tokens=0)',
+        "ConfigError",
+        "max_new_tokens=0 must be a positive int",
+        conversation(lambda c: c.say("hi", max_new_tokens=0)),
+    ),
+    Case(
+        "conversation",
+        'Conversation(model, cache="x")',
+        "ConfigError",
+        "cache must be a kvlab cache",
+        lambda e: Conversation(e.toy, cache="x"),
+    ),
+    Case(
+        "conversation",
+        'Conversation(model, device="tpu")',
+        "ConfigError",
+        "device 'tpu' is not valid",
+        lambda e: Conversation(e.toy, device="tpu"),
+    ),
+    Case(
+        "stepper",
+        "Stepper.step outside its with block",
+        "CacheStateError",
+        "before its with block",
+        stepper(lambda s: s.step([1, 2])),
+    ),
+    Case(
+        "stepper",
+        "Stepper.step after its with block",
+        "CacheStateError",
+        "after its with block ended",
+        stepper(after_its_block),
+    ),
+    Case("stepper", "a Stepper entered twice", "CacheStateError", "was entered already", stepper(entered_twice)),
+    Case("stepper", "Stepper.step([]) (an empty step)", "ConfigError", "must be a 1-D list of ints", step([])),
+    Case(
+        "cache",
+        'make_cache("paged", 8)',
+        "ConfigError",
+        "cache type 'paged' is not valid",
+        lambda e: make_cache("paged", 8),
+    ),
+    Case(
+        "cache",
+        'make_cache("static") without a size',
+        "ConfigError",
+        "a static cache needs max_cache_len",
+        lambda e: make_cache("static"),
+    ),
+    Case(
+        "cache", "StaticCache(-1)", "ConfigError", "max_cache_len=-1 must be a positive int", lambda e: StaticCache(-1)
+    ),
+    Case(
+        "cache",
+        "StaticCache(np.int64(0))",
+        "ConfigError",
+        "max_cache_len=0 must be a positive int",
+        lambda e: StaticCache(np.int64(0)),
+    ),
+    Case(
+        "device",
+        'open_device("cpu", threads=1.0)',
+        "ConfigError",
+        "threads=1.0 must be a positive int",
+        lambda e: open_device("cpu", threads=1.0),
+    ),
+    Case("device", "close_device(None)", "ConfigError", "device None is not valid", lambda e: close_device(None)),
+    Case(
+        "device",
+        'open_device("webgpu", buffer_cache_mode=3)',
+        "ConfigError",
+        "buffer cache mode 3 is not valid",
+        lambda e: open_device("webgpu", buffer_cache_mode=3),
+    ),
+    Case(
+        "prompt",
+        "token ids [True, False] (bools)",
+        "ConfigError",
+        "must be a 1-D list of ints",
+        gen(prompt=[True, False]),
+    ),
+    Case(
+        "prompt",
+        "token ids np.array([1.0, 2.0]) (floats)",
+        "ConfigError",
+        "must be a 1-D list of ints",
+        gen(prompt=np.array([1.0, 2.0])),
+    ),
+    Case("prompt", "token ids [np.int64(-1)]", "ConfigError", "token id -1 is outside", gen(prompt=[np.int64(-1)])),
+    Case(
+        "preset",
+        'presets.recipe("nope")',
+        "ConfigError",
+        "unknown built-in model 'nope'",
+        lambda e: recipe("nope"),
+    ),
+    Case(
+        "preset",
+        "presets.check_precision(3)",
+        "ConfigError",
+        "precision 3 is not valid",
+        lambda e: check_precision(3),
+    ),
+    Case(
+        "preset",
+        'load("toy", precision="")',
+        "ConfigError",
+        "precision '' is not valid",
+        lambda e: load("toy", precision=""),
+    ),
+    Case(
+        "env",
+        "KVLAB_CACHE_DIR=/dev/null/x (under a file)",
+        "ConfigError",
+        "KVLAB_CACHE_DIR '/dev/null/x'",
+        with_cache_dir("/dev/null/x", lambda e: load("toy")),
+    ),
+    Case(
+        "env",
+        "KVLAB_CACHE_DIR=/proc/kvlab (nothing can be written)",
+        "ConfigError",
+        "cannot write in '/proc'",
+        with_cache_dir("/proc/kvlab", lambda e: load("toy")),
+    ),
+    Case(
+        "env",
+        "KVLAB_CACHE_DIR an existing file",
+        "ConfigError",
+        "is an existing file; it must name a folder",
+        lambda e: with_cache_dir(str(existing(e)), lambda e: load("toy"))(e),
+    ),
+    Case(
+        "CLI",
+        "KVLAB_CACHE_DIR=/dev/null/x kvlab generate",
+        "exit 2",
+        "KVLAB_CACHE_DIR '/dev/null/x'",
+        with_cache_dir("/dev/null/x", lambda e: e.cli("generate", "--prompt", "hi", "--max-new-tokens", "1")),
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --new-tokens 0",
+        "exit 2",
+        "0 must be >= 1",
+        cli("browser-bench", "--new-tokens", "0"),
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --caches paged",
+        "exit 2",
+        "cache 'paged' is not valid",
+        cli("browser-bench", "--caches", "paged"),
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --timeout nan",
+        "exit 2",
+        "nan must be > 0",
+        cli("browser-bench", "--timeout", "nan"),
+    ),
+    Case(
+        "CLI", "kvlab browser-bench --contexts 0", "exit 2", "0 must be >= 1", cli("browser-bench", "--contexts", "0")
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --model nope",
+        "exit 2",
+        "'nope' is neither a built-in name",
+        cli("browser-bench", "--model", "nope"),
+    ),
+    Case(
+        "CLI",
+        "kvlab browser-bench --devices tpu (no such flag)",
+        "exit 2",
+        "unrecognized arguments: --devices",
+        cli("browser-bench", "--devices", "tpu"),
+    ),
+    Case("CLI", "kvlab compare --device tpu", "exit 2", "invalid choice: 'tpu'", cli("compare", "--device", "tpu")),
+    Case("CLI", "kvlab trace --steps x", "exit 2", "invalid int value: 'x'", cli("trace", "--steps", "x")),
+    Case(
+        "CLI",
+        "kvlab chat --device tpu",
+        "exit 2",
+        "invalid choice: 'tpu'",
+        cli("chat", "--turn", "hi", "--device", "tpu"),
+    ),
+    Case("CLI", "kvlab profile --device tpu", "exit 2", "invalid choice: 'tpu'", cli("profile", "--device", "tpu")),
+    Case(
+        "CLI",
+        "kvlab generate --sample --temperature -1",
+        "exit 2",
+        "temperature=-1.0 must be a finite number > 0",
+        cli("generate", "--prompt", "hi", "--sample", "--temperature", "-1"),
+    ),
+    Case("CLI", "kvlab generate --top-k x", "exit 2", "invalid int value: 'x'", cli("generate", "--top-k", "x")),
+    Case(
+        "CLI", "kvlab generate --cache paged", "exit 2", "invalid choice: 'paged'", cli("generate", "--cache", "paged")
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --buffer-cache-mode ''",
+        "exit 2",
+        "invalid choice: ''",
+        cli("generate", "--buffer-cache-mode", ""),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --max-new-tokens 10**10",
+        "exit 2",
+        "positions are needed but model toy holds",
+        cli("generate", "--prompt", "hi", "--max-new-tokens", str(10**10)),
+    ),
+    Case("CLI", "kvlab doctor --json x", "exit 2", "unrecognized arguments: x", cli("doctor", "--json", "x")),
+    Case(
+        "CLI",
+        "kvlab bench --contexts -1",
+        "exit 2",
+        "--contexts '-1' must be comma-separated positive ints",
+        cli("bench", "--contexts", "-1"),
     ),
 ]
 

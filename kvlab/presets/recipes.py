@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
+from ..core.paths import check_output
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 of the byte tokenizer
 CHECKPOINT_VERSION = 1  # bump to force rebuilds of the checkpoints when the code writing them changes
@@ -246,10 +247,19 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
+_CHECKED_DIRS: dict[str, Path] = {}  # $KVLAB_CACHE_DIR's value -> the folder it names, checked once
+
+
 def cache_dir() -> Path:
-    """Where built models live: $KVLAB_CACHE_DIR, else the platform's user cache dir."""
-    if os.environ.get("KVLAB_CACHE_DIR"):
-        return Path(os.environ["KVLAB_CACHE_DIR"])
+    """Where built models live: $KVLAB_CACHE_DIR, else the platform's user cache dir. $KVLAB_CACHE_DIR is checked
+    at its first use (a folder kvlab can write in, new or existing: ConfigError naming it otherwise, before any
+    build) and a relative one is taken against the current directory then, so that a later ``os.chdir`` does not
+    move the cache."""
+    value = os.environ.get("KVLAB_CACHE_DIR")
+    if value:
+        if value not in _CHECKED_DIRS:
+            _CHECKED_DIRS[value] = check_output(Path(value).absolute(), "KVLAB_CACHE_DIR", folder=True)
+        return _CHECKED_DIRS[value]
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("kvlab"))

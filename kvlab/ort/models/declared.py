@@ -46,6 +46,10 @@ def _load_json(file: Path) -> dict:
         config = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{file} is not valid JSON: {exc}") from exc
+    except RecursionError:  # [[[[...: Python's JSON reader recurses per level
+        raise ModelError(f"{file} is nested too deeply to be a model config (is it damaged?)") from None
+    except OSError as exc:  # no permission to read it, a directory, an I/O error
+        raise ModelError(f"{file} cannot be read: {exc.strerror or exc}") from None
     if not isinstance(config, dict):
         raise ModelError(f"{file} must hold a JSON object, not {type(config).__name__}")
     return config
@@ -74,6 +78,20 @@ def _eos(value: Any, file: Path) -> tuple[int, ...]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ModelError(f"{file}: eos_token_id {value!r} must be an integer or a list of integers")
     return tuple(values)
+
+
+def _checked(declared: Declared, file: Path) -> Declared:
+    """``declared`` when its numbers make a usable decoder (a context of at least one position, EOS ids inside the
+    vocabulary); else a ModelError naming the key and value."""
+    if declared.context < 1:
+        raise ModelError(f"{file}: the context length is {declared.context}; a decoder must hold at least 1 position")
+    bad = [e for e in declared.eos if not 0 <= e < declared.vocab]
+    if bad:
+        raise ModelError(
+            f"{file}: eos_token_id {bad[0]} is outside the vocabulary [0, {declared.vocab}); generation could never "
+            "stop on it"
+        )
+    return declared
 
 
 def _names(fmt_key: str, fmt_value: str, layers: int, file: Path) -> tuple[tuple[str, str], ...]:
@@ -113,7 +131,7 @@ def declared_genai(path: Path) -> Declared:
             fmt = (ins[f"past_{role}_names"], outs.get(f"present_{role}_names", ""))
             _names(*fmt, 1, file)
             states[role] = fmt
-    return Declared(
+    declared = Declared(
         "genai_config.json",
         str(dec.get("filename", "model.onnx")),
         str(model.get("type", "?")),
@@ -135,6 +153,7 @@ def declared_genai(path: Path) -> Declared:
         outs.get("logits", "logits"),
         states,
     )
+    return _checked(declared, file)
 
 
 def declared_hf(path: Path) -> Declared:
@@ -164,7 +183,7 @@ def declared_hf(path: Path) -> Declared:
         "position_ids": "position_ids",
         **{n: "past" for pair in past for n in pair},
     }
-    return Declared(
+    declared = Declared(
         "config.json",
         decoder,
         str(config.get("model_type", "?")),
@@ -181,6 +200,7 @@ def declared_hf(path: Path) -> Declared:
         "logits",
         head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
     )
+    return _checked(declared, file)
 
 
 def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:
