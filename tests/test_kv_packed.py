@@ -77,3 +77,16 @@ def test_compare_kv_precision_runs_where_kv_is_packed_and_is_refused_in_one_line
         gpu = subprocess.run([*base, "--device", "webgpu", "--kv-precision", "int8"], capture_output=True, text=True)
         assert gpu.returncode == 0, gpu.stderr
         assert "static@" in gpu.stdout and "kv-int8" in gpu.stdout and "outputs identical: True" in gpu.stdout
+
+
+@pytest.mark.skipif(not installed(), reason="the packing refusal of float16 KV is the plugin EP's")
+def test_float16_kv_is_not_packed_and_the_cache_says_why():
+    """Measured on an NVIDIA H200 machine: with kvCacheQuantizationBits the plugin EP 0.4.0 still asks a float16
+    model for unpacked KV, so kvlab refuses it when the cache meets the model. Here SwiftShader has no shader-f16,
+    so a float16 run is refused earlier (DeviceError): the check is called on the real model and device."""
+    from kvlab.ort.decode.kvprecision import check_runs_here
+
+    fp16 = kvlab.load("toy", precision="fp16")
+    with pytest.raises(kvlab.ConfigError, match=r"toy-fp16's float16 KV: the plugin EP 0.4.0 packs only float32"):
+        check_runs_here("int8", "StaticCache", fp16.info, kvlab.ort.open_device("webgpu"))
+    check_runs_here("int8", "StaticCache", kvlab.load("toy").info, kvlab.ort.open_device("webgpu"))  # float32: fine

@@ -13,12 +13,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ...core.errors import ConfigError
 from ...core.layout import CacheEntry, CacheLayout
 
 BITS = {"int8": 8, "int4": 4}  # kvCacheQuantizationBits per KV precision
 KV_PRECISIONS = tuple(BITS)
 OPTION = "kvCacheQuantizationBits"  # the plugin EP's session option
+# measured on an NVIDIA H200 machine (phi4-kv fp16, data/gpu/kvprecision/): with the option set to 8 or 4 the EP
+# still asks a float16 model for unpacked KV, so only float32 KV is packed
+FLOAT16_KV = (
+    "the plugin EP 0.4.0 packs only float32 KV (with kvCacheQuantizationBits 8 or 4 it refused packed float16 KV of "
+    "phi4-kv on an NVIDIA H200: \"Input 'past_key' dimension 3 should match the packed KV head dimension, got 33 "
+    'expected 128")'
+)
 # what each runtime does with a quantized KV cache (measured on the toy model and one GroupQueryAttention node)
 SUPPORT: dict[str, str] = {
     "onnxruntime-webgpu 1.27 (WebGPU)": "no KV quantization: the EP has no kvCacheQuantizationBits option (the "
@@ -60,6 +69,11 @@ def check_runs_here(kv_precision: str, cache: str, info: Any, device: Any) -> No
             "kv_precision='int8' or 'int4')"
         )
     for entry in (e for e in info.layout.entries if e.grows):
+        if np.dtype(entry.dtype) != np.float32:
+            raise ConfigError(
+                f"{cache}(kv_precision={kv_precision!r}) cannot pack model {info.name}'s {np.dtype(entry.dtype)} KV: "
+                f"{FLOAT16_KV}; use a float32 build (precision='fp32') or kv_precision=None"
+            )
         head = entry.dims[-1]
         fits = head % 4 == 0 if BITS[kv_precision] == 8 else head >= 8 and head & (head - 1) == 0
         if entry.op != "GroupQueryAttention" or not fits:
