@@ -79,14 +79,19 @@ def test_compare_kv_precision_runs_where_kv_is_packed_and_is_refused_in_one_line
         assert "static@" in gpu.stdout and "kv-int8" in gpu.stdout and "outputs identical: True" in gpu.stdout
 
 
-@pytest.mark.skipif(not installed(), reason="the packing refusal of float16 KV is the plugin EP's")
-def test_float16_kv_is_not_packed_and_the_cache_says_why():
-    """Measured on an NVIDIA H200 machine: with kvCacheQuantizationBits the plugin EP 0.4.0 still asks a float16
-    model for unpacked KV, so kvlab refuses it when the cache meets the model. Here SwiftShader has no shader-f16,
-    so a float16 run is refused earlier (DeviceError): the check is called on the real model and device."""
+@pytest.mark.skipif(not installed(), reason="the packing refusal on hardware adapters is the plugin EP's")
+def test_a_hardware_adapter_is_refused_as_measured_on_the_h200():
+    """Measured on an NVIDIA H200 machine: on its hardware adapter the plugin EP 0.4.0 still asks for unpacked KV
+    with kvCacheQuantizationBits set, so kvlab refuses there. No hardware adapter exists here: the check is called
+    on this machine's real device with its adapter relabelled hardware (the one stand-in in this file)."""
+    import copy
+    from dataclasses import replace
+
     from kvlab.ort.decode.kvprecision import check_runs_here
 
-    fp16 = kvlab.load("toy", precision="fp16")
-    with pytest.raises(kvlab.ConfigError, match=r"toy-fp16's float16 KV: the plugin EP 0.4.0 packs only float32"):
-        check_runs_here("int8", "StaticCache", fp16.info, kvlab.ort.open_device("webgpu"))
-    check_runs_here("int8", "StaticCache", kvlab.load("toy").info, kvlab.ort.open_device("webgpu"))  # float32: fine
+    device = kvlab.ort.open_device("webgpu")
+    check_runs_here("int8", "StaticCache", kvlab.load("toy").info, device)  # SwiftShader: packed KV runs
+    gpu = copy.copy(device)
+    gpu.adapter = replace(device.adapter, name="NVIDIA H200", kind="hardware")
+    with pytest.raises(kvlab.ConfigError, match=r"cannot run on NVIDIA H200: on a hardware adapter.*got 33 expected"):
+        check_runs_here("int8", "StaticCache", kvlab.load("toy").info, gpu)
