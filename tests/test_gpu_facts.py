@@ -4,6 +4,7 @@ WebGPU buffer pool's churn predicted from its bucket table. (Measured on a real 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kvlab.core.buckets import BUCKETS, MiB, bucket_of, predict_churn
 from kvlab.ort.runtime.adapters import driver_problems
@@ -200,3 +201,23 @@ def test_the_recorded_h200_conversation_reads_as_its_readme_says():
     assert [(int(t), float(k), float(f), float(q)) for t, k, f, q in table] == [
         (r["turn"], round(r["reuse_ttft_ms"], 1), round(r["reprefill_ttft_ms"], 1), round(r["ratio"], 3)) for r in rows
     ]
+
+
+def test_the_recorded_plugin_ep_runs_read_as_their_readmes_say():
+    """data/gpu/defaults/ (every row's tokens equal genai's, the static cache makes no buffer a step), kvshared/plugin/
+    (capture runs token-identical and halves the step) and kvprecision/ (on the hardware adapter the EP asks for
+    unpacked KV at int8 and int4 on every model, and runs the model's precision)."""
+    gpu = Path(__file__).resolve().parents[1] / "data" / "gpu"
+    for name in ("phi4-kv-fp16", "phi4-kv-int4", "smollm2-shape-fp32"):
+        rows = json.loads((gpu / "defaults" / f"{name}.json").read_text())["rows"]
+        assert rows and all(r["tokens_equal"] for r in rows) and all(r["adapter_kind"] == "hardware" for r in rows)
+        assert all(r["new_buffers_per_step"] == 0 for r in rows if r["cache_kind"] == "static")
+    ratio = json.loads((gpu / "kvshared" / "plugin" / "kvshared_ratio.json").read_text())
+    assert ratio["tokens_identical"] and 0.4 < ratio["captured_over_static"] < 0.55
+    assert ratio["versions"]["onnxruntime-ep-webgpu"] == "0.4.0"
+    probe = json.loads((gpu / "kvprecision" / "probe_h200.json").read_text())
+    assert "NVIDIA H200" in probe["device"]
+    for model in ("toy-fp32", "kv-heavy-fp32", "phi4-kv-fp32"):
+        assert len(probe[f"{model}-None"]["tokens"]) == 16
+        for bits in ("int8", "int4"):
+            assert "should match the packed KV head dimension" in probe[f"{model}-{bits}"]["error"]
