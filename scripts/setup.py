@@ -8,9 +8,6 @@
                                       #     and .venv-plugin (see --plugin)
     python scripts/setup.py --plugin  # ... plus .venv-plugin: kvlab on onnxruntime (>= 1.31) + the WebGPU plugin EP
                                       #     onnxruntime-ep-webgpu, with onnxruntime-genai installed normally
-    python scripts/setup.py --side    # only what --full adds outside .venv: Chromium's system packages,
-                                      #     .venv-optimum, .venv-plugin (.ci/run builds them while the fast tier
-                                      #     runs; it never touches .venv, which may be in use)
 
 `bash scripts/setup.sh ...` runs this script. Each step is skipped when already done (a stamp per environment
 records what was installed from which pyproject.toml and setup.py), so it is safe to re-run.
@@ -327,13 +324,6 @@ def npm_packages() -> None:
     stamp.touch()
 
 
-def side_envs() -> None:
-    """What ``--full`` adds outside .venv, and nothing in it (``--side``): safe while .venv runs tests."""
-    system_packages(full=True)
-    optimum_env()
-    plugin_env()
-
-
 def parse(argv: list[str]) -> tuple[bool, bool, bool]:
     test = full = plugin = False
     for arg in argv:
@@ -343,15 +333,11 @@ def parse(argv: list[str]) -> tuple[bool, bool, bool]:
             test = full = plugin = True
         elif arg == "--plugin":
             plugin = True
-        elif arg == "--side" and len(argv) > 1:
-            fail("--side goes alone: it sets up only what --full adds outside .venv", 2)
-        elif arg == "--side":
-            pass
         elif arg in ("-h", "--help"):
             print(__doc__)
             raise SystemExit(0)
         else:
-            fail(f"unknown argument '{arg}' (valid: --test, --full, --plugin, --side)", 2)
+            fail(f"unknown argument '{arg}' (valid: --test, --full, --plugin)", 2)
     return test, full, plugin
 
 
@@ -362,9 +348,6 @@ def main(argv: list[str]) -> None:
             f"kvlab needs Python >= {'.'.join(map(str, MIN_PYTHON))} (onnxruntime-webgpu has no wheel for older ones); "
             f"this is {platform.python_version()} ({sys.executable}). Run setup with a newer python"
         )
-    if argv == ["--side"]:
-        side_envs()
-        return
     system_packages(full)
     main_env("all" if full else "build,notebook,test" if test else "build,notebook")
     kernel()
