@@ -432,6 +432,20 @@ CASES = [
     Case("cache", "StaticCache(0)", "ConfigError", "max_cache_len=0 must be a positive int", lambda e: StaticCache(0)),
     Case(
         "cache",
+        "DynamicCache(max_cache_len=5)",
+        "ConfigError",
+        "a dynamic cache grows with the sequence and has no size",
+        lambda e: DynamicCache(max_cache_len=5),
+    ),
+    Case(
+        "model",
+        'load("toy", progress="yes")',
+        "ConfigError",
+        "progress='yes' must be True or False",
+        lambda e: load("toy", progress="yes"),
+    ),  # fmt: skip
+    Case(
+        "cache",
         'StaticCache("8")',
         "ConfigError",
         "max_cache_len='8' (str) must be a positive int",

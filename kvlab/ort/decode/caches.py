@@ -69,8 +69,13 @@ class DynamicCache(OrtCache):
 
     kind = "dynamic"
 
-    def __init__(self, kv_precision: str | None = None):
+    def __init__(self, kv_precision: str | None = None, *, max_cache_len: object = None):
         super().__init__()
+        if max_cache_len is not None:
+            raise ConfigError(
+                f"DynamicCache(max_cache_len={max_cache_len!r}): a dynamic cache grows with the sequence and has no "
+                "size; use StaticCache(max_cache_len) for a fixed one"
+            )
         self.kv_precision = check_kv_precision(kv_precision, "DynamicCache")
 
     def _slot(self, entry: CacheEntry, device: Device) -> Slot:
@@ -197,7 +202,8 @@ CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}
 
 
 def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_precision: str | None = None) -> Cache:
-    """A cache by kind ("dynamic" or "static"; static needs max_cache_len) or by its ``CacheSpec`` (its
+    """A cache by kind ("dynamic" or "static"; static needs max_cache_len, which a dynamic cache, having no size,
+    does not use: a lab can pass one size for either kind) or by its ``CacheSpec`` (its
     ``kv-int8`` / ``kv-int4`` variant included), at ``kv_precision``; ConfigError for another kind or a static cache
     without a size."""
     states = "swap"

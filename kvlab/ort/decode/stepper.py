@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...core.cache import Cache
-from ...core.errors import ConfigError, check_choice, check_flag
+from ...core.errors import ConfigError, ModelError, check_choice, check_flag
 from ...core.generation import check_token_ids, greedy
 from ...core.guards import OneBlock
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
@@ -106,9 +106,8 @@ class Stepper:
         and the step's record. ``choose`` picks the token from the last logits (default greedy); ``pick``, instead,
         from every position's logits [n, vocab], returning it and record columns it decides (prompt lookup's
         verification); ``columns`` set record columns the caller knows (``phase``, ``turn``, ...). Raises ConfigError
-        (bad tokens, more positions than the stepper was opened for), CacheStateError (outside its with block, a
-        step of another thread running) and what the cache and the run raise; a failed step leaves the cache as it
-        was."""
+        (bad tokens, more positions than opened for), CacheStateError (outside its with block, another thread's step
+        running), ModelError (NaN/Inf logits) and what the cache and the run raise; a failed step is undone."""
         with self._block.call("step"):
             start = time.perf_counter()
             if logits_out not in LOGITS_OUT:
@@ -131,6 +130,7 @@ class Stepper:
                     out, token, picked = None, self._device_token.written(), {}
                 else:
                     last = logits[0, -1]
+                    check_finite(logits[0] if pick else last, self.steps, position + n - 1, self.model.name)
                     out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
                     token, picked = pick(logits[0]) if pick else ((choose or greedy)(last), {})
                 fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
@@ -215,3 +215,18 @@ def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) 
     return device.session(
         greedy_graph(model, reduction), f"model {model.name} (greedy token on the device, {reduction})"
     )
+
+
+def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
+    """ModelError when the logits a token is chosen from hold NaN or Inf (greedy and sampled tokens alike would be
+    meaningless), naming the step, the last position and how many values; the step then fails and is undone. One
+    pass over the vocabulary on the host path (tens of microseconds); with the token on the device the logits never
+    reach the host, so nothing is checked there."""
+    finite = np.isfinite(logits)
+    if not finite.all():
+        nan = int(np.isnan(logits).sum())
+        raise ModelError(
+            f"model {model} gave non-finite logits at step {step} (position {position}): {nan} NaN and "
+            f"{int(finite.size - finite.sum()) - nan} Inf of {finite.size} values; its weights or its arithmetic "
+            "(float16 overflow?) are broken, so no token can be chosen"
+        )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError, ModelError
+from ...core.errors import ConfigError, ModelError, check_flag
 from ...core.generation import check_token_ids
 from ...presets import BUILTIN_NAMES, check_precision
 from .build import ensure_built
@@ -175,6 +175,7 @@ def load(
     the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
     "<name>-graph"; see kvlab.ort.decode.capture). Raises ConfigError for a bad argument, ModelError for a directory
     kvlab cannot use or a build that fails."""
+    check_flag("progress", progress)
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
     if graph_capture and not (isinstance(name_or_dir, str) and name_or_dir in BUILTIN_NAMES):
