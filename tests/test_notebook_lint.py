@@ -57,6 +57,15 @@ def test_no_nbval_marker_in_any_cell_and_tags_are_nbvals(notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_saved_widget_state(notebook):
+    """Saved widget state makes the docs page of the notebook load a widget script from a CDN (the docs build
+    refuses that: tests/test_docs.py); executing a notebook in place saves it, so strip it after."""
+    assert "widgets" not in json.loads(notebook.read_text()).get("metadata", {}), (
+        f"{notebook.name} keeps widget state in its metadata: delete metadata.widgets"
+    )
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_notebook_opens_with_its_header(notebook):
     first = cells(notebook)[0]
     assert first["cell_type"] == "markdown", f"{notebook.name} does not open with text"
