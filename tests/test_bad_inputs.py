@@ -903,6 +903,8 @@ CASES = [
     Case(
         "CLI", "kvlab bench --devices tpu", "exit 2", "'tpu' is not valid", lambda e: e.cli("bench", "--devices", "tpu")
     ),
+    Case("CLI", "kvlab bench --out ''", "exit 2", "'' is not a path", lambda e: e.cli("bench", "--out", "")),
+    Case("CLI", "kvlab chat --bench --out ' '", "exit 2", "' ' is not a path", lambda e: e.cli("chat", "--out", " ")),
     # round three: configs that lie, the conversation API, Stepper misuse, presets, the environment, more CLI
     Case(
         "model",

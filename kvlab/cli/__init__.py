@@ -40,10 +40,11 @@ __all__ = ["main", "stop"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status (the module
     docstring). argparse's errors and ``--help`` raise SystemExit, as argparse does."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # python -m kvlab: Ctrl-C is ours from here
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
+        # python -m kvlab: Ctrl-C is ours from here (inside the try, so no signal lands between the two handlers)
+        if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             from .commands import run  # the subcommands and all they import
 

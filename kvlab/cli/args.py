@@ -13,6 +13,7 @@ from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .browser import add_browser_bench
 from .chat import add_chat
+from .types import path_arg
 
 
 def _shared(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=DEVICES)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    src.add_argument("--prompt-file", type=path_arg, help="read the prompt from a file")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
@@ -186,7 +187,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         default="default,spinning=off",
         help="with --under-load: comma-separated CPU EP settings (default, spinning=off, threads=1)",
     )
-    b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="output directory")
+    b.add_argument("--out", type=path_arg, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
     _cpu_flags(b)
 
@@ -202,7 +203,7 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--context", type=int, default=1024, help="prompt length before the traced decode steps")
     tr.add_argument("--steps", type=int, default=1000, help="decode steps per cache")
     tr.add_argument("--prefill-on", choices=DEVICES, help="prefill on this device and hand off (default: --device)")
-    tr.add_argument("--out", type=Path, default=Path("artifacts/trace.json"))
+    tr.add_argument("--out", type=path_arg, default=Path("artifacts/trace.json"))
     _cpu_flags(tr)
 
 
@@ -212,7 +213,7 @@ def _add_conformance(sub: argparse._SubParsersAction) -> None:
     _precision_flag(co, several=True)
     co.add_argument("--device", default="webgpu", choices=DEVICES)
     co.add_argument("--prompt-tokens", type=int, default=48)
-    co.add_argument("--out", type=Path, help="also write the rows as JSON")
+    co.add_argument("--out", type=path_arg, help="also write the rows as JSON")
 
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:
@@ -224,7 +225,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--device", default="cpu", choices=DEVICES)
     pr.add_argument("--context", type=int, default=256, help="prefill length before the profiled decode steps")
     pr.add_argument("--new-tokens", type=int, default=16, help="tokens decoded (the first decode step is skipped)")
-    pr.add_argument("--csv", type=Path, help="also write the rows to this CSV file")
+    pr.add_argument("--csv", type=path_arg, help="also write the rows to this CSV file")
     pr.add_argument(
         "--phases",
         action="store_true",
@@ -248,7 +249,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         help="--phases --token-on-device: how the graph finds the largest logit: in blocks (the default) or one "
         "ArgMax over the vocabulary",
     )
-    pr.add_argument("--json", type=Path, help="--phases: also write the result as JSON")
+    pr.add_argument("--json", type=path_arg, help="--phases: also write the result as JSON")
     _cpu_flags(pr)
 
 

@@ -12,6 +12,7 @@ from ..presets import PRECISIONS
 from ..web.chromium import ADAPTERS
 from ..web.job import DYNAMIC_IMPLS
 from ..web.run import HOSTS
+from .types import path_arg
 
 
 def _positive_int(text: str) -> int:
@@ -88,7 +89,7 @@ def add_browser_bench(sub: argparse._SubParsersAction) -> None:
         help="tokens compared with kvlab's CPU EP run (cpu) or between the page's caches",
     )
     p.add_argument("--timeout", type=_positive_float, default=600, help="seconds per page")
-    p.add_argument("--out", type=Path, default=Path("artifacts/browser-bench"), help="output directory")
+    p.add_argument("--out", type=path_arg, default=Path("artifacts/browser-bench"), help="output directory")
     p.add_argument("--no-charts", action="store_true")
 
 

@@ -21,6 +21,7 @@ from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .exits import USER_ERROR, one_line, say
+from .types import path_arg
 
 BACK = "/back"
 
@@ -45,7 +46,7 @@ def add_chat(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--new-tokens", type=int, default=8, help="tokens per reply")
     b.add_argument("--reps", type=int, default=2, help="paired rounds per turn")
     b.add_argument("--genai", action="store_true", help="onnxruntime-genai's append_tokens on the same conversation")
-    b.add_argument("--out", type=Path, default=Path("artifacts/chat-bench"), help="where results.json goes")
+    b.add_argument("--out", type=path_arg, default=Path("artifacts/chat-bench"), help="where results.json goes")
 
 
 def chat_command(args: argparse.Namespace) -> int:
