@@ -38,9 +38,8 @@ class OrtCache(Cache):
     sequences within their window (``kvlab.ort.decode.shared``): CapacityError beyond it."""
 
     _shared_window = 0  # the smallest window of a KV-shared sliding layer, on WebGPU (0: no limit)
-    kv_precision: str | None = (
-        None  # None: KV in the model's dtype; "int8" / "int4": packed (kvlab.ort.decode.kvprecision)
-    )
+    # None: KV in the model's dtype; "int8" / "int4": packed (kvlab.ort.decode.kvprecision)
+    kv_precision: str | None = None
 
     def _attach(self, info: ModelInfo, device: Device) -> None:
         if self.kv_precision is not None:
