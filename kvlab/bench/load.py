@@ -130,8 +130,7 @@ def run(model: str, contexts: list[int], new: int, rounds: int, load: int, setti
 
 
 def write(rows: list[dict[str, Any]], out: Path) -> Path:
-    """results.json in ``out`` (atomically), the directory made if need be."""
-    out.mkdir(parents=True, exist_ok=True)
+    """results.json in ``out`` (atomically; ``write_atomic`` makes the directory if need be)."""
     return write_atomic(out / "results.json", json.dumps({"rows": rows}, indent=1))
 
 
