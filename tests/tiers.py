@@ -142,17 +142,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             add.add("slow")
         for name in sorted(add - marks):
             item.add_marker(name)
-        if "slow" not in marks | add:
-            _fast.add(item.nodeid)
 
 
 _measured: dict[str, float] = {}  # this session's seconds per test id (setup + call)
-_fast: set[str] = set()  # the ids collected into the fast tier
+_fast: set[str] = set()  # the ids of this run's fast-tier tests
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when in ("setup", "call"):
         _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+        if "slow" not in report.keywords:  # (a report carries its marks: with xdist, workers collect, not here)
+            _fast.add(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
