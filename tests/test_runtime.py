@@ -51,14 +51,15 @@ def test_unknown_device_and_modes():
         open_device("cpu", buffer_cache_mode="simple")
     with pytest.raises(ConfigError, match="apply to device 'cpu' only"):
         open_device("webgpu", threads=1)
-    with pytest.raises(ConfigError, match="threads=0 must be a positive int"):
+    with pytest.raises(ConfigError, match="threads=0 must be an int from 1 to"):
         open_device("cpu", threads=0)
 
 
 def test_cpu_thread_options_reach_the_session(toy):
+    """A numpy integer is a count like any other (here threads=np.int64(1))."""
     r = run_python("""
-import kvlab
-d = kvlab.open_device('cpu', threads=1, spinning=False)
+import kvlab, numpy as np
+d = kvlab.open_device('cpu', threads=np.int64(1), spinning=False)
 s = d.session(kvlab.load('toy').onnx_path).ort.get_session_options()
 print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow_spinning'))
 """)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import kvlab
 from kvlab import KvlabError, Sampling, StaticCache, generate, open_device
 from kvlab.cli.args import ints
-from kvlab.core.errors import check_choice, check_flag
+from kvlab.core.errors import check_choice, check_flag, check_int
 from kvlab.core.generation import check_new_tokens, check_token_ids
 from kvlab.ort.runtime.options import BUFFER_CACHE_MODES, check_threads, cpu_count, webgpu_options
 from kvlab.presets import PRECISIONS, check_precision
@@ -200,3 +200,23 @@ def test_comma_separated_ints_of_the_cli_refuse_anything_else(text):
     if values is not None and all(v > 0 for v in values):
         return  # int() takes more than digits (" 1", "+1", "1_0"): then it is a list of positive ints
     refused(lambda t: ints(t, "--contexts"), text, "--contexts")
+
+
+INT_TYPES = [int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@given(st.integers(1, 127), st.sampled_from(INT_TYPES))
+def test_every_integer_type_in_range_is_taken_as_a_python_int(value, kind):
+    """Every integer argument goes through check_int: numpy's integers are counts too, returned as Python ints."""
+    for taken in (
+        check_int(kind(value), "n", 1, 127),
+        check_new_tokens(kind(value)),
+        StaticCache(kind(value) + 1).max_cache_len,
+        check_threads(kind(min(value, cpu_count()))),
+    ):
+        assert type(taken) is int and taken in (value, value + 1, min(value, cpu_count()))
+
+
+@given(st.one_of(not_ints, st.integers(max_value=-1), st.integers(min_value=128)))
+def test_check_int_refuses_every_other_value_and_names_it(value):
+    assert "must be an int from 0 to 127" in str(refused(lambda v: check_int(v, "n", 0, 127), value))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..core import generation
-from ..core.errors import ConfigError
+from ..core.errors import check_int
 from ..core.records import StepRecord
 from ..ort import Model, StaticCache, generate, load
 from ..ort.decode.greedy import reduction_of
@@ -125,8 +125,7 @@ def step_phases(
     round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
     (``kvlab.ort.decode.greedy``; "choose" is then part of the run). ConfigError for a bad count."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r} must be an int >= {least}")
+        check_int(value, name, least)
     model = load(model)
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device) if genai else None

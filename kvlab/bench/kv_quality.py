@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, check_int
 from ..pytorch.quantized import KV_PRECISIONS, QuantizedKV, held_bytes, make_quantized
 
 TEXT_SOURCE = "CPython pydoc_data.topics['specialnames'] (the Python Language Reference, 'Special method names')"
@@ -175,8 +175,7 @@ def run(
     from ..pytorch.models import load
 
     for name, v in (("n_tokens", n_tokens), ("chunk", chunk), ("new_tokens", new_tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name}={v!r} must be a positive int")
+        check_int(v, name, 1)
     settings: dict[str, QuantizedKV | None] = {"full": None, **{p: QuantizedKV(p) for p in precisions}}
     model = load("smollm2")
     all_ids = model.encode(real_text())

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError
+from ..core.errors import check_int
 from ..ort import Model, StaticCache, close_device, generate, load, open_device
 from .plan import prompt_ids
 
@@ -25,11 +25,7 @@ def op_profile(
     scheduling, thread hand-offs) and "(run)" (the whole run). Profiling itself adds a little to each node. On
     WebGPU a node's time is its CPU-side submission, not GPU execution. ConfigError for fewer than 3
     ``new_tokens``."""
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 3:
-        raise ConfigError(
-            f"new_tokens={new_tokens!r} leaves no decode run to profile (the prefill and the first "
-            "decode run are skipped); use an int >= 3"
-        )
+    check_int(new_tokens, "new_tokens", 3, note=" (the prefill and the first decode run are not profiled)")
     model = load(model)
     close_device(device)
     with tempfile.TemporaryDirectory() as tmp:

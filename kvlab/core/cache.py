@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import CacheStateError, CapacityError, ConfigError, InPlaceError
+from .errors import CacheStateError, CapacityError, InPlaceError, check_int
 from .guards import OneAtATime, atomic
 from .labels import CacheSpec
 from .records import CacheStep
@@ -244,8 +244,7 @@ class Cache(CacheSteps):
         ConfigError (``n`` out of range) and CacheStateError (disposed, in use by another thread, between a step's
         commit and its settle, a slot that cannot rewind); nothing changes then."""
         self._check_alive()
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.seq_length:
-            raise ConfigError(f"crop({n!r}): n must be an int from 0 to the {self.seq_length} positions held")
+        n = check_int(n, "n", 0, self.seq_length, subject=f"crop({n!r}): n", note=" (the positions held)")
         if self._user.mine:  # inside this thread's own use
             self._crop_now(n)
             return

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import CapacityError, ConfigError, ModelError
+from .errors import CapacityError, ModelError, check_int
 from .generation import Generation, positions_needed
 
 REPLY = "\x00kvlab: the reply\x00"  # where a reply's content goes when the template is asked what follows it
@@ -83,8 +83,7 @@ class History:
         """Keep the first ``n`` ids (0 <= n <= len(ids)): the turns that start at ``n`` or later are dropped, as is
         one cut inside its input; a turn cut inside its reply keeps the reply's first tokens (``decode`` gives their
         text). ConfigError for another ``n``; nothing changes then."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(self.ids):
-            raise ConfigError(f"rewind({n!r}): n must be an int from 0 to the {len(self.ids)} positions of the history")
+        n = check_int(n, "n", 0, len(self.ids), subject=f"rewind({n!r}): n", note=" (the positions of the history)")
         system = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         kept = [t for t in self.turns if t.reply_start <= n]
         if kept and kept[-1].reply_start + len(kept[-1].token_ids) > n:  # cut inside its reply

@@ -1,5 +1,6 @@
 """kvlab's exceptions. Every message names the offending value and what would be valid."""
 
+import numbers
 from collections.abc import Iterable
 
 
@@ -45,3 +46,25 @@ def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name}={value!r} must be True or False")
     return value
+
+
+def check_int(
+    value: object, name: str, least: int | None = None, most: int | None = None, *, subject: str = "", note: str = ""
+) -> int:
+    """``value`` as a Python int when it is an integer (Python's or numpy's; not a bool, not a float) from ``least``
+    to ``most`` (either bound may be None); else a ConfigError: "<subject> must be <the rule><note>", the subject
+    being "<name>=<value>" unless given (e.g. "crop(7): n")."""
+    if least is not None and most is not None:
+        rule = f"an int from {least} to {most}"
+    elif least is not None:
+        rule = "a positive int" if least == 1 else f"an int >= {least}"
+    else:
+        rule = "an int" if most is None else f"an int <= {most}"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or (least is not None and value < least)
+        or (most is not None and value > most)
+    ):
+        raise ConfigError(f"{subject or f'{name}={value!r}'} must be {rule}{note}")
+    return int(value)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, check_flag
+from .errors import ConfigError, check_flag, check_int
 from .frames import decode_median, frame
 from .labels import RunLabel
 from .records import COLUMNS, StepRecord
@@ -38,12 +38,11 @@ class Sampling:
                 f"temperature={self.temperature!r} is below {MIN_TEMPERATURE:g}, where the scaled logits overflow; "
                 "for the most likely token use do_sample=False"
             )
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k={self.top_k!r} must be an int >= 0 (0 disables it)")
+        check_int(self.top_k, "top_k", 0, note=" (0 disables it)")
         if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ConfigError(f"seed={self.seed!r} must be None or an int >= 0")
+        if self.seed is not None:
+            check_int(self.seed, "seed", 0, note=" (or None)")
 
     def check_vocabulary(self, vocab_size: int) -> None:
         if self.top_k > vocab_size:
@@ -146,9 +145,7 @@ def positions_needed(prompt_tokens: int, new_tokens: int) -> int:
 
 def check_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> int:
     """``max_new_tokens`` (or another count, ``name``) as an int when it is a positive int; else ConfigError."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ConfigError(f"{name}={max_new_tokens!r} must be a positive int")
-    return int(max_new_tokens)
+    return check_int(max_new_tokens, name, 1)
 
 
 def stop_reason(

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import check_int
 
 
 @dataclass(frozen=True)
@@ -329,8 +329,4 @@ class MemoryReport:
 
 def check_max_cache_len(value: object) -> int:
     """``value`` as an int when it is a positive int; else ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"max_cache_len={value!r} ({type(value).__name__}) must be a positive int")
-    if value <= 0:
-        raise ConfigError(f"max_cache_len={value} must be a positive int (>= 1)")
-    return int(value)
+    return check_int(value, "max_cache_len", 1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .errors import ConfigError
+from .errors import check_int
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,7 @@ class PromptLookup:
     def __post_init__(self) -> None:
         for name, top in (("k", 64), ("ngram", 8)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise ConfigError(f"PromptLookup({name}={value!r}): {name} must be an int from 1 to {top}")
+            check_int(value, name, 1, top, subject=f"PromptLookup({name}={value!r}): {name}")
 
 
 def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) -> list[int]:

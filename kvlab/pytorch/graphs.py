@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import CapacityError, ConfigError, DeviceError, check_choice
+from ..core.errors import CapacityError, ConfigError, DeviceError, check_choice, check_int
 from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..core.records import CacheStep, StepHook, hook_list
@@ -183,8 +183,7 @@ def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse
             f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
             "with a 4-D mask (load(..., attn_implementation='sdpa'))"
         )
-    if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 2:
-        raise ConfigError(f"max_cache_len={max_cache_len!r} must be an int >= 2")
+    max_cache_len = check_int(max_cache_len, "max_cache_len", 2)
     ctx = getattr(model.config, "max_position_embeddings", None)
     if ctx and max_cache_len > ctx:
         raise ConfigError(f"max_cache_len={max_cache_len} exceeds the model's max_position_embeddings={ctx}")

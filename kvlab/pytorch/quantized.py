@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError, ModelError
+from ..core.errors import ConfigError, ModelError, check_int
 from ..core.records import CacheStep
 
 # kv_precision -> (transformers backend, bits, the package it needs)
@@ -45,9 +45,7 @@ class QuantizedKV:
     def __post_init__(self) -> None:
         check_kv_precision(self.precision)
         for name in ("group_size", "residual_length"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"QuantizedKV.{name}={v!r} must be a positive int")
+            check_int(getattr(self, name), f"QuantizedKV.{name}", 1)
 
     @property
     def backend(self) -> str:

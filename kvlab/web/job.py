@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag
+from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..core.layout import check_max_cache_len
@@ -216,8 +216,7 @@ def make_job(
         raise ConfigError(f"caches {[s.name for s in specs]} name one cache twice; give each once")
     if any(s.kind == "static" for s in specs) and not model.info.shares_buffers:
         raise ModelError(f"model {model.name} cannot run a static cache: {model.info.sharing_problem}")
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ConfigError(f"reps={reps!r} must be a positive int")
+    check_int(reps, "reps", 1)
     check_flag("warmup", warmup)
     if dynamic_impl not in DYNAMIC_IMPLS:
         raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")

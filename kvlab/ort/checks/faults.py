@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ...core.errors import check_choice
+from ...core.errors import check_choice, check_int
 from ..decode.caches import DynamicCache, StaticCache
 from ..runtime.builtin import HELPER_LABEL
 from ..runtime.device import Device, backend
@@ -51,11 +51,10 @@ def _targets(point: str) -> list[tuple[type, str]]:
 @contextmanager
 def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> Iterator[dict[str, int]]:
     """Inside the block, the ``at_call``-th call of ``point`` (see the module docstring) fails with ``error``.
-    Yields a counter: ``{"calls": n, "raised": 0 or 1}``. ConfigError for an unknown point, ValueError for an
-    ``at_call`` that is not a positive int."""
+    Yields a counter: ``{"calls": n, "raised": 0 or 1}``. ConfigError for an unknown point or an ``at_call``
+    that is not a positive int."""
     check_choice(point, POINTS, "fault point ")
-    if isinstance(at_call, bool) or not isinstance(at_call, int) or at_call < 1:
-        raise ValueError(f"at_call={at_call!r} must be a positive int")
+    at_call = check_int(at_call, "at_call", 1)
     state = {"calls": 0, "raised": 0}
     exc = error if error is not None else Injected(f"injected fault: {point} (call {at_call})")
     saved = [(cls, name, cls.__dict__[name]) for cls, name in _targets(point) if name in cls.__dict__]

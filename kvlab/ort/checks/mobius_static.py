@@ -23,15 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, check_int
 from ..models.mobius import export
 
 
 def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:
     """mobius's static-cache export of the checkpoint behind ``model`` (a loaded mobius preset), weights applied,
     into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``); reused when built already."""
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise ConfigError(f"max_seq_len={max_seq_len!r} must be a positive int")
+    max_seq_len = check_int(max_seq_len, "max_seq_len", 1)
     out = Path(out or model.info.path.parent / f"{model.info.path.name}-mobius-static-{max_seq_len}")
     if (out / "model.onnx").is_file():
         return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.cache import Cache
-from ...core.errors import CapacityError, ConfigError, ModelError, check_choice
+from ...core.errors import CapacityError, ConfigError, ModelError, check_choice, check_int
 from ...core.labels import CacheSpec
 from ...core.layout import CacheEntry, MemoryReport, check_max_cache_len
 from ...core.slots import Slot
@@ -124,9 +124,7 @@ class StaticCache(OrtCache):
         super().__init__()
         self.kv_precision = check_kv_precision(kv_precision, "StaticCache")
         self.max_cache_len = check_max_cache_len(max_cache_len)
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise ConfigError(f"check_every={check_every!r} must be a positive int (1: check every step)")
-        self.check_every = check_every
+        self.check_every = check_int(check_every, "check_every", 1, note=" (1: check every step)")
         self.states = check_choice(states, STATE_MODES, "states=")
 
     @property

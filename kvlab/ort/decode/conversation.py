@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...core.conversation import History, Turn, TurnPlan, chat_delta, plan_turn
-from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag
+from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag, check_int
 from ...core.generation import attach_partial, check_new_tokens, check_sampling, stop_reason
 from ...core.labels import RunLabel
 from ...core.lookup import PromptLookup
@@ -136,8 +136,7 @@ class Conversation:
         them (a state cache empties, see the class docstring). ConfigError for another ``n``; nothing changes then."""
         self._check_open()
         h = self.history
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(h.ids):
-            raise ConfigError(f"rewind({n!r}): n must be an int from 0 to the {len(h.ids)} positions of the history")
+        n = check_int(n, "n", 0, len(h.ids), subject=f"rewind({n!r}): n", note=" (the positions of the history)")
         if n < self.held:
             self.cache.crop(0 if self.model.info.layout.states else n)
         h.rewind(n, self.model.decode)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...core.cache import Cache
-from ...core.errors import ConfigError, ModelError, check_choice, check_flag
+from ...core.errors import ConfigError, ModelError, check_choice, check_flag, check_int
 from ...core.generation import check_token_ids, greedy
 from ...core.guards import OneBlock
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
@@ -61,9 +61,7 @@ class Stepper:
         self.token_on_device, self.greedy_reduction = bool(reduction), reduction
         self._device_token: DeviceToken | None = None  # while open, with token_on_device
         self.session = step_session(model, cache, device, reduction)
-        if isinstance(needed, bool) or not isinstance(needed, (int, np.integer)) or needed < 1:
-            raise ConfigError(f"needed={needed!r} must be a positive int (the positions this stepper may fill)")
-        self.positions = int(needed)  # the most positions its steps may fill
+        self.positions = check_int(needed, "needed", 1, note=" (the positions this stepper may fill)")
         self._mask = np.ones((1, 0), np.int64)  # made when the block opens, once the positions are known to fit
         self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
         self._cache_held: Any = None  # the cache's use, while open

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError, ModelError, check_flag
+from ...core.errors import ConfigError, ModelError, check_flag, check_int
 from ...core.generation import check_token_ids
 from ...presets import BUILTIN_NAMES, check_precision
 from .build import ensure_built
@@ -155,9 +155,8 @@ class Model:
 
     def tokens_of(self, text: str, length: int) -> np.ndarray:
         """Exactly ``length`` token ids of real text: ``text`` tokenized and repeated as needed."""
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
-            raise ConfigError(f"prompt length {length!r} must be a positive int")
-        return np.resize(self.encode(text), int(length)).astype(np.int64)
+        length = check_int(length, "length", 1, subject=f"prompt length {length!r}")
+        return np.resize(self.encode(text), length).astype(np.int64)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)

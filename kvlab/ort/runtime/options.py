@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from ...core.devices import BUFFER_CACHE_MODES
-from ...core.errors import ConfigError, check_choice, check_flag
+from ...core.errors import check_choice, check_flag, check_int
 
 VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
 
@@ -25,14 +25,7 @@ def cpu_count() -> int:
 
 def check_threads(threads: Any) -> int:
     """``threads`` when it is an int in [1, the logical CPU count]; else a ConfigError naming it and the range."""
-    limit = cpu_count()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"threads={threads!r} must be a positive int, in [1, {limit}] on this machine")
-    if threads > limit:
-        raise ConfigError(
-            f"threads={threads} is more than the {limit} logical CPUs this process may run on; choose 1 to {limit}"
-        )
-    return threads
+    return check_int(threads, "threads", 1, cpu_count(), note=" (the logical CPUs this process may run on)")
 
 
 def _flag(name: str, value: Any) -> str:
