@@ -84,6 +84,18 @@ def write(name: str, text: str | bytes) -> Callable[[Path], None]:
     return change
 
 
+def token_id_moved(token_id: int) -> Callable[[Path], None]:
+    """An edit: in tokenizer.json's vocabulary, the token of the highest id gets id ``token_id`` instead."""
+
+    def edit(d: Path) -> None:
+        tok = json.loads((d / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        vocab[max(vocab, key=vocab.get)] = token_id
+        (d / "tokenizer.json").write_text(json.dumps(tok))
+
+    return edit
+
+
 def remove(name: str) -> Callable[[Path], None]:
     return lambda d: (d / name).unlink()
 
@@ -323,6 +335,13 @@ CASES = [
         "ModelError",
         "could not be read by the tokenizers library",
         lambda e: load(e.model_dir(write("tokenizer.json", '{"model": 3'))),
+    ),
+    Case(
+        "tokenizer",
+        "a tokenizer.json whose vocabulary has an id past the model's",
+        "ModelError",
+        "maps tokens to ids up to 100000, past this model's vocabulary of 512",
+        lambda e: load(e.model_dir(token_id_moved(100_000))),
     ),
     Case(
         "tokenizer",

@@ -32,7 +32,7 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
 
 class Model:
     """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``).
-    ModelError when the directory has no readable tokenizer.json."""
+    ModelError when the directory has no readable tokenizer.json, or one with ids past the model's vocabulary."""
 
     def __init__(self, info: ModelInfo):
         self.info = info
@@ -48,6 +48,12 @@ class Model:
                 f"{tok_file} could not be read by the tokenizers library ({exc}); it must be a "
                 "Hugging Face tokenizer.json (re-export or copy it from the model's source)"
             ) from exc
+        top = max(self.tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+        if top >= info.vocab_size:  # text could become ids that the logits (and the embedding) do not have
+            raise ModelError(
+                f"{tok_file} maps tokens to ids up to {top}, past this model's vocabulary of {info.vocab_size} "
+                f"(ids 0 to {info.vocab_size - 1}): it is not this model's tokenizer"
+            )
 
     @property
     def name(self) -> str:
