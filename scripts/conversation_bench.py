@@ -6,6 +6,7 @@ with its environment, to data/conversation/<name>.json.
     .venv/bin/python scripts/conversation_bench.py lookup [--new 96] [--reps 3] [--device webgpu --model phi4-kv
         --precision fp16 --prompt-file data/prompts/long.txt --repeat 3 --out-dir DIR --name NAME]
     .venv/bin/python scripts/conversation_bench.py genai [--turns 4]
+    .venv/bin/python scripts/conversation_bench.py steps [--device webgpu --model phi4-kv --contexts 256,4096]
 
 ttft: per turn, the time to first token of the reused turn (its prefill step: the positions the cache lacks) and of
 a from-scratch prefill of the same history (a fresh StaticCache of the same size), in alternating order; with
@@ -14,6 +15,7 @@ lookup: the same greedy reply with and without PromptLookup on a StaticCache, al
 drafts accepted at every step, and the decode steps' wall time by the tokens they fed (one, or the last token and
 its drafts), so that a multi-token step's cost stands beside a one-token step's. On ``--device`` (default the CPU EP).
 genai: kvlab's turn against onnxruntime-genai's append_tokens on the same turns (time to first token).
+steps: a step's wall time by the tokens it feeds (``--widths``) at each of ``--contexts`` (a StaticCache).
 
 ttft and genai on the CPU EP. For another model or device (phi4-kv on WebGPU, genai beside it): ``kvlab chat --bench``
 (kvlab.bench.conversation, results.json with the adapter and environment).
@@ -155,6 +157,40 @@ def lookup(args: argparse.Namespace) -> dict:
     return out
 
 
+def steps(args: argparse.Namespace) -> dict:
+    """A step's wall time by the tokens it feeds (1, and the widths a lookup verify step has), at each context:
+    after a prefill of real text into a StaticCache, steps of every width in turn, ``--reps`` times."""
+    from kvlab import Stepper
+
+    model = kvlab.load(args.model, precision=args.precision)
+    widths = [int(w) for w in args.widths.split(",")]
+    rows = []
+    for context in (int(c) for c in args.contexts.split(",")):
+        ids = _turn_ids(model, 0, context + (args.reps + 1) * sum(widths))
+        size = len(ids) + 1
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        with StaticCache(size) as cache, Stepper(model, cache, args.device, size) as s:
+            s.step(ids[:context])
+            at = context
+            for rep in range(args.reps + 1):  # the first round warms each width's shaders: not kept
+                for w in widths:
+                    _, rec = s.step(ids[at : at + w])
+                    at += w
+                    if rep:
+                        times[w].append(rec.wall_ms)
+        row = {"context": context, **{f"step_ms_{w}": statistics.median(times[w]) for w in widths}}
+        row["ratio_to_one_token"] = {w: statistics.median(times[w]) / statistics.median(times[1]) for w in widths}
+        rows.append(row)
+        print(row, flush=True)
+    return {
+        "model": model.name,
+        "precision": model.info.precision,
+        "device": args.device,
+        "widths": widths,
+        "rows": rows,
+    }
+
+
 def genai(args: argparse.Namespace) -> dict:
     import onnxruntime_genai as og
 
@@ -198,7 +234,7 @@ def genai(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("ttft", "lookup", "genai"))
+    p.add_argument("what", choices=("ttft", "lookup", "genai", "steps"))
     p.add_argument("--model", default="smollm2")
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--turn-tokens", type=int, default=480)
@@ -214,8 +250,10 @@ def main() -> None:
     p.add_argument("--prompt-file", default="", help="lookup: the prompt's text from this file (instead of --prompt)")
     p.add_argument("--repeat", type=int, default=1, help="lookup: the prompt's text this many times over")
     p.add_argument("--out-dir", default=str(OUT), help="where the JSON goes")
+    p.add_argument("--contexts", default="256,1024,4096,16384", help="steps: the contexts")
+    p.add_argument("--widths", default="1,2,5", help="steps: tokens fed per step")
     args = p.parse_args()
-    result = {"ttft": ttft, "lookup": lookup, "genai": genai}[args.what](args)
+    result = {"ttft": ttft, "lookup": lookup, "genai": genai, "steps": steps}[args.what](args)
     from kvlab.bench.results import environment
 
     result["environment"] = environment({"note": "not measured by this script"})

@@ -163,6 +163,8 @@ def main() -> None:
     p.add_argument("--contexts", default="256,1024,4096,16384")
     p.add_argument("--new", type=int, default=16)
     p.add_argument("--budget-s", type=float, default=float("inf"))
+    p.add_argument("--caches", default="static,dynamic", help="which caches each context runs, in order")
+    p.add_argument("--warm", type=int, default=64, help="the warm-up prompt's length (4 new tokens after it)")
     args = p.parse_args()
     start = time.monotonic()
     out = Path(args.out)
@@ -203,9 +205,12 @@ def main() -> None:
             desc = {**describe_model(name, model), "precision": precision, "load_s": time.monotonic() - t0}
             if result["adapter"] is None:
                 result["adapter"] = kvlab.open_device(DEVICE).adapter.name
-            warm = prompt_ids(model, 64)
+            warm = prompt_ids(model, args.warm)
             try:
-                for cache in (StaticCache(64 + 4), DynamicCache()):  # shaders compiled, sessions made: not measured
+                for cache in (
+                    StaticCache(args.warm + 4),
+                    DynamicCache(),
+                ):  # shaders compiled, sessions made: not measured
                     run_cache(model, cache, warm, 4, nvml)
             except KvlabError as exc:
                 result["skipped"].append(
@@ -213,7 +218,7 @@ def main() -> None:
                 )
                 save()
                 continue
-            desc["packed_kv"] = packed_kv_probe(model, warm[:16])
+            desc["packed_kv"] = packed_kv_probe(model, warm[:8])
             desc["nvml_after_load_bytes"] = nvml.read()
             result["models"].append(desc)
             save()
@@ -225,7 +230,8 @@ def main() -> None:
                     continue
                 prompt = prompt_ids(model, context)
                 pair = {}
-                for kind, cache in (("static", StaticCache(context + args.new)), ("dynamic", DynamicCache())):
+                for kind in args.caches.split(","):
+                    cache = StaticCache(context + args.new) if kind == "static" else DynamicCache()
                     base = {"preset": name, "precision": precision, "context": context, "capped_from": capped}
                     try:
                         row = {**base, "cache": kind, **run_cache(model, cache, prompt, args.new, nvml)}
