@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,12 @@ def long_prompt(smollm2) -> np.ndarray:
     ids = smollm2.encode(text)
     assert 250 <= len(ids) <= 600, len(ids)
     return ids
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a child a test sends Ctrl-C (SIGINT) to: SIGINT at its default there, as a terminal gives
+    it, also when this run inherited it ignored (a job started in the background by a shell without job control)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

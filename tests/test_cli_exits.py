@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ctrl_c_as_in_a_terminal
 
 from kvlab.cli import main
 
@@ -97,6 +98,7 @@ def test_ctrl_c_at_any_point_of_the_startup_exits_130(after):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     try:
         for line in proc.stderr:

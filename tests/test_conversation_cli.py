@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ctrl_c_as_in_a_terminal
 
 from kvlab.cli import main
 
@@ -105,6 +106,7 @@ def test_ctrl_c_exits_130():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     try:
         proc.stdin.write("hello\n")
