@@ -139,8 +139,10 @@ def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
     )
     rows = run_plan(plan, log=lambda _: None)["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["dynamic", "static@37", "static@37 token-on-device"]
+    # on the CPU EP the default keeps the token on the host, so the twin runs the parallel reduction, named
+    assert names == ["dynamic", "static@37", "static@37 token-on-device (blocks)"]
     assert all(r["tokens_equal"] for r in rows) and rows[2]["token_on_device"] and not rows[1]["token_on_device"]
+    assert rows[2]["greedy_reduction"] == "blocks" and rows[1]["greedy_reduction"] == ""
     assert len(rows[2]["decode_ms_runs"]) == 2 and report({"rows": rows})
 
 

@@ -18,6 +18,7 @@ from ..core.labels import CacheSpec
 from ..core.records import StepHook, StepRecord
 from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache, Stepper, generate, open_device
 from ..ort.checks.references import genai_decode, genai_model
+from ..ort.decode.greedy import AUTO, reduction_for
 from ..ort.runtime import memory
 from ..ort.runtime.device import private_device
 from .weights import run_matmuls_only
@@ -34,12 +35,13 @@ class Variant:
     runner: str  # KVLAB, GENAI or MATMULS_ONLY
     cache: CacheSpec | None = None  # kvlab's runs only
     fitted: bool = False  # a static cache of exactly context + new tokens - 1 positions
-    token_on_device: bool = False  # kvlab's greedy token kept on the device (kvlab.ort.decode.greedy)
+    token_on_device: str = ""  # kvlab's greedy token kept on the device: the greedy graph's reduction ("blocks",
+    #                            "single"; kvlab.ort.decode.greedy), or "" for the token chosen on the host
 
     @property
     def name(self) -> str:
         name = str(self.cache) if self.cache is not None else self.runner
-        return name + " token-on-device" if self.token_on_device else name
+        return f"{name} token-on-device ({self.token_on_device})" if self.token_on_device else name
 
     def fields(self) -> dict[str, Any]:
         """The row fields that name it (what plots and reports select by)."""
@@ -51,7 +53,8 @@ class Variant:
             "max_cache_len": c.max_cache_len if c else None,
             "fitted": self.fitted,
             "cache_variant": c.variant if c else "",
-            "token_on_device": self.token_on_device,
+            "token_on_device": bool(self.token_on_device),
+            "greedy_reduction": self.token_on_device,
         }
 
 
@@ -118,7 +121,7 @@ def run_kvlab(
     device: str | Device,
     new: int,
     hooks: Sequence[StepHook] = (),
-    token_on_device: bool = False,
+    token_on_device: bool | str = False,
 ) -> Run:
     """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after)."""
     clock = CpuClock()
@@ -159,7 +162,7 @@ def run_handoff(
     device: str,
     new: int,
     hooks: Sequence[StepHook] = (),
-    token_on_device: bool = False,
+    token_on_device: bool | str = False,
 ) -> Run:
     """One generation that hands ``pre``'s prefill off to a fresh cache on ``device`` and decodes there."""
     records: list[StepRecord] = []
@@ -230,7 +233,8 @@ def variants(
     """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
     disposal). ``token_on_device``: each static cache also with the greedy token kept on the device, right after
-    its twin."""
+    its twin, by the reduction the default (``token_on_device="auto"``) picks for this vocabulary on this adapter,
+    or in blocks where the default keeps the token on the host."""
     fitted = positions_needed(len(s.ids), s.new)
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
@@ -242,7 +246,8 @@ def variants(
             make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
             caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.model)
             if token_on_device:
-                caches[Variant(KVLAB, make().spec, n == fitted, token_on_device=True)] = (make, s.model)
+                reduction = reduction_for(AUTO, s.model.info.vocab_size, open_device(s.device)) or "blocks"
+                caches[Variant(KVLAB, make().spec, n == fitted, token_on_device=reduction)] = (make, s.model)
             if s.graph_model is not None:  # right after its uncaptured twin: pairs close in time
                 make = lambda n=n, k=k: CapturedStaticCache(n, check_every=k)  # noqa: E731
                 caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.graph_model)
@@ -250,7 +255,7 @@ def variants(
     kept: list[Prefilled] = []
     floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
     for v, (make, model) in caches.items():
-        tok = v.token_on_device
+        tok = v.token_on_device or False  # the reduction, or the host path
         if s.prefill is not None:  # the prefill side is the cache's twin (a captured cache's: a plain static one)
             kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
             out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
