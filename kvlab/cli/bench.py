@@ -201,7 +201,9 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
             f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
             f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}"
         )
-    token = f", the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else ", the token on the host"
+    token = (
+        f", the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else ", the token on the host"
+    )
     print(
         f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
         f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
