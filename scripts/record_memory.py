@@ -37,7 +37,7 @@ from kvlab.presets.recipes import checkpoint_dir, recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "data" / "prompts" / "long.txt").read_text()
-DEVICE = "webgpu"
+DEVICE: Any = "webgpu"  # or the Device opened with --buffer-cache-mode
 
 
 def prompt_ids(model: kvlab.Model, n: int) -> list[int]:
@@ -165,7 +165,13 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=float("inf"))
     p.add_argument("--caches", default="static,dynamic", help="which caches each context runs, in order")
     p.add_argument("--warm", type=int, default=64, help="the warm-up prompt's length (4 new tokens after it)")
+    p.add_argument(
+        "--buffer-cache-mode", default=None, help="WebGPU storage buffer pool: bucket (default), simple, ..."
+    )
     args = p.parse_args()
+    global DEVICE
+    if args.buffer_cache_mode:
+        DEVICE = kvlab.open_device("webgpu", buffer_cache_mode=args.buffer_cache_mode)
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +180,8 @@ def main() -> None:
 
     result: dict[str, Any] = {
         "args": vars(args),
-        "device": DEVICE,
+        "device": "webgpu",
+        "buffer_cache_mode": args.buffer_cache_mode or "default (bucket)",
         "nvml": nvml.describe(),
         "environment": environment({"note": "not measured by this script"}),
         "adapter": None,
