@@ -95,3 +95,31 @@ def test_a_hardware_adapter_is_refused_as_measured_on_the_h200():
     gpu.adapter = replace(device.adapter, name="NVIDIA H200", kind="hardware")
     with pytest.raises(kvlab.ConfigError, match=r"cannot run on NVIDIA H200: on a hardware adapter.*got 33 expected"):
         check_runs_here("int8", "StaticCache", kvlab.load("toy").info, gpu)
+
+
+def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(toy):
+    """``kvlab bench --kv-precision int8`` (or int8,int4): on the plugin EP each cache runs again with its KV packed,
+    beside its twin in the same paired rounds, and the report gives its step against the twin's (tokens reported, not
+    required equal: packed KV is lossy); elsewhere the plan is refused before anything runs."""
+    from kvlab.bench import Plan, report, run_plan
+
+    plan = Plan(
+        targets=[("toy", "webgpu")],
+        contexts={"webgpu": [16]},
+        new_tokens={"webgpu": 4},
+        static_lens=[],
+        reps=1,
+        genai=False,
+        token_on_device=False,
+        gpu_memory=False,
+        kv_precisions=["int8"],
+    )
+    if not installed():
+        with pytest.raises(kvlab.ConfigError, match=r"kv_precision='int8'\) cannot run on webgpu with"):
+            run_plan(plan, log=lambda _: None)
+        return
+    rows = run_plan(plan, log=lambda _: None)["rows"]
+    names = [r["variant"] for r in rows]
+    assert names == ["dynamic", "dynamic kv-int8", "static@19", "static@19 kv-int8"]
+    assert all(r["valid"] for r in rows) and all(r["decode_ms"] > 0 for r in rows)
+    assert "static@19 kv-int8" in report({"rows": rows}) and "lossy KV" in report({"rows": rows})

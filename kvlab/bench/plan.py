@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..ort import Model, load
+from ..ort import Model, load, open_device
+from ..ort.decode.kvprecision import check_kv_precision, check_runs_here
 from ..ort.runtime.backend import DEVICES
 from ..ort.runtime.gpu_memory import GpuMemory
 from .machine import cpu_times, memory_bandwidth
@@ -53,6 +54,9 @@ class Plan:
     # per device: each static cache also with the greedy token kept on the device, beside its twin that chooses
     # it on the host (as genai does); on WebGPU by default, where which is faster depends on the model
     token_on_device: dict[str, bool] = field(default_factory=lambda: {"cpu": False, "webgpu": True})
+    # packed KV precisions ("int8", "int4"): each cache also with its KV packed so, beside its twin; where the
+    # runtime cannot pack (all but the WebGPU plugin EP on a software adapter) a ConfigError before anything runs
+    kv_precisions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
@@ -167,6 +171,10 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
         if (name, precision) not in models:
             models[name, precision] = load(name, precision=precision)
         model, new = models[name, precision], plan.new_tokens[device]
+        for kv in plan.kv_precisions:
+            if check_kv_precision(kv, "StaticCache") is not None:  # ("model": the model's own dtype, the twin)
+                modes = {"buffer_cache_mode": plan.buffer_cache_modes[0]} if device == "webgpu" else {}
+                check_runs_here(kv, "StaticCache", model.info, open_device(device, **modes))  # (the first pass's)
         for context in plan.contexts[device]:
             if context + new > model.info.context_length:
                 raise ConfigError(

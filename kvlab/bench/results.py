@@ -179,6 +179,14 @@ def _webgpu_line(model: str, mode: str, ctx: int, row: list[dict[str, Any]]) -> 
                 f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
                 f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})"
             )
+    for packed in (r for r in row if r["runner"] == KVLAB and "kv-" in r["cache_variant"]):
+        twin = next(
+            r for r in row if _is(r, KVLAB, packed["cache_kind"]) and r["max_cache_len"] == packed["max_cache_len"]
+        )
+        line += (
+            f"; {packed['variant']} {packed['decode_ms']:.1f} ms, {_paired(packed, twin)} of {twin['variant']} "
+            f"(lossy KV, prefilled on WebGPU: tokens equal the first row's: {packed['tokens_equal']})"
+        )
     return line
 
 

@@ -39,6 +39,11 @@ class Variant:
     #                            "single"; kvlab.ort.decode.greedy), or "" for the token chosen on the host
 
     @property
+    def packed_kv(self) -> bool:
+        """Whether this cache holds packed (quantized) KV: ``kv-int8`` / ``kv-int4`` in its variant."""
+        return self.cache is not None and "kv-" in self.cache.variant
+
+    @property
     def name(self) -> str:
         name = str(self.cache) if self.cache is not None else self.runner
         return f"{name} token-on-device ({self.token_on_device})" if self.token_on_device else name
@@ -225,6 +230,7 @@ class Setting:
     #                             run prefills on its own device)
     graph_model: Model | None = None  # the model built for capture: kvlab's captured static caches run it
     genai_graph: GenaiPeer | None = None  # genai with graph capture, on that model
+    kv_precisions: tuple[str, ...] = ()  # each cache again with its KV packed so (the plugin EP: kvprecision.py)
 
 
 def variants(
@@ -234,17 +240,23 @@ def variants(
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for
     disposal). ``token_on_device``: each static cache also with the greedy token kept on the device, right after
     its twin, by the reduction the default (``token_on_device="auto"``) picks for this vocabulary on this adapter,
-    or in blocks where the default keeps the token on the host."""
+    or in blocks where the default keeps the token on the host. ``s.kv_precisions``: each cache also with its KV
+    packed, right after its twin (those prefill on their own device)."""
     fitted = positions_needed(len(s.ids), s.new)
     lens = sorted({n for n in static_lens if fitted <= n <= s.model.info.context_length} | ({fitted} if fit else set()))
     lens = lens or [fitted]
     caches: dict[Variant, tuple[Callable[[], Cache], Model]] = {
         Variant(KVLAB, CacheSpec("dynamic")): (DynamicCache, s.model)
     }
+    for p in s.kv_precisions:  # each packed twin right after its twin: pairs close in time
+        caches[Variant(KVLAB, DynamicCache(p).spec)] = (lambda p=p: DynamicCache(p), s.model)
     for n in lens:
         for k in check_every:
             make = lambda n=n, k=k: StaticCache(n, check_every=k)  # noqa: E731
             caches[Variant(KVLAB, make().spec, n == fitted)] = (make, s.model)
+            for p in s.kv_precisions:
+                packed = lambda n=n, k=k, p=p: StaticCache(n, check_every=k, kv_precision=p)  # noqa: E731
+                caches[Variant(KVLAB, packed().spec, n == fitted)] = (packed, s.model)
             if token_on_device:
                 reduction = reduction_for(AUTO, s.model.info.vocab_size, open_device(s.device)) or "blocks"
                 caches[Variant(KVLAB, make().spec, n == fitted, token_on_device=reduction)] = (make, s.model)
@@ -256,7 +268,9 @@ def variants(
     floor = (lambda hooks=(): Run(None, run_matmuls_only(s.floor, s.device, s.new))) if s.floor is not None else None
     for v, (make, model) in caches.items():
         tok = v.token_on_device or False  # the reduction, or the host path
-        if s.prefill is not None:  # the prefill side is the cache's twin (a captured cache's: a plain static one)
+        # the prefill side is the cache's twin (a captured cache's: a plain static one); packed KV exists on its
+        # own device only, so those caches prefill there
+        if s.prefill is not None and not v.packed_kv:
             kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
             out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
                 m, pre, make, s.device, s.new, hooks, tok

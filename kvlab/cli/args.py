@@ -176,6 +176,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)",
     )
     b.add_argument(
+        "--kv-precision",
+        default="",
+        metavar="PRECISIONS",
+        help="comma-separated packed KV precisions (int8, int4): each cache also with its KV packed, beside its "
+        "twin (the WebGPU plugin EP on a software adapter only; elsewhere refused before anything runs)",
+    )
+    b.add_argument(
         "--under-load",
         type=int,
         metavar="N",

@@ -77,6 +77,8 @@ def bench_command(args: argparse.Namespace) -> int:
         plan.token_on_device = dict.fromkeys(DEVICES, args.token_on_device)
     if args.prefill_on:
         plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
+    if args.kv_precision:
+        plan.kv_precisions = args.kv_precision.split(",")
     open_cpu(args)
     try:
         result = bench.run_plan(plan)
