@@ -221,3 +221,121 @@ def test_the_recorded_plugin_ep_runs_read_as_their_readmes_say():
         assert len(probe[f"{model}-None"]["tokens"]) == 16
         for bits in ("int8", "int4"):
             assert "should match the packed KV head dimension" in probe[f"{model}-{bits}"]["error"]
+
+
+def _memory_rows() -> tuple[dict, list[dict]]:
+    result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/memory/results.json").read_text())
+    return result, [row for res in result["fresh_process"] for row in res["rows"]]
+
+
+def test_the_recorded_static_cache_memory_is_its_kv_rounded_up_to_the_pool_buckets():
+    """data/gpu/memory (H200, phi4-kv fp32/fp16, one process per row): kvlab's exact KV bytes are what its graph
+    and its config predict, and the process's GPU memory (NVML) grows, when the static cache allocates, by its 64
+    tensors each rounded up to the WebGPU pool's bucket (within 12%, or 16 MiB): 1.3x to 2.0x the exact
+    bytes, 8 GiB for 4 GiB of KV at 16k tokens in fp32. The dynamic cache's decode peak is at least 1.8x the
+    static cache's. Tokens equal between the caches in every row."""
+    from kvlab.core.buckets import MiB, bucket_of
+
+    result, rows = _memory_rows()
+    by = {(r["precision"], r["context"], r["cache"]): r for r in rows}
+    assert {(p, c) for p, c, _ in by} == {(p, c) for p in ("fp32", "fp16") for c in (256, 1024, 4096, 16384)}
+    for res in result["fresh_process"]:
+        assert res["adapter"] == "NVIDIA H200" and res["nvml"]["available"] and res["models"][0]["preset"] == "phi4-kv"
+        assert res["environment"]["backend_version"] == "1.27.0"
+    for (precision, context, cache), r in by.items():
+        per_token = 2 * 32 * 8 * 128 * (4 if precision == "fp32" else 2)
+        assert r["predicted_config_bytes"] == per_token * (context + 16), r["context"]
+        fed = context + 16 if cache == "static" else context + 15  # a dynamic cache holds the positions fed
+        assert r["live_cache_bytes_last"] == per_token * fed, (precision, context, cache)
+        assert r["tokens"] == by[(precision, context, "static")]["tokens"], (precision, context)  # separate processes
+        if cache == "static":
+            assert r["memory_report_bytes"] == r["live_cache_bytes_last"] == r["first_step_allocated_bytes"]
+            bucketed = 64 * bucket_of(r["live_cache_bytes_last"] // 64)
+            grown = r["nvml_opened_bytes"] - r["nvml_before_bytes"]
+            assert abs(grown - bucketed) <= max(0.12 * bucketed, 16 * MiB), (precision, context, grown, bucketed)
+            assert r["live_cache_bytes_last"] < grown < 2.1 * r["live_cache_bytes_last"], (precision, context)
+            assert r["decode_allocated_tensors_per_step"] == 0 and r["decode_new_buffers_total"] == 0
+            dynamic = by[(precision, context, "dynamic")]
+            peak = dynamic["nvml_decode_max_bytes"] - dynamic["nvml_before_bytes"]
+            assert peak >= 1.8 * (r["nvml_decode_max_bytes"] - r["nvml_before_bytes"]), (precision, context)
+    assert by[("fp32", 16384, "static")]["nvml_opened_bytes"] - by[("fp32", 16384, "static")]["nvml_before_bytes"] > (
+        8000 * MiB
+    )
+
+
+def test_the_recorded_architectures_keep_what_their_layers_keep():
+    """data/gpu/memory, one process per preset: every preset's bytes per token from its config equal its graph's;
+    the exact static cache is bytes per token x positions plus two copies of each fixed state; the toys' static KV
+    (16 MiB at most) moves NVML by at most 16 MiB as it is allocated (the driver's steps of 8 MiB), often not at
+    all. Sliding layers keep every position on onnxruntime-webgpu 1.27 (sliding-toy and mistral-toy as many bytes
+    per token as 8 full layers would); the hybrid and conv toys' state layers add no bytes per token. Packed
+    int8/int4 KV is refused by name; hybrid-toy fp16 and kv-shared-toy beyond 16 positions cannot run there, and
+    say why."""
+    result, _ = _memory_rows()
+    runs = result["one_process"]
+    models = {(m["preset"], m["precision"]): m for res in runs.values() for m in res["models"]}
+    for m in models.values():
+        assert m["config_bytes_per_token"] == m["graph_bytes_per_token"] > 0, m["preset"]
+        assert all(
+            v.startswith("ConfigError") and "only the WebGPU plugin EP packs KV" in v for v in m["packed_kv"].values()
+        )
+    rows = [r for res in runs.values() for r in res["rows"]]
+    for r in rows:
+        m = models[(r["preset"], r["precision"])]
+        copies = 2 if r["cache"] == "static" else 1
+        grows = r["live_cache_bytes_last"] - copies * m["graph_fixed_bytes"]
+        positions = r["positions"] if r["cache"] == "static" else r["positions"] - 1  # the last token is not fed
+        assert grows == m["graph_bytes_per_token"] * positions, (r["preset"], r["cache"], r["context"])
+        assert r["tokens_equal"], (r["preset"], r["precision"], r["context"])
+    full = 8 * 2 * 2 * 32 * 4  # 8 layers of 2 KV heads x 32, float32
+    assert (
+        models[("sliding-toy", "fp32")]["graph_bytes_per_token"]
+        == models[("mistral-toy", "fp32")]["graph_bytes_per_token"]
+        == full
+    )
+    assert models[("hybrid-toy", "fp32")]["graph_bytes_per_token"] == full // 4  # 2 of 8 layers keep KV
+    assert models[("conv-toy", "fp32")]["graph_bytes_per_token"] == 3 * full // 8
+    assert models[("hybrid-toy", "fp32")]["graph_fixed_bytes"] > 0 and ("hybrid-toy", "fp16") not in models
+    toys = [r for r in rows if r["preset"].endswith("-toy") or r["preset"] == "toy"]
+    assert all(r["nvml_opened_bytes"] - r["nvml_before_bytes"] <= 16 * 2**20 for r in toys if r["cache"] == "static")
+    why = {(s["preset"], s["precision"]): s["why"] for res in runs.values() for s in res["skipped"]}
+    assert "LinearAttentionGate" in why[("hybrid-toy", "fp16")]
+    assert "only up to 16 positions" in why[("kv-shared-toy", "fp32")]
+    assert [r["context"] for r in runs["kv-shared-toy"]["rows"]] == [8, 8]
+
+
+def test_the_recorded_h200_prompt_lookup_reads_as_its_readme_says():
+    """data/conversation/h200-lookup (H200, phi4-kv on onnxruntime-webgpu 1.27.0): prompt lookup takes fewer steps
+    but is slower (x0.23-0.67), because a step of 2 or 5 tokens grows with the past (0.035 ms a position in fp32,
+    0.017 in fp16) while a one-token step stays within 9-15 ms to 16k tokens; fp32 tokens equal one token a step,
+    fp16 ones do not (recorded, with where they part). Every figure as the README's table gives it."""
+    import re
+    import statistics
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "conversation" / "h200-lookup"
+    readme = (folder / "README.md").read_text()
+    table = {
+        (m[0], m[1]): m[2:]
+        for m in re.findall(
+            r"^\| (long\.txt[^|]*) \| (fp\d\d) \| \d+ / (\d+) \| (\d+) \| (\d+) / \d+ \| [\d,]+ / ([\d,]+) \|",
+            readme,
+            re.M,
+        )
+    }
+    for (prompt, precision), (steps, verify, accepted, lookup_ms) in table.items():
+        name = ("repeat3" if "x 3" in prompt else "compare") + f"-{precision}-phi4-kv-webgpu.json"
+        r = json.loads((folder / name).read_text())
+        assert r["device"] == "webgpu" and r["adapter"] == "NVIDIA H200" and r["steps_plain"] == r["new_tokens"] == 96
+        assert (r["steps_lookup"], r["verify_steps"], r["accepted"]) == (int(steps), int(verify), int(accepted))
+        assert round(statistics.median(r["lookup_ms"])) == int(lookup_ms.replace(",", ""))
+        assert 0.2 < r["speedup_median"] < 0.7 and r["steps_lookup"] < r["steps_plain"], name
+        assert r["verify_step_ms_median"] > 3.5 * r["decode_step_ms_median"], name
+        assert r["tokens_equal"] is (precision == "fp32") and sum(r["accepted_per_step"]) == r["accepted"], name
+    assert len(table) == 4
+    for precision, slope in (("fp32", 0.0354), ("fp16", 0.0167)):
+        rows = json.loads((folder / f"steps-{precision}-phi4-kv-webgpu.json").read_text())["rows"]
+        assert [r["context"] for r in rows] == [256, 1024, 4096, 16384]
+        assert all(9 < r["step_ms_1"] < 15 for r in rows)
+        assert all(abs(r["step_ms_5"] - r["step_ms_2"]) < 0.02 * r["step_ms_2"] for r in rows)
+        fitted = (rows[-1]["step_ms_2"] - rows[0]["step_ms_2"]) / (16384 - 256)
+        assert abs(fitted - slope) < 0.0005, fitted
