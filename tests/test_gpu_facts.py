@@ -233,7 +233,8 @@ def test_the_recorded_static_cache_memory_is_its_kv_rounded_up_to_the_pool_bucke
     and its config predict, and the process's GPU memory (NVML) grows, when the static cache allocates, by its 64
     tensors each rounded up to the WebGPU pool's bucket (within 12%, or 16 MiB): 1.3x to 2.0x the exact
     bytes, 8 GiB for 4 GiB of KV at 16k tokens in fp32. The dynamic cache's decode peak is at least 1.8x the
-    static cache's. Tokens equal between the caches in every row."""
+    static cache's. Tokens equal between the caches in every row. With the pool's mode `disabled` or `simple` the
+    device holds the exact bytes (fp32, 1k and 16k tokens)."""
     from kvlab.core.buckets import MiB, bucket_of
 
     result, rows = _memory_rows()
@@ -261,6 +262,12 @@ def test_the_recorded_static_cache_memory_is_its_kv_rounded_up_to_the_pool_bucke
     assert by[("fp32", 16384, "static")]["nvml_opened_bytes"] - by[("fp32", 16384, "static")]["nvml_before_bytes"] > (
         8000 * MiB
     )
+    modes = {(m["buffer_cache_mode"], m["rows"][0]["context"]): m["rows"][0] for m in result["buffer_cache_modes"]}
+    assert set(modes) == {(m, c) for m in ("disabled", "simple") for c in (1024, 16384)}
+    for (mode, context), r in modes.items():  # without the bucket pool: the exact bytes, within 2%
+        grown = r["nvml_opened_bytes"] - r["nvml_before_bytes"]
+        assert abs(grown - r["live_cache_bytes_last"]) < 0.02 * r["live_cache_bytes_last"], (mode, context, grown)
+        assert r["tokens"] == by[("fp32", context, "static")]["tokens"], (mode, context)
 
 
 def test_the_recorded_architectures_keep_what_their_layers_keep():
