@@ -4,13 +4,13 @@
 #
 #   bash scripts/full_run.sh
 #
-# After `setup.sh --full`, two parts run side by side, one process each (`-n 0`: not the fast tier's two workers;
-# measured: two pytest processes on the two cores finish about 15% sooner together than one after the other); each
-# writes its log to artifacts/, printed when both end:
+# After `setup.sh --full`, two parts run side by side; each writes its log to artifacts/, printed when both end:
 # 1. .venv (onnxruntime-webgpu): the slow tier (nbval, the browsers, nested suites such as the debug allocator's,
-#    long runs, SmolLM2, the docs build) and the property tests again with many examples (--hypothesis-profile=full).
+#    long runs, SmolLM2, the docs build) and the property tests again with many examples (--hypothesis-profile=full),
+#    in two workers (the browser tests all in one of them, in turn: --dist loadgroup). It is the longer part: one
+#    process, it ran 2,684 s against the second part's 1,642 s, alone on the two cores for its last 17 minutes.
 # 2. .venv-plugin (onnxruntime + onnxruntime-ep-webgpu): every test marked `package` (its outcome can depend on
-#    the ONNX Runtime package: tests/tiers.py), fast and slow.
+#    the ONNX Runtime package: tests/tiers.py), fast and slow, one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -34,7 +34,7 @@ part() {  # part NAME LOG COMMAND...: one part, in the background, timed into it
   ( t=$SECONDS; "$@" > "$log" 2>&1; rc=$?; echo "[kvlab full run] $name: exit $rc after $((SECONDS - t)) s" >> "$log"; exit $rc ) &
 }
 part "slow tier (.venv, onnxruntime-webgpu)" artifacts/full-slow.log \
-  .venv/bin/python -m pytest -n 0 -m "slow or hypothesis" --hypothesis-profile=full -p no:cacheprovider
+  .venv/bin/python -m pytest -n 2 --dist loadgroup -m "slow or hypothesis" --hypothesis-profile=full -p no:cacheprovider
 slow=$!
 part "package tests (.venv-plugin, onnxruntime + plugin EP)" artifacts/full-plugin.log \
   .venv-plugin/bin/python -m pytest -n 0 -m package -p no:cacheprovider

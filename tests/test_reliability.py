@@ -151,7 +151,7 @@ def test_the_step_paths_under_the_debug_allocators():
         "KVLAB_UNDER_DEBUG_ALLOCATOR": "1",
     }
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEBUG_SUBSET],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *DEBUG_SUBSET],  # one process
         cwd=Path(__file__).resolve().parents[1],
         env=env,
         capture_output=True,

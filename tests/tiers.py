@@ -142,6 +142,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             add.add("slow")
         for name in sorted(add - marks):
             item.add_marker(name)
+        if "browser" in marks | add:  # one worker drives every browser, in turn (xdist's --dist loadgroup)
+            item.add_marker(pytest.mark.xdist_group("browser"))
 
 
 _measured: dict[str, float] = {}  # this session's seconds per test id (setup + call)
