@@ -21,9 +21,11 @@ import pytest
 
 import kvlab
 from kvlab import Conversation, DynamicCache, Sampling, StaticCache, Stepper, generate, load, open_device
+from kvlab.lab import memory
 from kvlab.ort import close_device, make_cache
 from kvlab.ort.runtime.device import private_device
 from kvlab.presets import check_precision, recipe
+from kvlab.web.job import make_job
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_PAGE = ROOT / "docs" / "reliability.md"  # the page that shows the table
@@ -1237,6 +1239,77 @@ CASES = [
         "exit 2",
         "--contexts '-1' must be comma-separated positive ints",
         cli("bench", "--contexts", "-1"),
+    ),
+    # held-out probe round (2026-12-03)
+    Case(
+        "CLI",
+        "kvlab bench --under-load 1000000000 (refused before any process starts)",
+        "exit 2",
+        "--under-load 1000000000 must be at least 1 and at most",
+        cli("bench", "--under-load", "1000000000", "--models", "toy"),
+    ),
+    Case(
+        "web",
+        'make_job(toy, ids, caches=["static@²"]) (a digit to str.isdigit, not to int)',
+        "ConfigError",
+        "the size after 'static@' must be a positive int",
+        lambda e: make_job(e.toy, [1, 2], caches=["static@²"]),
+    ),
+    Case(
+        "web",
+        "make_job(toy, 5) (one int, not a list)",
+        "ConfigError",
+        "prompt_ids must be a list of token ids, got 5",
+        lambda e: make_job(e.toy, 5),
+    ),
+    Case(
+        "web",
+        "make_job(toy, ids, buffer_cache_mode=0)",
+        "ConfigError",
+        "buffer cache mode 0 is not valid",
+        lambda e: make_job(e.toy, [1, 2], buffer_cache_mode=0),
+    ),
+    Case(
+        "memory",
+        'tokens_that_fit(layout, float("nan"))',
+        "ConfigError",
+        "budget_bytes=nan must be an int >= 0",
+        lambda e: memory.tokens_that_fit(e.toy.info.layout, float("nan")),
+    ),
+    Case(
+        "memory",
+        'tokens_that_fit(layout, "1GiB")',
+        "ConfigError",
+        "budget_bytes='1GiB' must be an int >= 0",
+        lambda e: memory.tokens_that_fit(e.toy.info.layout, "1GiB"),
+    ),
+    Case(
+        "memory",
+        'tokens_that_fit(layout, 2**30, kv_precision="int9")',
+        "ConfigError",
+        "kv_precision='int9' is not valid; choose one of",
+        lambda e: memory.tokens_that_fit(e.toy.info.layout, 2**30, kv_precision="int9"),
+    ),
+    Case(
+        "memory",
+        "tokens_that_fit(layout, 2**30, window=-5)",
+        "ConfigError",
+        "window=-5 must be a positive int",
+        lambda e: memory.tokens_that_fit(e.toy.info.layout, 2**30, window=-5),
+    ),
+    Case(
+        "memory",
+        "tokens_that_fit(layout, 2**30, max_cache_len=-1)",
+        "ConfigError",
+        "max_cache_len=-1 must be a positive int",
+        lambda e: memory.tokens_that_fit(e.toy.info.layout, 2**30, max_cache_len=-1),
+    ),
+    Case(
+        "memory",
+        "kv_bytes(layout, -10) (a negative length)",
+        "ConfigError",
+        "length=-10 must be an int >= 0",
+        lambda e: memory.kv_bytes(e.toy.info.layout, -10),
     ),
 ]
 

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kvlab
@@ -409,3 +410,9 @@ def test_widget_kernel_side_without_a_browser(toy):
     assert "greedy tokens equal the kernel's CPU EP run: True" in lab.summary
     lab._on_msg(lab, {"type": "result", "result": {"error": "WebGPU is off"}}, [])
     assert lab.status == "error: the browser runner failed: WebGPU is off"
+
+
+def test_numpy_counts_make_a_job_the_page_can_read(toy):
+    """reps and max_new_tokens as numpy ints (a notebook's np.arange, say): the job still goes out as JSON."""
+    job = make_job(toy, np.array(PROMPT), max_new_tokens=np.int64(2), reps=np.int32(2), caches=["static"])
+    assert json.loads(json.dumps(job.to_json()))["reps"] == 2

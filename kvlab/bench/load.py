@@ -51,6 +51,17 @@ def competing(n: int) -> Iterator[list[subprocess.Popen]]:
             p.stdout.close()
 
 
+def check_load(load: object, flag: str = "--load") -> int:
+    """``load`` competing processes, from 1 to 4 per logical CPU; else a ConfigError naming it. More only thrashes
+    the scheduler, and a slip such as 1000000000 would start processes until the machine stops."""
+    top = 4 * (os.cpu_count() or 1)
+    if isinstance(load, bool) or not isinstance(load, int) or not 1 <= load <= top:
+        raise ConfigError(
+            f"{flag} {load!r} must be at least 1 and at most {top} (competing processes: 4 per logical CPU)"
+        )
+    return load
+
+
 def check_setting(name: str) -> dict[str, Any]:
     if name not in SETTINGS:
         raise ConfigError(f"setting {name!r} is not valid; choose from {', '.join(SETTINGS)}")
@@ -66,6 +77,7 @@ def measure(model_name: str, context: int, new: int, rounds: int, load: int, set
     from .results import environment
     from .variants import GenaiPeer, run_kvlab
 
+    check_load(load)
     device = open_device("cpu", **check_setting(setting))
     model = load_model(model_name)
     ids = prompt_ids(model, context)
@@ -115,7 +127,9 @@ def report(result: dict[str, Any]) -> str:
 
 def run(model: str, contexts: list[int], new: int, rounds: int, load: int, settings: list[str]) -> list[dict[str, Any]]:
     """Every setting at every context, each in a process of its own (one CPU device a process); a row per
-    (setting, context), its line printed as it comes. ConfigError for a bad setting, before anything runs."""
+    (setting, context), its line printed as it comes. ConfigError for a bad setting or ``load``, before anything
+    runs."""
+    check_load(load)
     for name in settings:
         check_setting(name)
     rows = []

@@ -29,8 +29,7 @@ def under_load_command(args: argparse.Namespace) -> int:
     """``kvlab bench --under-load N``: kvlab.bench.load's rows for one model on the CPU EP, written to --out."""
     from ..bench import load as competing_load
 
-    if args.under_load < 1:
-        raise ConfigError(f"--under-load {args.under_load} must be at least 1 (competing processes)")
+    competing_load.check_load(args.under_load, "--under-load")
     models = (args.models or "smollm2").split(",")
     if len(models) != 1 or check_devices(args.devices or "cpu", "--devices") != ["cpu"]:
         raise ConfigError(

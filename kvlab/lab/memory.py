@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.errors import ConfigError, check_choice, check_int
 from ..core.layout import CacheLayout, SlidingWindow
 from .style import finish, go, title
 
@@ -52,8 +53,7 @@ def config_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
 
 def element_bytes(layout: CacheLayout, kv_precision: str) -> float:
     """Bytes one key or value element costs in ``layout`` at ``kv_precision`` (a key of ``KV_FORMATS``)."""
-    if kv_precision not in KV_FORMATS:
-        raise ValueError(f"kv_precision={kv_precision!r}: choose one of {tuple(KV_FORMATS)}")
+    check_choice(kv_precision, KV_FORMATS, "kv_precision=")
     return KV_FORMATS[kv_precision][0] or float(layout.dtype.itemsize)
 
 
@@ -61,13 +61,19 @@ def kv_bytes(layout: CacheLayout, length: int, kv_precision: str = "model", wind
     """Bytes a cache of ``layout`` holds at ``length`` positions: one copy of every fixed state (in the model's
     dtype) plus each growing layer's keys and values at ``kv_precision``. ``window``: None, a sliding layer holds
     every position (onnxruntime-webgpu 1.27); an int W, it holds at most W (a ring buffer). With the model's
-    precision and no window this is ``layout.report(length).total_bytes`` exactly."""
+    precision and no window this is ``layout.report(length).total_bytes`` exactly. ConfigError for a negative
+    ``length``, a ``window`` below 1, an unknown ``kv_precision``."""
+    length, window = check_int(length, "length", 0), _window(window)
     scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
     grown = 0
     for layer in layout.layers:
         held = length if window is None or not isinstance(layer.kind, SlidingWindow) else min(length, window)
         grown += held * layer.bytes_per_token
     return layout.fixed_bytes + grown * scale
+
+
+def _window(window: object) -> int | None:
+    return None if window is None else check_int(window, "window", 1, note=" (positions a sliding layer holds)")
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,12 @@ def tokens_that_fit(
 ) -> Fit:
     """The most positions whose ``kv_bytes`` (same arguments) stay within ``budget_bytes``; 0 when the fixed
     states alone do not fit, None when no layer grows past ``window``. With ``max_cache_len``, also whether
-    reserving that many positions fits (a StaticCache reserves all of them before the first token)."""
+    reserving that many positions fits (a StaticCache reserves all of them before the first token). ConfigError
+    for a budget that is not a whole number of bytes >= 0, and as ``kv_bytes``."""
+    budget_bytes = check_int(budget_bytes, "budget_bytes", 0, note=" (bytes; e.g. 4 * 2**30 for 4 GiB)")
+    window = _window(window)
+    if max_cache_len is not None:
+        max_cache_len = check_int(max_cache_len, "max_cache_len", 1)
     scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
     room = budget_bytes - layout.fixed_bytes
     every = sum(layer.bytes_per_token for layer in layout.layers) * scale
@@ -202,13 +213,17 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     out = w.HTML()
 
     def show(_: Any = None) -> None:
-        fit = tokens_that_fit(
-            layouts[model.value],
-            int(budget.value * GiB),
-            kv_precision=precision.value,
-            window=window.value,
-            max_cache_len=reserve.value or None,
-        )
+        try:
+            fit = tokens_that_fit(
+                layouts[model.value],
+                int(budget.value * GiB),
+                kv_precision=precision.value,
+                window=window.value,
+                max_cache_len=reserve.value or None,
+            )
+        except ConfigError as exc:  # a negative budget or max_cache_len typed in: say so under the controls
+            out.value = f"<b>{model.value}</b>: {exc}"
+            return
         out.value = f"<b>{model.value}</b>, {precision.value} KV ({KV_FORMATS[precision.value][1]}): {fit}"
 
     for control in (model, precision, window, budget, reserve):

@@ -43,7 +43,7 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
         kind, size = spec, None
     elif isinstance(spec, str) and spec.startswith("static@"):
         kind, text = "static", spec.removeprefix("static@")
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
             raise ConfigError(f"cache {spec!r}: the size after 'static@' must be a positive int, e.g. 'static@512'")
         size = int(text)
     else:
@@ -199,6 +199,8 @@ def make_job(
     """A checked ``Job`` (see the module docstring)."""
     model = load(model)
     check_model(model)
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
+        raise ConfigError(f"prompt_ids must be a list of token ids, got {prompt_ids!r:.60}")
     if len(prompt_ids) == 0:
         raise ConfigError("the prompt is empty (0 tokens); give at least one token id")
     ids = model.check_ids(prompt_ids)
@@ -216,11 +218,11 @@ def make_job(
         raise ConfigError(f"caches {[s.name for s in specs]} name one cache twice; give each once")
     if any(s.kind == "static" for s in specs) and not model.info.shares_buffers:
         raise ModelError(f"model {model.name} cannot run a static cache: {model.info.sharing_problem}")
-    check_int(reps, "reps", 1)
+    reps = check_int(reps, "reps", 1)  # a Python int: the job goes to the page as JSON
     check_flag("warmup", warmup)
     if dynamic_impl not in DYNAMIC_IMPLS:
         raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")
-    if buffer_cache_mode:
+    if buffer_cache_mode != "":  # not a falsy 0 or None either: "" is onnxruntime-web's default
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     ids_list = [int(i) for i in ids]
     job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, model_files(model))
