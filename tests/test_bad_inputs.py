@@ -1305,6 +1305,13 @@ CASES = [
         lambda e: memory.tokens_that_fit(e.toy.info.layout, 2**30, max_cache_len=-1),
     ),
     Case(
+        "conversation",
+        'Conversation(model, system="\\udcff") (a lone surrogate: the error named the first message)',
+        "ConfigError",
+        "is not valid Unicode text (surrogates not allowed at 0)",
+        lambda e: Conversation(e.toy, system="\udcff"),
+    ),
+    Case(
         "memory",
         "kv_bytes(layout, -10) (a negative length)",
         "ConfigError",

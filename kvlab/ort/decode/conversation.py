@@ -54,6 +54,12 @@ class Conversation:
             raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r:.60}")
         if system is not None and not isinstance(system, str):
             raise ConfigError(f"system={system!r:.60} must be a str (the system prompt) or None")
+        try:  # refused here, by name: at the first turn the tokenizer's error would name the message instead
+            (system or "").encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"system={system!r:.60} is not valid Unicode text ({exc.reason} at {exc.start}); give valid text"
+            ) from exc
         self._own, self.cache = cache is None, DynamicCache() if cache is None else cache
         self.history = History(messages=[{"role": "system", "content": system}] if system else [])
         self.hooks = hook_list(on_step)
