@@ -97,29 +97,23 @@ def test_a_hardware_adapter_is_refused_as_measured_on_the_h200():
         check_runs_here("int8", "StaticCache", kvlab.load("toy").info, gpu)
 
 
-def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(toy):
+def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(toy, tmp_path):
     """``kvlab bench --kv-precision int8`` (or int8,int4): on the plugin EP each cache runs again with its KV packed,
     beside its twin in the same paired rounds, and the report gives its step against the twin's (tokens reported, not
-    required equal: packed KV is lossy); elsewhere the plan is refused before anything runs."""
-    from kvlab.bench import Plan, report, run_plan
+    required equal: packed KV is lossy); elsewhere one line, exit 2, before anything runs. In a process of its own,
+    as a user runs it (the bench opens WebGPU in the buffer cache mode it measures)."""
+    import json
 
-    plan = Plan(
-        targets=[("toy", "webgpu")],
-        contexts={"webgpu": [16]},
-        new_tokens={"webgpu": 4},
-        static_lens=[],
-        reps=1,
-        genai=False,
-        token_on_device=False,
-        gpu_memory=False,
-        kv_precisions=["int8"],
-    )
+    argv = ["bench", "--models", "toy", "--devices", "webgpu", "--contexts", "16", "--new-tokens", "4", "--reps", "1"]
+    argv += ["--max-cache-lens", "1", "--no-genai", "--no-token-on-device", "--kv-precision", "int8", "--no-charts"]
+    r = subprocess.run([sys.executable, "-m", "kvlab", *argv, "--out", str(tmp_path)], capture_output=True, text=True)
     if not installed():
-        with pytest.raises(kvlab.ConfigError, match=r"kv_precision='int8'\) cannot run on webgpu with"):
-            run_plan(plan, log=lambda _: None)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "kv_precision='int8') cannot run on webgpu with onnxruntime-webgpu" in r.stderr
+        assert not (tmp_path / "results.json").exists()
         return
-    rows = run_plan(plan, log=lambda _: None)["rows"]
-    names = [r["variant"] for r in rows]
-    assert names == ["dynamic", "dynamic kv-int8", "static@19", "static@19 kv-int8"]
-    assert all(r["valid"] for r in rows) and all(r["decode_ms"] > 0 for r in rows)
-    assert "static@19 kv-int8" in report({"rows": rows}) and "lossy KV" in report({"rows": rows})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [x["variant"] for x in rows] == ["dynamic", "dynamic kv-int8", "static@19", "static@19 kv-int8"]
+    assert all(x["valid"] for x in rows) and all(x["decode_ms"] > 0 for x in rows)
+    assert "static@19 kv-int8" in r.stdout and "lossy KV" in r.stdout

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..ort import Model, load, open_device
+from ..ort import Model, close_device, load, open_device
 from ..ort.decode.kvprecision import check_kv_precision, check_runs_here
 from ..ort.runtime.backend import DEVICES
 from ..ort.runtime.gpu_memory import GpuMemory
@@ -163,6 +163,15 @@ def prompt_ids(model: Any, length: int) -> np.ndarray:
     return model.tokens_of(text, length)
 
 
+def _device_of_first_pass(plan: Plan, device: str) -> Any:
+    """The device as the plan's first pass opens it (WebGPU: a new context in the first buffer cache mode, as
+    ``sweep._on_webgpu`` does), so that checking against it changes nothing the run would not."""
+    if device != "webgpu":
+        return open_device(device)
+    close_device("webgpu")
+    return open_device("webgpu", buffer_cache_mode=plan.buffer_cache_modes[0])
+
+
 def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
     """Every model of the plan by (name, precision), loaded once, with every context checked to fit it (with its
     new tokens) before anything runs, so a bad context never discards the rows measured before it (ConfigError)."""
@@ -173,8 +182,7 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
         model, new = models[name, precision], plan.new_tokens[device]
         for kv in plan.kv_precisions:
             if check_kv_precision(kv, "StaticCache") is not None:  # ("model": the model's own dtype, the twin)
-                modes = {"buffer_cache_mode": plan.buffer_cache_modes[0]} if device == "webgpu" else {}
-                check_runs_here(kv, "StaticCache", model.info, open_device(device, **modes))  # (the first pass's)
+                check_runs_here(kv, "StaticCache", model.info, _device_of_first_pass(plan, device))
         for context in plan.contexts[device]:
             if context + new > model.info.context_length:
                 raise ConfigError(

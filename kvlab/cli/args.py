@@ -175,13 +175,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="where WebGPU rows prefill, once per cache kind "
         "(default cpu, handed off; webgpu: on the GPU, handed off GPU to GPU)",
     )
-    b.add_argument(
-        "--kv-precision",
-        default="",
-        metavar="PRECISIONS",
-        help="comma-separated packed KV precisions (int8, int4): each cache also with its KV packed, beside its "
-        "twin (the WebGPU plugin EP on a software adapter only; elsewhere refused before anything runs)",
-    )
+    kv_help = "comma-separated packed KV precisions (int8, int4): each cache again with its KV packed, beside its twin"
+    b.add_argument("--kv-precision", default="", metavar="PRECISIONS", help=kv_help + " (the WebGPU plugin EP only)")
     b.add_argument(
         "--under-load",
         type=int,
