@@ -1312,6 +1312,20 @@ CASES = [
         lambda e: Conversation(e.toy, system="\udcff"),
     ),
     Case(
+        "model",
+        'load("") (no name; it was read as the current folder)',
+        "ModelError",
+        "model '' is neither a built-in name",
+        lambda e: load(""),
+    ),
+    Case(
+        "CLI",
+        "kvlab conformance --models '' (the message spoke of precision)",
+        "exit 2",
+        "model '' is neither a built-in name",
+        lambda e: e.cli("conformance", "--models", "", "--out", str(e.tmp / "c.json")),
+    ),
+    Case(
         "memory",
         "kv_bytes(layout, -10) (a negative length)",
         "ConfigError",

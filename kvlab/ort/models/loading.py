@@ -203,7 +203,7 @@ def load(
         precision = check_precision("fp32" if precision is None else precision)
         name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
         return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture), name=name))
-    if not Path(key).exists():
+    if not key.strip() or not Path(key).exists():  # "" is no name, and not the current folder (Path("") is ".")
         raise ModelError(
             f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing directory"
         )
