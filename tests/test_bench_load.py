@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,32 @@ def test_the_load_runs_for_its_block_and_is_gone_after_it_even_on_an_error():
         assert all(p.poll() is None for p in procs)
         raise KeyboardInterrupt  # Ctrl-C inside the block: the load still goes
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_the_load_dies_with_a_run_killed_without_its_cleanup():
+    """SIGKILL (or a timeout's SIGTERM) skips the block's cleanup: the competing processes die with their parent
+    (before: they spun on, and a run's child kept starting them)."""
+    code = (
+        "from kvlab.bench.load import competing; import time\n"
+        "with competing(2) as ps: print([p.pid for p in ps], flush=True); time.sleep(60)"
+    )
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = json.loads(run.stdout.readline())
+    assert all(_alive(pid) for pid in pids)
+    run.kill()
+    run.wait()
+    run.stdout.close()
+
+    def running(pid: int) -> bool:  # a zombie not yet reaped by whoever adopted it has stopped all the same
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(running(pid) for pid in pids)
 
 
 def test_a_bad_setting_or_output_path_is_refused_before_measuring(tmp_path):

@@ -15,11 +15,13 @@ exactly once whatever happens (Ctrl-C included).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,13 +35,33 @@ SPIN = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\nwhile True
 SETTINGS = {"default": {}, "spinning=off": {"spinning": False}, "threads=1": {"threads": 1}}
 
 
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies (Linux's PR_SET_PDEATHSIG),
+    so that a run killed without its cleanup (SIGKILL, a timeout's SIGTERM) leaves no competing process spinning;
+    None elsewhere."""
+    if sys.platform != "linux":
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    return arm
+
+
 @contextmanager
 def competing(n: int) -> Iterator[list[subprocess.Popen]]:
     """``n`` CPU-bound processes, running (each has said so) for the block, then killed and reaped."""
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True, preexec_fn=_dies_with_parent()
+                )
+            )
         for p in procs:
             p.stdout.readline()
         yield procs
@@ -137,7 +159,9 @@ def run(model: str, contexts: list[int], new: int, rounds: int, load: int, setti
         for name in settings:
             child = [sys.executable, "-m", "kvlab.bench.load", "--model", model, "--context", str(context)]
             child += ["--new-tokens", str(new), "--rounds", str(rounds), "--load", str(load), "--one", name]
-            out = subprocess.run(child, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                child, capture_output=True, text=True, check=True, preexec_fn=_dies_with_parent()
+            ).stdout
             rows.append({"context": context, **json.loads(out.strip().splitlines()[-1])})
             print(f"{context} tokens, {report(rows[-1])}", flush=True)
     return rows
