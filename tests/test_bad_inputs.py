@@ -769,6 +769,27 @@ CASES = [
     # the command line (in-process; one line on stderr)
     Case(
         "CLI",
+        "kvlab bench --load-settings threads=1 (without --under-load)",
+        "exit 2",
+        "--load-settings applies only with --under-load N",
+        lambda e: e.cli("bench", "--load-settings", "threads=1", "--models", "toy"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --check-every 2 (without --phases)",
+        "exit 2",
+        "--check-every applies only with --phases",
+        lambda e: e.cli("profile", "--model", "toy", "--check-every", "2"),
+    ),
+    Case(
+        "CLI",
+        "kvlab generate --device webgpu --threads 1",
+        "exit 2",
+        "set the CPU EP; this run uses webgpu",
+        lambda e: e.cli("generate", "--model", "toy", "--device", "webgpu", "--threads", "1"),
+    ),
+    Case(
+        "CLI",
         "kvlab generate --device tpu",
         "exit 2",
         "invalid choice: 'tpu'",

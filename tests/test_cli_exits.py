@@ -89,10 +89,9 @@ def test_a_user_error_through_python_m_kvlab_exits_2():
 STARTUP = ["import 'kvlab' ", "import 'kvlab.cli.exits'", "import 'kvlab.cli' ", "import 'numpy' ", "kvlab.ort.models"]
 
 
-@pytest.mark.parametrize("after", STARTUP, ids=[m.split("'")[1] if "'" in m else m for m in STARTUP])
-def test_ctrl_c_at_any_point_of_the_startup_exits_130(after):
-    """A real SIGINT, sent once ``after`` shows in ``python -v``'s list of imports (the child waits on that pipe,
-    so the signal lands within the startup): exit 130, one line, no traceback."""
+def _interrupt_after(after: str) -> tuple[int, str, str]:
+    """``python -v -m kvlab doctor``, sent a real SIGINT once ``after`` shows in its list of imports: (exit status,
+    stdout, stderr)."""
     proc = subprocess.Popen(
         [sys.executable, "-v", "-m", "kvlab", "doctor"],
         stdout=subprocess.PIPE,
@@ -109,8 +108,21 @@ def test_ctrl_c_at_any_point_of_the_startup_exits_130(after):
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("after", STARTUP, ids=[m.split("'")[1] if "'" in m else m for m in STARTUP])
+def test_ctrl_c_at_any_point_of_the_startup_exits_130(after):
+    """A real SIGINT, sent once ``after`` shows in ``python -v``'s list of imports (the child waits on that pipe,
+    so the signal lands within the startup): exit 130, one line, no traceback. On a busy machine this process can
+    read the pipe so late that the child is already tearing the interpreter down when the signal lands (killed by
+    it: -2, its stderr at ``# cleanup``): that try tested nothing about the startup and is made again (3 at most)."""
+    for _ in range(3):
+        code, out, err = _interrupt_after(after)
+        if not (code == -signal.SIGINT and "# cleanup" in err):
+            break
     ours = [line for line in err.splitlines() if line.startswith("kvlab")]
-    assert proc.returncode == 130 and ours == ["kvlab: interrupted"], (proc.returncode, err[-3000:])
+    assert code == 130 and ours == ["kvlab: interrupted"], (code, err[-3000:])
     assert "Traceback" not in err and out == "", err[-3000:]
 
 

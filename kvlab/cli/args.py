@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +90,25 @@ def cpu_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def open_cpu(args: argparse.Namespace) -> None:
+def open_cpu(args: argparse.Namespace, devices: Iterable[str] = ("cpu",)) -> None:
+    """Open the CPU EP with the CPU flags given; ConfigError when they are given but none of ``devices`` (the run's)
+    is the CPU EP (they would change nothing)."""
     options = cpu_options(args)
+    if options and "cpu" not in devices:
+        raise ConfigError(
+            f"--threads, --no-spinning and --no-huge-pages set the CPU EP; this run uses {', '.join(devices)}: "
+            "drop them or run on --device cpu"
+        )
     if options:
         open_device("cpu", **options)
+
+
+def applies_only_with(given: dict[str, bool], needs: str, present: bool) -> None:
+    """ConfigError naming the flags in ``given`` that were given (True) although ``needs`` is absent: flags that do
+    nothing without it are refused, not ignored."""
+    if not present and any(given.values()):
+        flags = ", ".join(f for f, g in given.items() if g)
+        raise ConfigError(f"{flags} applies only with {needs}")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -186,8 +202,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--load-settings",
-        default="default,spinning=off",
-        help="with --under-load: comma-separated CPU EP settings (default, spinning=off, threads=1)",
+        help="with --under-load: comma-separated CPU EP settings (default, spinning=off, threads=1; default: "
+        "default,spinning=off)",
     )
     b.add_argument("--out", type=path_arg, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")
@@ -234,8 +250,8 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
         "beside onnxruntime-genai's step in paired rounds",
     )
-    pr.add_argument("--rounds", type=int, default=3, help="--phases: paired rounds of kvlab and genai")
-    pr.add_argument("--check-every", type=int, default=1, help="--phases: the static cache's read-back interval")
+    pr.add_argument("--rounds", type=int, help="--phases: paired rounds of kvlab and genai (default 3)")
+    pr.add_argument("--check-every", type=int, help="--phases: the static cache's read-back interval (default 1)")
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
     pr.add_argument(
         "--token-on-device",

@@ -14,7 +14,7 @@ from ..core.paths import write_atomic
 from ..ort import load
 from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
-from .args import cpu_options, ints, open_cpu
+from .args import applies_only_with, cpu_options, ints, open_cpu
 
 
 def check_devices(text: str, flag: str) -> list[str]:
@@ -39,13 +39,16 @@ def under_load_command(args: argparse.Namespace) -> int:
     contexts = ints(args.contexts or "1024", "--contexts")
     new = ints(str(args.new_tokens or 16), "--new-tokens")[0]
     rounds = ints(str(args.reps or 3), "--reps")[0]
-    rows = competing_load.run(models[0], contexts, new, rounds, args.under_load, args.load_settings.split(","))
+    settings = (args.load_settings or "default,spinning=off").split(",")
+    rows = competing_load.run(models[0], contexts, new, rounds, args.under_load, settings)
     print(f"\nwrote {competing_load.write(rows, args.out)}")
     return 0
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    if args.under_load is not None:
+    loaded = args.under_load is not None
+    applies_only_with({"--load-settings": args.load_settings is not None}, "--under-load N", loaded)
+    if loaded:
         return under_load_command(args)
     plan = bench.Plan.quick() if args.quick else bench.Plan()
     if args.models or args.devices:
@@ -99,6 +102,8 @@ def bench_command(args: argparse.Namespace) -> int:
 def profile_command(args: argparse.Namespace) -> int:
     context = ints(str(args.context), "--context")[0]
     new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
+    given = {"--rounds": args.rounds is not None, "--check-every": args.check_every is not None}
+    applies_only_with(given, "--phases", args.phases)
     if args.phases:
         return phases_command(args, context, new_tokens)
     rows = bench.op_profile(
@@ -170,14 +175,15 @@ def conformance_command(args: argparse.Namespace) -> int:
 
 def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
     """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
-    open_cpu(args)
+    open_cpu(args, [args.device])
+    rounds, check_every = 3 if args.rounds is None else args.rounds, 1 if args.check_every is None else args.check_every
     r = bench.step_phases(
         load(args.model, precision=args.precision),
         args.device,
         context,
         new_tokens,
-        args.rounds,
-        args.check_every,
+        rounds,
+        check_every,
         genai=not args.no_genai,
         token_on_device=args.greedy_reduction if args.token_on_device else False,
     )
@@ -206,8 +212,8 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         f", the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else ", the token on the host"
     )
     print(
-        f"({args.model} {r['precision']} on {args.device}, static cache (check_every={args.check_every}{token}), "
-        f"context {context}, {new_tokens} new tokens x {args.rounds} rounds; medians of the decode steps after the "
+        f"({args.model} {r['precision']} on {args.device}, static cache (check_every={check_every}{token}), "
+        f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
         "first)"
     )
     if args.json:

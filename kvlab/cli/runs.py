@@ -69,7 +69,7 @@ def _graph_model(args: argparse.Namespace, model: Any) -> Any:
 def run_kinds(args: argparse.Namespace, kinds: Sequence[str]) -> dict[str, Any]:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
-    open_cpu(args)
+    open_cpu(args, [args.device])
     device = open_device(args.device, buffer_cache_mode=args.buffer_cache_mode)
     model = load(args.model, precision=args.precision, progress=not args.json)
     ids = model.encode(prompt_text(args), chat=args.chat)
