@@ -7,8 +7,9 @@
 # After `setup.sh --full`, two parts run side by side; each writes its log to artifacts/, printed when both end:
 # 1. .venv (onnxruntime-webgpu): the slow tier (nbval, the browsers, nested suites such as the debug allocator's,
 #    long runs, SmolLM2, the docs build) and the property tests again with many examples (--hypothesis-profile=full),
-#    in two workers (the browser tests all in one of them, in turn: --dist loadgroup). It is the longer part: one
-#    process, it ran 2,684 s against the second part's 1,642 s, alone on the two cores for its last 17 minutes.
+#    in two workers (the browser tests all in one of them, in turn: --dist loadgroup). In one process it ran 2,684 s
+#    against the second part's 1,642 s, alone on the cores for its last 17 minutes; in two, 2,148 s against 2,161 s
+#    (the whole full run 2,721 -> 2,199 s, clean-clone rehearsals on the 2-core machine, 2026-12-03).
 # 2. .venv-plugin (onnxruntime + onnxruntime-ep-webgpu): every test marked `package` (its outcome can depend on
 #    the ONNX Runtime package: tests/tiers.py), fast and slow, one process.
 set -euo pipefail
