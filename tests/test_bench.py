@@ -164,7 +164,7 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
     assert nbytes == sum(a.nbytes for a in got.values())
     assert run_matmuls_only(path, "cpu", 4) > 0
     open_device("cpu").forget(path)
-    before = len(open_device("cpu").sessions)
+    before = set(open_device("cpu").sessions) | {str(toy.onnx_path)}  # the toy's own session may open and stay
     run_plan(
         Plan(
             targets=[("toy", "cpu")],
@@ -177,7 +177,7 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
         ),
         log=lambda line: None,
     )
-    assert len(open_device("cpu").sessions) == before  # the toy model's session was there already
+    assert set(open_device("cpu").sessions) <= before  # the floor's session is dropped after the plan
 
 
 def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
