@@ -1,7 +1,7 @@
 """The test tiers, given by rule at collection time (no test file marks itself by hand).
 
 Plain ``pytest`` runs the fast tier (``-m "not slow"`` in pyproject.toml's addopts): every test that runs in
-seconds, in two worker processes (pytest-xdist's ``-n 2``, also in addopts; ``-n 0`` for one process).
+seconds, in one process (``-n 2`` for two, pytest-xdist).
 ``pytest -m ""`` runs everything; ``.ci/run`` runs the fast tier and then the rest (scripts/full_run.sh).
 The rules, in the order they are applied:
 
