@@ -19,6 +19,7 @@ Windows (D3D12) and macOS (Metal) WebGPU needs nothing beyond the GPU's own driv
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -78,7 +79,7 @@ def pip(env: Path, *args: str, check: bool = True) -> bool:
 
 
 def uv() -> Path | None:
-    """uv (a pip-compatible installer, several times faster: measured 204 -> 60 s for `--test` on the 2-core
+    """uv (a pip-compatible installer, several times faster: measured 204 -> 40 s for `--test` on the 2-core
     reference machine), pip-installed into .venv once; None where it cannot be installed (then pip does it all)."""
     tool = venv_script(REPO / ".venv", "uv")
     if not tool.exists() and not pip(REPO / ".venv", "install", "--no-compile", UV, check=False):
@@ -86,7 +87,8 @@ def uv() -> Path | None:
     return tool if tool.exists() else None
 
 
-def pip_settings(env: Path) -> list[str]:
+@functools.cache
+def pip_settings(env: Path) -> tuple[str, ...]:
     """pip's own configuration on this machine (pip.conf, PIP_* variables: `pip config list`) as uv's options, so
     uv installs from where pip would: index URLs, find-links, constraints (a file:// location that does not exist
     is left out, as pip ignores it with a warning)."""
@@ -102,7 +104,7 @@ def pip_settings(env: Path) -> list[str]:
                 path = item.removeprefix("file://")
                 if item.startswith(("http://", "https://")) or Path(path).exists():
                     options += [f"--{name}", item]
-    return options
+    return tuple(options)
 
 
 def pip_install(env: Path, *args: str, check: bool = True) -> bool:
