@@ -36,6 +36,7 @@ class Model:
 
     def __init__(self, info: ModelInfo):
         self.info = info
+        self.name: str = info.name
         from tokenizers import Tokenizer
 
         tok_file = info.path / "tokenizer.json"
@@ -54,10 +55,6 @@ class Model:
                 f"{tok_file} maps tokens to ids up to {top}, past this model's vocabulary of {info.vocab_size} "
                 f"(ids 0 to {info.vocab_size - 1}): it is not this model's tokenizer"
             )
-
-    @property
-    def name(self) -> str:
-        return self.info.name
 
     @property
     def onnx_path(self) -> Path:

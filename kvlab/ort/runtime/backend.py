@@ -50,6 +50,9 @@ class Backend:
     webgpu_states_in_place = False
     # whether its WebGPU GroupQueryAttention packs KV (kvCacheQuantizationBits: kvlab.ort.decode.kvprecision)
     kv_quantization = False
+    # how a step binds a host array as an input, with as few calls as the package allows (it runs every step):
+    # (make, host): ``make(array, host)`` is a C-level OrtValue over the array, for ``bind_ortvalue_input``
+    host_input: tuple[Any, Any] = (None, None)
 
     @property
     def name(self) -> str:
@@ -78,11 +81,6 @@ class Backend:
     # -- values
     def host_value(self, array: np.ndarray) -> Any:
         """An OrtValue over host memory (the array must outlive it)."""
-        raise NotImplementedError
-
-    def bind_host_input(self, io_binding: Any, name: str, array: np.ndarray) -> Any:
-        """Bind a host array as an input, with as few calls as this package allows (it runs every step); returns
-        what must stay alive while it is bound."""
         raise NotImplementedError
 
     def wrap(self, value: Any) -> Any:

@@ -56,6 +56,7 @@ class BuiltinWebGpu(Backend):
 
         self.ort, self._c = ort, c
         self._host = c.OrtDevice(c.OrtDevice.cpu(), c.OrtDevice.default_memory(), 0)
+        self.host_input = (c.OrtValue.ortvalue_from_numpy, self._host)  # C-level: no Python wrappers
         self.version = ort.__version__
         self._helpers: dict[tuple[int, np.dtype], Session] = {}
 
@@ -114,11 +115,6 @@ class BuiltinWebGpu(Backend):
     # -- values
     def host_value(self, array: np.ndarray) -> Any:
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-
-    def bind_host_input(self, io_binding: Any, name: str, array: np.ndarray) -> Any:
-        value = self._c.OrtValue.ortvalue_from_numpy(array, self._host)  # C-level: no Python wrappers
-        io_binding._iobinding.bind_ortvalue_input(name, value)
-        return value
 
     def wrap(self, value: Any) -> Any:
         return self.ort.OrtValue(value)

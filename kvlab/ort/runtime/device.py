@@ -61,8 +61,10 @@ class Device:
         self.name, self.backend, self.adapter, self.ep_options = name, backend, adapter, ep_options
         self._sessions: dict[str, Session] = {}
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
-        self._live: dict[int, int] = {}  # tensor token -> nbytes of live kvlab-owned tensors
-        self._lock = threading.Lock()
+        # tensor token -> nbytes of the live kvlab-owned tensors: each DeviceTensor adds itself and its finalizer
+        # removes it (one dict operation each, atomic under the GIL; readers copy it first)
+        self.live: dict[int, int] = {}
+        self.lock = gate(name)  # held while using a tensor or session here (kvlab.ort.runtime.context)
         self._sessions_lock = threading.RLock()  # the session cache is checked and filled by one thread at a time
         self.closed = False
 
@@ -80,7 +82,7 @@ class Device:
         self._check_open()
         path = str(Path(model_path).resolve())
         key = _session_key(path, options)
-        with self._sessions_lock, gate(self.name):
+        with self._sessions_lock, self.lock:
             if key not in self._sessions:
                 refuse_f16(self, Path(path), label or path)
                 model, rewrites = workarounds(self, Path(path))
@@ -119,24 +121,15 @@ class Device:
                 f"{sorted(self.backend.copy_paths)}"
             )
 
-    def _track(self, token: int, nbytes: int) -> None:
-        """Count a new kvlab-owned tensor (``token``: unique to it) as live."""
-        with self._lock:
-            self._live[token] = nbytes
-
-    def _untrack(self, token: int) -> None:
-        with self._lock:
-            self._live.pop(token, None)
-
     @property
     def live_tensors(self) -> int:
         """Number of kvlab-owned tensors alive on this device (exact)."""
-        return len(self._live)
+        return len(self.live)
 
     @property
     def live_bytes(self) -> int:
         """Bytes of kvlab-owned tensors alive on this device (exact, as requested; pools may round up)."""
-        return sum(self._live.values())
+        return sum(self.live.copy().values())
 
     @property
     def huge_pages(self) -> bool:
@@ -166,9 +159,9 @@ class Device:
         Refused while kvlab-owned tensors are alive on it (they would dangle)."""
         if self.closed:
             return
-        if self._live:
+        if self.live:
             raise DeviceError(
-                f"{len(self._live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
+                f"{len(self.live)} kvlab tensors ({self.live_bytes} bytes) are still alive on "
                 f"{self.name}; dispose the caches that hold them before closing the device"
             )
         if "profile" in self.ep_options:

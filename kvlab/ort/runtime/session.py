@@ -15,7 +15,6 @@ import numpy as np
 from ...core.errors import ConfigError, DeviceError
 from . import memory
 from .backend import HEAVY_OPS
-from .context import gate
 from .tensors import DeviceTensor, _Owner
 
 _SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_session(), at exit
@@ -33,6 +32,7 @@ class Session:
         # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
         with memory.collapsing(device.huge_pages) as self.huge_pages:
             self.ort = device.backend.create_session(path, device, options)  # the onnxruntime.InferenceSession
+        self.new_outputs_on = device.backend.bind_target(device)  # where the runtime allocates unbound outputs
         self.cpu_nodes = device.backend.placement(self.ort)  # "op_type:name" of the nodes on the CPU EP
         if device.name == "webgpu":
             heavy = [n for n in self.cpu_nodes if n.split(":", 1)[0] in HEAVY_OPS]
@@ -82,6 +82,8 @@ class Binding:
         self.session = session
         self._backend = session.device.backend
         self._io = session.ort.io_binding()
+        self._lock = session.device.lock  # held for every use of WebGPU's one context (kvlab.ort.runtime.context)
+        self._from_host, self._host = self._backend.host_input
         self._prebound: dict[str, int] = {}  # output name -> data_ptr bound
         self._keep: dict[str, Any] = {}  # host arrays/OrtValues bound, kept alive while bound
         self._bound_arrays: dict[str, int] = {}  # output name -> id() of the host array bound to it
@@ -107,8 +109,10 @@ class Binding:
             self._io.bind_ortvalue_input(name, value)
         else:  # the runtime copies it to the device at binding time (or reads it in place on the CPU)
             start = time.perf_counter()
-            with gate(self.session.device.name):  # a copy onto WebGPU's one context
-                self._keep["in:" + name] = (value, self._backend.bind_host_input(self._io, name, value))
+            with self._lock:  # a copy onto WebGPU's one context
+                ov = self._from_host(value, self._host)  # a C-level OrtValue over the array
+                self._io._iobinding.bind_ortvalue_input(name, ov)
+                self._keep["in:" + name] = (value, ov)
         self._bind_seconds += time.perf_counter() - start
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
@@ -133,7 +137,7 @@ class Binding:
 
     def output_new(self, name: str) -> None:
         """Let the runtime allocate this output on the session's device (it comes back as a DeviceTensor)."""
-        self._io.bind_output(name, self._backend.bind_target(self.session.device))
+        self._io.bind_output(name, self.session.new_outputs_on)
         self._prebound.pop(name, None)
         self._bound_arrays.pop(name, None)
         if name not in self._new:
@@ -151,7 +155,7 @@ class Binding:
         DeviceError when a binding with runtime-allocated outputs is run twice."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
-        with gate(self.session.device.name):  # one thread at a time on WebGPU's one context (kvlab.ort.runtime.context)
+        with self._lock:  # one thread at a time on WebGPU's one context (kvlab.ort.runtime.context)
             return self._run()
 
     def _run(self) -> RunResult:

@@ -16,7 +16,6 @@ import numpy as np
 
 from ...core.errors import ConfigError, DeviceError
 from ...core.guards import atomic
-from .context import gate
 
 ONNX_TYPES = {
     np.dtype(np.float32): "tensor(float)",
@@ -56,8 +55,8 @@ class DeviceTensor:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.data_ptr = int(value.data_ptr())  # the buffer's identity (a WGPUBuffer handle on WebGPU)
         token = next(_TOKENS)
-        device._track(token, self.nbytes)
-        self._untrack = weakref.finalize(self, device._untrack, token)  # runs once: at release() or collection
+        device.live[token] = self.nbytes  # counted live on its device until released or collected
+        self._untrack = weakref.finalize(self, device.live.pop, token, None)  # runs once: at release() or collection
         _UNRELEASED.add(self)
 
     @property
@@ -72,13 +71,13 @@ class DeviceTensor:
 
     def numpy(self) -> np.ndarray:
         """A host copy of the contents."""
-        with gate(self.device.name):
+        with self.device.lock:
             return np.array(self.ortvalue().numpy(), copy=True)
 
     def release(self) -> None:
         if self._value is None:
             return
-        with gate(self.device.name):  # the buffer goes back to the (one) WebGPU buffer manager now
+        with self.device.lock:  # the buffer goes back to the (one) WebGPU buffer manager now
             self._value = self._keep = None
             self._untrack()
             _UNRELEASED.discard(self)
