@@ -194,8 +194,14 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     assert rows["ort run"] > 0 and rows["read back"] > 0 and rows["runtime binds inputs"] > 0
     assert len(r["step_ratios"]) == 2 and r["step_ratio"] == float(np.median(r["step_ratios"]))
     assert 0 < r["python_ms"] < r["kvlab_step_ms"] and r["python_share"] < 1
-    # medians of sums are not sums of medians: per step the parts add up exactly, so the medians are close
-    assert abs(sum(rows[p] for p in bench.anatomy.PHASES[:-1]) - r["kvlab_step_ms"]) < 0.5 * r["kvlab_step_ms"]
+    # per step, whatever else runs on the machine: every phase timed inside the step lies within it (none is
+    # negative, and what they leave of the step's wall time is not), and the step and the loop make the token to
+    # token time (medians of sums are not sums of medians, so the per-step values are what is checked)
+    assert len(r["per_step_ms"]) >= 2 * 3
+    for step in r["per_step_ms"]:
+        assert all(step[p] > -1e-6 for p in bench.anatomy.PHASES), step
+        assert step["wall"] + step["between steps"] == pytest.approx(step["token to token"]), step
+        assert step["python"] <= step["wall"], step
     out = tmp_path / "phases.json"
     proc = subprocess.run(
         [

@@ -205,6 +205,7 @@ def _kvlab_medians(steps: list[dict[str, float]]) -> dict[str, Any]:
         r["share"] = r["ms_per_step"] / t2t
     return {
         "rows": rows,
+        "per_step_ms": [{key: s * 1e3 for key, s in step.items()} for step in steps],  # each step's phases
         "kvlab_step_ms": _median_ms(steps, "wall"),
         "kvlab_token_to_token_ms": t2t,
         "python_ms": _median_ms(steps, "python"),  # the records' overhead_ms: wall less the runtime's time
