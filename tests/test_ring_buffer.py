@@ -74,6 +74,14 @@ def test_the_ring_graph_marks_the_sliding_layers_alone(model):
     assert ring_graph(model) == ring_graph(model)  # written once
 
 
+def test_the_label_names_the_ring_and_makes_one_again():
+    for cache in (RingStaticCache(64), RingStaticCache(64, states="in-place")):
+        again = kvlab.make_cache(cache.spec)
+        assert type(again) is RingStaticCache and again.spec == cache.spec
+    assert str(RingStaticCache(64).spec) == "static@64 ring"
+    assert type(kvlab.make_cache(StaticCache(64).spec)) is StaticCache
+
+
 def test_a_model_without_sliding_layers_is_refused(toy):
     with pytest.raises(ConfigError, match=r"model toy has none .*use StaticCache"):
         generate(toy, [1, 2, 3], cache=RingStaticCache(64), device="cpu", max_new_tokens=2)
