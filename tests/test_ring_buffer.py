@@ -15,6 +15,7 @@ import kvlab
 from kvlab import CacheStateError, ConfigError, StaticCache, generate, open_device
 from kvlab.core.layout import SlidingWindow
 from kvlab.ort import RingStaticCache
+from kvlab.ort.checks.faults import Injected, raising_hook
 from kvlab.ort.checks.references import transformers_greedy
 from kvlab.ort.models.window_rewrite import ring_graph
 from kvlab.ort.runtime.plugin import installed as on_the_plugin_ep
@@ -160,6 +161,24 @@ def test_crop_within_the_window_and_refused_past_it(model):
         cache.crop(0)
         _, first = s.step(LONG[:3])
     assert first.position == 0
+
+
+def test_a_step_that_fails_after_its_run_cannot_be_undone(model):
+    """A hook fails past the window: the ring already evicted, so the cache refuses to go on until it is reset; a
+    new generation (which resets it) gives the plain cache's tokens again."""
+    needs_the_ring_runtime()
+    cache = RingStaticCache(N)
+    with cache:
+        with kvlab.Stepper(model, cache, "cpu", N, hooks=[raising_hook(21)]) as s:
+            for t in LONG[:20]:
+                s.step([t])
+            with pytest.raises(Injected):
+                s.step([LONG[20]])
+            assert cache.seq_length == 20
+            with pytest.raises(CacheStateError, match=r"ring cache's sliding-layer buffers were rewritten in place"):
+                s.step([LONG[20]])
+        again = generate(model, LONG, cache=cache, device="cpu", max_new_tokens=8, stop_on_eos=False)
+    assert again.token_ids == run(model, StaticCache(N), LONG, new=8).token_ids
 
 
 def test_a_handoff_is_refused(model):
