@@ -129,26 +129,32 @@ class RingStaticCache(StaticCache):
             )
         return windows
 
-    def _refusal(self, device: Device, why: str) -> str:
+    def _refusal(self, device: Device, why: str, info: Any) -> str:
         package, version = device.backend.label_for(device.name)
         facts = "; ".join(f"{k}: {v}" for k, v in RING_SUPPORT.items())
+        plain, ring = StaticCache(self.max_cache_len).memory_report(info), self.memory_report(info)
+        sliding = sum(e.bytes_per_token for e in info.layout.entries if e.layer in sliding_windows(info))
         return (
             f"RingStaticCache cannot run on {device.name} with {package} {version}: {why}. Measured: {facts}. "
-            "What works: RingStaticCache on device 'cpu' in the plugin environment (.venv-plugin: onnxruntime "
-            "1.31.1), or StaticCache here (a sliding layer then holds every position); on PyTorch, "
-            "kvlab.pytorch.generate(...) keeps a sliding layer's last window - 1 positions"
+            f"What it costs: a StaticCache({self.max_cache_len}) of model {info.name} reserves {plain.total_bytes:,} "
+            f"bytes, its sliding layers holding every position ({sliding:,} bytes a position), where the ring "
+            f"would reserve {ring.total_bytes:,}. What works: RingStaticCache on device 'cpu' in the plugin "
+            "environment (.venv-plugin: onnxruntime 1.31.1), or StaticCache here (a sliding layer then holds every "
+            "position); on PyTorch, kvlab.pytorch.generate(...) keeps a sliding layer's last window - 1 positions"
         )
 
     def session(self, device: Device, model: Any) -> Session:
         """The device's session of the model's ring graph (``kvlab.ort.models.window_rewrite.ring_graph``).
-        ConfigError where the device's runtime cannot open it (the runtime's own error quoted): every package and
-        EP kvlab runs but onnxruntime 1.31.1's CPU EP (``RING_SUPPORT``)."""
+        ConfigError where the device's runtime cannot open it (the runtime's own error quoted, and the bytes a
+        StaticCache costs there): every package and EP kvlab runs but onnxruntime 1.31.1's CPU EP
+        (``RING_SUPPORT``)."""
         self._check_model(model.info)
         path = ring_graph(model)
         try:
             return device.session(path, f"model {model.name} (ring buffers on its sliding layers)")
         except (DeviceError, ModelError) as exc:
-            raise ConfigError(self._refusal(device, f"its session of the ring graph failed ({exc})")) from exc
+            why = f"its session of the ring graph failed ({exc})"
+            raise ConfigError(self._refusal(device, why, model.info)) from exc
 
     @property
     def used_bytes(self) -> int:
