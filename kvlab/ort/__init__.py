@@ -7,6 +7,7 @@ from .decode.capture import CapturedStaticCache
 from .decode.conversation import Conversation
 from .decode.generate import generate
 from .decode.stepper import Stepper
+from .decode.window import RingStaticCache
 from .models.loading import Model, ModelInfo, load
 from .runtime.device import Device, close_device, open_device, opened
 
@@ -17,6 +18,7 @@ __all__ = [
     "DynamicCache",
     "Model",
     "ModelInfo",
+    "RingStaticCache",
     "StaticCache",
     "Stepper",
     "close_device",
