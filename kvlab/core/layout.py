@@ -76,9 +76,10 @@ class FullAttention(LayerKind):
 
 @dataclass(frozen=True)
 class SlidingWindow(LayerKind):
-    """Attention over the last ``window`` positions. Its KV buffer still holds every position (GroupQueryAttention's
-    ``local_window_size`` limits what is read, not what is stored: a buffer shorter than the sequence is refused),
-    so it grows like full attention; ``attended`` is what a ring buffer would keep."""
+    """Attention over the last ``window`` positions. In a Dynamic or StaticCache its KV buffer holds every position
+    (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored), so it grows like full
+    attention; ``attended`` is what a ring buffer keeps (``kvlab.ort.decode.window.RingStaticCache``, where the
+    runtime evicts inside the op)."""
 
     window: int
     grows = True

@@ -3,11 +3,12 @@ over the lifecycle every cache shares (``kvlab.core.cache.Cache``): ``DynamicCac
 presents every step) and ``StaticCache`` (every buffer allocated once and written in place).
 
 Both hold every past/present pair of the graph (``ModelInfo.entries``): keys and values that grow by one position
-per token (full attention, and sliding windows, whose buffer holds every position: GroupQueryAttention has no ring
-buffer), and fixed-size states (conv, recurrent) that are rewritten every step. A StaticCache writes a state into
-the second of two buffers and swaps them at the commit (``states="swap"``, every EP; a failed step leaves the first
-untouched), or into the one buffer it reads (``states="in-place"``: the CPU EP, and WebGPU where the backend allows
-it, ``Backend.webgpu_states_in_place``)."""
+per token (full attention, and sliding windows, whose buffer holds every position: a ring buffer of the window is
+``kvlab.ort.decode.window.RingStaticCache``, where the runtime allows it), and fixed-size states (conv,
+recurrent) that are rewritten every step. A StaticCache writes a state into the second of two buffers and swaps
+them at the commit (``states="swap"``, every EP; a failed step leaves the first untouched), or into the one buffer it
+reads (``states="in-place"``: the CPU EP, and WebGPU where the backend allows it,
+``Backend.webgpu_states_in_place``)."""
 
 from __future__ import annotations
 
