@@ -6,6 +6,14 @@ tokens that followed their latest earlier occurrence as drafts, and feeds the la
 the model's greedy choice at every position says how many drafts it would have produced itself (``verify``). The
 step yields those and the model's next token, so greedy tokens are the same as one token per step, and the cache
 keeps only their positions (the backend crops the rest).
+
+A multi-token step's logits are not bit-equal to a one-token step's: the runtime attends with another kernel, which
+rounds differently (on an NVIDIA H200 in fp16: up to 0.090 apart, median 0.075, where fp32 stays under 1e-5:
+data/conversation/h200-lookup/). Where the model's choice is a near-tie, the two can choose differently, and lookup
+would leave plain greedy's tokens. So a verification row decides only where its choice leads the runner-up by at
+least ``margin``; at the first row that does not, the step stops, and that position is left to the next step, fed
+alone (the kernel plain greedy runs). The default margin follows the logits' precision (``MARGINS``): more than
+twice the largest difference measured, so a difference of that size cannot turn a decided row.
 """
 
 from __future__ import annotations
@@ -16,21 +24,40 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .errors import check_int
+from .errors import ConfigError, check_int
+
+# the default margin per logits dtype (see the module docstring): over 2 x the largest multi-token vs one-token
+# difference measured (fp16 0.090, fp32 < 1e-5 on an NVIDIA H200, data/conversation/h200-lookup/)
+MARGINS = {"float16": 0.25, "float32": 1e-4}
 
 
 @dataclass(frozen=True)
 class PromptLookup:
     """Greedy prompt-lookup decoding: up to ``k`` drafts a step (1 to 64), matched on the last ``ngram`` tokens (then
-    fewer, down to one; ``ngram`` 1 to 8). ConfigError for a value out of range."""
+    fewer, down to one; ``ngram`` 1 to 8); a verification row decides where its choice leads the runner-up by at
+    least ``margin`` logits (None: by the logits' precision, ``MARGINS``; 0: every row decides). ConfigError for a
+    value out of range."""
 
     k: int = 5
     ngram: int = 3
+    margin: float | None = None
 
     def __post_init__(self) -> None:
         for name, top in (("k", 64), ("ngram", 8)):
             value = getattr(self, name)
             check_int(value, name, 1, top, subject=f"PromptLookup({name}={value!r}): {name}")
+        m = self.margin
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < float("inf")):
+            raise ConfigError(
+                f"PromptLookup(margin={m!r}): margin must be None (by the logits' precision: {MARGINS}) or a finite "
+                "number of logits >= 0 (0: every verification row decides)"
+            )
+
+    def margin_for(self, logits_dtype: object) -> float:
+        """The margin in force for logits of ``logits_dtype`` (a numpy dtype or its name)."""
+        if self.margin is not None:
+            return float(self.margin)
+        return MARGINS.get(np.dtype(logits_dtype).name, MARGINS["float16"])
 
 
 def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) -> list[int]:
@@ -52,12 +79,16 @@ def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) 
     return []
 
 
-def verify(logits: np.ndarray, drafts: Sequence[int]) -> tuple[int, int]:
+def verify(logits: np.ndarray, drafts: Sequence[int], margin: float = 0.0) -> tuple[int, int]:
     """Greedy verification of ``drafts`` from the logits [1 + len(drafts), vocab] of a step that fed the last
     token and the drafts: (accepted, next token): the drafts the model's argmax confirms, in order, and its choice
-    after the last of them."""
+    after the last of them; each row decides only where its choice leads the runner-up by at least ``margin``. At
+    the first row that does not, verification stops: the drafts before it are accepted and the next token is -1
+    (undecided: that position goes to a one-token step)."""
     chosen = logits.argmax(axis=-1)
+    top2 = np.partition(logits, -2, axis=-1)[:, -2:] if logits.shape[-1] > 1 else np.zeros((len(logits), 2))
+    decided = top2[:, 1] - top2[:, 0] >= margin  # [1 + len(drafts)]: the lead of each row's choice
     accepted = 0
-    while accepted < len(drafts) and chosen[accepted] == drafts[accepted]:
+    while accepted < len(drafts) and decided[accepted] and chosen[accepted] == drafts[accepted]:
         accepted += 1
-    return accepted, int(chosen[accepted])
+    return accepted, int(chosen[accepted]) if decided[accepted] else -1

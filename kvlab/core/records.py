@@ -19,7 +19,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "copied_from": ("for a handoff, the device the KV was copied from; '' otherwise", "label"),
     "position": ("cache length before the step: the position of the first token fed", "exact"),
     "n_tokens": ("tokens fed in this step", "exact"),
-    "token": ("the token chosen from this step's logits (-1 for a handoff)", "exact"),
+    "token": (
+        "the token chosen from this step's logits (-1 for a handoff, and for a verify step that left its next "
+        "position to a one-token step: a near-tie within prompt lookup's margin)",
+        "exact",
+    ),
     "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
     "run_ms": (
         "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
@@ -59,7 +63,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "drafted": ("tokens prompt lookup proposed and this step verified (0 without lookup)", "exact"),
     "accepted": (
         "of those, the tokens the model's own greedy choice confirmed, kept in the cache; the step also yields the "
-        "model's next token after them",
+        "model's next token after them (unless its token is -1)",
         "exact",
     ),
 }
