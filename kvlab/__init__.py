@@ -49,8 +49,8 @@ _HOMES = {
     ),
     "kvlab.core.cache": "Cache",
     "kvlab.ort": (
-        "CapturedStaticCache Conversation DynamicCache Model ModelInfo StaticCache Stepper close_device generate load "
-        "make_cache open_device"
+        "CapturedStaticCache Conversation DynamicCache Model ModelInfo RingStaticCache StaticCache Stepper "
+        "close_device generate load make_cache open_device"
     ),
 }
 _LOADED_BEFORE = ("core", "presets", "ort")
@@ -61,6 +61,7 @@ __all__ = [
     "DynamicCache",
     "StaticCache",
     "CapturedStaticCache",
+    "RingStaticCache",
     "make_cache",
     "generate",
     "Conversation",
