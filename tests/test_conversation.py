@@ -83,7 +83,7 @@ def _check_turns(model, conv: Conversation, kind: str, device: str = "cpu") -> N
 def test_every_turn_equals_a_from_scratch_generate_of_the_conversation_so_far(toy, kind, device):
     with Conversation(toy, cache=_cache(kind), device=device) as conv:
         for ids in TURNS:
-            conv.say(ids, max_new_tokens=NEW, prefill_chunk=_chunk(device))
+            conv.say(ids, max_new_tokens=NEW)  # the default: one token a step where multi-token steps are wrong
         assert conv.held == len(conv.ids) - 1 == conv.cache.seq_length
         _check_turns(toy, conv, kind, device)
         assert [t.reused for t in conv.turns[1:]] == [t.start - 1 for t in conv.turns[1:]]
@@ -254,3 +254,15 @@ def test_records_frame_carries_the_new_columns(toy):
     assert list(frame.columns) == list(kvlab.COLUMNS)
     assert frame.reused.tolist() == [len(TURNS[1]) + 2, 0, 0] and frame.prefilled.tolist() == [len(TURNS[2]) + 1, 0, 0]
     assert np.all(frame.turn == 2)
+
+
+def test_where_multi_token_steps_are_wrong_lookup_runs_one_token_a_step_and_says_why(toy):
+    if not _chunk("webgpu"):
+        pytest.skip("multi-token steps are right with this package and adapter: prompt lookup runs there")
+    from kvlab import PromptLookup
+    from kvlab.ort.decode.lookup import NOT_EXACT
+
+    with Conversation(toy, cache=StaticCache(256), device="webgpu") as conv:
+        turn = conv.say(TURNS[0], max_new_tokens=NEW, lookup=PromptLookup(k=4))
+    assert turn.lookup == NOT_EXACT and turn.drafted == 0 and all(r.phase != "verify" for r in turn.records)
+    assert turn.token_ids == _from_scratch(toy, turn, "static", "webgpu")

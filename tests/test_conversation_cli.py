@@ -122,3 +122,14 @@ def test_ctrl_c_exits_130():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_chat_on_webgpu_says_what_a_chat_on_the_cpu_says(capsys):
+    """The turns on WebGPU feed what the cache lacks one token a step where the package's multi-token steps are
+    wrong (onnxruntime-webgpu 1.27 on a software adapter), so the replies equal the CPU EP's (a held-out check found
+    them different when the CLI fed each turn in one step)."""
+    said = {}
+    for device in ("cpu", "webgpu"):
+        assert main([*TOY, "--device", device, "--turn", "Which birds migrate?", "--turn", "And where to?"]) == 0
+        said[device] = [t["text"] for t in _turns(capsys.readouterr().out)]
+    assert said["webgpu"] == said["cpu"] and len(said["cpu"]) == 2

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ort import Conversation, Model, StaticCache, generate, load, open_device
-from ..ort.runtime.plugin import installed
+from ..ort.decode.conversation import default_prefill_chunk
 
 TEXT = (
     "A chat that keeps its cache between turns feeds only what is new: the user's message and the last token of the "
@@ -62,14 +62,6 @@ def ttft_ms(turn: Any) -> float:
     return sum(r.wall_ms for r in turn.records if r.phase == "prefill")
 
 
-def prefill_chunk(device: str) -> int | None:
-    """1 where a package's multi-token steps after position 0 are wrong (onnxruntime-webgpu 1.27 on a software
-    adapter, docs/conversation.md); None (one step) elsewhere."""
-    if device == "cpu" or installed() or open_device(device).label.adapter.kind == "hardware":
-        return None
-    return 1
-
-
 class _Genai:
     """onnxruntime-genai following the same conversation: ``say(ids, new)`` -> (tokens, time to first token in ms);
     ``back(n)`` keeps the first ``n`` positions."""
@@ -109,7 +101,8 @@ class _Genai:
 def run(plan: ConversationPlan, progress: Any = print) -> dict[str, Any]:
     """The plan's rows (one per turn) and what they were measured with; ``progress`` gets a line per turn."""
     model = load(plan.model, precision=plan.precision)
-    device, size, chunk = open_device(plan.device), plan.size(), prefill_chunk(plan.device)
+    device, size = open_device(plan.device), plan.size()
+    chunk = default_prefill_chunk(device)
     generate(model, text_ids(model, 0, 16), device=device, max_new_tokens=2)  # a warm-up, not measured
     peer = _Genai(model, plan.device, size) if plan.genai else None
     rows = []

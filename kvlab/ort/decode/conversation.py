@@ -19,7 +19,7 @@ from ...core.records import StepHook, StepRecord, hook_list
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache, OrtCache
-from .lookup import NO_CROP, lookup_steps
+from .lookup import NO_CROP, NOT_EXACT, lookup_steps
 from .stepper import Stepper
 
 
@@ -115,9 +115,10 @@ class Conversation:
     ) -> Turn:
         """One turn: ``message`` (text, rendered with the model's chat template after the conversation so far; or
         token ids, taken as they are), then up to ``max_new_tokens`` tokens of reply. ``lookup``: greedy
-        prompt-lookup decoding (``kvlab.core.lookup``; the same tokens, several per step). ``prefill_chunk``: feed
-        the positions the cache lacks in steps of at most this many (None: one step; 1 where a package's multi-token
-        steps are wrong, ``kvlab.ort.runtime.builtin``). Raises ConfigError,
+        prompt-lookup decoding (``kvlab.core.lookup``; the same tokens, several per step; one token a step where
+        multi-token steps are wrong, as ``Turn.lookup`` says). ``prefill_chunk``: feed the positions the cache lacks
+        in steps of at most this many (None: ``default_prefill_chunk(device)``: one step, or one token a step where
+        the package's multi-token steps are wrong, onnxruntime-webgpu 1.27 on a software adapter). Raises ConfigError,
         ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
         conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
         self._check_open()
@@ -130,6 +131,8 @@ class Conversation:
             raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
         if prefill_chunk is not None:
             prefill_chunk = check_new_tokens(prefill_chunk, "prefill_chunk")
+        else:
+            prefill_chunk = default_prefill_chunk(self.device)
         new_ids, user = _input(self, message)
         plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
         text = message if isinstance(message, str) else None
@@ -181,6 +184,12 @@ def _input(conv: Conversation, message: Any) -> tuple[list[int], str]:
     raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
 
 
+def default_prefill_chunk(device: Device) -> int | None:
+    """How a turn feeds what the cache lacks on ``device``: None (in one step), or 1 (one token a step) where the
+    package's multi-token steps are wrong (``Backend.multi_token_exact``)."""
+    return None if device.backend.multi_token_exact(device) else 1
+
+
 def _run(
     self,
     plan: TurnPlan,
@@ -196,7 +205,11 @@ def _run(
     records: list[StepRecord] = []
     tokens: list[int] = []
     prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
-    why = NO_CROP if lookup is not None and self.model.info.layout.states else ""
+    why = ""
+    if lookup is not None and self.model.info.layout.states:
+        why = NO_CROP
+    elif lookup is not None and not self.device.backend.multi_token_exact(self.device):
+        why = NOT_EXACT
 
     def stop() -> str | None:
         return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)

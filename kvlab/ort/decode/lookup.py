@@ -14,6 +14,10 @@ import numpy as np
 from ...core.lookup import PromptLookup, propose, verify
 from .stepper import Stepper
 
+NOT_EXACT = (
+    "this package's multi-token steps are wrong on this device (onnxruntime-webgpu 1.27 on a software adapter: "
+    "kvlab.ort.runtime.builtin), so drafts cannot be verified in one step: the turn ran one token a step"
+)
 NO_CROP = (
     "the model's layers keep states (conv, recurrent), which cannot be cropped back after rejected drafts: the turn "
     "ran one token a step"

@@ -87,6 +87,11 @@ class Backend:
         """A Python OrtValue around a C-level value returned by an IOBinding."""
         raise NotImplementedError
 
+    def multi_token_exact(self, device: Any) -> bool:
+        """Whether a step that feeds several tokens gives the logits one-token steps give on ``device`` (where it
+        does not, a caller feeds one token a step: ``kvlab.ort.decode.conversation``)."""
+        return True
+
     def bind_target(self, device: Any) -> str:
         """The device name IOBinding.bind_output takes for outputs the runtime allocates on ``device``."""
         raise NotImplementedError

@@ -189,6 +189,9 @@ class PluginWebGpu(BuiltinWebGpu):
     def bind_target(self, device: Any) -> str:
         return "webgpu" if device.name == "webgpu" else "cpu"
 
+    def multi_token_exact(self, device: Any) -> bool:
+        return True  # its prefill logits equal the CPU EP's on a software adapter too (the module docstring)
+
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
         if device.name == "cpu":
             return super().zeros(shape, dtype, device)
