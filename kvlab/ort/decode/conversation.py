@@ -33,9 +33,10 @@ class Conversation:
     Caches whose layers keep states (conv, recurrent: ``layout.states``) refuse ``crop(n)`` by name, and a
     conversation does not keep snapshots of them: a snapshot serves only the position it was taken at, costs the
     states' bytes per turn on every turn whether or not it is ever rewound to, and would make a rewind's cost depend on
-    where one stops. Instead, a rewind (or a failed turn) empties such a cache, and the next turn prefills the whole
-    history again: its records say so (``reused`` 0). KV caches crop: a rewind costs nothing (fixed KV) or one copy
-    of the kept positions (growing KV).
+    where one stops. Instead, a rewind empties such a cache, and so does a failed turn whose steps may have changed
+    its states (one that fails before any step committed, with ``states="swap"``, leaves it as it was); the next turn
+    then prefills the whole history again: its records say so (``reused`` 0). KV caches crop: a rewind costs nothing
+    (fixed KV) or one copy of the kept positions (growing KV).
 
     A failed turn (an error or Ctrl-C at any step) leaves the history and the cache as they were after the previous
     turn (a state cache: empty, see above); a turn that does not fit is a CapacityError before any work. Raises
