@@ -60,9 +60,16 @@ def report(facts: PlatformFacts | None = None) -> dict[str, Any]:
         "runs": {},
     }
     if verdict["adapter"] is not None and verdict["adapter"]["kind"] == "software":
+        exact = backend().multi_token_exact("webgpu", "software")
         out["note"] = (
-            f"WebGPU runs on a software adapter ({verdict['adapter']['description']}): correct but slow; use the toy "
-            "and kv-heavy models there, SmolLM2 on the CPU EP"
+            f"WebGPU runs on a software adapter ({verdict['adapter']['description']}): slow"
+            + (
+                ""
+                if exact
+                else f", and {backend().name}'s steps of several tokens are wrong there (a prefill from position "
+                "4 on: prefill on the CPU EP, --prefill-on cpu; a conversation feeds one token a step)"
+            )
+            + "; use the toy and kv-heavy models there, SmolLM2 on the CPU EP"
         )
     for device in ("cpu", "webgpu") if verdict["adapter"] is not None else ("cpu",):
         try:

@@ -188,7 +188,7 @@ def _input(conv: Conversation, message: Any) -> tuple[list[int], str]:
 def default_prefill_chunk(device: Device) -> int | None:
     """How a turn feeds what the cache lacks on ``device``: None (in one step), or 1 (one token a step) where the
     package's multi-token steps are wrong (``Backend.multi_token_exact``)."""
-    return None if device.backend.multi_token_exact(device) else 1
+    return None if device.backend.multi_token_exact(device.name, device.adapter.kind) else 1
 
 
 def _run(
@@ -209,7 +209,7 @@ def _run(
     why = ""
     if lookup is not None and self.model.info.layout.states:
         why = NO_CROP
-    elif lookup is not None and not self.device.backend.multi_token_exact(self.device):
+    elif lookup is not None and default_prefill_chunk(self.device):
         why = NOT_EXACT
 
     def stop() -> str | None:

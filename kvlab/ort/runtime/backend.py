@@ -87,9 +87,10 @@ class Backend:
         """A Python OrtValue around a C-level value returned by an IOBinding."""
         raise NotImplementedError
 
-    def multi_token_exact(self, device: Any) -> bool:
-        """Whether a step that feeds several tokens gives the logits one-token steps give on ``device`` (where it
-        does not, a caller feeds one token a step: ``kvlab.ort.decode.conversation``)."""
+    def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
+        """Whether a step that feeds several tokens gives the logits one-token steps give on this device and kind of
+        adapter ("hardware", "software"; where it does not, a caller feeds one token a step:
+        ``kvlab.ort.decode.conversation``)."""
         return True
 
     def bind_target(self, device: Any) -> str:

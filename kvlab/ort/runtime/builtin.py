@@ -119,8 +119,8 @@ class BuiltinWebGpu(Backend):
     def wrap(self, value: Any) -> Any:
         return self.ort.OrtValue(value)
 
-    def multi_token_exact(self, device: Any) -> bool:
-        return not (device.name == "webgpu" and device.adapter.kind == "software")  # see the module docstring
+    def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
+        return not (device_name == "webgpu" and adapter_kind == "software")  # see the module docstring
 
     def bind_target(self, device: Any) -> str:
         return "gpu" if device.name == "webgpu" else "cpu"

@@ -189,7 +189,7 @@ class PluginWebGpu(BuiltinWebGpu):
     def bind_target(self, device: Any) -> str:
         return "webgpu" if device.name == "webgpu" else "cpu"
 
-    def multi_token_exact(self, device: Any) -> bool:
+    def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
         return True  # its prefill logits equal the CPU EP's on a software adapter too (the module docstring)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype, device: Any) -> DeviceTensor:
