@@ -63,7 +63,8 @@ def test_bench_quick_writes_valid_paired_results(tmp_path):
             assert r["tensors_per_step"] == 4 and r["ratio_to_dynamic"] == 1.0
     assert (tmp_path / "results.csv").read_text().startswith("model,device,adapter")
     for name in ("toy-cpu", "toy-webgpu"):
-        assert (tmp_path / f"{name}.html").is_file() and (tmp_path / f"{name}.png").stat().st_size > 10_000
+        png = tmp_path / f"{name}.png"  # kaleido may fail under load: the bench's output says why
+        assert (tmp_path / f"{name}.html").is_file() and png.is_file() and png.stat().st_size > 10_000, proc.stdout
     assert "toy/webgpu/bucket ctx 256: dynamic" in proc.stdout and "wrote " in proc.stdout
     # the chart: lines over the measured contexts (ticks there); with one context, a bar per variant
     fig = figure(result, "toy", "cpu")

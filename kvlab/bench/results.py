@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.paths import write_atomic
 from ..lab.recorded import bench_figure
+from ..lab.style import PNG_ATTEMPTS
 from ..ort import open_device, opened
 from ..ort.runtime import memory
 from ..ort.runtime.device import backend, describe
@@ -84,11 +85,14 @@ def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
             stem = out / f"{model}-{device}"
             fig.write_html(stem.with_suffix(".html"), include_plotlyjs="cdn")
             files.append(stem.with_suffix(".html"))
-            try:
-                fig.write_image(stem.with_suffix(".png"), width=1100, height=600)
-                files.append(stem.with_suffix(".png"))
-            except Exception as exc:  # noqa: BLE001 - kaleido needs a Chromium; the HTML is still there
-                print(f"kvlab bench: no PNG for {stem.name} ({exc})")
+            for attempt in range(PNG_ATTEMPTS):  # kaleido's page can lose a race on a loaded machine: again
+                try:
+                    fig.write_image(stem.with_suffix(".png"), width=1100, height=600)
+                    files.append(stem.with_suffix(".png"))
+                    break
+                except Exception as exc:  # noqa: BLE001 - kaleido needs a Chromium; the HTML is still there
+                    if attempt == PNG_ATTEMPTS - 1:
+                        print(f"kvlab bench: no PNG for {stem.name} after {PNG_ATTEMPTS} tries ({exc})")
     return files
 
 

@@ -219,12 +219,19 @@ def ttft_figure(lab: ChatLab) -> Any:
     return fig
 
 
+TTFT_COLUMNS = {"history_tokens", "reuse_ttft_ms", "reprefill_ttft_ms"}  # what a recorded TTFT row holds
+
+
 def recorded_results(folder: Path) -> list[dict[str, Any]]:
     """The recorded time-to-first-token results under ``folder`` (``ttft-*.json`` and ``*/results.json`` of
-    ``kvlab chat --bench``), each with its file name as ``source``."""
+    ``kvlab chat --bench``: rows of kept against re-prefilled turns), each with its file name as ``source``; other
+    recordings there (a held-out check, a profile) are left out."""
     out = []
     for path in sorted([*folder.glob("ttft-*.json"), *folder.glob("*/results.json")]):
         result = json.loads(path.read_text())
+        rows = result.get("rows") if isinstance(result, dict) else None
+        if not rows or not all(isinstance(r, dict) and r.keys() >= TTFT_COLUMNS for r in rows):
+            continue
         result["source"] = path.relative_to(folder).as_posix()
         out.append(result)
     return out
