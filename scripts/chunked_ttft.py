@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 import kvlab
 from kvlab import Conversation, StaticCache, generate
@@ -73,13 +72,11 @@ def main() -> None:
             best = min(row["ttft_ms_by_chunk"].items(), key=lambda kv: kv[1])
             print(json.dumps({k: v for k, v in row.items() if k != "ttft_runs_by_chunk"}), flush=True)
             print(f"history {len(prompt)}: best chunk {best[0]}: {best[1]:.1f} ms", flush=True)
-    from kvlab.bench.results import environment
+    from kvlab.bench.results import write_recording
 
     dev = kvlab.open_device(args.device)
     out = {"model": model.name, "device": str(dev.label), "rows": rows, "args": vars(args)}
-    out["environment"] = environment({"note": "not measured by this script"})
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_recording(args.out, out)}")
 
 
 if __name__ == "__main__":

@@ -254,15 +254,11 @@ def main() -> None:
     p.add_argument("--widths", default="1,2,5", help="steps: tokens fed per step")
     args = p.parse_args()
     result = {"ttft": ttft, "lookup": lookup, "genai": genai, "steps": steps}[args.what](args)
-    from kvlab.bench.results import environment
+    from kvlab.bench.results import write_recording
 
-    result["environment"] = environment({"note": "not measured by this script"})
     result["args"] = vars(args)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.name or args.what}-{args.model}-{result.get('device', 'cpu')}.json"
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"wrote {path}")
+    path = Path(args.out_dir) / f"{args.name or args.what}-{args.model}-{result.get('device', 'cpu')}.json"
+    print(f"wrote {write_recording(path, result)}")
 
 
 if __name__ == "__main__":

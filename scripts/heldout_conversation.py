@@ -424,11 +424,9 @@ def main() -> None:
     for r in ROWS:
         print(f"| {r['claim']} | {r['check']} | {r['result']} | {r['numbers']} |")
     if args.out:
-        from kvlab.bench.results import environment
+        from kvlab.bench.results import write_recording
 
-        env = environment({"note": "not measured by this script"})
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"rows": ROWS, "environment": env}, indent=1, default=str))
+        write_recording(args.out / "results.json", {"rows": ROWS})
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def main() -> None:
         "one_token_steps": len(margins),
     }
     print(json.dumps(summary, indent=1))
-    from kvlab.bench.results import environment
+    from kvlab.bench.results import write_recording
 
     out = {
         "model": model.name,
@@ -124,11 +124,9 @@ def main() -> None:
         "token_ids": a,
         "lookup_token_ids": b,
         "one_token_margin_per_token": margins,
-        "environment": environment({"note": "not measured by this script"}),
         "args": vars(args),
     }
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_recording(args.out, out)}")
 
 
 if __name__ == "__main__":

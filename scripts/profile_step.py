@@ -121,7 +121,7 @@ def main() -> None:
         print(f"\n== width {w}: largest slopes, us per position ({lo} -> {hi})")
         for k, v in sorted(slopes[w].items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"  {v:9.4f}  {k}")
-    from kvlab.bench.results import environment
+    from kvlab.bench.results import write_recording
 
     out = {
         "model": model.name,
@@ -136,11 +136,10 @@ def main() -> None:
         "ms_per_step": [{"position": k[0], "width": k[1], "ms": v} for k, v in table.items()],
         "slope_us_per_position": {str(w): v for w, v in slopes.items()},
         "steps": walls,
-        "environment": environment({"note": "ORT's profiler on: every node traced (adds to each step)"}),
         "args": vars(args),
     }
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(f"wrote {args.out}")
+    note = "ORT's profiler on: every node traced (adds to each step)"
+    print(f"wrote {write_recording(args.out, out, note)}")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,11 @@ file with the environment.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import kvlab
-from kvlab.bench.results import environment
-from kvlab.core.paths import write_atomic
+from kvlab.bench.results import write_recording
 
 
 def run(model: kvlab.Model, cache: kvlab.Cache, prompt: list[int], new: int) -> dict:
@@ -59,9 +57,8 @@ def main() -> None:
         "tokens_equal": all(r["tokens"] == runs["static"][0]["tokens"] for rs in runs.values() for r in rs),
         "static": runs["static"][0] | {"decode_ms_medians": [r["decode_ms_median"] for r in runs["static"]]},
         "ring": runs["ring"][0] | {"decode_ms_medians": [r["decode_ms_median"] for r in runs["ring"]]},
-        "environment": environment({"note": "not measured by this script"}),
     }
-    write_atomic(args.out, json.dumps(out, indent=1))
+    write_recording(args.out, out)
     for kind in ("static", "ring"):
         r = out[kind]
         print(

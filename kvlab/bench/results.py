@@ -60,6 +60,13 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
     return env
 
 
+def write_recording(path: str | os.PathLike, result: dict[str, Any], note: str = "not measured by this script") -> Path:
+    """``result`` with the environment it was measured in (no memory bandwidth measured: ``note`` says why) written
+    to ``path`` as JSON, atomically (the folder made first): how scripts/ record one run into data/."""
+    recorded = {**result, "environment": environment({"note": note})}
+    return write_atomic(path, json.dumps(recorded, indent=1, default=str) + "\n")
+
+
 def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
     """results.json, results.csv (each written whole or not at all: ``write_atomic``) and (unless disabled) one
     chart per (model, device) as HTML and PNG."""
