@@ -61,7 +61,7 @@ def test_the_load_dies_with_a_run_killed_without_its_cleanup():
 
 
 def test_a_bad_setting_or_output_path_is_refused_before_measuring(tmp_path):
-    with pytest.raises(ConfigError, match="setting 'spin=maybe' is not valid; choose from default, spinning=off"):
+    with pytest.raises(ConfigError, match="setting .spin=maybe. is not valid; choose from default, ort, spinning=off"):
         main(["--model", "toy", "--settings", "default,spin=maybe"])
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -32,7 +32,9 @@ from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 
 SPIN = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\nwhile True: pass"
-SETTINGS = {"default": {}, "spinning=off": {"spinning": False}, "threads=1": {"threads": 1}}
+# the CPU EP options of each setting: kvlab's defaults (one thread fewer than the physical cores, not spinning), ONNX
+# Runtime's (a thread per physical core, spinning), ONNX Runtime's threads not spinning, one thread
+SETTINGS = ("default", "ort", "spinning=off", "threads=1")
 
 
 def _dies_with_parent() -> Callable[[], None] | None:
@@ -85,9 +87,13 @@ def check_load(load: object, flag: str = "--load") -> int:
 
 
 def check_setting(name: str) -> dict[str, Any]:
+    """The ``open_device("cpu", ...)`` arguments of setting ``name``; ConfigError for a name not in SETTINGS."""
+    from ..ort.runtime.options import ort_defaults
+
     if name not in SETTINGS:
         raise ConfigError(f"setting {name!r} is not valid; choose from {', '.join(SETTINGS)}")
-    return SETTINGS[name]
+    ort = ort_defaults()
+    return {"default": {}, "ort": ort, "spinning=off": {**ort, "spinning": False}, "threads=1": {"threads": 1}}[name]
 
 
 def measure(model_name: str, context: int, new: int, rounds: int, load: int, setting: str) -> dict[str, Any]:
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--load", type=int, default=os.cpu_count() or 1, help="competing processes (default: one a core)")
-    ap.add_argument("--settings", default="default,spinning=off")
+    ap.add_argument("--settings", default="default,ort")
     ap.add_argument("--out", type=Path, help="write results.json there")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run one setting in this process, print its JSON
     args = ap.parse_args(argv)

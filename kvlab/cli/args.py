@@ -68,8 +68,14 @@ def _precision_flag(p: argparse.ArgumentParser, several: bool = False) -> None:
 
 
 def _cpu_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, help="CPU EP intra-op threads (default: ORT's, one per physical core)")
-    p.add_argument("--no-spinning", action="store_true", help="CPU EP pool threads sleep instead of spinning")
+    p.add_argument(
+        "--threads", type=int, help="CPU EP intra-op threads (default: kvlab's, one fewer than the physical cores)"
+    )
+    p.add_argument(
+        "--spinning",
+        action=argparse.BooleanOptionalAction,
+        help="CPU EP pool threads spin while idle, as ONNX Runtime's default has them (kvlab's default: they sleep)",
+    )
     p.add_argument(
         "--no-huge-pages",
         action="store_true",
@@ -79,12 +85,12 @@ def _cpu_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cpu_options(args: argparse.Namespace) -> dict[str, Any]:
-    """open_device keyword arguments for --threads / --no-spinning / --no-huge-pages (only those given)."""
+    """open_device keyword arguments for --threads / --[no-]spinning / --no-huge-pages (only those given)."""
     options: dict[str, Any] = {}
     if args.threads is not None:
         options["threads"] = args.threads
-    if args.no_spinning:
-        options["spinning"] = False
+    if args.spinning is not None:
+        options["spinning"] = args.spinning
     if args.no_huge_pages:
         options["huge_pages"] = False
     return options
@@ -96,7 +102,7 @@ def open_cpu(args: argparse.Namespace, devices: Iterable[str] = ("cpu",)) -> Non
     options = cpu_options(args)
     if options and "cpu" not in devices:
         raise ConfigError(
-            f"--threads, --no-spinning and --no-huge-pages set the CPU EP; this run uses {', '.join(devices)}: "
+            f"--threads, --[no-]spinning and --no-huge-pages set the CPU EP; this run uses {', '.join(devices)}: "
             "drop them or run on --device cpu"
         )
     if options:
@@ -202,8 +208,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--load-settings",
-        help="with --under-load: comma-separated CPU EP settings (default, spinning=off, threads=1; default: "
-        "default,spinning=off)",
+        help="with --under-load: comma-separated CPU EP settings (default: kvlab's; ort: ONNX Runtime's; "
+        "spinning=off: ONNX Runtime's threads, not spinning; threads=1; default: default,ort)",
     )
     b.add_argument("--out", type=path_arg, default=Path("artifacts/bench"), help="output directory")
     b.add_argument("--no-charts", action="store_true")

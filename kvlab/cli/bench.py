@@ -39,7 +39,7 @@ def under_load_command(args: argparse.Namespace) -> int:
     contexts = ints(args.contexts or "1024", "--contexts")
     new = ints(str(args.new_tokens or 16), "--new-tokens")[0]
     rounds = ints(str(args.reps or 3), "--reps")[0]
-    settings = (args.load_settings or "default,spinning=off").split(",")
+    settings = (args.load_settings or "default,ort").split(",")
     rows = competing_load.run(models[0], contexts, new, rounds, args.under_load, settings)
     print(f"\nwrote {competing_load.write(rows, args.out)}")
     return 0

@@ -32,7 +32,7 @@ from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
 from .context import gate
-from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options
+from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options, with_cpu_defaults
 from .preflight import refuse_f16, workarounds
 from .session import Session, drop_every_binding, drop_every_session
 from .tensors import DeviceTensor, release_everything
@@ -249,7 +249,7 @@ def _open(name: str, options: dict[str, str]) -> Device:
                 "SwiftShader. " + Device.adapter_hint()
             )
     else:
-        adapter = cpu_adapter()
+        adapter, options = cpu_adapter(), with_cpu_defaults(options)
     dev = Device(name, backend(), adapter, options)
     if name == "webgpu":
         dev.zeros((1,), np.float32).release()  # creates the context now, so a missing adapter fails here
@@ -262,7 +262,7 @@ def private_device(name: str, **options: Any) -> Device:
     comparison in one process). WebGPU has one context per process, so only "cpu" can have one."""
     if name != "cpu":
         raise ConfigError(f"a private device can only be 'cpu' (WebGPU has one context per process), not {name!r}")
-    return Device("cpu", backend(), cpu_adapter(), cpu_options(**options))
+    return Device("cpu", backend(), cpu_adapter(), with_cpu_defaults(cpu_options(**options)))
 
 
 def opened(name: str) -> Device | None:

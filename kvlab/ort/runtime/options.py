@@ -1,11 +1,14 @@
 """The options a device opens with, checked, as the EP option strings ``Device.ep_options`` holds: the WebGPU EP's
-(buffer cache mode, validation mode) and the CPU EP's (threads, spinning, and kvlab's own huge pages). Only what is
-asked for is set; ONNX Runtime's defaults hold otherwise."""
+(buffer cache mode, validation mode) and the CPU EP's (threads, spinning, and kvlab's own huge pages). For WebGPU
+only what is asked for is set (ONNX Runtime's defaults otherwise); a CPU device opens with kvlab's defaults for what
+is not asked (``with_cpu_defaults``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+import psutil
 
 from ...core.devices import BUFFER_CACHE_MODES
 from ...core.errors import check_choice, check_flag, check_int
@@ -21,6 +24,31 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on: psutil's count, capped by ``cpu_count()`` (a container or an
+    affinity mask may allow fewer); ``cpu_count()`` where psutil cannot tell."""
+    return max(1, min(psutil.cpu_count(logical=False) or cpu_count(), cpu_count()))
+
+
+def default_threads() -> int:
+    """kvlab's CPU EP intra-op threads: one fewer than the physical cores, at least one (ONNX Runtime's default is one
+    per physical core). A step whose threads each share a core with another busy process waits for the slowest of
+    them; one core left to the rest of the machine (the browser and the notebook server beside the kernel) keeps the
+    step steady (docs/benchmarks.md, "steady under load")."""
+    return max(1, physical_cores() - 1)
+
+
+def with_cpu_defaults(options: dict[str, str]) -> dict[str, str]:
+    """``options`` (``cpu_options``'s) completed with kvlab's CPU EP defaults: ``default_threads()`` threads, and idle
+    pool threads that sleep instead of spinning (a spinning pool burns the cores other processes wait for)."""
+    return {"threads": str(default_threads()), "spinning": "0", **options}
+
+
+def ort_defaults() -> dict[str, Any]:
+    """ONNX Runtime's own CPU EP defaults as ``open_device`` arguments: a thread per physical core, spinning on."""
+    return {"threads": physical_cores(), "spinning": True}
 
 
 def check_threads(threads: Any) -> int:
@@ -45,8 +73,8 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
 def cpu_options(
     threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
 ) -> dict[str, str]:
-    """CPU EP options (ORT's defaults otherwise: one thread per physical core, spinning on; kvlab's: huge pages
-    on). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``)."""
+    """CPU EP options, only those asked for (kvlab's defaults complete them: ``with_cpu_defaults``; huge pages are on
+    by default). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``)."""
     options = {}
     if huge_pages is not None:
         options["huge_pages"] = _flag("huge_pages", huge_pages)
