@@ -25,12 +25,13 @@ def test_tokens_equal_the_host_greedy_path(toy, device, kind):
     dev = open_device(device)
     before = dev.live_tensors
     runs = {}
-    for on_device in (False, True):
+    for on_device in (False, True, "rows"):
         with CACHES[kind]() as cache:
             runs[on_device] = generate(
                 toy, PROMPT, cache=cache, device=device, max_new_tokens=20, stop_on_eos=False, token_on_device=on_device
             )
-    assert runs[True].token_ids == runs[False].token_ids and len(runs[True].token_ids) == 20
+    assert runs[True].token_ids == runs[False].token_ids == runs["rows"].token_ids
+    assert len(runs[True].token_ids) == 20 and runs["rows"].label.greedy_reduction == "rows"
     assert dev.live_tensors == before  # the two token tensors went with the stepper
 
 
@@ -110,7 +111,7 @@ def test_refusals(toy):
     with pytest.raises(
         ConfigError,
         match="token_on_device='yes' must be True or False, 'auto', or a reduction of the greedy graph: "
-        "'blocks', 'single'",
+        "'blocks', 'single', 'rows'",
     ):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
     with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):
@@ -153,12 +154,12 @@ def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
     import shutil
 
     from kvlab import ModelError
-    from kvlab.ort.decode.greedy import SUFFIX, greedy_graph
+    from kvlab.ort.decode.greedy import SUFFIXES, greedy_graph
 
     copy = tmp_path / "toy"
-    shutil.copytree(toy.info.path, copy, ignore=shutil.ignore_patterns("*" + SUFFIX))
+    shutil.copytree(toy.info.path, copy, ignore=shutil.ignore_patterns("*" + SUFFIXES["blocks"]))
     model = kvlab.load(str(copy))
-    (copy / ("model" + SUFFIX) / "in-the-way").mkdir(parents=True)
+    (copy / ("model" + SUFFIXES["blocks"]) / "in-the-way").mkdir(parents=True)
     with pytest.raises(ModelError, match=f"greedy graph beside its model.onnx, in {copy}"):
         greedy_graph(model)
     assert not list(copy.glob("*.tmp"))
@@ -211,14 +212,14 @@ def _logits_only_model(path, vocab: int):
     path.mkdir(parents=True, exist_ok=True)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
     onnx.save(model, str(path / "model.onnx"))
-    info = SimpleNamespace(logits_name="logits", vocab_size=vocab)
+    info = SimpleNamespace(logits_name="logits", vocab_size=vocab, input_names={})
     return SimpleNamespace(onnx_path=str(path / "model.onnx"), info=info, name=f"logits-{vocab}")
 
 
 @pytest.mark.parametrize("vocab", [97, 512, 1024, 49152])
-@pytest.mark.parametrize("reduction", ["blocks", "single"])
+@pytest.mark.parametrize("reduction", ["blocks", "single", "rows"])
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
-def test_both_reductions_pick_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
+def test_every_reduction_picks_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
     from kvlab.ort.decode.greedy import NEXT_HOST, greedy_graph
 
     model = _logits_only_model(tmp_path, vocab)
@@ -243,7 +244,9 @@ def test_both_reductions_pick_numpys_argmax_ties_included(tmp_path, device, redu
 def test_an_unknown_reduction_is_named(toy):
     from kvlab.ort.decode.greedy import greedy_graph
 
-    with pytest.raises(ConfigError, match=r"reduction='tree' is not valid; choose one of \('blocks', 'single'\)"):
+    with pytest.raises(
+        ConfigError, match=r"reduction='tree' is not valid; choose one of \('blocks', 'single', 'rows'\)"
+    ):
         greedy_graph(toy, "tree")
 
 

@@ -2,7 +2,7 @@
 its cores, for kvlab's static cache and onnxruntime-genai, paired by round.
 
     python -m kvlab.bench.load [--model smollm2] [--context 1024] [--new-tokens 16] [--rounds 3]
-                               [--load N] [--settings default,spinning=off,threads=1] [--out DIR]
+                               [--load N] [--settings default,ort,spinning=off,threads=1] [--out DIR]
 
 Each setting (the CPU EP options kvlab opens its device with: ``kvlab.ort.open_device("cpu", ...)``; genai keeps
 its own defaults) runs in a process of its own, since a process has one CPU device. Within it every round runs

@@ -268,10 +268,10 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     )
     pr.add_argument(
         "--greedy-reduction",
-        choices=("blocks", "single"),
+        choices=("blocks", "single", "rows"),
         default="blocks",
-        help="--phases --token-on-device: how the graph finds the largest logit: in blocks (the default) or one "
-        "ArgMax over the vocabulary",
+        help="--phases --token-on-device: how the graph finds the largest logit: in blocks (the default), one "
+        "ArgMax over the vocabulary, or the row holding it and then within that row",
     )
     pr.add_argument("--json", type=path_arg, help="--phases: also write the result as JSON")
     _cpu_flags(pr)

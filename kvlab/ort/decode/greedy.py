@@ -21,13 +21,12 @@ import numpy as np
 from ...core.errors import ConfigError, ModelError, check_choice
 from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 
-NEXT = "kvlab_next_token"  # [1, 1] int64 on the device: the next step's input ids
+NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
-SUFFIX = ".kvlab-greedy.onnx"  # the "blocks" reduction
-SINGLE_SUFFIX = ".kvlab-greedy-single.onnx"
 
 
-REDUCTIONS = ("blocks", "single")  # how the greedy graph finds the largest logit (``greedy_graph``)
+REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
+SUFFIXES = {"blocks": ".kvlab-greedy.onnx", "single": ".kvlab-greedy-single.onnx", "rows": ".kvlab-greedy-rows.onnx"}
 AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
 # The largest vocabulary at which the token on the device was measured faster than the host path (one ArgMax,
 # "single": x0.91-0.96 of onnxruntime-genai's step against the host path's x1.02-1.04, on an NVIDIA H200's WebGPU;
@@ -73,6 +72,12 @@ def argmax_blocks(vocab: int) -> tuple[int, int]:
     return -(-vocab // size), size
 
 
+def ids_dtype(reduction: str) -> np.dtype:
+    """The input ids' type in the greedy graph of ``reduction``: int32 for "rows" (its graph takes them as int32, so
+    that the token it writes never passes through an int64 op, which WebGPU runs on the CPU EP), else int64."""
+    return np.dtype(np.int32 if reduction == "rows" else np.int64)
+
+
 def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
     returns its path. The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to
@@ -81,11 +86,13 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     ``reduction``: "blocks" (default) finds the largest logit in two stages, each block of the vocabulary (padded
     with -inf to whole blocks) by one ArgMax over a [blocks, size] view, then the block whose maximum is largest:
     every stage is small enough for a GPU to spread over many threads. "single": one ArgMax over the whole
-    vocabulary. Raises ConfigError for another reduction, ModelError when the model's directory is not
-    writeable."""
+    vocabulary. "rows": the row of a [blocks, size] view holding the largest logit, then the largest within that
+    row, in seven small ops of which one reads the whole vocabulary, every one on the GPU (the input ids become
+    int32: ``ids_dtype``). Raises ConfigError for another reduction, ModelError when the model's directory is not
+    writeable or (for "rows") its input ids feed anything but a Gather's indices."""
     check_choice(reduction, REDUCTIONS, "reduction=")
     src = Path(model.onnx_path)
-    dst = src.with_name(src.name.removesuffix(".onnx") + (SUFFIX if reduction == "blocks" else SINGLE_SUFFIX))
+    dst = src.with_name(src.name.removesuffix(".onnx") + SUFFIXES[reduction])
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     import onnx
@@ -112,10 +119,14 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
         g.node.append(
             helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax")
         )
+    elif reduction == "rows":
+        _row_argmax(g, model.info.vocab_size)
+        _ids_as_int32(g, model)
     else:
         _two_stage_argmax(g, model.info.vocab_size)
     g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
-    g.output.extend([helper.make_tensor_value_info(n, TensorProto.INT64, [1, 1]) for n in (NEXT, NEXT_HOST)])
+    token_type = TensorProto.INT32 if reduction == "rows" else TensorProto.INT64
+    g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in (NEXT, NEXT_HOST)])
     tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
     try:
         onnx.save(m, str(tmp))
@@ -171,14 +182,77 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
         n.name = f"kvlab/argmax_{n.output[0].removeprefix('kvlab_')}"
 
 
-class DeviceToken:
-    """The greedy token kept on the device: two [1, 1] int64 device tensors, read and written in turn: ``current``
-    holds ``token`` (the last step's greedy token, the next step's input ids), the other receives the next one. It
-    advances only after a step has fully succeeded, so a failed step is retried from the token it read."""
+def _row_argmax(g: Any, vocab: int) -> None:
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int32: the largest value of each row of a
+    [blocks, size] view (padded with -inf when the rows do not divide the vocabulary), the first row holding the
+    largest of them, then that row's first largest; its position (a float32 table, exact below 2**24) is cast to
+    int32. ArgMax's int64 outputs are used only as Gather indices, the one int64 use WebGPU runs on the GPU."""
+    from onnx import TensorProto, helper, numpy_helper
 
-    def __init__(self, device: Any):
-        self.tensors: list[DeviceTensor] = zeros_all(device, [((1, 1), np.dtype(np.int64))] * 2)
-        self.host = np.zeros((1, 1), np.int64)  # the host copy of the token the last run wrote
+    blocks, size = argmax_blocks(vocab)
+    positions = np.arange(blocks * size, dtype=np.float32).reshape(blocks, size)
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(positions, "kvlab_row_positions_table"),
+            helper.make_tensor("kvlab_row_view", TensorProto.INT64, [2], [blocks, size]),
+            helper.make_tensor("kvlab_row_axis1", TensorProto.INT64, [1], [1]),
+        ]
+    )
+    node, flat, start = helper.make_node, "kvlab_last_logits_f32", len(g.node)
+    if blocks * size != vocab:
+        g.initializer.extend(
+            [
+                helper.make_tensor("kvlab_row_pads", TensorProto.INT64, [4], [0, 0, 0, blocks * size - vocab]),
+                helper.make_tensor("kvlab_row_fill", TensorProto.FLOAT, [], [-math.inf]),
+            ]
+        )
+        g.node.append(node("Pad", [flat, "kvlab_row_pads", "kvlab_row_fill"], ["kvlab_row_padded"]))
+        flat = "kvlab_row_padded"
+    g.node.extend(
+        [
+            node("Reshape", [flat, "kvlab_row_view"], ["kvlab_rows"]),  # [blocks, size]
+            node("ReduceMax", ["kvlab_rows", "kvlab_row_axis1"], ["kvlab_row_max"]),  # [blocks, 1]
+            node("ArgMax", ["kvlab_row_max"], ["kvlab_row"], axis=0, keepdims=0),  # [1]: the first row with the max
+            node("Gather", ["kvlab_rows", "kvlab_row"], ["kvlab_row_logits"], axis=0),  # [1, size]
+            node("Gather", ["kvlab_row_positions_table", "kvlab_row"], ["kvlab_row_positions"], axis=0),  # [1, size]
+            node("ArgMax", ["kvlab_row_logits"], ["kvlab_in_row"], axis=1, keepdims=1),  # [1, 1]: its first max
+            node("GatherElements", ["kvlab_row_positions", "kvlab_in_row"], ["kvlab_token_f32"], axis=1),  # [1, 1]
+            node("Cast", ["kvlab_token_f32"], [NEXT], to=TensorProto.INT32),
+        ]
+    )
+    for n in g.node[start:]:
+        n.name = f"kvlab/rows_{n.output[0].removeprefix('kvlab_')}"
+    g.node[-1].name = "kvlab/to_int32"
+
+
+def _ids_as_int32(g: Any, model: Any) -> None:
+    """Retype the graph's input ids to int32 (a Gather reads int32 indices as it reads int64 ones); ModelError
+    when anything else reads them."""
+    from onnx import TensorProto
+
+    name = model.info.input_names.get("input_ids")
+    inputs = [i for i in g.input if i.name == name]
+    if not inputs:
+        return  # a graph without input ids (the tests' logits-only graph)
+    readers = [n for n in g.node if name in n.input]
+    if any(n.op_type != "Gather" or list(n.input).index(name) != 1 for n in readers):
+        raise ModelError(
+            f"token_on_device='rows' feeds model {model.name}'s input ids as int32, which only a Gather's indices "
+            f"accept; {name!r} is also read by {sorted({n.op_type for n in readers})}: use 'blocks' or 'single'"
+        )
+    inputs[0].type.tensor_type.elem_type = TensorProto.INT32
+
+
+class DeviceToken:
+    """The greedy token kept on the device: two [1, 1] device tensors of the graph's id type (``ids_dtype``), read
+    and written in turn: ``current`` holds ``token`` (the last step's greedy token, the next step's input ids), the
+    other receives the next one. It advances only after a step has fully succeeded, so a failed step is retried from
+    the token it read."""
+
+    def __init__(self, device: Any, dtype: Any = np.int64):
+        dtype = np.dtype(dtype)
+        self.tensors: list[DeviceTensor] = zeros_all(device, [((1, 1), dtype)] * 2)
+        self.host = np.zeros((1, 1), dtype)  # the host copy of the token the last run wrote
         self.current = 0
         self.token: int | None = None  # the token tensors[current] holds (None: none yet, ids from the host)
 

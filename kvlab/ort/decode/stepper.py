@@ -28,7 +28,7 @@ from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
 from .caches import OrtCache
-from .greedy import DeviceToken, greedy_graph, reduction_of
+from .greedy import DeviceToken, greedy_graph, ids_dtype, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -60,6 +60,7 @@ class Stepper:
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         self.token_on_device, self.greedy_reduction = bool(reduction), reduction
         self._device_token: DeviceToken | None = None  # while open, with token_on_device
+        self._ids_dtype = ids_dtype(reduction)  # the session's input ids: int64, or int32 (the "rows" graph)
         self.session = step_session(model, cache, device, reduction)
         self.positions = check_int(needed, "needed", 1, note=" (the positions this stepper may fill)")
         self._mask = np.ones((1, 0), np.int64)  # made when the block opens, once the positions are known to fit
@@ -77,7 +78,7 @@ class Stepper:
             self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
             if self.token_on_device:
                 try:
-                    self._device_token = DeviceToken(self.device)
+                    self._device_token = DeviceToken(self.device, self._ids_dtype)
                 except BaseException:
                     self._cache_held.__exit__(None, None, None)
                     raise
@@ -153,7 +154,8 @@ class Stepper:
         info, n = self.model.info, int(tokens.shape[0])
         b: Binding = self.cache.binding(self.session, n)
         held = self._device_token.holding(tokens) if on_device else None
-        b.input(info.input_names["input_ids"], held if held is not None else tokens.reshape(1, n))
+        ids = held if held is not None else tokens.reshape(1, n).astype(self._ids_dtype, copy=False)
+        b.input(info.input_names["input_ids"], ids)
         b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
         if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
             b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
