@@ -74,7 +74,8 @@ def _cpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
-        help="CPU EP pool threads spin while idle, as ONNX Runtime's default has them (kvlab's default: they sleep)",
+        help="whether CPU EP pool threads spin while idle (default: ONNX Runtime's, they spin; off is kinder to "
+        "a machine shared with many busy processes)",
     )
     p.add_argument(
         "--no-huge-pages",

@@ -28,18 +28,20 @@ NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
 SUFFIXES = {"blocks": ".kvlab-greedy.onnx", "single": ".kvlab-greedy-single.onnx", "rows": ".kvlab-greedy-rows.onnx"}
 AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
-# The largest vocabulary at which the token on the device was measured faster than the host path (one ArgMax,
-# "single": x0.91-0.96 of onnxruntime-genai's step against the host path's x1.02-1.04, on an NVIDIA H200's WebGPU;
-# at 49,152 neither reduction beat the host path: data/gpu/argmax/).
+# The largest vocabulary at which one ArgMax ("single") was measured fastest: x0.91-0.96 of onnxruntime-genai's step
+# at 1,024 on an NVIDIA H200's WebGPU, where "rows" gave x1.01-1.03 and the host path x1.02-1.04. At 49,152 "rows"
+# was the one faster than genai's step (x0.992-0.998; the host path x1.02-1.05, "blocks" x1.04-1.06, "single"
+# x1.24-1.28): data/gpu/argmax/, data/gpu/argmax/rows/.
 AUTO_MAX_VOCAB = 1024
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
-    """What ``token_on_device="auto"`` runs: "single" (one ArgMax on the device) on a hardware WebGPU adapter for a
-    vocabulary of at most ``AUTO_MAX_VOCAB``, where it was measured faster than the host path; "" (the host path)
-    everywhere else, including software adapters and the CPU EP, where it was not measured."""
-    small = vocab_size <= AUTO_MAX_VOCAB
-    return "single" if device_name == "webgpu" and adapter_kind == "hardware" and small else ""
+    """What ``token_on_device="auto"`` runs: on a hardware WebGPU adapter, "single" (one ArgMax on the device) for a
+    vocabulary of at most ``AUTO_MAX_VOCAB`` and "rows" above it, as measured; "" (the host path) everywhere else,
+    including software adapters and the CPU EP, where the token on the device was not measured to pay."""
+    if device_name != "webgpu" or adapter_kind != "hardware":
+        return ""
+    return "single" if vocab_size <= AUTO_MAX_VOCAB else "rows"
 
 
 def reduction_for(token_on_device: object, vocab_size: int, device: Any) -> str:

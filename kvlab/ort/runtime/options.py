@@ -41,9 +41,9 @@ def default_threads() -> int:
 
 
 def with_cpu_defaults(options: dict[str, str]) -> dict[str, str]:
-    """``options`` (``cpu_options``'s) completed with kvlab's CPU EP defaults: ``default_threads()`` threads, and idle
-    pool threads that sleep instead of spinning (a spinning pool burns the cores other processes wait for)."""
-    return {"threads": str(default_threads()), "spinning": "0", **options}
+    """``options`` (``cpu_options``'s) completed with kvlab's CPU EP default: ``default_threads()`` threads (spinning
+    stays ONNX Runtime's: on)."""
+    return {"threads": str(default_threads()), **options}
 
 
 def ort_defaults() -> dict[str, Any]:
