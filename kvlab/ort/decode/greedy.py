@@ -102,21 +102,7 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
 
     m = onnx.load(str(src), load_external_data=False)  # weights stay where they are, referenced by relative path
     g = m.graph
-    g.initializer.append(helper.make_tensor("kvlab_last_position", TensorProto.INT64, [], [-1]))
-    g.node.extend(
-        [
-            helper.make_node(
-                "Gather",
-                [model.info.logits_name, "kvlab_last_position"],
-                ["kvlab_last_logits"],
-                axis=1,
-                name="kvlab/last_logits",
-            ),  # [1, vocab]
-            helper.make_node(
-                "Cast", ["kvlab_last_logits"], ["kvlab_last_logits_f32"], to=TensorProto.FLOAT, name="kvlab/f32"
-            ),
-        ]
-    )
+    _last_logits_f32(g, model.info.logits_name)
     if reduction == "single":
         g.node.append(
             helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax")
@@ -182,6 +168,24 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
     )
     for n in g.node[-9:-1]:
         n.name = f"kvlab/argmax_{n.output[0].removeprefix('kvlab_')}"
+
+
+def _last_logits_f32(g: Any, logits: str) -> None:
+    """Nodes from the graph's ``logits`` [1, n, vocab] to ``kvlab_last_logits_f32`` [1, vocab]: the last position's,
+    as float32."""
+    from onnx import TensorProto, helper
+
+    g.initializer.append(helper.make_tensor("kvlab_last_position", TensorProto.INT64, [], [-1]))
+    g.node.extend(
+        [
+            helper.make_node(
+                "Gather", [logits, "kvlab_last_position"], ["kvlab_last_logits"], axis=1, name="kvlab/last_logits"
+            ),  # [1, vocab]
+            helper.make_node(
+                "Cast", ["kvlab_last_logits"], ["kvlab_last_logits_f32"], to=TensorProto.FLOAT, name="kvlab/f32"
+            ),
+        ]
+    )
 
 
 def _row_argmax(g: Any, vocab: int) -> None:
