@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -65,6 +66,27 @@ print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow
 """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "0"]
+
+
+def test_the_cpu_default_leaves_one_physical_core_free(toy):
+    """kvlab's CPU EP default: one thread fewer than the physical cores psutil counts (at least one), spinning as
+    ONNX Runtime has it; the bench's "ort" setting is ONNX Runtime's own (a thread per physical core, spinning)."""
+    import psutil
+
+    from kvlab.bench.load import check_setting
+
+    r = run_python("""
+import kvlab
+d = kvlab.open_device('cpu')
+s = d.session(kvlab.load('toy').onnx_path).ort.get_session_options()
+print(d.ep_options['threads'], s.intra_op_num_threads, 'spinning' in d.ep_options)
+""")
+    assert r.returncode == 0, r.stderr
+    physical = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
+    want = str(max(1, physical - 1))
+    assert r.stdout.split() == [want, want, "False"]
+    assert check_setting("ort") == {"threads": physical, "spinning": True}
+    assert check_setting("default") == {}
 
 
 def test_a_second_webgpu_mode_in_one_process_is_refused():

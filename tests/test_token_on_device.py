@@ -264,3 +264,40 @@ def test_auto_on_a_captured_cache_chooses_on_the_host(monkeypatch):
     assert not g.label.token_on_device and len(g.token_ids) == 4
     with pytest.raises(ConfigError, match="runs a session of its own"), CapturedStaticCache(64) as cache:
         generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=2, token_on_device=True)
+
+
+def test_rows_takes_int32_ids_and_refuses_a_graph_whose_ids_feed_more_than_a_gather(tmp_path):
+    """ "rows" retypes the input ids to int32: right where only a Gather reads them as indices (the built models),
+    refused by name where another node reads them (here a Cast beside the embedding's Gather)."""
+    from types import SimpleNamespace
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kvlab import ModelError
+    from kvlab.ort.decode.greedy import greedy_graph, ids_dtype
+
+    def model(extra_reader: bool):
+        nodes = [helper.make_node("Gather", ["table", "input_ids"], ["logits"])]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "n", 8])]
+        if extra_reader:
+            nodes.append(helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT))
+            outputs.append(helper.make_tensor_value_info("ids_f", TensorProto.FLOAT, [1, "n"]))
+        table = numpy_helper.from_array(np.eye(8, dtype=np.float32), "table")
+        ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "n"])
+        graph = helper.make_graph(nodes, "ids", [ids], outputs, [table])
+        path = tmp_path / f"extra-{extra_reader}"
+        path.mkdir()
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), path / "m.onnx")
+        info = SimpleNamespace(logits_name="logits", vocab_size=8, input_names={"input_ids": "input_ids"})
+        return SimpleNamespace(onnx_path=str(path / "m.onnx"), info=info, name=f"ids-{extra_reader}")
+
+    g = onnx.load(str(greedy_graph(model(False), "rows"))).graph
+    assert [i.type.tensor_type.elem_type for i in g.input if i.name == "input_ids"] == [TensorProto.INT32]
+    assert ids_dtype("rows") == np.int32 and ids_dtype("single") == ids_dtype("blocks") == np.int64
+    with pytest.raises(
+        ModelError,
+        match=r"input ids as int32, which only a Gather's indices accept; 'input_ids' is "
+        r"also read by \['Cast', 'Gather'\]: use 'blocks' or 'single'",
+    ):
+        greedy_graph(model(True), "rows")
