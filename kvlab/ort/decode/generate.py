@@ -52,12 +52,11 @@ def generate(
     the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
     wrong (``kvlab.ort.runtime.builtin``), this one is right.
 
-    ``token_on_device=True`` (greedy only; or a reduction name, ``kvlab.ort.decode.greedy.REDUCTIONS``: "blocks", what
-    True means, "single" or "rows"): the decode device's graph picks each token and the next step reads it from the
-    device, so neither the logits nor the token cross between host and device per step (``kvlab.ort.decode.greedy``).
-    The default, "auto", does that only where it was measured to pay (``kvlab.ort.decode.greedy.auto_reduction``: on
-    a hardware WebGPU adapter, "single" up to 1,024 logits and "rows" above) and for greedy decoding; elsewhere the
-    host picks the token.
+    ``token_on_device=True`` (greedy only; or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``; True: "blocks"):
+    the decode device's graph picks each token and the next step reads it from the device, so neither the logits nor
+    the token cross between host and device per step (``kvlab.ort.decode.greedy``). The default, "auto", does that
+    where it was measured to pay (``auto_reduction``: a hardware WebGPU adapter, "single" up to 1,024 logits, "rows"
+    above) and for greedy decoding; elsewhere the host picks the token.
     The run's label says which ran (``token_on_device``, ``greedy_reduction``).
 
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
