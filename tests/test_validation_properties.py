@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import kvlab
@@ -206,15 +206,16 @@ INT_TYPES = [int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np
 
 
 @given(st.integers(1, 127), st.sampled_from(INT_TYPES))
+@example(127, np.int8)  # the largest int8: a test that added 1 to it wrapped to -128 (found in a CI rehearsal)
 def test_every_integer_type_in_range_is_taken_as_a_python_int(value, kind):
     """Every integer argument goes through check_int: numpy's integers are counts too, returned as Python ints."""
     for taken in (
         check_int(kind(value), "n", 1, 127),
         check_new_tokens(kind(value)),
-        StaticCache(kind(value) + 1).max_cache_len,
+        StaticCache(kind(value)).max_cache_len,
         check_threads(kind(min(value, cpu_count()))),
     ):
-        assert type(taken) is int and taken in (value, value + 1, min(value, cpu_count()))
+        assert type(taken) is int and taken in (value, min(value, cpu_count()))
 
 
 @given(st.one_of(not_ints, st.integers(max_value=-1), st.integers(min_value=128)))
