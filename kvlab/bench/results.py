@@ -40,7 +40,7 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
             "huge_pages": huge,
             "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
-            "cpu_ep_options": open_device("cpu").ep_options,  # threads and spinning always; huge pages when asked
+            "cpu_ep_options": open_device("cpu").ep_options,  # threads always; spinning and huge pages when asked
         }
     )
     try:

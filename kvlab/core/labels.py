@@ -70,9 +70,7 @@ class RunLabel:
     cache: CacheSpec
     prefill_device: DeviceLabel | None = None  # set when the prefill ran on another device (a handoff)
     token_on_device: bool = False  # the greedy token chosen on the device (kvlab.ort.decode.greedy), not on the host
-    greedy_reduction: str = (
-        ""  # how the device chose it: "blocks", "single" or "rows" (kvlab.ort.decode.greedy.REDUCTIONS)
-    )
+    greedy_reduction: str = ""  # how the device chose it: one of kvlab.ort.decode.greedy.REDUCTIONS
 
 
 def cpu_adapter() -> Adapter:

@@ -98,7 +98,7 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     m = onnx.load(str(src), load_external_data=False)  # weights stay where they are, referenced by relative path
     g = m.graph
@@ -113,7 +113,7 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     else:
         _two_stage_argmax(g, model.info.vocab_size)
     g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
-    token_type = TensorProto.INT32 if reduction == "rows" else TensorProto.INT64
+    token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
     g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in (NEXT, NEXT_HOST)])
     tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
     try:
