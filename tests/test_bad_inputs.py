@@ -783,6 +783,13 @@ CASES = [
     ),
     Case(
         "CLI",
+        "kvlab profile --phases --no-token-on-device --greedy-reduction rows",
+        "exit 2",
+        "--greedy-reduction rows chooses the token on the device; --no-token-on-device",
+        lambda e: e.cli("profile", "--phases", "--model", "toy", "--no-token-on-device", "--greedy-reduction", "rows"),
+    ),
+    Case(
+        "CLI",
         "kvlab generate --device webgpu --threads 1",
         "exit 2",
         "set the CPU EP; this run uses webgpu",

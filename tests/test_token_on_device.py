@@ -11,6 +11,7 @@ import kvlab
 from kvlab import ConfigError, DynamicCache, Sampling, StaticCache
 from kvlab.ort import Stepper, generate, open_device
 from kvlab.ort.checks.faults import Injected, fault
+from kvlab.ort.decode.greedy import auto_reduction
 from kvlab.ort.runtime.plugin import installed
 from kvlab.ort.runtime.session import Binding
 from kvlab.ort.runtime.tensors import DeviceTensor
@@ -94,7 +95,7 @@ def test_the_label_says_where_the_token_was_chosen(toy, device):
 
 
 def test_auto_keeps_the_token_on_the_device_only_where_it_was_measured_to_pay():
-    from kvlab.ort.decode.greedy import AUTO_MAX_VOCAB, auto_reduction
+    from kvlab.ort.decode.greedy import AUTO_MAX_VOCAB
 
     assert auto_reduction(1024, "hardware", "webgpu") == "single"  # phi4-kv's vocabulary: x0.91 of genai
     assert auto_reduction(49152, "hardware", "webgpu") == "rows"  # SmolLM2's: x0.99 of genai, the host path x1.02+
@@ -163,6 +164,19 @@ def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
     with pytest.raises(ModelError, match=f"greedy graph beside its model.onnx, in {copy}"):
         greedy_graph(model)
     assert not list(copy.glob("*.tmp"))
+
+
+def test_step_phases_default_to_what_generate_runs(toy):
+    """``kvlab profile --phases`` without a token flag measures generate()'s default (``token_on_device="auto"``):
+    the reduction auto picks for this vocabulary on this adapter, named in the result (the host path, "", on the
+    CPU EP and on a software adapter)."""
+    from kvlab import bench
+
+    for device in ("cpu", "webgpu"):
+        r = bench.step_phases(toy, device, context=16, new_tokens=4, rounds=1, genai=False)
+        dev = open_device(device)
+        want = auto_reduction(toy.info.vocab_size, dev.label.adapter.kind, device)
+        assert (r["greedy_reduction"], r["token_on_device"]) == (want, bool(want))
 
 
 def test_step_phases_with_the_token_on_device(toy):

@@ -21,8 +21,8 @@ import numpy as np
 from ..core import generation
 from ..core.errors import check_int
 from ..core.records import StepRecord
-from ..ort import Model, StaticCache, generate, load
-from ..ort.decode.greedy import reduction_of
+from ..ort import Model, StaticCache, generate, load, open_device
+from ..ort.decode.greedy import AUTO, reduction_for
 from ..ort.runtime.session import Binding
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -117,22 +117,25 @@ def step_phases(
     rounds: int = 3,
     check_every: int = 1,
     genai: bool = True,
-    token_on_device: bool | str = False,
+    token_on_device: bool | str = AUTO,
 ) -> dict[str, Any]:
     """Rounds of (kvlab static cache, onnxruntime-genai), each a generation of ``new_tokens`` after ``context``
     prompt tokens (its own prefill, not timed). Returns per-phase median ms per decode step (steps after the first
     decode step, all rounds), kvlab's and genai's step and token-to-token medians with their ratios paired by
-    round, and whether the tokens agree. ``token_on_device``: kvlab's steps keep the greedy token on the device
-    (``kvlab.ort.decode.greedy``; "choose" is then part of the run). ConfigError for a bad count."""
+    round, and whether the tokens agree. ``token_on_device`` as ``generate`` takes it (default "auto", generate's):
+    kvlab's steps keep the greedy token on the device (``kvlab.ort.decode.greedy``; "choose" is then part of the
+    run) or choose it on the host; the result names the reduction that ran. ConfigError for a bad count or
+    setting."""
     for name, value, least in (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1)):
         check_int(value, name, least)
     model = load(model)
+    reduction = reduction_for(token_on_device, model.info.vocab_size, open_device(device))  # "": the host path
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device) if genai else None
     steps: list[dict[str, float]] = []
     kv_tokens, genai_tokens, pairs = [], [], []  # pairs: per round (kvlab step, genai step, kvlab t2t, genai t2t)
     for _ in range(rounds):
-        mine, tokens = _kvlab_round(model, ids, device, new_tokens, check_every, token_on_device)
+        mine, tokens = _kvlab_round(model, ids, device, new_tokens, check_every, reduction or False)
         steps += mine
         kv_tokens.append(tokens)
         if peer is not None:
@@ -147,8 +150,8 @@ def step_phases(
         "new_tokens": new_tokens,
         "rounds": rounds,
         "check_every": check_every,
-        "token_on_device": bool(token_on_device),
-        "greedy_reduction": reduction_of(token_on_device),
+        "token_on_device": bool(reduction),
+        "greedy_reduction": reduction,
         **_kvlab_medians(steps),
         "kvlab_tokens_repeat": all(t == kv_tokens[0] for t in kv_tokens),
     }

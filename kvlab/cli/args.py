@@ -263,16 +263,15 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     pr.add_argument(
         "--token-on-device",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.decode.greedy), or "
-        "choose it on the host (the default)",
+        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.decode.greedy), or choose "
+        "it on the host; default: as generate() does (token_on_device='auto': on a hardware WebGPU adapter, on the "
+        "device)",
     )
     pr.add_argument(
         "--greedy-reduction",
         choices=("blocks", "single", "rows"),
-        default="blocks",
-        help="--phases --token-on-device: how the graph finds the largest logit: in blocks (the default), one "
-        "ArgMax over the vocabulary, or the row holding it and then within that row",
+        help="--phases: how the graph finds the largest logit: in blocks (--token-on-device's), one ArgMax over the "
+        "vocabulary, or the row holding it and then within that row (default: what 'auto' picks)",
     )
     pr.add_argument("--json", type=path_arg, help="--phases: also write the result as JSON")
     _cpu_flags(pr)

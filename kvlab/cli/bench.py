@@ -12,6 +12,7 @@ from .. import bench
 from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 from ..ort import load
+from ..ort.decode.greedy import AUTO
 from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
 from .args import applies_only_with, cpu_options, ints, open_cpu
@@ -173,6 +174,19 @@ def conformance_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def phases_token(args: argparse.Namespace) -> bool | str:
+    """``--token-on-device`` / ``--greedy-reduction`` as ``token_on_device=``: "auto" (generate's default) unless
+    told; ConfigError for a reduction with ``--no-token-on-device``."""
+    if args.token_on_device is False:
+        if args.greedy_reduction:
+            raise ConfigError(
+                f"--greedy-reduction {args.greedy_reduction} chooses the token on the device; "
+                "--no-token-on-device chooses it on the host: give one of them"
+            )
+        return False
+    return args.greedy_reduction or (True if args.token_on_device else AUTO)
+
+
 def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
     """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
     open_cpu(args, [args.device])
@@ -185,7 +199,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         rounds,
         check_every,
         genai=not args.no_genai,
-        token_on_device=args.greedy_reduction if args.token_on_device else False,
+        token_on_device=phases_token(args),
     )
     lines = [["phase", "ms/step", "share"]] + [
         [row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"] for row in r["rows"]
