@@ -115,6 +115,28 @@ def test_a_replay_reads_the_updated_inputs(toy, toy_graph):
     assert b.token_ids == b_ref.token_ids and a.token_ids != b.token_ids
 
 
+def test_replays_after_the_first_skip_the_read_back(toy_graph, monkeypatch):
+    """The presents' buffer identities are read back at the prefill, the capture and the first replay, then no
+    more (a replay runs the recorded buffers), also in a second generation on the same graph; the tokens are
+    those of a cache that checks every step. The real runs are observed, not altered."""
+    from kvlab.ort.decode.capture import CaptureBinding
+
+    read: list[bool] = []
+    real_run = CaptureBinding.run
+
+    def observed(self):
+        result = real_run(self)
+        read.append(result.returned_ptrs is not None)
+        return result
+
+    monkeypatch.setattr(CaptureBinding, "run", observed)
+    with CapturedStaticCache(64) as cache:
+        first = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+        again = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+    assert read == [True, True] + [False] * (2 * 5 - 2)  # 5 one-token runs per generation: 1 capture, 9 replays
+    assert first.token_ids == again.token_ids == _static_tokens(toy_graph)[:6]
+
+
 def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
     dev = open_device("webgpu")
     base = dev.live_tensors
