@@ -227,7 +227,10 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "runtime binds inputs" in proc.stdout and "Python's own time" in proc.stdout
-    assert json.loads(out.read_text())["rounds"] == 1
+    saved = json.loads(out.read_text())
+    assert saved["rounds"] == 1 and saved["weights"] == toy.info.weights
+    # the label names the model as built and its weights, not only the KV cache's precision
+    assert f"({toy.name}: {toy.info.weights} weights, {saved['precision']} KV cache, on cpu;" in proc.stdout
     proc = subprocess.run(
         [KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True, text=True, timeout=300
     )

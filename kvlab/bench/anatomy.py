@@ -144,7 +144,8 @@ def step_phases(
             pairs.append(pair)
     out: dict[str, Any] = {
         "model": model.name,
-        "precision": model.info.dtype_name,
+        "precision": model.info.dtype_name,  # the KV cache's
+        "weights": model.info.weights,
         "device": device,
         "context": context,
         "new_tokens": new_tokens,

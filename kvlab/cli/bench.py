@@ -226,7 +226,8 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         f", the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else ", the token on the host"
     )
     print(
-        f"({args.model} {r['precision']} on {args.device}, static cache (check_every={check_every}{token}), "
+        f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {args.device}; static cache "
+        f"(check_every={check_every}{token}), "
         f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
         "first)"
     )
