@@ -776,10 +776,40 @@ CASES = [
     ),
     Case(
         "CLI",
-        "kvlab profile --check-every 2 (without --phases)",
+        "kvlab profile --check-every 2 (without --phases or --lockstep)",
         "exit 2",
-        "--check-every applies only with --phases",
+        "--check-every applies only with --phases or --lockstep",
         lambda e: e.cli("profile", "--model", "toy", "--check-every", "2"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --phases --lockstep",
+        "exit 2",
+        "--phases and --lockstep are two different profiles: give one of them",
+        lambda e: e.cli("profile", "--model", "toy", "--phases", "--lockstep"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --graph-capture (without --lockstep)",
+        "exit 2",
+        "--graph-capture applies only with --lockstep",
+        lambda e: e.cli("profile", "--model", "toy", "--graph-capture"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --lockstep --graph-capture on the CPU",
+        "exit 2",
+        "graph_capture runs on webgpu, not on 'cpu'",
+        lambda e: e.cli("profile", "--model", "toy", "--lockstep", "--graph-capture", "--device", "cpu"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --lockstep --graph-capture --token-on-device",
+        "exit 2",
+        "a captured cache runs a session of its own, where the greedy graph cannot run",
+        lambda e: e.cli(
+            "profile", "--model", "toy", "--lockstep", "--graph-capture", "--token-on-device", "--device", "webgpu"
+        ),
     ),
     Case(
         "CLI",

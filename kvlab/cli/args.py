@@ -257,23 +257,36 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
         "beside onnxruntime-genai's step in paired rounds",
     )
-    pr.add_argument("--rounds", type=int, help="--phases: paired rounds of kvlab and genai (default 3)")
-    pr.add_argument("--check-every", type=int, help="--phases: the static cache's read-back interval (default 1)")
+    pr.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="kvlab's static-cache step and onnxruntime-genai's taken in turns, one step each, in one loop: each "
+        "ratio pairs two steps taken at the same moment",
+    )
+    pr.add_argument(
+        "--graph-capture",
+        action="store_true",
+        help="--lockstep: both captured (kvlab's CapturedStaticCache, genai with enableGraphCapture; WebGPU)",
+    )
+    pr.add_argument("--rounds", type=int, help="--phases, --lockstep: rounds of kvlab and genai (default 3)")
+    pr.add_argument(
+        "--check-every", type=int, help="--phases, --lockstep: the static cache's read-back interval (default 1)"
+    )
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
     pr.add_argument(
         "--token-on-device",
         action=argparse.BooleanOptionalAction,
-        help="--phases: kvlab's steps keep the greedy token on the device (kvlab.ort.decode.greedy), or choose "
-        "it on the host; default: as generate() does (token_on_device='auto': on a hardware WebGPU adapter, on the "
-        "device)",
+        help="--phases, --lockstep: kvlab's steps keep the greedy token on the device (kvlab.ort.decode.greedy), or "
+        "choose it on the host; default: as generate() does (token_on_device='auto': on a hardware WebGPU adapter, on "
+        "the device)",
     )
     pr.add_argument(
         "--greedy-reduction",
         choices=("blocks", "single", "rows"),
-        help="--phases: how the graph finds the largest logit: in blocks (--token-on-device's), one ArgMax over the "
-        "vocabulary, or the row holding it and then within that row (default: what 'auto' picks)",
+        help="--phases, --lockstep: how the graph finds the largest logit: in blocks (--token-on-device's), one ArgMax "
+        "over the vocabulary, or the row holding it and then within that row (default: what 'auto' picks)",
     )
-    pr.add_argument("--json", type=path_arg, help="--phases: also write the result as JSON")
+    pr.add_argument("--json", type=path_arg, help="--phases, --lockstep: also write the result as JSON")
     _cpu_flags(pr)
 
 

@@ -103,10 +103,18 @@ def bench_command(args: argparse.Namespace) -> int:
 def profile_command(args: argparse.Namespace) -> int:
     context = ints(str(args.context), "--context")[0]
     new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
-    given = {"--rounds": args.rounds is not None, "--check-every": args.check_every is not None}
-    applies_only_with(given, "--phases", args.phases)
+    if args.phases and args.lockstep:
+        raise ConfigError("--phases and --lockstep are two different profiles: give one of them")
+    applies_only_with({"--no-genai": args.no_genai}, "--phases", args.phases)
+    applies_only_with({"--graph-capture": args.graph_capture}, "--lockstep", args.lockstep)
+    shared = {"--rounds": args.rounds is not None, "--json": args.json is not None}
+    shared["--check-every"] = args.check_every is not None
+    shared |= {"--token-on-device": args.token_on_device is not None, "--greedy-reduction": bool(args.greedy_reduction)}
+    applies_only_with(shared, "--phases or --lockstep", args.phases or args.lockstep)
     if args.phases:
         return phases_command(args, context, new_tokens)
+    if args.lockstep:
+        return lockstep_command(args, context, new_tokens)
     rows = bench.op_profile(
         load(args.model, precision=args.precision), args.device, context, new_tokens, **cpu_options(args)
     )
@@ -231,6 +239,28 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
         f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
         "first)"
     )
+    if args.json:
+        write_atomic(args.json, json.dumps(r, indent=1))
+    return 0
+
+
+def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
+    """``kvlab profile --lockstep``: kvlab's static step and genai's, one step each in turn."""
+    from ..bench.lockstep import lockstep, summary
+
+    open_cpu(args, [args.device])
+    r = lockstep(
+        args.model,
+        args.device,
+        args.precision,
+        context,
+        new_tokens,
+        3 if args.rounds is None else args.rounds,
+        token_on_device=phases_token(args),
+        graph_capture=args.graph_capture,
+        check_every=1 if args.check_every is None else args.check_every,
+    )
+    print(summary(r))
     if args.json:
         write_atomic(args.json, json.dumps(r, indent=1))
     return 0

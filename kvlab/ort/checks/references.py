@@ -41,14 +41,7 @@ def genai_decode(
     """Greedy tokens from onnxruntime-genai (static, shared KV buffer), and the wall time (ms) of each
     ``generate_next_token`` call: the first one samples from the prefill's logits, each later one runs one
     decode forward pass first. ``on_token`` is called after each (untimed)."""
-    import onnxruntime_genai as og
-
-    params = og.GeneratorParams(og_model)
-    params.set_search_options(
-        do_sample=False, max_length=len(prompt_ids) + max_new_tokens, min_length=len(prompt_ids) + max_new_tokens
-    )  # no early stop: compare all tokens
-    gen = og.Generator(og_model, params)
-    gen.append_tokens([list(map(int, prompt_ids))])  # the prefill runs here
+    gen = genai_generator(og_model, prompt_ids, max_new_tokens)
     tokens: list[int] = []
     times: list[float] = []
     while not gen.is_done() and len(tokens) < max_new_tokens:
@@ -59,6 +52,19 @@ def genai_decode(
         if on_token is not None:
             on_token()
     return tokens, times
+
+
+def genai_generator(og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> Any:
+    """An onnxruntime-genai greedy generator that has run its prefill of ``prompt_ids`` and decodes exactly
+    ``max_new_tokens`` tokens (no early stop: every token is compared)."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(og_model)
+    total = len(prompt_ids) + max_new_tokens
+    params.set_search_options(do_sample=False, max_length=total, min_length=total)
+    gen = og.Generator(og_model, params)
+    gen.append_tokens([list(map(int, prompt_ids))])  # the prefill runs here
+    return gen
 
 
 def genai_greedy(model: Model, prompt_ids: Sequence[int], max_new_tokens: int, device: str = "cpu") -> list[int]:

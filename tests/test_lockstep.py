@@ -1,0 +1,87 @@
+"""``kvlab profile --lockstep``: kvlab's static step and onnxruntime-genai's taken in turns, on the real toy sessions
+(the CPU EP, and WebGPU on whatever adapter this machine has) and the real onnxruntime-genai."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kvlab import generate
+from kvlab.bench import lockstep as lockstep_module
+from kvlab.bench.lockstep import lockstep, summary
+from kvlab.bench.plan import prompt_ids
+from kvlab.ort import Stepper
+from kvlab.ort.checks.references import genai_greedy
+
+KVLAB = str(Path(sys.executable).parent / "kvlab")
+
+
+def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
+    """Every decode step of one side is followed by one of the other, the order swapped every pair; each side's
+    tokens are what it makes alone (kvlab's ``generate``, onnxruntime-genai's own loop)."""
+    calls: list[str] = []
+    real_step, real_generator = Stepper.step, lockstep_module.genai_generator
+
+    def step(self, tokens, *args, **kwargs):  # the real step, its turn noted
+        calls.append("kvlab")
+        return real_step(self, tokens, *args, **kwargs)
+
+    class Noted:  # the real generator, its turns noted
+        def __init__(self, gen):
+            self.gen = gen
+
+        def generate_next_token(self):
+            calls.append("genai")
+            self.gen.generate_next_token()
+
+        def get_next_tokens(self):
+            return self.gen.get_next_tokens()
+
+    monkeypatch.setattr(Stepper, "step", step)
+    monkeypatch.setattr(lockstep_module, "genai_generator", lambda *a: Noted(real_generator(*a)))
+    r = lockstep(toy, "cpu", context=20, new_tokens=7, rounds=2, token_on_device=False)
+    one_round = ["kvlab", "genai"] + ["kvlab", "genai", "genai", "kvlab"] * 3  # prefills, then 6 pairs in turns
+    assert calls == one_round * 2
+    assert r["pairs"] == 2 * 6 and len(r["round_medians"]) == 2 and r["tokens_equal"]
+    ids = prompt_ids(toy, 20)
+    mine = generate(toy, ids, device="cpu", max_new_tokens=7, stop_on_eos=False, token_on_device=False).token_ids
+    assert genai_greedy(toy, ids, 7) == mine  # the independent reference agrees with kvlab alone
+
+
+def test_the_result_states_its_ratios_and_label(toy):
+    r = lockstep(toy, "cpu", context=16, new_tokens=6, rounds=3)
+    q1, q3 = r["ratio_quartiles"]
+    assert q1 <= r["ratio_median"] <= q3 and 0 <= r["below_one"] <= 1
+    assert r["kvlab_step_ms"] > 0 and r["genai_step_ms"] > 0 and len(r["round_steps_ms"]) == 3
+    assert r["runtime"].startswith("onnxruntime") and "(hardware)" in r["adapter"]
+    assert not r["graph_capture"] and r["check_every"] == 1 and r["token_on_device"] is False  # the CPU: the host
+    text = summary(r)
+    assert f"{r['pairs']} step pairs taken in turns" in text and "the token on the host" in text
+    assert f"({toy.name}: float32 weights, float32 KV cache, on cpu (" in text
+
+
+def test_both_captured_on_webgpu(toy):
+    """kvlab's CapturedStaticCache on the capture build beside genai with graph capture, in turns; the prefill runs
+    uncaptured on both, as each loop does alone."""
+    r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1, graph_capture=True, check_every=2)
+    assert r["graph_capture"] and r["model"] == "toy-graph" and r["check_every"] == 2
+    assert r["tokens_equal"] and r["pairs"] == 3 and not r["token_on_device"]
+    assert "captured static cache vs genai captured (check_every=2)" in summary(r)
+
+
+def test_cli_writes_the_result(tmp_path):
+    out = tmp_path / "lockstep.json"
+    proc = subprocess.run(
+        [KVLAB, "profile", "--lockstep", "--model", "toy", "--context", "12", "--new-tokens", "4"]
+        + ["--rounds", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert saved["pairs"] == 3 and saved["tokens_equal"] and saved["rounds"] == 1
+    assert f"x{saved['ratio_median']:.3f}" in proc.stdout
+    assert np.isfinite(saved["kvlab_step_ms"])
