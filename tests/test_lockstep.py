@@ -84,4 +84,4 @@ def test_cli_writes_the_result(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["pairs"] == 3 and saved["tokens_equal"] and saved["rounds"] == 1
     assert f"x{saved['ratio_median']:.3f}" in proc.stdout
-    assert np.isfinite(saved["kvlab_step_ms"])
+    assert np.isfinite(saved["kvlab_step_ms"]) and saved["environment"]["commit"]

@@ -51,10 +51,10 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
                 text=True,
                 cwd=Path(__file__).resolve().parents[2],
             ).stdout.strip()
-            or "unknown"
+            or os.environ.get("KVLAB_COMMIT", "unknown")  # a copy of the tree without git says it so
         )
     except OSError:
-        env["commit"] = "unknown"
+        env["commit"] = os.environ.get("KVLAB_COMMIT", "unknown")
     env["onnxruntime_genai"] = env["versions"].get("onnxruntime-genai", "missing")
     return env
 

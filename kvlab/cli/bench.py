@@ -247,6 +247,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
 def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
     """``kvlab profile --lockstep``: kvlab's static step and genai's, one step each in turn."""
     from ..bench.lockstep import lockstep, summary
+    from ..bench.results import write_recording
 
     open_cpu(args, [args.device])
     r = lockstep(
@@ -262,5 +263,5 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
     )
     print(summary(r))
     if args.json:
-        write_atomic(args.json, json.dumps(r, indent=1))
+        write_recording(args.json, r, note="not measured by kvlab profile --lockstep")
     return 0
