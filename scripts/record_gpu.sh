@@ -22,9 +22,9 @@
 #                                          # genai, paired, 1k-8k, fp32 and fp16
 #   bash scripts/record_gpu.sh argmax OUT  # the greedy token on the device per vocabulary (smollm2-shape, phi4-kv):
 #                                          # host, one ArgMax, the argmax in blocks, each paired with genai, 1k-8k
-#   bash scripts/record_gpu.sh lockstep OUT # kvlab's static step and genai's taken in turns, one step each
-#                                          # (kvlab profile --lockstep): the cells LOCKSTEP names (model:precision:
-#                                          # context[:graph][:check=N]), 256 new tokens x 3 rounds each
+#   bash scripts/record_gpu.sh lockstep OUT # kvlab's static step and genai's taken in turns (kvlab profile
+#                                          # --lockstep): the cells LOCKSTEP names (model:precision:context[:graph]
+#                                          # [:host][:check=N][:block=N][:sides=A+B]), 256 new tokens x 3 rounds each
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
@@ -147,17 +147,21 @@ argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax
     done
   done; done
   ;;
-lockstep)  # cells as model:precision:context, then ":graph" (both captured) or ":check=N" (read back every N steps)
-  cells=${LOCKSTEP:-phi4-kv:int4:1024 phi4-kv:int4:1024:check=1000000 phi4-kv:fp16:1024 smollm2-shape:fp32:4096 phi4-kv:fp16:1024:graph}
-  step build 300 builds $(for c in $cells; do IFS=: read -r m p _ g <<<"$c"; [ "$g" = graph ] && m="$m:$p:graph" \
-    || m="$m:$p"; echo "$m"; done | sort -u)
+lockstep)  # cells: model:precision:context, then any of :graph (both captured), :host (kvlab's token on the host),
+  #           :check=N (read back every N steps), :block=N (steps per turn), :sides=A+B (e.g. kvlab+kvlab)
+  cells=${LOCKSTEP:-phi4-kv:int4:1024 phi4-kv:fp16:1024 smollm2-shape:fp32:4096 phi4-kv:fp16:1024:graph}
+  step build 300 builds $(for c in $cells; do IFS=: read -r m p _ rest <<<"$c"; [[ ":$rest:" == *:graph:* ]] \
+    && echo "$m:$p:graph" || echo "$m:$p"; done | sort -u)
   for c in $cells; do
-    IFS=: read -r m p ctx extra <<<"$c"; flags=()
-    [ "$extra" = graph ] && flags=(--graph-capture)
-    [[ "$extra" == check=* ]] && flags=(--check-every "${extra#check=}")
-    step "lockstep_${c//[:=]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
+    IFS=: read -r m p ctx rest <<<"$c"; flags=()
+    for x in ${rest//:/ }; do case $x in
+      graph) flags+=(--graph-capture) ;; host) flags+=(--no-token-on-device) ;;
+      check=*) flags+=(--check-every "${x#check=}") ;; block=*) flags+=(--block "${x#block=}") ;;
+      sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
+    esac; done
+    step "lockstep_${c//[:=+]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \
-      --json "$out/lockstep_${c//[:=]/_}.json"
+      --json "$out/lockstep_${c//[:=+]/_}.json"
   done
   ;;
 modes)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvlab import generate
 from kvlab.bench import lockstep as lockstep_module
@@ -50,15 +51,33 @@ def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
     assert genai_greedy(toy, ids, 7) == mine  # the independent reference agrees with kvlab alone
 
 
+def test_blocks_take_turns_and_pair_their_medians(toy, monkeypatch):
+    """Blocks of 3 steps in turns (the last one shorter), the order swapped every pair; each pair's ratio is the
+    medians' ratio of its two blocks after their first quarter (here: none of a 3-step block); every step's time is
+    kept in order."""
+    calls: list[str] = []
+    real_step = Stepper.step
+    monkeypatch.setattr(Stepper, "step", lambda self, *a, **k: calls.append(id(self)) or real_step(self, *a, **k))
+    r = lockstep(toy, "cpu", context=12, new_tokens=8, rounds=1, block=3, sides=("kvlab", "kvlab"))
+    first, second = calls[0], calls[1]  # the two prefills, then 7 decode steps each: 3 + 3 + 1
+    assert calls[2:] == [first] * 3 + [second] * 3 + [second] * 3 + [first] * 3 + [first, second]
+    a, b = r["steps_ms"][0]
+    assert len(a) == len(b) == 7 and r["pairs"] == 3 and r["left_out_per_block"] == 0
+    expected = [np.median(a[i : i + 3]) / np.median(b[i : i + 3]) for i in (0, 3, 6)]
+    assert r["ratio_median"] == pytest.approx(float(np.median(expected)))
+    assert r["tokens_equal"] and r["genai_version"] == ""  # two kvlab caches: the same tokens, no genai
+
+
 def test_the_result_states_its_ratios_and_label(toy):
     r = lockstep(toy, "cpu", context=16, new_tokens=6, rounds=3)
     q1, q3 = r["ratio_quartiles"]
     assert q1 <= r["ratio_median"] <= q3 and 0 <= r["below_one"] <= 1
-    assert r["kvlab_step_ms"] > 0 and r["genai_step_ms"] > 0 and len(r["round_steps_ms"]) == 3
+    assert r["first_step_ms"] > 0 and r["second_step_ms"] > 0 and len(r["round_steps_ms"]) == 3
+    assert r["sides"] == ["kvlab", "genai"] and r["block"] == 1
     assert r["runtime"].startswith("onnxruntime") and "(hardware)" in r["adapter"]
     assert not r["graph_capture"] and r["check_every"] == 1 and r["token_on_device"] is False  # the CPU: the host
     text = summary(r)
-    assert f"{r['pairs']} step pairs taken in turns" in text and "the token on the host" in text
+    assert f"kvlab/genai, {r['pairs']} step pairs taken in turns" in text and "the token on the host" in text
     assert f"({toy.name}: float32 weights, float32 KV cache, on cpu (" in text
 
 
@@ -68,7 +87,8 @@ def test_both_captured_on_webgpu(toy):
     r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1, graph_capture=True, check_every=2)
     assert r["graph_capture"] and r["model"] == "toy-graph" and r["check_every"] == 2
     assert r["tokens_equal"] and r["pairs"] == 3 and not r["token_on_device"]
-    assert "captured static cache vs genai captured (check_every=2)" in summary(r)
+    assert "kvlab's captured static cache (check_every=2, the token on the host) against genai" in summary(r)
+    assert summary(r).split(";")[-2].endswith("captured")
 
 
 def test_cli_writes_the_result(tmp_path):
@@ -84,4 +104,4 @@ def test_cli_writes_the_result(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["pairs"] == 3 and saved["tokens_equal"] and saved["rounds"] == 1
     assert f"x{saved['ratio_median']:.3f}" in proc.stdout
-    assert np.isfinite(saved["kvlab_step_ms"]) and saved["environment"]["commit"]
+    assert np.isfinite(saved["first_step_ms"]) and saved["environment"]["commit"]

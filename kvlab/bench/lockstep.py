@@ -1,33 +1,95 @@
-"""``kvlab profile --lockstep``: kvlab's static-cache decode step and onnxruntime-genai's, taken in turns, one step
-each, in one loop.
+"""``kvlab profile --lockstep``: kvlab's static-cache decode loop and onnxruntime-genai's, taken in turns, a block of
+steps each, in one process.
 
 Why: on a GPU, whole runs of either loop can sit at one speed or another for reasons outside both loops (measured on
 an NVIDIA H200: runs of 4.4 or 6.5-8.3 ms a step, switching between runs). A ratio paired by round then compares two
-runs that may sit at different speeds. Here every kvlab step is paired with the genai step taken right before or
-after it (the order swapped every pair, so neither always goes first): whatever slows the machine for a while slows
-both sides of a pair.
+runs that may sit at different speeds. Here each block of one loop's steps is paired with the other loop's block
+taken right before or after it (the order swapped every pair, so neither always goes first): whatever slows the
+machine for a while slows both sides of a pair. A block of one step pairs single steps; longer blocks let each loop
+run alone for a while, and their first quarter is left out of the pair's medians (it can still carry the other
+loop's work on a shared device).
 
-Both loops run as they do alone: kvlab's steps are ``generate()``'s (``Stepper.step`` on the last token, the token
+Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two
+caches) or "genai" against "genai" (two generators) checks that the pairing itself favours neither side (x1.00).
+
+Each loop runs as it does alone: kvlab's steps are ``generate()``'s (``Stepper.step`` on the last token, the token
 chosen as ``token_on_device`` says, "auto" by default), genai's are ``generate_next_token`` and ``get_next_tokens``.
-Each step is timed from the call to the token in hand (``time.perf_counter``, exact wall time of the call). Each
+Each step is timed from the call to the token in hand (``time.perf_counter``: exact wall time of the call). Each
 round starts both from their own prefill of the same prompt on the same device (not timed); the tokens are compared.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, check_flag, check_int
+from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
 from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
 from ..ort.checks.references import genai_generator
 from ..ort.decode.greedy import AUTO, reduction_for
 from .plan import prompt_ids
 from .variants import GenaiPeer
+
+SIDES = ("kvlab", "genai")
+
+
+class _Kvlab:
+    """kvlab's loop on a new static cache: prefilled on entry; ``step()`` decodes one token, timed."""
+
+    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache):
+        self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
+        self.tokens: list[int] = []
+        self.ms: list[float] = []
+
+    def __enter__(self) -> _Kvlab:
+        with ExitStack() as stack:
+            stack.enter_context(self.cache)
+            on_device = self.reduction or False
+            self.stepper = stack.enter_context(
+                Stepper(self.model, self.cache, self.dev, self.cache.max_cache_len, token_on_device=on_device)
+            )
+            _, first = self.stepper.step(self.ids, logits_out="none")  # the prefill, as generate() runs it
+            self.tokens.append(first.token)
+            self._close = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close.__exit__(*exc)
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        _, record = self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")
+        self.ms.append((time.perf_counter() - start) * 1e3)
+        self.tokens.append(record.token)
+
+
+class _Genai:
+    """onnxruntime-genai's loop: a generator prefilled on entry; ``step()`` decodes one token, timed."""
+
+    def __init__(self, peer: GenaiPeer, ids: np.ndarray, new: int):
+        self.peer, self.ids, self.new = peer, ids, new
+        self.tokens: list[int] = []
+        self.ms: list[float] = []
+
+    def __enter__(self) -> _Genai:
+        self.gen = genai_generator(self.peer.model, self.ids, self.new)
+        self.gen.generate_next_token()  # the first call samples the prefill's logits: no forward pass
+        self.tokens.append(int(self.gen.get_next_tokens()[0]))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.gen = None
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        self.gen.generate_next_token()
+        token = int(self.gen.get_next_tokens()[0])
+        self.ms.append((time.perf_counter() - start) * 1e3)
+        self.tokens.append(token)
 
 
 def lockstep(
@@ -40,27 +102,35 @@ def lockstep(
     token_on_device: bool | str = AUTO,
     graph_capture: bool = False,
     check_every: int = 1,
+    block: int = 1,
+    sides: tuple[str, str] = SIDES,
 ) -> dict[str, Any]:
-    """``rounds`` rounds of kvlab's static cache and onnxruntime-genai decoding ``new_tokens`` tokens after the same
-    ``context`` prompt tokens, one step each in turn.
+    """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
+    onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
+    each in turn.
 
     ``precision``: as ``load`` takes it, for a model given by name. ``graph_capture`` (WebGPU): both captured
     (kvlab's ``CapturedStaticCache`` on the built-in model built for capture, genai with ``enableGraphCapture``; the
     token on the host, as ``generate`` chooses for a captured cache). ``check_every``: the static cache's (how often
-    it reads back its presents' buffer identities). Returns the pairs' ratios (kvlab step / genai step): their
-    median, quartiles and share below 1 over every pair, each round's median, both sides' median steps, whether the
-    tokens are equal, and what ran (model, device, adapter, runtime). ConfigError for a bad count or setting."""
-    _check(device, context, new_tokens, rounds, token_on_device, graph_capture, check_every)
+    it reads back its presents' buffer identities). Returns the block pairs' ratios (first side / second side, each
+    a median of its block's steps after the first quarter): their median, quartiles and share below 1, each round's
+    median, both sides' median steps, every step's time, whether the tokens are equal, and what ran (model, device,
+    adapter, runtime). ConfigError for a bad count or setting."""
+    _check(device, (context, new_tokens, rounds, check_every, block), token_on_device, graph_capture, sides)
     model = load(model, precision=precision, graph_capture=graph_capture)
     dev = open_device(device)
     reduction = "" if graph_capture else reduction_for(token_on_device, model.info.vocab_size, dev)
     ids = prompt_ids(model, context)
-    peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None)
+    peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None) if "genai" in sides else None
     make = CapturedStaticCache if graph_capture else StaticCache
     needed = positions_needed(len(ids), new_tokens)
-    rounds_out = [
-        _round(model, dev, peer, ids, new_tokens, reduction, make(needed, check_every)) for _ in range(rounds)
-    ]
+
+    def side(name: str) -> _Kvlab | _Genai:
+        if name == "genai":
+            return _Genai(peer, ids, new_tokens)
+        return _Kvlab(model, dev, ids, reduction, make(needed, check_every))
+
+    done = [_round(side(sides[0]), side(sides[1]), new_tokens - 1, block) for _ in range(rounds)]
     return {
         "model": model.name,
         "weights": model.info.weights,
@@ -71,28 +141,29 @@ def lockstep(
         "context": context,
         "new_tokens": new_tokens,
         "rounds": rounds,
+        "sides": list(sides),
+        "block": block,
+        "left_out_per_block": block // 4,
         "graph_capture": graph_capture,
         "check_every": check_every,
         "token_on_device": bool(reduction),
         "greedy_reduction": reduction,
-        "genai_version": peer.version,
-        **_paired(rounds_out),
+        "genai_version": peer.version if peer else "",
+        **_paired(done),
     }
 
 
 def _check(
-    device: str,
-    context: int,
-    new_tokens: int,
-    rounds: int,
-    token_on_device: bool | str,
-    graph_capture: bool,
-    check_every: int,
+    device: str, counts: tuple[int, ...], token_on_device: bool | str, graph_capture: bool, sides: tuple[str, str]
 ) -> None:
-    counts = (("context", context, 1), ("new_tokens", new_tokens, 3), ("rounds", rounds, 1))
-    for name, value, least in (*counts, ("check_every", check_every, 1)):
+    names = ("context", "new_tokens", "rounds", "check_every", "block")
+    for name, value, least in zip(names, counts, (1, 3, 1, 1, 1)):
         check_int(value, name, least)
     check_flag("graph_capture", graph_capture)
+    if not isinstance(sides, (tuple, list)) or len(sides) != 2:
+        raise ConfigError(f"sides={sides!r} must be two of {SIDES}, e.g. ('kvlab', 'genai')")
+    for s in sides:
+        check_choice(s, SIDES, "sides: ")
     if graph_capture and device != "webgpu":
         raise ConfigError(f"graph_capture runs on webgpu, not on {device!r}")
     if graph_capture and not (token_on_device is False or token_on_device == AUTO):
@@ -102,9 +173,24 @@ def _check(
         )
 
 
+def _round(a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int) -> dict[str, Any]:
+    """Both sides prefilled, then ``steps`` decode steps each, ``block`` at a time in turns; the ratio of each pair
+    of blocks (the medians of their steps after the first quarter)."""
+    ratios = []
+    with a, b:
+        for pair, start in enumerate(range(0, steps, block)):
+            n = min(block, steps - start)
+            for side in (a, b) if pair % 2 == 0 else (b, a):
+                for _ in range(n):
+                    side.step()
+            skip = n // 4
+            ratios.append(np.median(a.ms[start + skip : start + n]) / np.median(b.ms[start + skip : start + n]))
+    return {"ratios": np.array(ratios), "a_ms": a.ms, "b_ms": b.ms, "tokens_equal": a.tokens == b.tokens}
+
+
 def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The pairs of every round together: the ratios' median, quartiles and share below 1; per round its median
-    ratio and both median steps."""
+    ratio and both median steps; every step's time."""
     ratios = np.concatenate([r["ratios"] for r in rounds])
     q1, median, q3 = np.percentile(ratios, [25, 50, 75])
     return {
@@ -113,59 +199,30 @@ def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "ratio_quartiles": [float(q1), float(q3)],
         "below_one": float(np.mean(ratios < 1.0)),
         "round_medians": [float(np.median(r["ratios"])) for r in rounds],
-        "kvlab_step_ms": float(np.median(np.concatenate([r["kvlab_ms"] for r in rounds]))),
-        "genai_step_ms": float(np.median(np.concatenate([r["genai_ms"] for r in rounds]))),
-        "round_steps_ms": [[float(np.median(r["kvlab_ms"])), float(np.median(r["genai_ms"]))] for r in rounds],
+        "first_step_ms": float(np.median(np.concatenate([r["a_ms"] for r in rounds]))),
+        "second_step_ms": float(np.median(np.concatenate([r["b_ms"] for r in rounds]))),
+        "round_steps_ms": [[float(np.median(r["a_ms"])), float(np.median(r["b_ms"]))] for r in rounds],
+        "steps_ms": [[r["a_ms"], r["b_ms"]] for r in rounds],  # per round, each side's steps in order
         "tokens_equal": all(r["tokens_equal"] for r in rounds),
     }
 
 
-def _round(
-    model: Model, dev: Any, peer: GenaiPeer, ids: np.ndarray, new: int, reduction: str, cache: StaticCache
-) -> dict[str, Any]:
-    """One round on a new ``cache``: both prefill, then ``new - 1`` decode steps each, in turns; per pair the two
-    step times (ms)."""
-    gen = genai_generator(peer.model, ids, new)
-    with cache, Stepper(model, cache, dev, cache.max_cache_len, token_on_device=reduction or False) as stepper:
-        _, first = stepper.step(ids, logits_out="none")  # the prefill and the first token, as generate() makes them
-        gen.generate_next_token()  # genai's first call samples its prefill's logits: no forward pass
-        mine, theirs = [first.token], [int(gen.get_next_tokens()[0])]
-        kvlab_ms, genai_ms = [], []
-
-        def kvlab_step() -> None:
-            start = time.perf_counter()
-            _, record = stepper.step(np.array([mine[-1]], np.int64), logits_out="none")
-            kvlab_ms.append((time.perf_counter() - start) * 1e3)
-            mine.append(record.token)
-
-        def genai_step() -> None:
-            start = time.perf_counter()
-            gen.generate_next_token()
-            token = int(gen.get_next_tokens()[0])
-            genai_ms.append((time.perf_counter() - start) * 1e3)
-            theirs.append(token)
-
-        turns: tuple[Callable[[], None], Callable[[], None]] = (kvlab_step, genai_step)
-        for i in range(new - 1):
-            for step in turns if i % 2 == 0 else turns[::-1]:
-                step()
-    kvlab, genai = np.array(kvlab_ms), np.array(genai_ms)
-    return {"ratios": kvlab / genai, "kvlab_ms": kvlab, "genai_ms": genai, "tokens_equal": mine == theirs}
-
-
 def summary(r: dict[str, Any]) -> str:
     """The result in a few lines, with its label."""
+    a, b = r["sides"]
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
-    kind = "captured static cache vs genai captured" if r["graph_capture"] else "static cache vs genai"
-    kind += f" (check_every={r['check_every']})"
+    cache = "captured static cache" if r["graph_capture"] else "static cache"
+    peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
+    names = {"kvlab": f"kvlab's {cache} (check_every={r['check_every']}, {token})", "genai": peer}
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
+    unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"
     return (
-        f"kvlab/genai, {r['pairs']} step pairs taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-"
-        f"x{q3:.3f}; kvlab faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
-        f"kvlab step {r['kvlab_step_ms']:.3f} ms, genai {r['genai_version']} step {r['genai_step_ms']:.3f} ms; "
-        f"tokens equal: {r['tokens_equal']}\n"
+        f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
+        f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
+        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms; tokens equal: "
+        f"{r['tokens_equal']}\n"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
-        f"{r['runtime']}); {kind}, {token}; context {r['context']}, {r['new_tokens']} new tokens x {r['rounds']} "
-        "rounds)"
+        f"{r['runtime']}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
+        f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
     )

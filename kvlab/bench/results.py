@@ -44,17 +44,17 @@ def environment(bandwidth: dict[str, Any], genai_huge_bytes: int = 0) -> dict[st
         }
     )
     try:
-        env["commit"] = (
+        env["commit"] = os.environ.get("KVLAB_COMMIT") or (  # given: a copy of the tree whose git may be stale
             subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"],
                 capture_output=True,
                 text=True,
                 cwd=Path(__file__).resolve().parents[2],
             ).stdout.strip()
-            or os.environ.get("KVLAB_COMMIT", "unknown")  # a copy of the tree without git says it so
+            or "unknown"
         )
     except OSError:
-        env["commit"] = os.environ.get("KVLAB_COMMIT", "unknown")
+        env["commit"] = "unknown"
     env["onnxruntime_genai"] = env["versions"].get("onnxruntime-genai", "missing")
     return env
 

@@ -268,6 +268,12 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--lockstep: both captured (kvlab's CapturedStaticCache, genai with enableGraphCapture; WebGPU)",
     )
+    pr.add_argument("--block", type=int, help="--lockstep: steps each loop takes per turn (default 1)")
+    pr.add_argument(
+        "--sides",
+        help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "
+        "the pairing favours neither side)",
+    )
     pr.add_argument("--rounds", type=int, help="--phases, --lockstep: rounds of kvlab and genai (default 3)")
     pr.add_argument(
         "--check-every", type=int, help="--phases, --lockstep: the static cache's read-back interval (default 1)"

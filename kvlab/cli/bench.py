@@ -106,7 +106,12 @@ def profile_command(args: argparse.Namespace) -> int:
     if args.phases and args.lockstep:
         raise ConfigError("--phases and --lockstep are two different profiles: give one of them")
     applies_only_with({"--no-genai": args.no_genai}, "--phases", args.phases)
-    applies_only_with({"--graph-capture": args.graph_capture}, "--lockstep", args.lockstep)
+    only_lockstep = {
+        "--graph-capture": args.graph_capture,
+        "--block": args.block is not None,
+        "--sides": bool(args.sides),
+    }
+    applies_only_with(only_lockstep, "--lockstep", args.lockstep)
     shared = {"--rounds": args.rounds is not None, "--json": args.json is not None}
     shared["--check-every"] = args.check_every is not None
     shared |= {"--token-on-device": args.token_on_device is not None, "--greedy-reduction": bool(args.greedy_reduction)}
@@ -260,6 +265,8 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         token_on_device=phases_token(args),
         graph_capture=args.graph_capture,
         check_every=1 if args.check_every is None else args.check_every,
+        block=1 if args.block is None else args.block,
+        sides=tuple((args.sides or "kvlab,genai").split(",")),
     )
     print(summary(r))
     if args.json:
