@@ -115,7 +115,7 @@ def step_phases(
     context: int = 1024,
     new_tokens: int = 32,
     rounds: int = 3,
-    check_every: int = 1,
+    check_every: int | None = None,
     genai: bool = True,
     token_on_device: bool | str = AUTO,
 ) -> dict[str, Any]:
@@ -166,7 +166,12 @@ def step_phases(
 
 
 def _kvlab_round(
-    model: Model, ids: np.ndarray, device: str, new_tokens: int, check_every: int, token_on_device: bool | str
+    model: Model,
+    ids: np.ndarray,
+    device: str,
+    new_tokens: int,
+    check_every: int | None,
+    token_on_device: bool | str,
 ) -> tuple[list[dict[str, float]], list[int]]:
     """One kvlab generation on a static cache with every phase timed: the steps after the first decode step (as
     genai's are counted) and the tokens."""

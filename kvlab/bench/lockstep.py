@@ -30,6 +30,7 @@ from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
 from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
 from ..ort.checks.references import genai_generator
+from ..ort.decode.caches import read_back
 from ..ort.decode.greedy import AUTO, reduction_for
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -101,7 +102,7 @@ def lockstep(
     rounds: int = 3,
     token_on_device: bool | str = AUTO,
     graph_capture: bool = False,
-    check_every: int = 1,
+    check_every: int | None = None,
     block: int = 1,
     sides: tuple[str, str] = SIDES,
 ) -> dict[str, Any]:
@@ -158,7 +159,8 @@ def _check(
 ) -> None:
     names = ("context", "new_tokens", "rounds", "check_every", "block")
     for name, value, least in zip(names, counts, (1, 3, 1, 1, 1)):
-        check_int(value, name, least)
+        if value is not None or name != "check_every":
+            check_int(value, name, least)
     check_flag("graph_capture", graph_capture)
     if not isinstance(sides, (tuple, list)) or len(sides) != 2:
         raise ConfigError(f"sides={sides!r} must be two of {SIDES}, e.g. ('kvlab', 'genai')")
@@ -213,7 +215,7 @@ def summary(r: dict[str, Any]) -> str:
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
-    names = {"kvlab": f"kvlab's {cache} (check_every={r['check_every']}, {token})", "genai": peer}
+    names = {"kvlab": f"kvlab's {cache} ({read_back(r['check_every'])}, {token})", "genai": peer}
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"

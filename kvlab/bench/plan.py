@@ -46,7 +46,8 @@ class Plan:
     # its own device). WebGPU: on the CPU (fast on a software adapter, and right where a WebGPU prefill is not)
     prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
     gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
-    check_every: list[int] = field(default_factory=lambda: [1])  # static caches: read back presents every k steps
+    check_every: list[int | None] = field(default_factory=lambda: [None])  # static caches: read back every present
+    #                                     every k steps (None: the cache's default, a spot check a step)
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
     matmuls_only: bool = True  # CPU: the model's matrix products alone, each round
     graph_capture: bool = False  # WebGPU: kvlab's captured static caches (and genai captured, where genai runs

@@ -23,6 +23,7 @@ from ..ort.runtime import memory
 from ..ort.runtime.device import private_device
 from .weights import run_matmuls_only
 
+Checks = tuple[int | None, ...]  # the static caches' check_every values (None: the cache's default)
 SMALL_PAGES = "4KiB-pages"  # the cache variant decoded from weights left in 4 KiB pages
 KVLAB, GENAI, MATMULS_ONLY = "kvlab", "genai", "matmuls only"  # runners
 GENAI_GRAPH = "genai graph"  # onnxruntime-genai with WebGPU graph capture (the model built for capture)
@@ -234,7 +235,7 @@ class Setting:
 
 
 def variants(
-    s: Setting, static_lens: list[int], fit: bool, check_every: tuple[int, ...] = (1,), token_on_device: bool = False
+    s: Setting, static_lens: list[int], fit: bool, check_every: Checks = (None,), token_on_device: bool = False
 ) -> tuple[dict[Variant, Callable[..., Run]], list[Prefilled]]:
     """Variant -> a function doing one run (``hooks=``: step hooks for kvlab's runs, per-token callbacks for
     genai's), in run order. With a prefill device, each cache kind's prefill is made once here (returned too, for

@@ -170,8 +170,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--reps", type=int, help="paired repetitions after the warm-up")
     b.add_argument(
         "--check-every",
-        help="comma-separated: static caches that read back their presents' buffers "
-        "every k steps (default 1: every step)",
+        help="comma-separated: static caches that read back all their presents' buffers every k steps (default: "
+        "the cache's own, all at a binding's first run, then one a step)",
     )
     b.add_argument("--buffer-cache-modes", help=f"comma-separated WebGPU modes from {BUFFER_CACHE_MODES}")
     b.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai peer row")
@@ -276,7 +276,10 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     )
     pr.add_argument("--rounds", type=int, help="--phases, --lockstep: rounds of kvlab and genai (default 3)")
     pr.add_argument(
-        "--check-every", type=int, help="--phases, --lockstep: the static cache's read-back interval (default 1)"
+        "--check-every",
+        type=int,
+        help="--phases, --lockstep: the static cache reads back all its presents' buffers every k steps (default: "
+        "the cache's own, one a step)",
     )
     pr.add_argument("--no-genai", action="store_true", help="--phases: kvlab's rounds only")
     pr.add_argument(

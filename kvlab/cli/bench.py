@@ -12,6 +12,7 @@ from .. import bench
 from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 from ..ort import load
+from ..ort.decode.caches import read_back
 from ..ort.decode.greedy import AUTO
 from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
@@ -203,7 +204,7 @@ def phases_token(args: argparse.Namespace) -> bool | str:
 def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
     """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
     open_cpu(args, [args.device])
-    rounds, check_every = 3 if args.rounds is None else args.rounds, 1 if args.check_every is None else args.check_every
+    rounds, check_every = 3 if args.rounds is None else args.rounds, args.check_every
     r = bench.step_phases(
         load(args.model, precision=args.precision),
         args.device,
@@ -240,7 +241,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
     )
     print(
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {args.device}; static cache "
-        f"(check_every={check_every}{token}), "
+        f"({read_back(check_every)}{token}), "
         f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
         "first)"
     )
@@ -264,7 +265,7 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         3 if args.rounds is None else args.rounds,
         token_on_device=phases_token(args),
         graph_capture=args.graph_capture,
-        check_every=1 if args.check_every is None else args.check_every,
+        check_every=args.check_every,
         block=1 if args.block is None else args.block,
         sides=tuple((args.sides or "kvlab,genai").split(",")),
     )

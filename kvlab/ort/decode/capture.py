@@ -153,6 +153,16 @@ class CaptureBinding(Binding):
     def read_back(self, due: bool) -> None:
         self._read_back = due
 
+    @property
+    def spot_check(self) -> str:
+        """The one present a run reads back otherwise (the cache's spot check): likewise none after the first
+        replay."""
+        return self._spot_check if self.runs < 2 else ""
+
+    @spot_check.setter
+    def spot_check(self, name: str) -> None:
+        self._spot_check = name
+
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
         if self._pinning:
             super().input(name, value)
@@ -212,7 +222,7 @@ class CapturedStaticCache(StaticCache):
     Raises DeviceError on a device other than WebGPU (or when ONNX Runtime refuses to capture), ModelError for a
     model that cannot be captured, and what a StaticCache raises."""
 
-    def __init__(self, max_cache_len: int, check_every: int = 1):
+    def __init__(self, max_cache_len: int, check_every: int | None = None):
         super().__init__(max_cache_len, check_every)
         self.graph_id = next(_GRAPH_IDS)
         self._step_tensors: dict[str, DeviceTensor] = {}  # input_ids, attention_mask, logits: fixed device tensors
@@ -221,7 +231,7 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def spec(self) -> CacheSpec:
-        checked = f"+checked/{self.check_every}" if self.check_every > 1 else ""
+        checked = f"+checked/{self.check_every}" if self.check_every is not None else ""
         return CacheSpec(self.kind, self.max_cache_len, VARIANT + checked)
 
     @property
@@ -291,17 +301,17 @@ class CapturedStaticCache(StaticCache):
             raise
         self._step_tensors = dict(zip(("input_ids", "attention_mask", "logits"), made))
 
-    def _bind(self, session: Session, n_new: int) -> tuple[Binding, dict[str, int]]:
+    def _bind(self, session: Session, n_new: int) -> tuple[Binding, dict[str, int], tuple[str, ...]]:
         if n_new != 1:  # the prefill (or any multi-token step): uncaptured, on the same session
-            b, expected = super()._bind(session, n_new)
+            b, expected, names = super()._bind(session, n_new)
             if b.run_options is None:
                 b.run_options = run_options(session.device.backend.ort, SKIP)
-            return b, expected
+            return b, expected, names
         if self._capture is None or self._capture.session is not session:
             if self._capture is not None:  # another session (the device was reopened): the old graph goes
                 self._release_graph()
             self._capture, self._session = CaptureBinding(session, self), session
-        return self._capture, self._capture.expected
+        return self._capture, self._capture.expected, tuple(self._capture.expected)
 
     def _release_graph(self) -> None:
         capture, session = self._capture, self._session

@@ -97,7 +97,7 @@ class RingStaticCache(StaticCache):
     cannot evict inside GroupQueryAttention (naming the package, its version, its error and what would work) or the
     model has no sliding layer; what a StaticCache raises otherwise."""
 
-    def __init__(self, max_cache_len: int, check_every: int = 1, states: str = "swap"):
+    def __init__(self, max_cache_len: int, check_every: int | None = None, states: str = "swap"):
         super().__init__(max_cache_len, check_every, states)
         self._windows: dict[int, int] = {}  # {layer: window} of the model served, set when the cache meets it
 

@@ -60,7 +60,7 @@ class RunResult:
     #                            copies a host input to the device), since the binding's last run
     new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
     returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
-    #                                                                     (None: not read back in this run)
+    #                                                                     read back (None: none in this run)
 
     def release(self) -> None:
         """Release every runtime-allocated output (a step that fails after the run owns nothing)."""
@@ -93,8 +93,16 @@ class Binding:
         self._last: RunResult | None = None  # the last run's result, until release_unowned()
         self._bind_seconds = 0.0  # time inside the runtime's bind calls since the last run (RunResult.bind_seconds)
         self.read_back = True  # read every pre-bound output's buffer identity after a run (RunResult.returned_ptrs)
+        self.spot_check = ""  # otherwise the one pre-bound output whose identity a run reads back ("": none)
+        self._position: dict[str, int] = {}  # output name -> its place in ORT's output list
         self.run_options: Any = None  # onnxruntime.RunOptions for every run (e.g. a graph capture's gpu_graph_id)
         _BINDINGS.add(self)
+
+    @property
+    def ran(self) -> bool:
+        """Whether this binding has run (a later run of a binding with every output pre-bound runs on the same
+        buffers)."""
+        return self._ran
 
     @property
     def bound_outputs(self) -> dict[str, int]:
@@ -146,7 +154,8 @@ class Binding:
 
     def _remember(self, name: str) -> None:
         # Rebinding a name keeps its place in ORT's output list.
-        if name not in self._order:
+        if name not in self._position:
+            self._position[name] = len(self._order)
             self._order.append(name)
 
     def run(self) -> RunResult:
@@ -163,8 +172,10 @@ class Binding:
         self.session.ort.run_with_iobinding(self._io, self.run_options)
         result = RunResult(time.perf_counter() - start, self._bind_seconds)
         self._ran, self._last, self._bind_seconds = True, result, 0.0
-        if not (self._new or self.read_back):
-            result.returned_ptrs = None
+        if not (self._new or self.read_back):  # one output's identity at most: one Python wrapper, not one per output
+            name = self.spot_check
+            outputs = self._io._iobinding.get_outputs() if name else None
+            result.returned_ptrs = {name: outputs[self._position[name]].data_ptr()} if name else None
             return result
         try:
             values = self._io._iobinding.get_outputs()  # the C-level values: no Python wrapper per output
