@@ -172,6 +172,7 @@ def hook_list(on_step: StepHook | Iterable[StepHook] | None) -> list[StepHook]:
 
 
 _STATM: int | None = None
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # statm counts pages
 
 
 def rss_bytes() -> int:
@@ -181,7 +182,7 @@ def rss_bytes() -> int:
     if _STATM is None and os.path.exists("/proc/self/statm"):
         _STATM = os.open("/proc/self/statm", os.O_RDONLY)
     if _STATM is not None:
-        return int(os.pread(_STATM, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(os.pread(_STATM, 128, 0).split()[1]) * _PAGE
     import psutil
 
     return psutil.Process(os.getpid()).memory_info().rss
