@@ -42,7 +42,7 @@ def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
 
     monkeypatch.setattr(Stepper, "step", step)
     monkeypatch.setattr(lockstep_module, "genai_generator", lambda *a: Noted(real_generator(*a)))
-    r = lockstep(toy, "cpu", context=20, new_tokens=7, rounds=2, token_on_device=False)
+    r = lockstep(toy, "cpu", context=20, new_tokens=7, rounds=2, token_on_device=False, block=1)
     one_round = ["kvlab", "genai"] + ["kvlab", "genai", "genai", "kvlab"] * 3  # prefills, then 6 pairs in turns
     assert calls == one_round * 2
     assert r["pairs"] == 2 * 6 and len(r["round_medians"]) == 2 and r["tokens_equal"]
@@ -52,18 +52,19 @@ def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
 
 
 def test_blocks_take_turns_and_pair_their_medians(toy, monkeypatch):
-    """Blocks of 3 steps in turns (the last one shorter), the order swapped every pair; each pair's ratio is the
-    medians' ratio of its two blocks after their first quarter (here: none of a 3-step block); every step's time is
-    kept in order."""
+    """Blocks of 4 steps in turns (the last one shorter), the order swapped every pair; each pair's ratio is the
+    medians' ratio of its two blocks after their first quarter (one step of 4; none of the last, of 2); every
+    step's time is kept in order."""
     calls: list[str] = []
     real_step = Stepper.step
     monkeypatch.setattr(Stepper, "step", lambda self, *a, **k: calls.append(id(self)) or real_step(self, *a, **k))
-    r = lockstep(toy, "cpu", context=12, new_tokens=8, rounds=1, block=3, sides=("kvlab", "kvlab"))
-    first, second = calls[0], calls[1]  # the two prefills, then 7 decode steps each: 3 + 3 + 1
-    assert calls[2:] == [first] * 3 + [second] * 3 + [second] * 3 + [first] * 3 + [first, second]
+    r = lockstep(toy, "cpu", context=12, new_tokens=11, rounds=1, block=4, sides=("kvlab", "kvlab"))
+    first, second = calls[0], calls[1]  # the two prefills, then 10 decode steps each: 4 + 4 + 2
+    assert calls[2:] == [first] * 4 + [second] * 4 + [second] * 4 + [first] * 4 + [first] * 2 + [second] * 2
     a, b = r["steps_ms"][0]
-    assert len(a) == len(b) == 7 and r["pairs"] == 3 and r["left_out_per_block"] == 0
-    expected = [np.median(a[i : i + 3]) / np.median(b[i : i + 3]) for i in (0, 3, 6)]
+    assert len(a) == len(b) == 10 and r["pairs"] == 3 and r["left_out_per_block"] == 1
+    blocks = [(1, 4), (5, 8), (8, 10)]  # each block's steps after its first quarter
+    expected = [np.median(a[i:j]) / np.median(b[i:j]) for i, j in blocks]
     assert r["ratio_median"] == pytest.approx(float(np.median(expected)))
     assert r["tokens_equal"] and r["genai_version"] == ""  # two kvlab caches: the same tokens, no genai
 
@@ -73,11 +74,13 @@ def test_the_result_states_its_ratios_and_label(toy):
     q1, q3 = r["ratio_quartiles"]
     assert q1 <= r["ratio_median"] <= q3 and 0 <= r["below_one"] <= 1
     assert r["first_step_ms"] > 0 and r["second_step_ms"] > 0 and len(r["round_steps_ms"]) == 3
-    assert r["sides"] == ["kvlab", "genai"] and r["block"] == 1
+    assert r["sides"] == ["kvlab", "genai"] and r["block"] == 32 and r["left_out_per_block"] == 8
+    assert r["pairs"] == 3  # 5 decode steps a round: one pair of blocks, shorter than 32
     assert r["runtime"].startswith("onnxruntime") and "(hardware)" in r["adapter"]
     assert not r["graph_capture"] and r["check_every"] is None and r["token_on_device"] is False  # the CPU: the host
     text = summary(r)
-    assert f"kvlab/genai, {r['pairs']} step pairs taken in turns" in text and "the token on the host" in text
+    assert f"kvlab/genai, {r['pairs']} pairs of 32-step blocks taken in turns" in text
+    assert "the token on the host" in text
     assert f"({toy.name}: float32 weights, float32 KV cache, on cpu (" in text
 
 
@@ -86,7 +89,7 @@ def test_both_captured_on_webgpu(toy):
     uncaptured on both, as each loop does alone."""
     r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1, graph_capture=True, check_every=2)
     assert r["graph_capture"] and r["model"] == "toy-graph" and r["check_every"] == 2
-    assert r["tokens_equal"] and r["pairs"] == 3 and not r["token_on_device"]
+    assert r["tokens_equal"] and r["pairs"] == 1 and not r["token_on_device"]  # 3 steps: one pair of blocks
     assert (
         "kvlab's captured static cache (every present checked every 2 steps, the token on the host) against genai"
         in summary(r)
@@ -105,6 +108,6 @@ def test_cli_writes_the_result(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads(out.read_text())
-    assert saved["pairs"] == 3 and saved["tokens_equal"] and saved["rounds"] == 1
+    assert saved["pairs"] == 1 and saved["tokens_equal"] and saved["rounds"] == 1
     assert f"x{saved['ratio_median']:.3f}" in proc.stdout
     assert np.isfinite(saved["first_step_ms"]) and saved["environment"]["commit"]

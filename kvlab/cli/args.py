@@ -268,7 +268,9 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--lockstep: both captured (kvlab's CapturedStaticCache, genai with enableGraphCapture; WebGPU)",
     )
-    pr.add_argument("--block", type=int, help="--lockstep: steps each loop takes per turn (default 1)")
+    pr.add_argument(
+        "--block", type=int, help="--lockstep: steps each loop takes per turn, the first quarter left out (default 32)"
+    )
     pr.add_argument(
         "--sides",
         help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "

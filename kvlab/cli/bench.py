@@ -266,7 +266,7 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         token_on_device=phases_token(args),
         graph_capture=args.graph_capture,
         check_every=args.check_every,
-        block=1 if args.block is None else args.block,
+        block=32 if args.block is None else args.block,
         sides=tuple((args.sides or "kvlab,genai").split(",")),
     )
     print(summary(r))
