@@ -790,6 +790,13 @@ CASES = [
     ),
     Case(
         "CLI",
+        "kvlab profile --lockstep --under-load 0",
+        "exit 2",
+        "under_load 0 must be at least 1",
+        lambda e: e.cli("profile", "--model", "toy", "--lockstep", "--under-load", "0"),
+    ),
+    Case(
+        "CLI",
         "kvlab profile --graph-capture (without --lockstep)",
         "exit 2",
         "--graph-capture applies only with --lockstep",

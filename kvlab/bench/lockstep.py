@@ -24,7 +24,8 @@ round starts both from their own prefill of the same prompt on the same device (
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_d
 from ..ort.checks.references import genai_generator
 from ..ort.decode.caches import read_back
 from ..ort.decode.greedy import AUTO, reduction_for
+from .load import check_load, competing
 from .plan import prompt_ids
 from .variants import GenaiPeer
 
@@ -108,6 +110,7 @@ def lockstep(
     check_every: int | None = None,
     block: int = 32,
     sides: tuple[str, str] = SIDES,
+    under_load: int | None = None,
 ) -> dict[str, Any]:
     """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
     onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
@@ -119,8 +122,14 @@ def lockstep(
     it reads back its presents' buffer identities). Returns the block pairs' ratios (first side / second side, each
     a median of its block's steps after the first quarter): their median, quartiles and share below 1, each round's
     median, both sides' median steps, every step's time, whether the tokens are equal, and what ran (model, device,
-    adapter, runtime). ConfigError for a bad count or setting."""
+    adapter, runtime). ``under_load`` N (1 to 4 per logical CPU): every round also runs with N CPU-bound processes
+    competing for the cores (``kvlab.bench.load.competing``; quiet first in even rounds, loaded first in odd ones);
+    the result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each
+    side's loaded over quiet median step and the first side's slowdown over the second's (below 1: the first slows
+    down less). ConfigError for a bad count or setting."""
     _check(device, (context, new_tokens, rounds, check_every, block), token_on_device, graph_capture, sides)
+    if under_load is not None:
+        check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
     dev = open_device(device)
     reduction = "" if graph_capture else reduction_for(token_on_device, model.info.vocab_size, dev)
@@ -134,7 +143,9 @@ def lockstep(
             return _Genai(peer, ids, new_tokens)
         return _Kvlab(model, dev, ids, reduction, make(needed, check_every))
 
-    done = [_round(side(sides[0]), side(sides[1]), new_tokens - 1, block) for _ in range(rounds)]
+    def one() -> dict[str, Any]:
+        return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block)
+
     return {
         "model": model.name,
         "weights": model.info.weights,
@@ -153,7 +164,7 @@ def lockstep(
         "token_on_device": bool(reduction),
         "greedy_reduction": reduction,
         "genai_version": peer.version if peer else "",
-        **_paired(done),
+        **(_paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)),
     }
 
 
@@ -193,6 +204,32 @@ def _round(a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int) -> di
     return {"ratios": np.array(ratios), "a_ms": a.ms, "b_ms": b.ms, "tokens_equal": a.tokens == b.tokens}
 
 
+def _loaded_rounds(one: Callable[[], dict[str, Any]], rounds: int, n: int) -> dict[str, Any]:
+    """``rounds`` rounds quiet and as many with ``n`` competing processes, the order alternating: the quiet pairs,
+    and ``under_load`` (see ``lockstep``)."""
+    quiet, loaded = [], []
+    for r in range(rounds):
+        for busy in (False, True) if r % 2 == 0 else (True, False):
+            with competing(n) if busy else nullcontext():
+                (loaded if busy else quiet).append(one())
+    slowdown = {
+        side: [float(np.median(hot[key]) / np.median(calm[key])) for calm, hot in zip(quiet, loaded)]
+        for side, key in (("first", "a_ms"), ("second", "b_ms"))
+    }
+    relative = [a / b for a, b in zip(slowdown["first"], slowdown["second"])]
+    return {
+        **_paired(quiet),
+        "under_load": {
+            "processes": n,
+            "first_slowdown": float(np.median(slowdown["first"])),
+            "second_slowdown": float(np.median(slowdown["second"])),
+            "relative_slowdown": float(np.median(relative)),  # below 1: the first side slows down less
+            "rounds": {**slowdown, "relative": relative},
+            **_paired(loaded),
+        },
+    }
+
+
 def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The pairs of every round together: the ratios' median, quartiles and share below 1; per round its median
     ratio and both median steps; every step's time."""
@@ -222,11 +259,21 @@ def summary(r: dict[str, Any]) -> str:
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"
+    busy = r.get("under_load")
+    loaded = (
+        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet step, {b} "
+        f"x{busy['second_slowdown']:.3f}; {a}'s slowdown over {b}'s x{busy['relative_slowdown']:.3f} (rounds "
+        + ", ".join(f"x{x:.3f}" for x in busy["rounds"]["relative"])
+        + f"); {a}/{b} loaded x{busy['ratio_median']:.3f}\n"
+        if busy
+        else ""
+    )
     return (
         f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
         f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
         f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms; tokens equal: "
         f"{r['tokens_equal']}\n"
+        f"{loaded}"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
         f"{r['runtime']}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"

@@ -276,6 +276,13 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "
         "the pairing favours neither side)",
     )
+    pr.add_argument(
+        "--under-load",
+        type=int,
+        metavar="N",
+        help="--lockstep: every round also with N CPU-bound processes competing for the cores; each loop's "
+        "loaded/quiet step and kvlab's slowdown over genai's",
+    )
     pr.add_argument("--rounds", type=int, help="--phases, --lockstep: rounds of kvlab and genai (default 3)")
     pr.add_argument(
         "--check-every",

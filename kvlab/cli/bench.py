@@ -111,6 +111,7 @@ def profile_command(args: argparse.Namespace) -> int:
         "--graph-capture": args.graph_capture,
         "--block": args.block is not None,
         "--sides": bool(args.sides),
+        "--under-load": args.under_load is not None,
     }
     applies_only_with(only_lockstep, "--lockstep", args.lockstep)
     shared = {"--rounds": args.rounds is not None, "--json": args.json is not None}
@@ -268,6 +269,7 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         check_every=args.check_every,
         block=32 if args.block is None else args.block,
         sides=tuple((args.sides or "kvlab,genai").split(",")),
+        under_load=args.under_load,
     )
     print(summary(r))
     if args.json:
