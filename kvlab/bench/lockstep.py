@@ -125,8 +125,9 @@ def lockstep(
     adapter, runtime). ``under_load`` N (1 to 4 per logical CPU): every round also runs with N CPU-bound processes
     competing for the cores (``kvlab.bench.load.competing``; quiet first in even rounds, loaded first in odd ones);
     the result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each
-    side's loaded over quiet median step and the first side's slowdown over the second's (below 1: the first slows
-    down less). ConfigError for a bad count or setting."""
+    side's loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first
+    slows down less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why).
+    ConfigError for a bad count or setting."""
     _check(device, (context, new_tokens, rounds, check_every, block), token_on_device, graph_capture, sides)
     if under_load is not None:
         check_load(under_load, "under_load")
@@ -143,8 +144,8 @@ def lockstep(
             return _Genai(peer, ids, new_tokens)
         return _Kvlab(model, dev, ids, reduction, make(needed, check_every))
 
-    def one() -> dict[str, Any]:
-        return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block)
+    def one(stat: Callable[..., Any] = np.median) -> dict[str, Any]:
+        return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block, stat)
 
     return {
         "model": model.name,
@@ -189,9 +190,11 @@ def _check(
         )
 
 
-def _round(a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int) -> dict[str, Any]:
+def _round(
+    a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int, stat: Callable[..., Any] = np.median
+) -> dict[str, Any]:
     """Both sides prefilled, then ``steps`` decode steps each, ``block`` at a time in turns; the ratio of each pair
-    of blocks (the medians of their steps after the first quarter)."""
+    of blocks (``stat``, the median by default, of their steps after the first quarter)."""
     ratios = []
     with a, b:
         for pair, start in enumerate(range(0, steps, block)):
@@ -200,20 +203,22 @@ def _round(a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int) -> di
                 for _ in range(n):
                     side.step()
             skip = n // 4
-            ratios.append(np.median(a.ms[start + skip : start + n]) / np.median(b.ms[start + skip : start + n]))
+            ratios.append(stat(a.ms[start + skip : start + n]) / stat(b.ms[start + skip : start + n]))
     return {"ratios": np.array(ratios), "a_ms": a.ms, "b_ms": b.ms, "tokens_equal": a.tokens == b.tokens}
 
 
 def _loaded_rounds(one: Callable[[], dict[str, Any]], rounds: int, n: int) -> dict[str, Any]:
     """``rounds`` rounds quiet and as many with ``n`` competing processes, the order alternating: the quiet pairs,
-    and ``under_load`` (see ``lockstep``)."""
+    and ``under_load`` (see ``lockstep``). Loaded, a step takes one of two times (its process has a core, or shares
+    one with a competitor: measured on 2 cores, 44 or 82 ms where quiet is 42), and a median jumps between them, so
+    both conditions are summarized by means: the time per token, which follows the share of the cores a loop got."""
     quiet, loaded = [], []
     for r in range(rounds):
         for busy in (False, True) if r % 2 == 0 else (True, False):
             with competing(n) if busy else nullcontext():
-                (loaded if busy else quiet).append(one())
+                (loaded if busy else quiet).append(one(np.mean))
     slowdown = {
-        side: [float(np.median(hot[key]) / np.median(calm[key])) for calm, hot in zip(quiet, loaded)]
+        side: [float(np.mean(hot[key]) / np.mean(calm[key])) for calm, hot in zip(quiet, loaded)]
         for side, key in (("first", "a_ms"), ("second", "b_ms"))
     }
     relative = [a / b for a, b in zip(slowdown["first"], slowdown["second"])]
@@ -261,7 +266,8 @@ def summary(r: dict[str, Any]) -> str:
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"
     busy = r.get("under_load")
     loaded = (
-        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet step, {b} "
+        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet time per token, "
+        f"{b} "
         f"x{busy['second_slowdown']:.3f}; {a}'s slowdown over {b}'s x{busy['relative_slowdown']:.3f} (rounds "
         + ", ".join(f"x{x:.3f}" for x in busy["rounds"]["relative"])
         + f"); {a}/{b} loaded x{busy['ratio_median']:.3f}\n"
