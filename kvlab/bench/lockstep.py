@@ -147,25 +147,25 @@ def lockstep(
     def one(stat: Callable[..., Any] = np.median) -> dict[str, Any]:
         return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block, stat)
 
+    settings = {"context": context, "new_tokens": new_tokens, "rounds": rounds, "sides": list(sides), "block": block}
+    settings |= {"left_out_per_block": block // 4, "graph_capture": graph_capture, "check_every": check_every}
+    paired = _paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)
+    return {**_what_ran(model, dev, reduction, peer), **settings, **paired}
+
+
+def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) -> dict[str, Any]:
+    """The labels of a result: the model as built, the device, adapter and runtime, the token's path, genai's
+    version."""
     return {
         "model": model.name,
         "weights": model.info.weights,
         "precision": model.info.dtype_name,  # the KV cache's
-        "device": device,
+        "device": dev.name,
         "adapter": str(dev.label.adapter),  # its name and whether hardware or software
         "runtime": dev.label.runtime,
-        "context": context,
-        "new_tokens": new_tokens,
-        "rounds": rounds,
-        "sides": list(sides),
-        "block": block,
-        "left_out_per_block": block // 4,
-        "graph_capture": graph_capture,
-        "check_every": check_every,
         "token_on_device": bool(reduction),
         "greedy_reduction": reduction,
         "genai_version": peer.version if peer else "",
-        **(_paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)),
     }
 
 

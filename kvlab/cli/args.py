@@ -257,32 +257,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         help="time the phases of kvlab's whole step (binding, run, read-back, commit, loop) instead, "
         "beside onnxruntime-genai's step in paired rounds",
     )
-    pr.add_argument(
-        "--lockstep",
-        action="store_true",
-        help="kvlab's static-cache step and onnxruntime-genai's taken in turns, one step each, in one loop: each "
-        "ratio pairs two steps taken at the same moment",
-    )
-    pr.add_argument(
-        "--graph-capture",
-        action="store_true",
-        help="--lockstep: both captured (kvlab's CapturedStaticCache, genai with enableGraphCapture; WebGPU)",
-    )
-    pr.add_argument(
-        "--block", type=int, help="--lockstep: steps each loop takes per turn, the first quarter left out (default 32)"
-    )
-    pr.add_argument(
-        "--sides",
-        help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "
-        "the pairing favours neither side)",
-    )
-    pr.add_argument(
-        "--under-load",
-        type=int,
-        metavar="N",
-        help="--lockstep: every round also with N CPU-bound processes competing for the cores; each loop's "
-        "loaded/quiet step and kvlab's slowdown over genai's",
-    )
+    _lockstep_flags(pr)
     pr.add_argument("--rounds", type=int, help="--phases, --lockstep: rounds of kvlab and genai (default 3)")
     pr.add_argument(
         "--check-every",
@@ -306,6 +281,35 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     )
     pr.add_argument("--json", type=path_arg, help="--phases, --lockstep: also write the result as JSON")
     _cpu_flags(pr)
+
+
+def _lockstep_flags(pr: argparse.ArgumentParser) -> None:
+    pr.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="kvlab's static-cache loop and onnxruntime-genai's taken in turns, blocks of steps, in one process: "
+        "each ratio pairs two blocks run next to each other",
+    )
+    pr.add_argument(
+        "--graph-capture",
+        action="store_true",
+        help="--lockstep: both captured (kvlab's CapturedStaticCache, genai with enableGraphCapture; WebGPU)",
+    )
+    pr.add_argument(
+        "--block", type=int, help="--lockstep: steps each loop takes per turn, the first quarter left out (default 32)"
+    )
+    pr.add_argument(
+        "--sides",
+        help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "
+        "the turns favour neither side)",
+    )
+    pr.add_argument(
+        "--under-load",
+        type=int,
+        metavar="N",
+        help="--lockstep: every round also with N CPU-bound processes competing for the cores; each loop's "
+        "loaded/quiet time per token and kvlab's slowdown over genai's",
+    )
 
 
 def ints(text: str, flag: str) -> list[int]:

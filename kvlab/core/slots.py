@@ -8,7 +8,8 @@ ONNX Runtime backend's slots: ``kvlab.ort.decode.slots``):
 
 - ``allocate()``, at the cache's first use: every buffer the slot owns (the cache releases the slots allocated
   before one that fails: all or nothing);
-- per step: ``binding_key(length)`` (equal keys: the binding made for the last one runs again; None: bind afresh),
+- per step: ``binding_key(length)`` (equal keys: the binding made for the last one runs again; a slot whose
+  outputs the runtime allocates anew every run says ``fresh_bindings`` instead, and its cache binds afresh),
   ``bind(binding, length)``: bind the past input and the present output of a step that starts at ``length``, and
   return the outputs bound in place with the buffer identity each must come back in; after the run,
   ``check(result, length)``: what is wrong with what the runtime returned ("" when nothing; no side effects), and
@@ -48,10 +49,12 @@ class Crop:
 class Slot:
     """One entry of a cache (see the module docstring). ``steps`` False: the slot's binding, commit, settle and
     rollback never change anything (a fixed buffer written in place), so the cache skips them every step.
-    ``undoable`` False: a run that fails after it started leaves the slot changed (a state rewritten in place)."""
+    ``undoable`` False: a run that fails after it started leaves the slot changed (a state rewritten in place).
+    ``fresh_bindings`` True: the runtime allocates the slot's output anew every run, so no binding runs twice."""
 
     steps = True
     undoable = True
+    fresh_bindings = False
 
     def __init__(self, entry: CacheEntry):
         self.entry = entry
@@ -70,8 +73,8 @@ class Slot:
         """Allocate what the slot owns for good; returns the tensors made."""
         return []
 
-    def binding_key(self, length: int) -> Hashable | None:
-        return None
+    def binding_key(self, length: int) -> Hashable:
+        return ()
 
     def bind(self, binding: Any, length: int) -> Mapping[str, int]:
         raise NotImplementedError

@@ -41,6 +41,7 @@ class CacheState:
         self._fresh: list[Any] = []  # tensors allocated and not reported by a step yet
         self._taken: list[Any] = []  # those the last commit reported (its rollback gives them back)
         self._steady: CacheStep | None = None  # what a step that makes nothing reports
+        self._fresh_bindings = False  # whether a slot's outputs are the runtime's, new every run
         self._bytes_per_token = 0  # of every slot's entry, as the slots hold them (packed KV is smaller)
         self._state_bytes = 0  # one copy of each fixed-size state
         self.seq_length = 0  # tokens held
@@ -48,6 +49,7 @@ class CacheState:
     def _hold(self, slots: list[Slot]) -> None:
         """Hold these slots (one per entry of the model's layout), and what they need per token."""
         self.slots, self._stepping = slots, [s for s in slots if s.steps]
+        self._fresh_bindings = any(s.fresh_bindings for s in slots)  # then every step binds afresh
         self._bytes_per_token = sum(s.entry.bytes_per_token for s in slots)
         self._state_bytes = sum(s.entry.nbytes(0) for s in slots if not s.entry.grows)
 
@@ -229,10 +231,10 @@ class CacheSteps(CacheState):
             raise CacheStateError(f"the {self.kind} cache has no buffers: use it through generate() / cache.use()")
 
     def _bind(self, session: Any, n_new: int) -> tuple[Any, dict[str, int], tuple[str, ...]]:
-        """A binding of every slot, made once per key and kept (a slot without a key: made for this step alone)."""
-        parts = [s.binding_key(self.seq_length) for s in self._stepping]
-        key = None if None in parts else (id(session), *parts)
-        found = self._bindings.get(key)
+        """A binding of every slot, made once per key and kept (made for this step alone when a slot's outputs are
+        the runtime's)."""
+        key = None if self._fresh_bindings else (id(session), *(s.binding_key(self.seq_length) for s in self._stepping))
+        found = self._bindings.get(key) if key is not None else None
         if found is None:
             b, expected = session.binding(), {}
             for slot in self.slots:

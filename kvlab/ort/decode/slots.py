@@ -28,6 +28,8 @@ class RuntimeState(Slot):
     """The runtime allocates this entry's present every step; it becomes the next step's past (the first step
     reads zeros). The present it replaces is released when the step settles."""
 
+    fresh_bindings = True
+
     def __init__(self, entry: CacheEntry, device: Device):
         super().__init__(entry)
         self.device = device

@@ -53,6 +53,9 @@ class Backend:
     # how a step binds a host array as an input, with as few calls as the package allows (it runs every step):
     # (make, host): ``make(array, host)`` is a C-level OrtValue over the array, for ``bind_ortvalue_input``
     host_input: tuple[Any, Any] = (None, None)
+    # the package's Python OrtValue class: ``ortvalue(value)`` wraps a C-level value an IOBinding returned, and
+    # ``ortvalue.ortvalue_from_numpy(array)`` is one over host memory (the array must outlive it)
+    ortvalue: Any = None
 
     @property
     def name(self) -> str:
@@ -81,11 +84,7 @@ class Backend:
     # -- values
     def host_value(self, array: np.ndarray) -> Any:
         """An OrtValue over host memory (the array must outlive it)."""
-        raise NotImplementedError
-
-    def wrap(self, value: Any) -> Any:
-        """A Python OrtValue around a C-level value returned by an IOBinding."""
-        raise NotImplementedError
+        return self.ortvalue.ortvalue_from_numpy(np.ascontiguousarray(array))
 
     def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
         """Whether a step that feeds several tokens gives the logits one-token steps give on this device and kind of

@@ -57,6 +57,7 @@ class BuiltinWebGpu(Backend):
         self.ort, self._c = ort, c
         self._host = c.OrtDevice(c.OrtDevice.cpu(), c.OrtDevice.default_memory(), 0)
         self.host_input = (c.OrtValue.ortvalue_from_numpy, self._host)  # C-level: no Python wrappers
+        self.ortvalue = ort.OrtValue
         self.version = ort.__version__
         self._helpers: dict[tuple[int, np.dtype], Session] = {}
 
@@ -113,12 +114,6 @@ class BuiltinWebGpu(Backend):
         ]
 
     # -- values
-    def host_value(self, array: np.ndarray) -> Any:
-        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-
-    def wrap(self, value: Any) -> Any:
-        return self.ort.OrtValue(value)
-
     def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
         return not (device_name == "webgpu" and adapter_kind == "software")  # see the module docstring
 

@@ -84,6 +84,7 @@ class Binding:
         self._io = session.ort.io_binding()
         self._lock = session.device.lock  # held for every use of WebGPU's one context (kvlab.ort.runtime.context)
         self._from_host, self._host = self._backend.host_input
+        self._ortvalue = self._backend.ortvalue  # the package's OrtValue class, resolved once
         self._prebound: dict[str, int] = {}  # output name -> data_ptr bound
         self._keep: dict[str, Any] = {}  # host arrays/OrtValues bound, kept alive while bound
         self._bound_arrays: dict[str, int] = {}  # output name -> id() of the host array bound to it
@@ -133,7 +134,7 @@ class Binding:
                 return  # already bound to this very array (a step's logits): the runtime writes it every run
             if not target.flags.c_contiguous or not target.flags.writeable:
                 raise ConfigError(f"output {name!r} must be bound to a writeable C-contiguous array")
-            ov = self._backend.host_value(target)  # the runtime writes (or copies) into it
+            ov = self._ortvalue.ortvalue_from_numpy(target)  # the runtime writes (or copies) into it
             ptr = int(ov.data_ptr())
             self._bound_arrays[name] = id(target)
         self._keep["out:" + name] = (target, ov)
@@ -189,7 +190,7 @@ class Binding:
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
                 for name, value in zip(self._order, values):
                     if name in self._new:
-                        result.new[name] = DeviceTensor(self._backend.wrap(value), device, owner)
+                        result.new[name] = DeviceTensor(self._ortvalue(value), device, owner)
                 self._io.clear_binding_inputs()  # drop references to inputs (e.g. the previous step's presents)
                 self._keep.clear()
         except BaseException:
