@@ -5,7 +5,7 @@ Why: on a GPU, whole runs of either loop can sit at one speed or another for rea
 an NVIDIA H200: runs of 4.4 or 6.5-8.3 ms a step, switching between runs). A ratio paired by round then compares two
 runs that may sit at different speeds. Here each block of one loop's steps is paired with the other loop's block
 taken right before or after it (the order swapped every pair, so neither always goes first): whatever slows the
-machine for a while slows both sides of a pair. The first quarter of each block is left out of the pair's medians:
+machine for a while slows both sides of a pair. The first quarter of each block is left out of the pair's ratio:
 the first step after a switch carries the other loop's state on the shared device (measured on the H200 at 16,384
 tokens: kvlab's first step of a block 12.5 ms, its others 15.1; genai's first 21.0, its others 16.1). With blocks of
 one step every step is such a first step, so single-step turns misplace time between the loops (there x0.63 against
@@ -14,6 +14,8 @@ comparing kvlab with genai.
 
 Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two
 caches) or "genai" against "genai" (two generators) checks that the pairing itself favours neither side (x1.00).
+Under a competing load (``under_load``) every round runs quiet and loaded, and each loop's slowdown is compared with
+the other's.
 
 Each loop runs as it does alone: kvlab's steps are ``generate()``'s (``Stepper.step`` on the last token, the token
 chosen as ``token_on_device`` says, "auto" by default), genai's are ``generate_next_token`` and ``get_next_tokens``.
