@@ -36,7 +36,7 @@ from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
 from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
 from ..ort.checks.references import genai_generator
-from ..ort.decode.caches import read_back
+from ..ort.decode.caches import check_every_of, read_back
 from ..ort.decode.greedy import AUTO, reduction_for
 from .load import check_load, competing
 from .plan import prompt_ids
@@ -130,7 +130,8 @@ def lockstep(
     side's loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first
     slows down less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why).
     ConfigError for a bad count or setting."""
-    _check(device, (context, new_tokens, rounds, check_every, block), token_on_device, graph_capture, sides)
+    _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
+    check_every_of(check_every)
     if under_load is not None:
         check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
@@ -174,10 +175,8 @@ def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) ->
 def _check(
     device: str, counts: tuple[int, ...], token_on_device: bool | str, graph_capture: bool, sides: tuple[str, str]
 ) -> None:
-    names = ("context", "new_tokens", "rounds", "check_every", "block")
-    for name, value, least in zip(names, counts, (1, 3, 1, 1, 1)):
-        if value is not None or name != "check_every":
-            check_int(value, name, least)
+    for name, value, least in zip(("context", "new_tokens", "rounds", "block"), counts, (1, 3, 1, 1)):
+        check_int(value, name, least)
     check_flag("graph_capture", graph_capture)
     if not isinstance(sides, (tuple, list)) or len(sides) != 2:
         raise ConfigError(f"sides={sides!r} must be two of {SIDES}, e.g. ('kvlab', 'genai')")
@@ -266,16 +265,7 @@ def summary(r: dict[str, Any]) -> str:
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"
-    busy = r.get("under_load")
-    loaded = (
-        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet time per token, "
-        f"{b} "
-        f"x{busy['second_slowdown']:.3f}; {a}'s slowdown over {b}'s x{busy['relative_slowdown']:.3f} (rounds "
-        + ", ".join(f"x{x:.3f}" for x in busy["rounds"]["relative"])
-        + f"); {a}/{b} loaded x{busy['ratio_median']:.3f}\n"
-        if busy
-        else ""
-    )
+    loaded = _loaded_line(r["under_load"], a, b) if "under_load" in r else ""
     return (
         f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
         f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
@@ -285,4 +275,14 @@ def summary(r: dict[str, Any]) -> str:
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
         f"{r['runtime']}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
+    )
+
+
+def _loaded_line(busy: dict[str, Any], a: str, b: str) -> str:
+    """The summary's line about the loaded rounds (sides ``a`` and ``b``)."""
+    rounds = ", ".join(f"x{x:.3f}" for x in busy["rounds"]["relative"])
+    return (
+        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet time per token, "
+        f"{b} x{busy['second_slowdown']:.3f}; {a}'s slowdown over {b}'s x{busy['relative_slowdown']:.3f} (rounds "
+        f"{rounds}); {a}/{b} loaded x{busy['ratio_median']:.3f}\n"
     )

@@ -252,7 +252,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
 
 
 def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
-    """``kvlab profile --lockstep``: kvlab's static step and genai's, one step each in turn."""
+    """``kvlab profile --lockstep``: kvlab's static loop and genai's, in turns of blocks of steps."""
     from ..bench.lockstep import lockstep, summary
     from ..bench.results import write_recording
 

@@ -134,6 +134,7 @@ class CaptureBinding(Binding):
         self.expected: dict[str, int] = {}  # the KV outputs written in place, and their buffers
         for slot in cache.slots:
             self.expected.update(slot.bind(self, cache.seq_length))
+        self.spot_names = tuple(self.expected)  # the in-place outputs a spot check reads in turn
         for name, t in self._names.items():
             super().input(name, t)
         super().output(self._logits_name, self._logits)
@@ -311,7 +312,7 @@ class CapturedStaticCache(StaticCache):
             if self._capture is not None:  # another session (the device was reopened): the old graph goes
                 self._release_graph()
             self._capture, self._session = CaptureBinding(session, self), session
-        return self._capture, self._capture.expected, tuple(self._capture.expected)
+        return self._capture, self._capture.expected, self._capture.spot_names
 
     def _release_graph(self) -> None:
         capture, session = self._capture, self._session
