@@ -49,8 +49,8 @@ def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
     base = dev.live_tensors
     with CapturedStaticCache(64) as cache:
         g = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
-        assert dev.live_tensors == base + toy.info.layout.tensors + 3  # KV buffers + ids, mask, logits
-        assert (cache.captures, cache.replays) == (1, NEW - 2)  # prefill uncaptured, 1st decode captures
+        assert dev.live_tensors == base + toy.info.layout.tensors + 5  # KV buffers + 2 ids, 2 masks, logits
+        assert (cache.captures, cache.replays) == (2, NEW - 3)  # prefill uncaptured, 1st and 2nd decode capture
     assert g.token_ids == _static_tokens(toy)
     assert str(g.cache) == "static@64 graph" and g.cache.variant == "graph"
     assert not g.label.token_on_device  # a captured cache chooses its tokens on the host
@@ -74,14 +74,14 @@ def test_a_cpu_prefill_hands_off_to_the_captured_cache(toy, toy_graph):
             stop_on_eos=False,
             prefill_device="cpu",
         )
-        assert (cache.captures, cache.replays) == (1, NEW - 2)
+        assert (cache.captures, cache.replays) == (2, NEW - 3)
     assert [r.phase for r in g.records[:2]] == ["prefill", "handoff"]
     assert g.token_ids == cpu.token_ids
 
 
 def test_reset_and_reuse_replay_without_recapture(toy_graph):
-    """Two generations through one cache: 2 x (NEW - 1) decode runs, one capture, the rest replays; ONNX
-    Runtime's own log (severity info) counts the replays."""
+    """Three generations through one cache: 3 x (NEW - 1) decode runs, two captures (one per pair of step
+    buffers), the rest replays; ONNX Runtime's own log (severity info) counts the replays."""
     r = run_python(
         f"""
 import kvlab
@@ -100,8 +100,8 @@ cache.dispose()
     assert r.returncode == 0, r.stderr[-3000:]
     log = r.stdout + r.stderr
     decode_runs = 3 * (NEW - 1)
-    assert f"KVLAB 1 {decode_runs - 1} True True" in r.stdout
-    assert log.count("Replaying the captured WebGpuExecutionProvider graph") == decode_runs - 1
+    assert f"KVLAB 2 {decode_runs - 2} True True" in r.stdout
+    assert log.count("Replaying the captured WebGpuExecutionProvider graph") == decode_runs - 2
     assert log.count("will use the graph capture feature") == 1  # one capturing session
 
 
@@ -116,9 +116,9 @@ def test_a_replay_reads_the_updated_inputs(toy, toy_graph):
 
 
 def test_replays_after_the_first_skip_the_read_back(toy_graph, monkeypatch):
-    """The presents' buffer identities are read back at the prefill, the capture and the first replay, then no
-    more (a replay runs the recorded buffers), also in a second generation on the same graph; the tokens are
-    those of a cache that checks every step. The real runs are observed, not altered."""
+    """The presents' buffer identities are read back at the prefill, and at each graph's capture and first replay,
+    then no more (a replay runs the recorded buffers), also in a second generation on the same graphs; the tokens
+    are those of a cache that checks every step. The real runs are observed, not altered."""
     from kvlab.ort.decode.capture import CaptureBinding
 
     read: list[bool] = []
@@ -133,7 +133,7 @@ def test_replays_after_the_first_skip_the_read_back(toy_graph, monkeypatch):
     with CapturedStaticCache(64) as cache:
         first = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
         again = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
-    assert read == [True, True] + [False] * (2 * 5 - 2)  # 5 one-token runs per generation: 1 capture, 9 replays
+    assert read == [True] * 4 + [False] * (2 * 5 - 4)  # 5 one-token runs per generation: 2 captures, 8 replays
     assert first.token_ids == again.token_ids == _static_tokens(toy_graph)[:6]
 
 
@@ -143,14 +143,14 @@ def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
     cache = CapturedStaticCache(64)
     generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
     session = cache._session
-    assert session is not None and dev.live_tensors == base + 7
+    assert session is not None and dev.live_tensors == base + 9  # 4 KV buffers, 5 step buffers
     capturing = weakref.ref(session.ort)
     if isinstance(backend(), PluginWebGpu):
-        assert cache.graph_id in session.ort._captured_graph_bindings
+        assert set(cache.graph_ids) <= set(session.ort._captured_graph_bindings)
     cache.dispose()
     assert dev.live_tensors == base and cache.feed_tensors == () and cache.tensors == ()
     if isinstance(backend(), PluginWebGpu):  # released on its own; the session stays for the next cache
-        assert cache.graph_id not in session.ort._captured_graph_bindings
+        assert not set(cache.graph_ids) & set(session.ort._captured_graph_bindings)
     else:  # 1.27 cannot release one graph: the capturing session, which owns it, is let go
         del session
         gc.collect()
@@ -159,7 +159,7 @@ def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
         generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
     with CapturedStaticCache(64) as again:  # a new cache captures a graph of its own
         generate(toy_graph, PROMPT, cache=again, device="webgpu", max_new_tokens=4, stop_on_eos=False)
-        assert again.captures == 1 and again.graph_id != cache.graph_id
+        assert again.captures == 2 and not set(again.graph_ids) & set(cache.graph_ids)
     assert dev.live_tensors == base
 
 
@@ -175,7 +175,7 @@ def test_a_failed_captured_step_retries_and_keeps_the_graph(toy, toy_graph):
         with faults.fault("run", at_call=2, error=KeyboardInterrupt()), pytest.raises(KeyboardInterrupt):
             generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
         g = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=NEW, stop_on_eos=False)
-        assert g.token_ids == want and cache.captures == 1
+        assert g.token_ids == want and cache.captures == 2
     assert dev.live_tensors == base
 
 
@@ -392,3 +392,71 @@ def test_gpu_memory_traces_hook_every_runner(monkeypatch, toy, toy_graph):
     assert set(traces) == set(runners)
     for v, t in traces.items():
         assert len(t["gpu_memory_bytes"]) >= new and t["gpu_memory_growth_bytes"] > 0, (v, t)
+
+
+@pytest.mark.parametrize("reduction", [False, "single", "blocks"])
+def test_a_captured_step_writes_from_the_host_only_what_the_graph_did_not(toy_graph, reduction, monkeypatch):
+    """The captured graph writes the next mask (and, with the token on the device, the next ids) into the pair of
+    step buffers the next step reads: per generation the host writes the first decode step's ids and mask, then
+    only ids it chose itself that the pair read does not hold already (none with the token on the device). Tokens
+    equal the uncaptured static cache's in two generations through one cache. The writes are observed, not
+    altered."""
+    from kvlab.ort.decode.captured_step import CaptureBinding
+
+    writes: list[tuple[int, ...]] = []
+    real_write = CaptureBinding._write
+
+    def observed(self, target, host):
+        writes.append(tuple(host.shape))
+        real_write(self, target, host)
+
+    monkeypatch.setattr(CaptureBinding, "_write", observed)
+    want = _static_tokens(toy_graph)
+    with CapturedStaticCache(64) as cache:
+        for _ in range(2):
+            g = generate(
+                toy_graph,
+                PROMPT,
+                cache=cache,
+                device="webgpu",
+                max_new_tokens=NEW,
+                stop_on_eos=False,
+                token_on_device=reduction,
+            )
+            assert g.token_ids == want and g.label.greedy_reduction == (reduction or "")
+    held, parity, ids_writes = [None, None], 0, 0  # the host's ids: written where that pair does not hold them
+    for token in want[:-1] * 2:
+        ids_writes += held[parity] != token
+        held[parity], parity = token, 1 - parity
+    assert writes.count((1, 1)) == (ids_writes if not reduction else 2)  # with the token on the device: the first
+    assert writes.count((1, 64)) == 2  # the first decode step's mask, per generation
+
+
+@pytest.mark.parametrize("reduction", [False, "single"])
+def test_a_captured_step_retried_after_a_failed_hook_gives_the_same_tokens(toy_graph, reduction):
+    """A hook that raises after a captured step's run undoes the step; the same step again (on the other pair of
+    step buffers, which the failed run wrote) gives the tokens of a run without the fault."""
+    from kvlab.ort import Stepper
+
+    want, failing = _static_tokens(toy_graph), {3, 5, 6}
+
+    def hook(record):
+        if record.step in failing:
+            failing.discard(record.step)
+            raise RuntimeError("injected by the test's hook")
+
+    tokens, ids, failures = [], PROMPT, 0
+    with (
+        CapturedStaticCache(64) as cache,
+        Stepper(toy_graph, cache, open_device("webgpu"), 64, hooks=[hook], token_on_device=reduction) as stepper,
+    ):
+        while len(tokens) < NEW:
+            try:
+                _, record = stepper.step(ids, logits_out="none")
+            except RuntimeError:
+                failures += 1
+                continue  # the same step again
+            tokens.append(record.token)
+            ids = [record.token]
+        assert cache.captures == 2
+    assert failures == 3 and tokens == want

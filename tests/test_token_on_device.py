@@ -117,10 +117,10 @@ def test_refusals(toy):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
     with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device=True, sampling=Sampling(do_sample=True, seed=0))
-    from kvlab.ort import CapturedStaticCache
+    from kvlab.ort.decode.window import RingStaticCache
 
-    with pytest.raises(ConfigError, match="a CapturedStaticCache runs a session of its own"):
-        Stepper(toy, CapturedStaticCache(64), open_device("cpu"), 64, token_on_device=True)
+    with pytest.raises(ConfigError, match="a RingStaticCache runs a session of its own"):
+        Stepper(toy, RingStaticCache(64), open_device("cpu"), 64, token_on_device=True)
     assert kvlab.ort.decode.greedy.greedy_graph(toy).is_file()  # written beside the model, reused
 
 
@@ -264,20 +264,29 @@ def test_an_unknown_reduction_is_named(toy):
         greedy_graph(toy, "tree")
 
 
-def test_auto_on_a_captured_cache_chooses_on_the_host(monkeypatch):
-    """A captured graph runs a session of its own, where the greedy graph cannot run: "auto" picks the host there,
-    where an explicit token_on_device=True is refused. The adapter's answer is faked at the boundary (SwiftShader
-    is a software adapter, where "auto" would choose the host anyway): auto_reduction says "single"."""
+def test_auto_on_a_captured_cache_keeps_the_token_on_the_device_where_one_argmax_pays(monkeypatch):
+    """Under capture the graph writes the greedy token into the next step's ids (``kvlab.ort.decode.captured_step``):
+    "auto" takes "single" where ``auto_reduction`` says "single", the host where it says "rows" (a captured step's
+    ids stay int64), and an explicit "rows" is refused by name. The adapter's answer is faked at the boundary
+    (SwiftShader is a software adapter, where "auto" chooses the host); the runs are real."""
     import kvlab.ort.decode.greedy as greedy
     from kvlab.ort import CapturedStaticCache
 
-    monkeypatch.setattr(greedy, "auto_reduction", lambda *a: "single")
     graph_toy = kvlab.load("toy", graph_capture=True)
+    with StaticCache(64) as cache:
+        want = generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+    monkeypatch.setattr(greedy, "auto_reduction", lambda *a: "single")
+    with CapturedStaticCache(64) as cache:
+        g = generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=6, stop_on_eos=False)
+    assert (g.label.token_on_device, g.label.greedy_reduction) == (True, "single")
+    assert g.token_ids == want.token_ids
+    monkeypatch.setattr(greedy, "auto_reduction", lambda *a: "rows")
     with CapturedStaticCache(64) as cache:
         g = generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
-    assert not g.label.token_on_device and len(g.token_ids) == 4
-    with pytest.raises(ConfigError, match="runs a session of its own"), CapturedStaticCache(64) as cache:
-        generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=2, token_on_device=True)
+    assert not g.label.token_on_device and g.token_ids == want.token_ids[:4]
+    with pytest.raises(ConfigError, match="with reduction 'single' or 'blocks', not 'rows'"):
+        with CapturedStaticCache(64) as cache:
+            generate(graph_toy, PROMPT, cache=cache, device="webgpu", max_new_tokens=2, token_on_device="rows")
 
 
 def test_rows_takes_int32_ids_and_refuses_a_graph_whose_ids_feed_more_than_a_gather(tmp_path):

@@ -37,7 +37,7 @@ from ..core.generation import positions_needed
 from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
 from ..ort.checks.references import genai_generator
 from ..ort.decode.caches import check_every_of, read_back
-from ..ort.decode.greedy import AUTO, reduction_for
+from ..ort.decode.greedy import AUTO, reduction_of
 from .load import check_load, competing
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -136,10 +136,11 @@ def lockstep(
         check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
     dev = open_device(device)
-    reduction = "" if graph_capture else reduction_for(token_on_device, model.info.vocab_size, dev)
+    make = CapturedStaticCache if graph_capture else StaticCache
+    on_auto = isinstance(token_on_device, str) and token_on_device == AUTO
+    reduction = make.auto_reduction(model.info.vocab_size, dev) if on_auto else reduction_of(token_on_device)
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None) if "genai" in sides else None
-    make = CapturedStaticCache if graph_capture else StaticCache
     needed = positions_needed(len(ids), new_tokens)
 
     def side(name: str) -> _Kvlab | _Genai:
@@ -184,11 +185,6 @@ def _check(
         check_choice(s, SIDES, "sides: ")
     if graph_capture and device != "webgpu":
         raise ConfigError(f"graph_capture runs on webgpu, not on {device!r}")
-    if graph_capture and not (token_on_device is False or token_on_device == AUTO):
-        raise ConfigError(
-            f"token_on_device={token_on_device!r}: a captured cache runs a session of its own, where the greedy "
-            "graph cannot run; leave it 'auto' (the host chooses) or give False"
-        )
 
 
 def _round(

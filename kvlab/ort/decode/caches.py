@@ -22,6 +22,7 @@ from ...core.slots import Slot
 from ..models.loading import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
+from .greedy import AUTO, DeviceToken, greedy_graph, reduction_for
 from .kvprecision import (
     KV_PRECISIONS,
     check_kv_precision,
@@ -60,6 +61,28 @@ class OrtCache(Cache):
         """The session this cache's steps run on: the device's session of the model, by default; a cache that
         needs a session of its own (graph capture opens one with other options) says so here."""
         return device.session(model.onnx_path, f"model {model.name}", session_options(self.kv_precision))
+
+    def token_session(self, device: Device, model: Any, reduction: str) -> Session:
+        """The session for steps that keep the greedy token on the device (``kvlab.ort.decode.greedy``): the
+        device's session of the model's greedy graph of ``reduction``. ConfigError for a cache that runs a session
+        of its own and has no such graph."""
+        if type(self).session is not OrtCache.session:
+            raise ConfigError(
+                f"token_on_device runs the model's greedy graph on the device's own session; a {type(self).__name__} "
+                "runs a session of its own: use a DynamicCache, StaticCache or CapturedStaticCache"
+            )
+        label = f"model {model.name} (greedy token on the device, {reduction})"
+        return device.session(greedy_graph(model, reduction), label)
+
+    @classmethod
+    def auto_reduction(cls, vocab_size: int, device: Device) -> str:
+        """What ``token_on_device="auto"`` runs with this cache (``kvlab.ort.decode.greedy.auto_reduction``; the
+        host path, "", for a cache that runs a session of its own)."""
+        return reduction_for(AUTO, vocab_size, device) if cls.session is OrtCache.session else ""
+
+    def device_token(self, device: Device, dtype: Any) -> DeviceToken:
+        """Where a stepper keeps the greedy token between steps: two device tensors of its own."""
+        return DeviceToken(device, dtype)
 
 
 class DynamicCache(OrtCache):

@@ -26,7 +26,7 @@ from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache, OrtCache
 from .greedy import AUTO, reduction_for, reduction_of
-from .stepper import Stepper, has_own_session
+from .stepper import Stepper
 
 
 def generate(
@@ -121,12 +121,16 @@ def _choice(
     model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device, cache: Cache
 ) -> tuple[Any, str]:
     """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none). "auto" picks
-    the host when sampling and for a cache that runs a session of its own (a captured graph)."""
+    the host when sampling, else what the cache says (``OrtCache.auto_reduction``)."""
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
     sampled = sampling is not None and sampling.do_sample
     if isinstance(token_on_device, str) and token_on_device == AUTO:
-        own = isinstance(cache, OrtCache) and has_own_session(cache)
-        return choose, "" if sampled or own else reduction_for(AUTO, model.info.vocab_size, dev)
+        if sampled:
+            return choose, ""
+        vocab = model.info.vocab_size
+        return choose, cache.auto_reduction(vocab, dev) if isinstance(cache, OrtCache) else reduction_for(
+            AUTO, vocab, dev
+        )
     reduction = reduction_of(token_on_device)
     if reduction and sampled:
         raise ConfigError(

@@ -28,7 +28,7 @@ from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
 from .caches import OrtCache
-from .greedy import DeviceToken, greedy_graph, ids_dtype, reduction_of
+from .greedy import DeviceToken, ids_dtype, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -78,7 +78,7 @@ class Stepper:
             self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
             if self.token_on_device:
                 try:
-                    self._device_token = DeviceToken(self.device, self._ids_dtype)
+                    self._device_token = self.cache.device_token(self.device, self._ids_dtype)
                 except BaseException:
                     self._cache_held.__exit__(None, None, None)
                     raise
@@ -198,23 +198,14 @@ def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
 
 
 def has_own_session(cache: OrtCache) -> bool:
-    """Whether the cache runs a session of its own (a captured graph), where the greedy graph cannot run."""
+    """Whether the cache runs a session of its own (a captured graph, a ring graph) rather than the device's."""
     return type(cache).session is not OrtCache.session
 
 
 def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) -> Session:
-    """The session the steps run on: the cache's (the device's session of the model, or one of its own), or, for
-    the greedy token on the device, the device's session of the model's greedy graph."""
-    if not reduction:
-        return cache.session(device, model)
-    if has_own_session(cache):
-        raise ConfigError(
-            f"token_on_device runs the model's greedy graph on the device's own session; a "
-            f"{type(cache).__name__} runs a session of its own: use a DynamicCache or StaticCache"
-        )
-    return device.session(
-        greedy_graph(model, reduction), f"model {model.name} (greedy token on the device, {reduction})"
-    )
+    """The session the steps run on: the cache's, or, for the greedy token on the device, the cache's session of a
+    graph that also writes it (``OrtCache.token_session``)."""
+    return cache.token_session(device, model, reduction) if reduction else cache.session(device, model)
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:

@@ -1,0 +1,212 @@
+"""The buffers and the binding of one captured decode step (``kvlab.ort.decode.capture``).
+
+A captured graph replays on the buffers bound when it was captured, so the step's inputs live in fixed device
+tensors, in two pairs read and written in turn (``StepBuffers``): the step that reads ``ids[p]`` and ``mask[p]``
+writes the next token (``NEXT``, where the graph chooses it) and the next mask (``NEXT_MASK``) into ``ids[1 - p]``
+and ``mask[1 - p]``, so a decode step needs no copy from the host at all. Each pair has its own captured graph
+(``CaptureBinding``, one per ``p``). Writing into the buffers a step reads would not do: a package may run the
+capturing step twice (the plugin EP 0.4.0 does), and a step must be retryable after it failed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import ConfigError, DeviceError
+from ..runtime.session import Binding, RunResult, Session
+from ..runtime.tensors import DeviceTensor, release_all, zeros_all
+from .greedy import NEXT, NEXT_MASK
+
+GRAPH_ID_KEY = "gpu_graph_id"  # the run option naming a captured graph; "-1" runs without capture
+
+
+def run_options(ort: Any, graph_id: int) -> Any:
+    """ONNX Runtime RunOptions naming the captured graph ``graph_id`` (-1: run uncaptured)."""
+    ro = ort.RunOptions()
+    ro.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
+    return ro
+
+
+class StepBuffers:
+    """The fixed device tensors of a captured step besides the KV buffers: ``ids`` [1, 1] and ``mask``
+    [1, max_cache_len] (ones, then zeros), two of each, and ``logits`` [1, 1, vocab]. ``token[i]`` and ``ones[i]``
+    say what ``ids[i]`` and ``mask[i]`` hold (None: not known), so that a value already there is not written again;
+    ``parity`` is the pair the next step reads."""
+
+    def __init__(self, device: Any, max_cache_len: int, vocab: int, logits_dtype: Any):
+        shapes = [((1, 1), np.int64)] * 2 + [((1, max_cache_len), np.int64)] * 2
+        made = zeros_all(device, shapes + [((1, 1, vocab), np.dtype(logits_dtype))])
+        self.ids, self.mask, self.logits = made[:2], made[2:4], made[4]
+        self.token: list[int | None] = [None, None]
+        self.ones: list[int | None] = [None, None]
+        self.parity = 0
+        self.host_mask = np.zeros((1, max_cache_len), np.int64)  # a mask written from the host is built here
+
+    @property
+    def tensors(self) -> tuple[DeviceTensor, ...]:
+        return (*self.ids, *self.mask, self.logits)
+
+    def release(self) -> None:
+        release_all(list(self.tensors))
+
+
+class CaptureBinding(Binding):
+    """The pinned binding of the captured step that reads pair ``parity`` of the cache's ``StepBuffers``: every
+    input and output a fixed device tensor. ``input`` writes a host value into the pair read only where it does not
+    hold it already; ``output`` of the logits (or of ``NEXT``) to a host array copies them there after the run (the
+    copy waits for the GPU, so it is timed with the run, as an uncaptured run's copy of its logits is)."""
+
+    def __init__(self, session: Session, cache: Any, parity: int):
+        super().__init__(session)
+        info, buffers = cache._info, cache._buffers
+        self.parity, self._buffers = parity, buffers
+        self._ids_name, self._mask_name = info.input_names["input_ids"], info.input_names["attention_mask"]
+        self._sources = {info.logits_name: buffers.logits}  # outputs a host array may receive, after the run
+        graph_outputs = {o.name for o in session.ort.get_outputs()}
+        self._writes = {NEXT: NEXT in graph_outputs, NEXT_MASK: NEXT_MASK in graph_outputs}
+        if self._writes[NEXT]:
+            self._sources[NEXT] = buffers.ids[1 - parity]
+        self._to_host: dict[str, tuple[int, Any]] = {}  # output name -> (id of the host array, its OrtValue)
+        self._due: list[str] = []  # the host copies this run makes
+        self._pinning = True  # while the buffers are bound for good (below): input and output bind as usual
+        self.expected: dict[str, int] = {}  # the KV outputs written in place, and their buffers
+        for slot in cache.slots:
+            self.expected.update(slot.bind(self, cache.seq_length))
+        self.spot_names = tuple(self.expected)  # the in-place outputs a spot check reads in turn
+        super().input(self._ids_name, buffers.ids[parity])
+        super().input(self._mask_name, buffers.mask[parity])
+        super().output(info.logits_name, buffers.logits)
+        if self._writes[NEXT]:
+            super().output(NEXT, buffers.ids[1 - parity])
+        if self._writes[NEXT_MASK]:
+            super().output(NEXT_MASK, buffers.mask[1 - parity])
+        self._pinning = False
+        self.run_options = run_options(session.device.backend.ort, cache.graph_ids[parity])
+        self.runs = 0  # successful runs: the first one captured the graph, every later one replayed it
+
+    @property
+    def read_back(self) -> bool:
+        """Whether this run reads back the presents' buffer identities: as the cache's ``check_every`` has it for
+        the capturing run and the first replay, never after: a replay runs the recorded command buffers on the
+        buffers bound at the capture, which nothing can rebind, so its answer is known (about 0.1-0.2 ms a step
+        saved on an NVIDIA H200 machine: data/gpu/capture/read-back/)."""
+        return self._read_back and self.runs < 2
+
+    @read_back.setter
+    def read_back(self, due: bool) -> None:
+        self._read_back = due
+
+    @property
+    def spot_check(self) -> str:
+        """The one present a run reads back otherwise (the cache's spot check): likewise none after the first
+        replay."""
+        return self._spot_check if self.runs < 2 else ""
+
+    @spot_check.setter
+    def spot_check(self, name: str) -> None:
+        self._spot_check = name
+
+    def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
+        if self._pinning:
+            super().input(name, value)
+            return
+        b, p = self._buffers, self.parity
+        if name == self._ids_name and value is b.ids[p]:
+            return  # the ids the last step's graph wrote, already in place
+        if name not in (self._ids_name, self._mask_name) or isinstance(value, DeviceTensor):
+            raise DeviceError(
+                f"a captured step takes only {sorted((self._ids_name, self._mask_name))} from the host (the ids also "
+                f"from the device tensor that holds them), not {name!r}"
+            )
+        if name == self._ids_name:
+            if value.shape != (1, 1):
+                raise ConfigError(f"a captured step feeds one token ([1, 1] ids), not {value.shape}")
+            if b.token[p] != int(value[0, 0]):
+                b.token[p] = None
+                self._write(b.ids[p], np.ascontiguousarray(value, np.int64))
+                b.token[p] = int(value[0, 0])
+            return
+        if value.ndim != 2 or value.shape[0] != 1 or value.shape[1] > b.host_mask.shape[1]:
+            raise ConfigError(f"{name} of shape {value.shape} does not fit the captured step's {b.mask[p].shape}")
+        n = value.shape[1]  # the mask: the step's ones, zero padded to max_cache_len
+        ones = n if value.all() else None
+        if ones is None or b.ones[p] != ones:
+            b.host_mask[0, :n], b.host_mask[0, n:], b.ones[p] = value[0], 0, None
+            self._write(b.mask[p], b.host_mask)
+            b.ones[p] = ones
+
+    def _write(self, target: DeviceTensor, host: np.ndarray) -> None:
+        """Copy host values into a step buffer: the runtime's time (the step's ``run_ms``), as an uncaptured
+        binding's copy of a host input is."""
+        start = time.perf_counter()
+        self._backend.write(target.ortvalue(), host)
+        self._bind_seconds += time.perf_counter() - start
+
+    def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
+        if self._pinning:
+            super().output(name, target)
+            return
+        source = self._sources.get(name)
+        if source is None or isinstance(target, DeviceTensor):
+            raise DeviceError(f"a captured step writes only {sorted(self._sources)} to the host, not {name!r}")
+        if target.shape != source.shape or target.dtype != source.dtype or not target.flags.c_contiguous:
+            raise ConfigError(
+                f"the captured step's {name} is {source.shape} {source.dtype}; the host array bound is "
+                f"{target.shape} {target.dtype}"
+            )
+        if self._to_host.get(name, (None,))[0] != id(target):
+            self._to_host[name] = (id(target), (target, self._backend.host_value(target)))
+        self._due.append(name)
+
+    def output_new(self, name: str) -> None:
+        raise DeviceError(f"a captured step allocates nothing: {name!r} must be a fixed device tensor")
+
+    def run(self) -> RunResult:
+        """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
+        what the next step reads."""
+        b, p, due, self._due = self._buffers, self.parity, self._due, []
+        if self._writes[NEXT]:
+            b.token[1 - p] = None
+        if self._writes[NEXT_MASK]:
+            b.ones[1 - p] = None
+        result = super().run()  # then the presents' identities, as the cache's check asks
+        start = time.perf_counter()
+        for name in dict.fromkeys(due):
+            self._backend.copy(self._sources[name].ortvalue(), self._to_host[name][1][1])
+        result.seconds += time.perf_counter() - start
+        if NEXT in due:
+            b.token[1 - p] = int(self._to_host[NEXT][1][0][0, 0])
+        if self._writes[NEXT_MASK] and b.ones[p] is not None and b.ones[p] < b.host_mask.shape[1]:
+            b.ones[1 - p] = b.ones[p] + 1
+        b.parity = 1 - p
+        self.runs += 1
+        return result
+
+
+class CapturedToken:
+    """The greedy token under capture, for ``Stepper(token_on_device=...)`` (what ``greedy.DeviceToken`` is for an
+    uncaptured step): the captured graph writes it into the ids buffer the next step reads, and a host copy of it
+    comes back after each run. The buffers are the cache's: nothing here to release."""
+
+    def __init__(self, buffers: StepBuffers):
+        self.buffers = buffers
+        self.host = np.zeros((1, 1), np.int64)
+
+    def holding(self, tokens: np.ndarray) -> DeviceTensor | None:
+        """The ids buffer the next step reads, where it holds these input ids (one token) already."""
+        b = self.buffers
+        return b.ids[b.parity] if tokens.shape[0] == 1 and b.token[b.parity] == int(tokens[0]) else None
+
+    def bind_outputs(self, binding: Binding) -> None:
+        binding.output(NEXT, self.host)
+
+    def written(self) -> int:
+        return int(self.host[0, 0])
+
+    def advance(self) -> None:
+        """Nothing to do: the buffers say which token each holds."""
+
+    forget = release = advance
