@@ -811,11 +811,20 @@ CASES = [
     ),
     Case(
         "CLI",
-        "kvlab profile --lockstep --graph-capture --token-on-device",
+        "kvlab profile --lockstep --graph-capture --greedy-reduction rows",
         "exit 2",
-        "a captured cache runs a session of its own, where the greedy graph cannot run",
+        "a captured step keeps the token on the device with 'single' or 'blocks'",
         lambda e: e.cli(
-            "profile", "--model", "toy", "--lockstep", "--graph-capture", "--token-on-device", "--device", "webgpu"
+            "profile",
+            "--model",
+            "toy",
+            "--lockstep",
+            "--graph-capture",
+            "--token-on-device",
+            "--greedy-reduction",
+            "rows",
+            "--device",
+            "webgpu",
         ),
     ),
     Case(

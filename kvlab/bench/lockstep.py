@@ -37,6 +37,7 @@ from ..core.generation import positions_needed
 from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
 from ..ort.checks.references import genai_generator
 from ..ort.decode.caches import check_every_of, read_back
+from ..ort.decode.capture import CAPTURED_REDUCTIONS
 from ..ort.decode.greedy import AUTO, reduction_of
 from .load import check_load, competing
 from .plan import prompt_ids
@@ -139,6 +140,11 @@ def lockstep(
     make = CapturedStaticCache if graph_capture else StaticCache
     on_auto = isinstance(token_on_device, str) and token_on_device == AUTO
     reduction = make.auto_reduction(model.info.vocab_size, dev) if on_auto else reduction_of(token_on_device)
+    if graph_capture and reduction not in ("", *CAPTURED_REDUCTIONS):
+        raise ConfigError(
+            f"token_on_device={reduction!r}: a captured step keeps the token on the device with "
+            f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))} (its ids stay int64), or chooses it on the host (False)"
+        )
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None) if "genai" in sides else None
     needed = positions_needed(len(ids), new_tokens)
