@@ -1,25 +1,27 @@
 """WebGPU graph capture of the decode step: ``CapturedStaticCache(max_cache_len)``, a StaticCache whose one-token
-steps run as one captured graph, recorded at the first of them and replayed at every later one, so the host no
+steps run as captured graphs, recorded at the first two of them and replayed at every later one, so the host no
 longer walks the graph, chooses kernels or allocates per step.
 
 What capture needs, and how this cache gives it:
 
 - Fixed shapes and buffers: every input and output of the captured run is a device tensor allocated once and
-  written in place: ``input_ids`` [1, 1], ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
-  valid positions), the KV buffers (bound as past and present, as in ``StaticCache``) and the logits
-  [1, 1, vocab], read back after each replay. No host value is ever bound under capture (one package refuses it,
-  the other replays wrong tokens: ``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``).
+  written in place: ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
+  valid positions), two of each (``kvlab.ort.decode.captured_step``: a step reads one pair and its graph writes the
+  next mask, and with the token on the device the next ids, into the other: one graph per pair), the KV buffers
+  (bound as past and present, as in ``StaticCache``) and the logits [1, 1, vocab]. No host value is ever bound
+  under capture (one package refuses it, the other replays wrong tokens: ``kvlab.ort.runtime.builtin``,
+  ``kvlab.ort.runtime.plugin``); the host reads the logits, or the 8-byte token, back after each run.
 - A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
   (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
   mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
 - Every node on WebGPU: ONNX Runtime refuses to open a capturing session otherwise; kvlab then opens the model
   without capture to name the nodes the CPU EP took (``open_capture_session``).
 - The session opened with ``enableGraphCapture=1``; multi-token steps (the prefill) run on it uncaptured (run option
-  ``gpu_graph_id=-1``), one-token steps under this cache's own graph id.
+  ``gpu_graph_id=-1``), one-token steps under this cache's own two graph ids.
 
-Lifecycle: the graph is captured once per cache (and session) and kept across generations (``reset`` and a new
-``generate`` replay it); ``dispose`` releases it with the buffers (``Backend.release_graph``, or, where the package
-cannot release one graph, by letting go of the capturing session, which owns it).
+Lifecycle: the graphs are captured once per cache (and session) and kept across generations (``reset`` and a new
+``generate`` replay them); ``dispose`` releases them with the buffers (``Backend.release_graph``, or, where the
+package cannot release one graph, by letting go of the capturing session, which owns them).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from ..models.graph import load_graph, uses
 from ..runtime.session import Binding, Session
 from ..runtime.tensors import DeviceTensor
 from .caches import StaticCache
+from .capture_graph import captured_graph
 from .captured_step import GRAPH_ID_KEY, CaptureBinding, CapturedToken, StepBuffers, run_options
-from .greedy import AUTO, greedy_graph, reduction_for
+from .greedy import AUTO, reduction_for
 from .shared import shared_capture_problem
 
 __all__ = ["CapturedStaticCache", "CaptureBinding", "GRAPH_ID_KEY", "run_options", "capture_problem"]
@@ -85,13 +88,13 @@ def capture_problem(info: Any) -> str:
 
 
 def open_capture_session(device: Any, model: Any, reduction: str = "") -> Session:
-    """The capturing session of ``model``'s captured graph (``greedy_graph(model, reduction, captured=True)``) on
+    """The capturing session of ``model``'s captured graph (``kvlab.ort.decode.capture_graph.captured_graph``) on
     ``device`` (cached by the device). Where ONNX Runtime refuses to capture it, the same graph without the next mask
     (which the host then writes every step: a package may lack a WebGPU kernel of the Pad that shifts it at the
     model's opset); where it refuses that too, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis
     session is not kept)."""
     label = f"model {model.name}, graph capture" + (f", greedy token on the device ({reduction})" if reduction else "")
-    graphs = dict.fromkeys(greedy_graph(model, reduction, captured=True, shift_mask=s) for s in (True, False))
+    graphs = dict.fromkeys(captured_graph(model, reduction, shift_mask=s) for s in (True, False))
     for path in graphs:
         try:
             return device.session(path, label, CAPTURE_OPTIONS)

@@ -18,7 +18,8 @@ import numpy as np
 from ...core.errors import ConfigError, DeviceError
 from ..runtime.session import Binding, RunResult, Session
 from ..runtime.tensors import DeviceTensor, release_all, zeros_all
-from .greedy import NEXT, NEXT_MASK
+from .capture_graph import NEXT_MASK
+from .greedy import NEXT
 
 GRAPH_ID_KEY = "gpu_graph_id"  # the run option naming a captured graph; "-1" runs without capture
 

@@ -23,7 +23,6 @@ from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
-NEXT_MASK = "kvlab_next_mask"  # a captured step's next attention mask, one more one (``next_mask``)
 
 
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
@@ -81,7 +80,7 @@ def ids_dtype(reduction: str) -> np.dtype:
     return np.dtype(np.int32 if reduction == "rows" else np.int64)
 
 
-def greedy_graph(model: Any, reduction: str = "blocks", captured: bool = False, shift_mask: bool = True) -> Path:
+def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
     returns its path. The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to
     the lowest index, as numpy's argmax does.
@@ -92,41 +91,20 @@ def greedy_graph(model: Any, reduction: str = "blocks", captured: bool = False, 
     vocabulary. "rows": the row of a [blocks, size] view holding the largest logit, then the largest within that
     row, in seven small ops of which one reads the whole vocabulary, every one on the GPU (the input ids become
     int32: ``ids_dtype``). Raises ConfigError for another reduction, ModelError when the model's directory is not
-    writeable or (for "rows") its input ids feed anything but a Gather's indices.
-
-    ``captured=True``: the graph a captured decode step replays (``kvlab.ort.decode.capture``): no host output
-    (``NEXT`` only, written on the device), "" for no token at all, and ``NEXT_MASK``, the next step's attention
-    mask (``next_mask``; not with ``shift_mask=False``). The model's own path when there is nothing to add."""
-    if reduction or not captured:
-        check_choice(reduction, REDUCTIONS, "reduction=")
-    src = Path(model.onnx_path)
-    tail = f"{'-' * bool(reduction)}{reduction}{'' if shift_mask else '-host-mask'}"
-    suffix = f".kvlab-capture{tail}.onnx" if captured else SUFFIXES[reduction]
-    dst = src.with_name(src.name.removesuffix(".onnx") + suffix)
-    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+    writeable or (for "rows") its input ids feed anything but a Gather's indices."""
+    check_choice(reduction, REDUCTIONS, "reduction=")
+    dst = beside(model, SUFFIXES[reduction])
+    if dst.is_file() and dst.stat().st_mtime >= Path(model.onnx_path).stat().st_mtime:
         return dst
-    import onnx
-    from onnx import helper
-
-    m = onnx.load(str(src), load_external_data=False)  # weights stay where they are, referenced by relative path
-    g = m.graph
-    outputs = [NEXT] if reduction else []
-    if reduction:
-        _greedy_nodes(g, model, reduction)
-    if not captured:
-        g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
-        outputs.append(NEXT_HOST)
-    token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
-    g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in outputs])
-    mask = model.info.input_names.get("attention_mask", "attention_mask")
-    if captured and not (shift_mask and next_mask(g, mask)) and not outputs:
-        return src
-    _save_beside(m, dst, model.name)
+    m = load_graph_only(model)
+    greedy_nodes(m.graph, model, reduction, host_copy=True)
+    save_beside(m, dst, model.name)
     return dst
 
 
-def _greedy_nodes(g: Any, model: Any, reduction: str) -> None:
-    """The nodes from the model's logits to ``NEXT`` by ``reduction``."""
+def greedy_nodes(g: Any, model: Any, reduction: str, host_copy: bool = False) -> None:
+    """The nodes and outputs from the model's logits to ``NEXT`` [1, 1] by ``reduction`` (and ``NEXT_HOST``, the same
+    token for host memory, with ``host_copy``)."""
     from onnx import helper
 
     _last_logits_f32(g, model.info.logits_name)
@@ -139,44 +117,29 @@ def _greedy_nodes(g: Any, model: Any, reduction: str) -> None:
         _ids_as_int32(g, model)
     else:
         _two_stage_argmax(g, model.info.vocab_size)
+    outputs = [NEXT, NEXT_HOST] if host_copy else [NEXT]
+    if host_copy:
+        g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
+    token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
+    g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in outputs])
 
 
-def next_mask(g: Any, mask: str) -> bool:
-    """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) shifted by one position with a one
-    coming in, i.e. one more one: what the next one-token step reads. Built where the mask's only reader is the
-    graph's own cast of it to int32 (both builders' graphs for capture): the shift pads that int32 copy (WebGPU pads
-    int32, not int64) and casts back, so it runs after the graph has read the mask. False (nothing added) for any
-    other graph."""
-    from onnx import TensorProto, helper
-
-    readers = [n for n in g.node if mask in n.input]
-    cast = readers[0] if len(readers) == 1 and readers[0].op_type == "Cast" else None
-    if cast is None or [a.i for a in cast.attribute if a.name == "to"] != [TensorProto.INT32]:
-        return False
-    g.initializer.extend(
-        [
-            helper.make_tensor("kvlab_mask_shift", TensorProto.INT64, [4], [0, 1, 0, -1]),  # one in front, one off
-            helper.make_tensor("kvlab_mask_one", TensorProto.INT32, [], [1]),
-        ]
-    )
-    mask_type = next(i.type.tensor_type.elem_type for i in g.input if i.name == mask)
-    g.node.extend(
-        [
-            helper.make_node(
-                "Pad",
-                [cast.output[0], "kvlab_mask_shift", "kvlab_mask_one"],
-                ["kvlab_next_mask_i32"],
-                name="kvlab/next_mask",
-            ),
-            helper.make_node("Cast", ["kvlab_next_mask_i32"], [NEXT_MASK], to=mask_type, name="kvlab/next_mask_cast"),
-        ]
-    )
-    g.output.append(helper.make_tensor_value_info(NEXT_MASK, mask_type, [1, "kvlab_mask_length"]))
-    return True
+def beside(model: Any, suffix: str) -> Path:
+    """Where kvlab writes a graph of its own for ``model``: beside its model.onnx, named with ``suffix``."""
+    src = Path(model.onnx_path)
+    return src.with_name(src.name.removesuffix(".onnx") + suffix)
 
 
-def _save_beside(m: Any, dst: Path, name: str) -> None:
-    """Write the graph ``m`` to ``dst`` atomically (a concurrent reader sees the old file or the new one)."""
+def load_graph_only(model: Any) -> Any:
+    """The model's ModelProto without its weights (they stay where they are, referenced by relative path)."""
+    import onnx
+
+    return onnx.load(str(model.onnx_path), load_external_data=False)
+
+
+def save_beside(m: Any, dst: Path, name: str, what: str = "greedy graph") -> None:
+    """Write the graph ``m`` to ``dst`` atomically (a concurrent reader sees the old file or the new one); ModelError
+    when the model's directory is not writeable."""
     import onnx
 
     tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
@@ -186,7 +149,7 @@ def _save_beside(m: Any, dst: Path, name: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ModelError(
-            f"kvlab writes model {name}'s greedy graph beside its model.onnx, in {dst.parent}, which failed "
+            f"kvlab writes model {name}'s {what} beside its model.onnx, in {dst.parent}, which failed "
             f"({exc.strerror or exc}); copy the model directory somewhere writable and load it from there"
         ) from exc
 
