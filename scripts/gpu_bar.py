@@ -1,0 +1,88 @@
+"""kvlab's static step against onnxruntime-genai's, over every recording in data/gpu: how many groups are at or below.
+
+    python3 scripts/gpu_bar.py [--root data/gpu] [--list]
+
+A group is (package, model, precision, buffer cache mode, context). A bench recording (``results.json``) gives each
+of its groups the ratio of its fastest uncaptured static row (``static@N``, with or without the token on the device:
+both are kvlab's, and ``generate()`` picks the token's path by the adapter) over its genai row; a lockstep recording
+(``lockstep_*.json``, kvlab's default against genai in turns, ``kvlab profile --lockstep``) gives its median ratio.
+Captured rows are left out (they compare with genai captured, a group of their own). Prints, per group, the newest
+recording's ratio (by the environment's date, else the file's path) and how many groups are at or below 1.00, by
+the newest recording and by every recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PRECISIONS = {"float32": "fp32", "float16": "fp16"}
+
+
+def bench_ratios(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
+    """(group, static/genai, date) for every group of one bench recording that has both rows."""
+    env = data.get("environment", {})
+    package = env.get("backend_package", "?")
+    groups: dict[tuple, dict[str, float]] = {}
+    for r in data.get("rows", []):
+        if not isinstance(r, dict) or not r.get("valid", True) or r.get("decode_ms") is None:
+            continue
+        variant, runner = str(r.get("variant", "")), str(r.get("runner", ""))
+        model = str(r["model"]).removesuffix(f"-{r['precision']}")  # "phi4-kv-fp16" -> "phi4-kv"
+        key = (package, model, r["precision"], r.get("buffer_cache_mode", "bucket"), r["context"])
+        row = groups.setdefault(key, {})
+        if runner == "genai":
+            row["genai"] = r["decode_ms"]
+        elif runner == "kvlab" and variant.startswith("static@") and "graph" not in variant:
+            row["static"] = min(row.get("static", float("inf")), r["decode_ms"])
+    date = str(env.get("date", path))
+    return [(k, v["static"] / v["genai"], date) for k, v in groups.items() if {"static", "genai"} <= set(v)]
+
+
+def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
+    """(group, median ratio, date) of one lockstep recording of kvlab against genai, uncaptured."""
+    if data.get("graph_capture") or data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"]:
+        return []
+    if data.get("block", 1) < 2:  # single-step turns misplace time between the loops (data/gpu/lockstep/)
+        return []
+    env = data.get("environment", {})
+    package = "onnxruntime-ep-webgpu" if "ep-webgpu" in data.get("runtime", "") else "onnxruntime-webgpu"
+    model, precision = str(data["model"]), PRECISIONS.get(data["precision"], data["precision"])
+    model = model.removesuffix(f"-{precision}").removesuffix("-int4")  # "phi4-kv-fp16" -> "phi4-kv"
+    if data.get("weights") == "int4":
+        precision = "int4"
+    key = (package, model, precision, "bucket", data["context"])
+    return [(key, data["ratio_median"], str(env.get("date", path)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "gpu")
+    ap.add_argument("--list", action="store_true", help="print every group's newest ratio")
+    args = ap.parse_args()
+    seen: list[tuple[tuple, float, str]] = []
+    for path in sorted(args.root.rglob("*.json")):
+        if path.name != "results.json" and not path.name.startswith("lockstep_"):
+            continue
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            seen += bench_ratios(path, data) if path.name == "results.json" else lockstep_ratio(path, data)
+    newest: dict[tuple, tuple[str, float]] = {}
+    for key, ratio, date in seen:
+        if key not in newest or date >= newest[key][0]:
+            newest[key] = (date, ratio)
+    if args.list:
+        for key, (date, ratio) in sorted(newest.items()):
+            print(f"{'  '.join(map(str, key))}: x{ratio:.3f} ({date[:16]})")
+    at_or_below = sum(r <= 1.0 for _, r in newest.values())
+    every = sum(r <= 1.0 for _, r, _ in seen)
+    print(f"newest recording per group: {at_or_below} of {len(newest)} groups at or below genai's step")
+    for package in sorted({k[0] for k in newest}):
+        mine = [r for k, (_, r) in newest.items() if k[0] == package]
+        print(f"  {package}: {sum(r <= 1.0 for r in mine)} of {len(mine)}")
+    print(f"every recording: {every} of {len(seen)} (group, recording) pairs at or below")
+
+
+if __name__ == "__main__":
+    main()
