@@ -424,12 +424,14 @@ def test_a_captured_step_writes_from_the_host_only_what_the_graph_did_not(toy_gr
                 token_on_device=reduction,
             )
             assert g.token_ids == want and g.label.greedy_reduction == (reduction or "")
+        host_writes = cache.host_writes
     held, parity, ids_writes = [None, None], 0, 0  # the host's ids: written where that pair does not hold them
     for token in want[:-1] * 2:
         ids_writes += held[parity] != token
         held[parity], parity = token, 1 - parity
     assert writes.count((1, 1)) == (ids_writes if not reduction else 2)  # with the token on the device: the first
     assert writes.count((1, 64)) == 2  # the first decode step's mask, per generation
+    assert host_writes == len(writes)  # the cache's own exact counter agrees
 
 
 @pytest.mark.parametrize("reduction", [False, "single"])

@@ -152,6 +152,13 @@ class CapturedStaticCache(StaticCache):
         return sum(max(0, b.runs - 1) for b in self._captures or ())
 
     @property
+    def host_writes(self) -> int:
+        """Copies from the host into the step's ids and mask buffers since the buffers were made (exact: counted at
+        each copy). Per generation: the first decode step's two, then, with the token chosen on the host, one a step
+        where the ids buffer read does not hold that token already; with the token on the device, none."""
+        return self._buffers.host_writes if self._buffers is not None else 0
+
+    @property
     def step_tensors(self) -> tuple[DeviceTensor, ...]:
         """The fixed device tensors of the captured step besides the KV buffers: ids and mask (two each), logits."""
         return self._buffers.tensors if self._buffers is not None else ()

@@ -44,6 +44,7 @@ class StepBuffers:
         self.token: list[int | None] = [None, None]
         self.ones: list[int | None] = [None, None]
         self.parity = 0
+        self.host_writes = 0  # copies from the host into these buffers (exact: counted at each copy)
         self.host_mask = np.zeros((1, max_cache_len), np.int64)  # a mask written from the host is built here
 
     @property
@@ -67,8 +68,8 @@ class CaptureBinding(Binding):
         self._ids_name, self._mask_name = info.input_names["input_ids"], info.input_names["attention_mask"]
         self._sources = {info.logits_name: buffers.logits}  # outputs a host array may receive, after the run
         graph_outputs = {o.name for o in session.ort.get_outputs()}
-        self._writes = {NEXT: NEXT in graph_outputs, NEXT_MASK: NEXT_MASK in graph_outputs}
-        if self._writes[NEXT]:
+        self._graph_writes = {NEXT: NEXT in graph_outputs, NEXT_MASK: NEXT_MASK in graph_outputs}
+        if self._graph_writes[NEXT]:
             self._sources[NEXT] = buffers.ids[1 - parity]
         self._to_host: dict[str, tuple[int, Any]] = {}  # output name -> (id of the host array, its OrtValue)
         self._due: list[str] = []  # the host copies this run makes
@@ -80,9 +81,9 @@ class CaptureBinding(Binding):
         super().input(self._ids_name, buffers.ids[parity])
         super().input(self._mask_name, buffers.mask[parity])
         super().output(info.logits_name, buffers.logits)
-        if self._writes[NEXT]:
+        if self._graph_writes[NEXT]:
             super().output(NEXT, buffers.ids[1 - parity])
-        if self._writes[NEXT_MASK]:
+        if self._graph_writes[NEXT_MASK]:
             super().output(NEXT_MASK, buffers.mask[1 - parity])
         self._pinning = False
         self.run_options = run_options(session.device.backend.ort, cache.graph_ids[parity])
@@ -145,6 +146,7 @@ class CaptureBinding(Binding):
         start = time.perf_counter()
         self._backend.write(target.ortvalue(), host)
         self._bind_seconds += time.perf_counter() - start
+        self._buffers.host_writes += 1
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
         if self._pinning:
@@ -169,9 +171,9 @@ class CaptureBinding(Binding):
         """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
         what the next step reads."""
         b, p, due, self._due = self._buffers, self.parity, self._due, []
-        if self._writes[NEXT]:
+        if self._graph_writes[NEXT]:
             b.token[1 - p] = None
-        if self._writes[NEXT_MASK]:
+        if self._graph_writes[NEXT_MASK]:
             b.ones[1 - p] = None
         result = super().run()  # then the presents' identities, as the cache's check asks
         start = time.perf_counter()
@@ -180,7 +182,7 @@ class CaptureBinding(Binding):
         result.seconds += time.perf_counter() - start
         if NEXT in due:
             b.token[1 - p] = int(self._to_host[NEXT][1][0][0, 0])
-        if self._writes[NEXT_MASK] and b.ones[p] is not None and b.ones[p] < b.host_mask.shape[1]:
+        if self._graph_writes[NEXT_MASK] and b.ones[p] is not None and b.ones[p] < b.host_mask.shape[1]:
             b.ones[1 - p] = b.ones[p] + 1
         b.parity = 1 - p
         self.runs += 1
