@@ -24,7 +24,8 @@
 #                                          # host, one ArgMax, the argmax in blocks, each paired with genai, 1k-8k
 #   bash scripts/record_gpu.sh lockstep OUT # kvlab's static step and genai's taken in turns (kvlab profile
 #                                          # --lockstep): the cells LOCKSTEP names (model:precision:context[:graph]
-#                                          # [:host][:check=N][:block=N][:sides=A+B]), 256 new tokens x 3 rounds each
+#                                          # [:host][:check=N][:block=N][:sides=A+B][:mode=M]), 256 new tokens x 3
+#                                          # rounds each
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
@@ -148,7 +149,8 @@ argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax
   done; done
   ;;
 lockstep)  # cells: model:precision:context, then any of :graph (both captured), :host (kvlab's token on the host),
-  #           :check=N (read back every N steps), :block=N (steps per turn), :sides=A+B (e.g. kvlab+kvlab)
+  #           :check=N (read back every N steps), :block=N (steps per turn), :sides=A+B (e.g. kvlab+kvlab),
+  #           :mode=M (the WebGPU buffer cache mode both loops run in)
   cells=${LOCKSTEP:-phi4-kv:int4:1024 phi4-kv:fp16:1024 smollm2-shape:fp32:4096 phi4-kv:fp16:1024:graph}
   step build 300 builds $(for c in $cells; do IFS=: read -r m p _ rest <<<"$c"; [[ ":$rest:" == *:graph:* ]] \
     && echo "$m:$p:graph" || echo "$m:$p"; done | sort -u)
@@ -158,6 +160,7 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
       graph) flags+=(--graph-capture) ;; host) flags+=(--no-token-on-device) ;;
       check=*) flags+=(--check-every "${x#check=}") ;; block=*) flags+=(--block "${x#block=}") ;;
       sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
+      mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;;
     esac; done
     step "lockstep_${c//[:=+]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \

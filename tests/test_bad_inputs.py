@@ -804,6 +804,20 @@ CASES = [
     ),
     Case(
         "CLI",
+        "kvlab profile --buffer-cache-mode (without --lockstep)",
+        "exit 2",
+        "--buffer-cache-mode applies only with --lockstep",
+        lambda e: e.cli("profile", "--model", "toy", "--buffer-cache-mode", "simple"),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile --lockstep --buffer-cache-mode on the CPU",
+        "exit 2",
+        "buffer_cache_mode and validation_mode apply to device 'webgpu' only, not 'cpu'",
+        lambda e: e.cli("profile", "--model", "toy", "--lockstep", "--buffer-cache-mode", "simple"),
+    ),
+    Case(
+        "CLI",
         "kvlab profile --lockstep --graph-capture on the CPU",
         "exit 2",
         "graph_capture runs on webgpu, not on 'cpu'",

@@ -126,3 +126,20 @@ def test_cli_writes_the_result(tmp_path):
     assert saved["pairs"] == 1 and saved["tokens_equal"] and saved["rounds"] == 1
     assert f"x{saved['ratio_median']:.3f}" in proc.stdout
     assert np.isfinite(saved["first_step_ms"]) and saved["environment"]["commit"]
+
+
+def test_cli_runs_both_loops_in_the_buffer_cache_mode_given(tmp_path):
+    """``--buffer-cache-mode`` opens WebGPU's one context in that mode before genai joins it: the result and its
+    summary name the mode; the tokens stay equal."""
+    out = tmp_path / "lockstep.json"
+    proc = subprocess.run(
+        [KVLAB, "profile", "--lockstep", "--model", "toy", "--device", "webgpu", "--context", "12"]
+        + ["--new-tokens", "4", "--rounds", "1", "--buffer-cache-mode", "simple", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert saved["buffer_cache_mode"] == "simple" and saved["tokens_equal"]
+    assert "buffer cache mode simple);" in proc.stdout

@@ -114,6 +114,7 @@ def lockstep(
     block: int = 32,
     sides: tuple[str, str] = SIDES,
     under_load: int | None = None,
+    buffer_cache_mode: str | None = None,
 ) -> dict[str, Any]:
     """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
     onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
@@ -130,13 +131,14 @@ def lockstep(
     the result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each
     side's loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first
     slows down less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why).
-    ConfigError for a bad count or setting."""
+    ``buffer_cache_mode`` (WebGPU): the device opened with it, before genai joins its one context, so both loops run
+    in it (DeviceError when the device is already open with another). ConfigError for a bad count or setting."""
     _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
     check_every_of(check_every)
     if under_load is not None:
         check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
-    dev = open_device(device)
+    dev = open_device(device, buffer_cache_mode=buffer_cache_mode) if buffer_cache_mode else open_device(device)
     make = CapturedStaticCache if graph_capture else StaticCache
     on_auto = isinstance(token_on_device, str) and token_on_device == AUTO
     reduction = make.auto_reduction(model.info.vocab_size, dev) if on_auto else reduction_of(token_on_device)
@@ -173,6 +175,7 @@ def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) ->
         "device": dev.name,
         "adapter": str(dev.label.adapter),  # its name and whether hardware or software
         "runtime": dev.label.runtime,
+        "buffer_cache_mode": dev.label.buffer_cache_mode,  # WebGPU's, for both loops: they share its one context
         "token_on_device": bool(reduction),
         "greedy_reduction": reduction,
         "genai_version": peer.version if peer else "",
@@ -275,9 +278,14 @@ def summary(r: dict[str, Any]) -> str:
         f"{r['tokens_equal']}\n"
         f"{loaded}"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
-        f"{r['runtime']}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
+        f"{r['runtime']}{_mode(r)}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
     )
+
+
+def _mode(r: dict[str, Any]) -> str:
+    """ ", buffer cache mode M" for WebGPU's mode, where the result names one (older results do not)."""
+    return f", buffer cache mode {r['buffer_cache_mode']}" if r.get("buffer_cache_mode") else ""
 
 
 def _loaded_line(busy: dict[str, Any], a: str, b: str) -> str:

@@ -280,6 +280,11 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         "over the vocabulary, or the row holding it and then within that row (default: what 'auto' picks)",
     )
     pr.add_argument("--json", type=path_arg, help="--phases, --lockstep: also write the result as JSON")
+    pr.add_argument(
+        "--buffer-cache-mode",
+        choices=BUFFER_CACHE_MODES,
+        help="--lockstep on webgpu: the WebGPU storage buffer cache mode both loops run in (default: bucket)",
+    )
     _cpu_flags(pr)
 
 
