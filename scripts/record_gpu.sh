@@ -26,6 +26,9 @@
 #                                          # --lockstep): the cells LOCKSTEP names (model:precision:context[:graph]
 #                                          # [:host][:check=N][:block=N][:sides=A+B][:mode=M]), 256 new tokens x 3
 #                                          # rounds each
+#   PART=1 bash scripts/record_gpu.sh bar OUT # lockstep over every group scripts/gpu_bar.py counts, in parts 1-3
+#                                          # (phi4-kv in bucket; smollm2-shape in the four modes; kv-heavy in the
+#                                          # four and phi4-kv fp16 in the other three), 192 new tokens x 3 rounds
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
@@ -40,7 +43,7 @@
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, lockstep, modes, matrix, browser or colab}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, lockstep, bar, modes, matrix, browser or colab}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -59,6 +62,16 @@ builds() {  # builds SPEC...: each in its own process, all at once (a GPU machin
   return $rc; }
 MODELS=${MODELS:-phi4-kv}
 CONTEXTS=${CONTEXTS:-1024,2048,4096,8192,16384}
+bar_cells() {  # the groups scripts/gpu_bar.py counts, in lockstep cells, in three parts that each fit one call
+  local modes="bucket disabled simple lazyRelease" m p c
+  case $1 in
+  1) for p in fp32 fp16 int4; do for c in 256 1024 2048 4096 8192 16384; do echo "phi4-kv:$p:$c"; done; done ;;
+  2) for m in $modes; do for c in 256 1024 4096 8000; do echo "smollm2-shape:fp32:$c:mode=$m"; done; done ;;
+  3) for m in $modes; do for c in 256 1024 4096 8000; do echo "kv-heavy:fp32:$c:mode=$m"; done; done
+     for m in disabled simple lazyRelease; do for c in 1024 4096 16384; do echo "phi4-kv:fp16:$c:mode=$m"; done; done ;;
+  *) echo "PART must be 1, 2 or 3" >&2; exit 2 ;;
+  esac; }
+if [[ $phase == bar ]]; then LOCKSTEP=$(bar_cells "${PART:-1}" | tr '\n' ' '); NEW=${NEW:-192}; phase=lockstep; fi
 
 case "$phase" in
 check)
