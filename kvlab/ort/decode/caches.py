@@ -62,11 +62,17 @@ class OrtCache(Cache):
         needs a session of its own (graph capture opens one with other options) says so here."""
         return device.session(model.onnx_path, f"model {model.name}", session_options(self.kv_precision))
 
+    @classmethod
+    def runs_own_session(cls) -> bool:
+        """Whether this kind of cache runs a session of its own (a captured graph, a ring graph) rather than the
+        device's session of the model."""
+        return cls.session is not OrtCache.session
+
     def token_session(self, device: Device, model: Any, reduction: str) -> Session:
         """The session for steps that keep the greedy token on the device (``kvlab.ort.decode.greedy``): the
         device's session of the model's greedy graph of ``reduction``. ConfigError for a cache that runs a session
         of its own and has no such graph."""
-        if type(self).session is not OrtCache.session:
+        if self.runs_own_session():
             raise ConfigError(
                 f"token_on_device runs the model's greedy graph on the device's own session; a {type(self).__name__} "
                 "runs a session of its own: use a DynamicCache, StaticCache or CapturedStaticCache"
@@ -78,7 +84,7 @@ class OrtCache(Cache):
     def auto_reduction(cls, vocab_size: int, device: Device) -> str:
         """What ``token_on_device="auto"`` runs with this cache (``kvlab.ort.decode.greedy.auto_reduction``; the
         host path, "", for a cache that runs a session of its own)."""
-        return reduction_for(AUTO, vocab_size, device) if cls.session is OrtCache.session else ""
+        return "" if cls.runs_own_session() else reduction_for(AUTO, vocab_size, device)
 
     def device_token(self, device: Device, dtype: Any) -> DeviceToken:
         """Where a stepper keeps the greedy token between steps: two device tensors of its own."""

@@ -197,11 +197,6 @@ def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
     return record
 
 
-def has_own_session(cache: OrtCache) -> bool:
-    """Whether the cache runs a session of its own (a captured graph, a ring graph) rather than the device's."""
-    return type(cache).session is not OrtCache.session
-
-
 def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) -> Session:
     """The session the steps run on: the cache's, or, for the greedy token on the device, the cache's session of a
     graph that also writes it (``OrtCache.token_session``)."""
