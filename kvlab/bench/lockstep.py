@@ -140,13 +140,7 @@ def lockstep(
     model = load(model, precision=precision, graph_capture=graph_capture)
     dev = open_device(device, buffer_cache_mode=buffer_cache_mode) if buffer_cache_mode else open_device(device)
     make = CapturedStaticCache if graph_capture else StaticCache
-    on_auto = isinstance(token_on_device, str) and token_on_device == AUTO
-    reduction = make.auto_reduction(model.info.vocab_size, dev) if on_auto else reduction_of(token_on_device)
-    if graph_capture and reduction not in ("", *CAPTURED_REDUCTIONS):
-        raise ConfigError(
-            f"token_on_device={reduction!r}: a captured step keeps the token on the device with "
-            f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))} (its ids stay int64), or chooses it on the host (False)"
-        )
+    reduction = _reduction(make, token_on_device, model, dev)
     ids = prompt_ids(model, context)
     peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None) if "genai" in sides else None
     needed = positions_needed(len(ids), new_tokens)
@@ -163,6 +157,19 @@ def lockstep(
     settings |= {"left_out_per_block": block // 4, "graph_capture": graph_capture, "check_every": check_every}
     paired = _paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)
     return {**_what_ran(model, dev, reduction, peer), **settings, **paired}
+
+
+def _reduction(make: type[StaticCache], token_on_device: bool | str, model: Model, dev: Any) -> str:
+    """The greedy graph's reduction kvlab's side runs ("" for the host): what the cache kind picks for "auto";
+    ConfigError for one a captured step cannot run."""
+    on_auto = isinstance(token_on_device, str) and token_on_device == AUTO
+    reduction = make.auto_reduction(model.info.vocab_size, dev) if on_auto else reduction_of(token_on_device)
+    if make is CapturedStaticCache and reduction not in ("", *CAPTURED_REDUCTIONS):
+        raise ConfigError(
+            f"token_on_device={reduction!r}: a captured step keeps the token on the device with "
+            f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))} (its ids stay int64), or chooses it on the host (False)"
+        )
+    return reduction
 
 
 def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) -> dict[str, Any]:

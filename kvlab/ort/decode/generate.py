@@ -127,10 +127,9 @@ def _choice(
     if isinstance(token_on_device, str) and token_on_device == AUTO:
         if sampled:
             return choose, ""
-        vocab = model.info.vocab_size
-        return choose, cache.auto_reduction(vocab, dev) if isinstance(cache, OrtCache) else reduction_for(
-            AUTO, vocab, dev
-        )
+        if isinstance(cache, OrtCache):
+            return choose, cache.auto_reduction(model.info.vocab_size, dev)
+        return choose, reduction_for(AUTO, model.info.vocab_size, dev)
     reduction = reduction_of(token_on_device)
     if reduction and sampled:
         raise ConfigError(
