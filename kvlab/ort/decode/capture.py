@@ -155,7 +155,8 @@ class CapturedStaticCache(StaticCache):
     def host_writes(self) -> int:
         """Copies from the host into the step's ids and mask buffers since the buffers were made (exact: counted at
         each copy). Per generation: the first decode step's two, then, with the token chosen on the host, one a step
-        where the ids buffer read does not hold that token already; with the token on the device, none."""
+        where the ids buffer read does not hold that token already; with the token on the device, none (and the
+        mask every step where the package cannot shift it on the device: ``open_capture_session``)."""
         return self._buffers.host_writes if self._buffers is not None else 0
 
     @property
