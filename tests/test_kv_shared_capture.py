@@ -76,6 +76,9 @@ def test_captured_static_cache_equals_static_or_is_refused_by_name(graph_model):
         got = generate(graph_model, SHORT, cache=cache, **kw)
         assert got.token_ids == want
         assert (cache.captures, cache.replays) == (2, SHORT_NEW - 3)  # the prefill's token, then two captures
+    with CapturedStaticCache(16) as cache:  # the token and the mask stay on the device (this graph is opset 24)
+        got = generate(graph_model, SHORT, cache=cache, token_on_device="single", **kw)
+        assert got.token_ids == want and cache.host_writes == 2  # the first decode step's ids and mask, no more
 
 
 def _gqa_captured(path, p):

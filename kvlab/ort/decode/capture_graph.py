@@ -12,54 +12,62 @@ from ...core.errors import check_choice
 from .greedy import REDUCTIONS, beside, greedy_nodes, load_graph_only, save_beside
 
 NEXT_MASK = "kvlab_next_mask"  # a captured step's next attention mask: one more one (``next_mask``)
+SUFFIX = ".kvlab-captured"  # the file's name: model.kvlab-captured[-reduction][-host-mask].onnx
 
 
 def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> Path:
     """The graph a captured step of ``model`` replays, beside its model.onnx (rewritten when the model is newer):
     the greedy token of ``reduction`` ("": none, the host chooses) and, unless ``shift_mask=False``, the next mask
-    (``next_mask``). The model's own path when there is nothing to add. ConfigError for another reduction,
-    ModelError when the model's directory is not writeable."""
+    (``next_mask``). The model's own path when there is nothing to add (no token, no mask). ConfigError for
+    another reduction, ModelError when the model's directory is not writeable."""
     if reduction:
         check_choice(reduction, REDUCTIONS, "reduction=")
+    if not (reduction or shift_mask):
+        return Path(model.onnx_path)
     tail = f"{'-' * bool(reduction)}{reduction}{'' if shift_mask else '-host-mask'}"
-    dst = beside(model, f".kvlab-capture{tail}.onnx")
+    dst = beside(model, f"{SUFFIX}{tail}.onnx")
     if dst.is_file() and dst.stat().st_mtime >= Path(model.onnx_path).stat().st_mtime:
         return dst
     m = load_graph_only(model)
     if reduction:
         greedy_nodes(m.graph, model, reduction)
-    shifted = shift_mask and next_mask(m.graph, model.info.input_names.get("attention_mask", "attention_mask"))
-    if not (reduction or shifted):
-        return Path(model.onnx_path)
+    if shift_mask:
+        next_mask(m.graph, model.info.input_names.get("attention_mask", "attention_mask"))
     save_beside(m, dst, model.name, "graph for capture")
     return dst
 
 
-def next_mask(g: Any, mask: str) -> bool:
-    """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) shifted by one position with a one
-    coming in, i.e. one more one: what the next one-token step reads. Built where the mask's only reader is the
-    graph's own cast of it to int32 (both builders' graphs for capture): the shift pads that int32 copy (WebGPU pads
-    int32, not int64) and casts back, so it runs after the graph has read the mask. False (nothing added) for any
-    other graph."""
+def next_mask(g: Any, mask: str) -> None:
+    """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) with its last position dropped and a one
+    put in front, i.e. one more one: what the next one-token step reads. In float32, cast back to the mask's type:
+    WebGPU slices float32 on both packages at every opset tried, where int32 or int64 shifts land on the CPU EP
+    somewhere (1.27's int32 Slice; both packages' Pad at opset 24, the mobius graphs'). The output goes to the other
+    pair of step buffers, never to the mask this step reads, so no node order matters."""
     from onnx import TensorProto, helper
 
-    readers = [n for n in g.node if mask in n.input]
-    cast = readers[0] if len(readers) == 1 and readers[0].op_type == "Cast" else None
-    if cast is None or [a.i for a in cast.attribute if a.name == "to"] != [TensorProto.INT32]:
-        return False
     g.initializer.extend(
         [
-            helper.make_tensor("kvlab_mask_shift", TensorProto.INT64, [4], [0, 1, 0, -1]),  # one in front, one off
-            helper.make_tensor("kvlab_mask_one", TensorProto.INT32, [], [1]),
+            helper.make_tensor("kvlab_mask_start", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("kvlab_mask_end", TensorProto.INT64, [1], [-1]),  # the last position off
+            helper.make_tensor("kvlab_mask_axis", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("kvlab_mask_one", TensorProto.FLOAT, [1, 1], [1.0]),  # a one in front
         ]
     )
     mask_type = next(i.type.tensor_type.elem_type for i in g.input if i.name == mask)
-    shift = [cast.output[0], "kvlab_mask_shift", "kvlab_mask_one"]
+    node = helper.make_node
     g.node.extend(
         [
-            helper.make_node("Pad", shift, ["kvlab_next_mask_i32"], name="kvlab/next_mask"),
-            helper.make_node("Cast", ["kvlab_next_mask_i32"], [NEXT_MASK], to=mask_type, name="kvlab/next_mask_cast"),
+            node("Cast", [mask], ["kvlab_mask_f32"], to=TensorProto.FLOAT, name="kvlab/mask_f32"),
+            node(
+                "Slice",
+                ["kvlab_mask_f32", "kvlab_mask_start", "kvlab_mask_end", "kvlab_mask_axis"],
+                ["kvlab_mask_kept"],
+                name="kvlab/mask_drop_last",
+            ),
+            node(
+                "Concat", ["kvlab_mask_one", "kvlab_mask_kept"], ["kvlab_next_mask_f32"], axis=1, name="kvlab/next_mask"
+            ),
+            node("Cast", ["kvlab_next_mask_f32"], [NEXT_MASK], to=mask_type, name="kvlab/next_mask_cast"),
         ]
     )
     g.output.append(helper.make_tensor_value_info(NEXT_MASK, mask_type, [1, "kvlab_mask_length"]))
-    return True
