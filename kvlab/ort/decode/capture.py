@@ -89,10 +89,10 @@ def capture_problem(info: Any) -> str:
 
 def open_capture_session(device: Any, model: Any, reduction: str = "") -> Session:
     """The capturing session of ``model``'s captured graph (``kvlab.ort.decode.capture_graph.captured_graph``) on
-    ``device`` (cached by the device). Where ONNX Runtime refuses to capture it, the same graph without the next mask
-    (which the host then writes every step: a package may lack a WebGPU kernel for one of the ops that shift it, at
-    the model's opset; none measured so far); where it refuses that too, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis
-    session is not kept)."""
+    ``device`` (cached by the device). Where ONNX Runtime refuses to capture it, the same graph without the next
+    mask (which the host then writes every step: a package may lack a WebGPU kernel for one of the ops that shift
+    it, at the model's opset; none measured so far); where it refuses that too, a DeviceError naming the nodes it
+    placed on the CPU EP (the diagnosis session is not kept)."""
     label = f"model {model.name}, graph capture" + (f", greedy token on the device ({reduction})" if reduction else "")
     graphs = dict.fromkeys(captured_graph(model, reduction, shift_mask=s) for s in (True, False))
     for path in graphs:
