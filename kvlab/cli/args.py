@@ -280,11 +280,6 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
         "over the vocabulary, or the row holding it and then within that row (default: what 'auto' picks)",
     )
     pr.add_argument("--json", type=path_arg, help="--phases, --lockstep: also write the result as JSON")
-    pr.add_argument(
-        "--buffer-cache-mode",
-        choices=BUFFER_CACHE_MODES,
-        help="--lockstep on webgpu: the WebGPU storage buffer cache mode both loops run in (default: bucket)",
-    )
     _cpu_flags(pr)
 
 
@@ -314,6 +309,11 @@ def _lockstep_flags(pr: argparse.ArgumentParser) -> None:
         metavar="N",
         help="--lockstep: every round also with N CPU-bound processes competing for the cores; each loop's "
         "loaded/quiet time per token and kvlab's slowdown over genai's",
+    )
+    pr.add_argument(
+        "--buffer-cache-mode",
+        choices=BUFFER_CACHE_MODES,
+        help="--lockstep on webgpu: the WebGPU storage buffer cache mode both loops run in (default: bucket)",
     )
 
 

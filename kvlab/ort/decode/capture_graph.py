@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import check_choice
-from .greedy import REDUCTIONS, beside, greedy_nodes, load_graph_only, save_beside
+from ..models.graph import derived_graph
+from .greedy import REDUCTIONS, greedy_nodes
 
 NEXT_MASK = "kvlab_next_mask"  # a captured step's next attention mask: one more one (``next_mask``)
 SUFFIX = ".kvlab-captured"  # the file's name: model.kvlab-captured[-reduction][-host-mask].onnx
@@ -25,16 +26,14 @@ def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> 
     if not (reduction or shift_mask):
         return Path(model.onnx_path)
     tail = f"{'-' * bool(reduction)}{reduction}{'' if shift_mask else '-host-mask'}"
-    dst = beside(model, f"{SUFFIX}{tail}.onnx")
-    if dst.is_file() and dst.stat().st_mtime >= Path(model.onnx_path).stat().st_mtime:
-        return dst
-    m = load_graph_only(model)
-    if reduction:
-        greedy_nodes(m.graph, model, reduction)
-    if shift_mask:
-        next_mask(m.graph, model.info.input_names.get("attention_mask", "attention_mask"))
-    save_beside(m, dst, model.name, "graph for capture")
-    return dst
+
+    def edit(m: Any) -> None:
+        if reduction:
+            greedy_nodes(m.graph, model, reduction)
+        if shift_mask:
+            next_mask(m.graph, model.info.input_names.get("attention_mask", "attention_mask"))
+
+    return derived_graph(model, f"{SUFFIX}{tail}.onnx", edit, "graph for capture")
 
 
 def next_mask(g: Any, mask: str) -> None:

@@ -12,13 +12,13 @@ those outputs is written beside the model's (``greedy_graph``; the weights are t
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...core.errors import ConfigError, ModelError, check_choice
+from ..models.graph import derived_graph
 from ..runtime.tensors import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the next step's input ids
@@ -93,13 +93,11 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     int32: ``ids_dtype``). Raises ConfigError for another reduction, ModelError when the model's directory is not
     writeable or (for "rows") its input ids feed anything but a Gather's indices."""
     check_choice(reduction, REDUCTIONS, "reduction=")
-    dst = beside(model, SUFFIXES[reduction])
-    if dst.is_file() and dst.stat().st_mtime >= Path(model.onnx_path).stat().st_mtime:
-        return dst
-    m = load_graph_only(model)
-    greedy_nodes(m.graph, model, reduction, host_copy=True)
-    save_beside(m, dst, model.name)
-    return dst
+
+    def edit(m: Any) -> None:
+        greedy_nodes(m.graph, model, reduction, host_copy=True)
+
+    return derived_graph(model, SUFFIXES[reduction], edit, "greedy graph")
 
 
 def greedy_nodes(g: Any, model: Any, reduction: str, host_copy: bool = False) -> None:
@@ -122,36 +120,6 @@ def greedy_nodes(g: Any, model: Any, reduction: str, host_copy: bool = False) ->
         g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
     token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
     g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in outputs])
-
-
-def beside(model: Any, suffix: str) -> Path:
-    """Where kvlab writes a graph of its own for ``model``: beside its model.onnx, named with ``suffix``."""
-    src = Path(model.onnx_path)
-    return src.with_name(src.name.removesuffix(".onnx") + suffix)
-
-
-def load_graph_only(model: Any) -> Any:
-    """The model's ModelProto without its weights (they stay where they are, referenced by relative path)."""
-    import onnx
-
-    return onnx.load(str(model.onnx_path), load_external_data=False)
-
-
-def save_beside(m: Any, dst: Path, name: str, what: str = "greedy graph") -> None:
-    """Write the graph ``m`` to ``dst`` atomically (a concurrent reader sees the old file or the new one); ModelError
-    when the model's directory is not writeable."""
-    import onnx
-
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
-    try:
-        onnx.save(m, str(tmp))
-        os.replace(tmp, dst)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ModelError(
-            f"kvlab writes model {name}'s {what} beside its model.onnx, in {dst.parent}, which failed "
-            f"({exc.strerror or exc}); copy the model directory somewhere writable and load it from there"
-        ) from exc
 
 
 def _two_stage_argmax(g: Any, vocab: int) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...core.errors import ModelError
+from ...core.paths import write_atomic
 
 # ONNX TensorProto element types kvlab meets in KV caches
 FLOAT16 = 10  # TensorProto.FLOAT16
@@ -23,6 +25,27 @@ def load_graph(onnx_file: Path) -> Any:
         return onnx.load(str(onnx_file), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError and others
         raise ModelError(f"{onnx_file} is not a readable ONNX model: {exc}") from exc
+
+
+def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str) -> Path:
+    """A graph kvlab derives from ``model``: its ModelProto (weights left where they are, referenced by relative
+    path) changed by ``edit``, written beside its model.onnx as ``model<suffix>`` (again when the model is newer,
+    atomically: a concurrent reader sees the old file or the new one); returns its path. ModelError, naming ``what``
+    was written, when the model's directory is not writable."""
+    src = Path(model.onnx_path)
+    dst = src.with_name(src.name.removesuffix(".onnx") + suffix)
+    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    m = load_graph(src)
+    edit(m)
+    try:
+        write_atomic(dst, m.SerializeToString())
+    except OSError as exc:
+        raise ModelError(
+            f"kvlab writes model {model.name}'s {what} beside its model.onnx, in {dst.parent}, which failed "
+            f"({exc.strerror or exc}); copy the model directory somewhere writable and load it from there"
+        ) from exc
+    return dst
 
 
 def producers(model: Any) -> dict[str, Any]:

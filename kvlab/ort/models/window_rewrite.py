@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import ModelError
-from ...core.paths import write_atomic
-from .graph import load_graph
+from .graph import derived_graph
 
 SUFFIX = ".kvlab-ring.onnx"
 ATTRIBUTE = "sliding_window_cache"
@@ -65,17 +64,4 @@ def ring_graph(model: Any) -> Path:
     """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx``
     (written again when the model is newer); returns its path. Raises ModelError when the graph has no sliding
     layer or the model's directory is not writable."""
-    src = Path(model.onnx_path)
-    dst = src.with_name(src.name.removesuffix(".onnx") + SUFFIX)
-    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
-        return dst
-    m = load_graph(src)  # weights stay where they are, referenced by relative path
-    ring_sliding_layers(m)
-    try:
-        write_atomic(dst, m.SerializeToString())  # a concurrent reader sees the old file or the new one
-    except OSError as exc:
-        raise ModelError(
-            f"the ring-buffer cache writes model {model.name}'s ring graph beside its model.onnx, in {dst.parent}, "
-            f"which failed ({exc.strerror or exc}); copy the model directory somewhere writable and load it from there"
-        ) from exc
-    return dst
+    return derived_graph(model, SUFFIX, ring_sliding_layers, "ring graph (for the ring-buffer cache)")
