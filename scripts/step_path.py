@@ -4,7 +4,9 @@
 
 It builds nothing new (the toy model), runs a prefill and two steps, then traces the third: one token, from
 ``Stepper.step`` to the runtime's run and back through the commit and the record. A function counts once, with all
-its lines (what a reader opens), whether or not each line ran. Prints lines and files per cache kind.
+its lines (what a reader opens), whether or not each line ran. Prints lines and files per cache kind: the whole
+step, and the part entered before the cache's commit returned (the run and the commit; then come the record, the
+hooks and the settle).
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from pathlib import Path
 PACKAGE = str(Path(__file__).resolve().parents[1] / "kvlab")
 
 
-def traced_step(cache_kind: str, device: str) -> dict[tuple[str, str, int], int]:
-    """(file, function, first line) -> its length in lines, for every kvlab function one decode step enters."""
+Entered = dict[tuple[str, str, int], int]
+
+
+def traced_step(cache_kind: str, device: str) -> tuple[Entered, Entered]:
+    """(file, function, first line) -> its length in lines, for every kvlab function one decode step enters, and
+    for those it entered before the cache's commit returned."""
     from kvlab.ort import DynamicCache, StaticCache, Stepper, load
 
     model = load("toy")
-    entered: dict[tuple[str, str, int], int] = {}
+    entered: Entered = {}
+    to_commit: Entered = {}
+    commit = (str(Path(PACKAGE) / "core" / "steps.py"), "commit")
 
     def tracer(frame, event, arg):
         code = frame.f_code
@@ -31,6 +39,13 @@ def traced_step(cache_kind: str, device: str) -> dict[tuple[str, str, int], int]
             key = (code.co_filename[len(PACKAGE) + 1 :], code.co_name, code.co_firstlineno)
             if key not in entered and not code.co_name.startswith("<"):  # comprehensions: inside their function
                 entered[key] = len(inspect.getsourcelines(code)[0])
+            if (code.co_filename, code.co_name) == commit:
+                return commit_returns  # watch this frame for its return
+
+    def commit_returns(frame, event, arg):
+        if event == "return":
+            to_commit.update(entered)
+        return commit_returns
 
     cache = StaticCache(64) if cache_kind == "static" else DynamicCache()
     with cache, Stepper(model, cache, device, 64) as stepper:
@@ -42,7 +57,16 @@ def traced_step(cache_kind: str, device: str) -> dict[tuple[str, str, int], int]
             stepper.step([6])
         finally:
             sys.settrace(None)
-    return entered
+    return entered, to_commit
+
+
+def summary(entered: Entered) -> str:
+    """ "N lines in F files (file lines, ...)", the biggest file first."""
+    per_file: collections.Counter[str] = collections.Counter()
+    for (path, _, _), n in entered.items():
+        per_file[path] += n
+    files = ", ".join(f"{p} {n}" for p, n in per_file.most_common())
+    return f"{sum(per_file.values())} lines in {len(per_file)} files ({files})"
 
 
 def main() -> None:
@@ -52,14 +76,11 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="list every function entered")
     args = ap.parse_args()
     for kind in ("static", "dynamic") if args.cache == "both" else (args.cache,):
-        entered = traced_step(kind, args.device)
-        per_file: collections.Counter[str] = collections.Counter()
-        for (path, name, line), n in sorted(entered.items()):
-            per_file[path] += n
-            if args.list:
-                print(f"  {path}:{line} {name} ({n} lines)")
-        files = ", ".join(f"{p} {n}" for p, n in per_file.most_common())
-        print(f"{kind} cache on {args.device}: {sum(per_file.values())} lines in {len(per_file)} files ({files})")
+        entered, to_commit = traced_step(kind, args.device)
+        for path, name, line in sorted(entered) if args.list else ():
+            print(f"  {path}:{line} {name} ({entered[path, name, line]} lines)")
+        print(f"{kind} cache on {args.device}, the whole step: {summary(entered)}")
+        print(f"{kind} cache on {args.device}, through the commit: {summary(to_commit)}")
 
 
 if __name__ == "__main__":

@@ -157,30 +157,6 @@ def stop_reason(
     return "max_new_tokens" if len(tokens) >= max_new_tokens else None
 
 
-def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
-    """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1); ConfigError otherwise."""
-    fast = type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1  # a step's own token ids
-    if fast and (
-        ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size
-    ):
-        return ids
-    try:
-        ids = np.asarray(ids)
-    except (ValueError, TypeError, OverflowError) as exc:  # a ragged list ([[1, 2], [3]]), ...
-        raise ConfigError(f"token ids must be a 1-D list of ints, got {ids!r:.60} ({exc})") from None
-    if ids.ndim == 2 and ids.shape[0] != 1:
-        raise ConfigError(
-            f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a time (batch size 1)"
-        )
-    ids = ids.reshape(-1) if ids.ndim == 2 else ids
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ConfigError(f"token ids must be a 1-D list of ints, got shape {ids.shape} dtype {ids.dtype}")
-    bad = ids[(ids < 0) | (ids >= vocab_size)]
-    if bad.size:
-        raise ConfigError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
-    return ids.astype(np.int64)
-
-
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """First index where two token sequences differ (a length difference counts); None when identical."""
     for i, (x, y) in enumerate(zip(a, b)):

@@ -1,6 +1,7 @@
-"""What keeps a step whole: one user at a time (a cache runs one generation at a time, a stepper one with block
-and one step at a time; a second user gets a CacheStateError naming the misuse instead of a race), and blocks that
-Ctrl-C cannot split (``atomic``: a tensor handed over inside one is always owned by exactly one side)."""
+"""What keeps a step whole: its token ids checked before anything moves (``check_token_ids``), one user at a time
+(a cache runs one generation at a time, a stepper one with block and one step at a time; a second user gets a
+CacheStateError naming the misuse instead of a race), and blocks that Ctrl-C cannot split (``atomic``: a tensor
+handed over inside one is always owned by exactly one side)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,35 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import CacheStateError
+import numpy as np
+
+from .errors import CacheStateError, ConfigError
 
 SIGINT = 2
+
+
+def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1); ConfigError otherwise."""
+    fast = type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1  # a step's own token ids
+    if fast and (
+        ids.size == 1 and 0 <= ids[0] < vocab_size or ids.size > 1 and ids.min() >= 0 and ids.max() < vocab_size
+    ):
+        return ids
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError) as exc:  # a ragged list ([[1, 2], [3]]), ...
+        raise ConfigError(f"token ids must be a 1-D list of ints, got {ids!r:.60} ({exc})") from None
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise ConfigError(
+            f"batch size {ids.shape[0]} is not supported: kvlab generates one sequence at a time (batch size 1)"
+        )
+    ids = ids.reshape(-1) if ids.ndim == 2 else ids
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(f"token ids must be a 1-D list of ints, got shape {ids.shape} dtype {ids.dtype}")
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ConfigError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int64)
 
 
 class atomic:  # noqa: N801 - used as a context manager, like contextlib's

@@ -2,7 +2,8 @@
 the two caches (and the static one with its decode step captured as a WebGPU graph), the step and the generation
 loop."""
 
-from .decode.caches import DynamicCache, StaticCache, make_cache
+from .decode.cache_kinds import make_cache
+from .decode.caches import DynamicCache, StaticCache
 from .decode.capture import CapturedStaticCache
 from .decode.conversation import Conversation
 from .decode.generate import generate

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import presets
 from ..core.errors import ConfigError, DeviceError, ModelError, check_choice
-from ..core.generation import check_token_ids
+from ..core.guards import check_token_ids
 from ..core.labels import Adapter, DeviceLabel, cpu_adapter
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -24,7 +24,6 @@ from ..runtime.device import Device
 from ..runtime.session import Session
 from .greedy import AUTO, DeviceToken, greedy_graph, reduction_for
 from .kvprecision import (
-    KV_PRECISIONS,
     check_kv_precision,
     check_runs_here,
     packed_entry,
@@ -244,29 +243,3 @@ class StaticCache(OrtCache):
                 f"the source static cache has max_cache_len={src.max_cache_len}, this one "
                 f"{self.max_cache_len}: whole-buffer copies need equal sizes"
             )
-
-
-CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}
-
-
-def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_precision: str | None = None) -> Cache:
-    """A cache by kind ("dynamic" or "static"; static needs max_cache_len, which a dynamic cache, having no size,
-    does not use: a lab can pass one size for either kind) or by its ``CacheSpec`` (its
-    ``kv-int8`` / ``kv-int4`` variant included, and ``ring``: a ``RingStaticCache``), at ``kv_precision``; ConfigError
-    for another kind or a static cache without a size."""
-    states, ring = "swap", False
-    if isinstance(spec, CacheSpec):
-        states = "in-place" if spec.kind == "static" and "states-in-place" in spec.variant else states
-        ring = spec.kind == "static" and "ring" in spec.variant.split("+")
-        kv_precision = next((p for p in KV_PRECISIONS if f"kv-{p}" in spec.variant), kv_precision)
-        spec, max_cache_len = spec.kind, spec.max_cache_len
-    check_choice(spec, CACHE_KINDS, "cache type ")
-    if spec == "static":
-        if max_cache_len is None:
-            raise ConfigError("a static cache needs max_cache_len (a positive int)")
-        if ring:
-            from .window import RingStaticCache  # (window.py imports this module)
-
-            return RingStaticCache(max_cache_len, states=states)
-        return StaticCache(max_cache_len, states=states, kv_precision=kv_precision)
-    return DynamicCache(kv_precision)

@@ -46,13 +46,17 @@ class RuntimeState(Slot):
 
     def bind(self, binding: Binding, length: int) -> dict[str, int]:
         e = self.entry
-        binding.input(e.past, self.present if self.present is not None else np.zeros(e.shape(0), e.dtype))
+        binding.input(e.past, self.present if self.present is not None else np.zeros(e.dims, e.dtype))
         binding.output_new(e.present)
         return {}
 
     def check(self, result: RunResult, length: int) -> str:
-        got, want = result.new[self.entry.present].shape, self.entry.shape(length)
+        got, want = result.new[self.entry.present].shape, self.expected(length)
         return "" if got == want else f"present {self.entry.present} came back with shape {got}, expected {want}"
+
+    def expected(self, length: int) -> tuple[int, ...]:
+        """The present's shape after a step to ``length`` positions: a state keeps the shape of its past."""
+        return self.present.shape if self.present is not None else self.entry.dims
 
     def commit(self, result: RunResult) -> list[DeviceTensor]:
         """Takes the present out of ``result`` (what it leaves there is the caller's to release)."""
@@ -96,6 +100,11 @@ class RuntimeState(Slot):
 
 class GrowingKV(RuntimeState):
     """Keys or values the runtime allocates anew every step, one position longer (a full copy of the past)."""
+
+    def expected(self, length: int) -> tuple[int, ...]:
+        """The past's shape, ``length`` positions long: [batch, kv heads, positions, head size]."""
+        past = super().expected(length)
+        return past[:2] + (length,) + past[3:]
 
     def crop(self, length: int, n: int) -> Crop:
         """Keeps a copy of the first ``n`` positions (through the host), released with the present it replaces."""

@@ -21,8 +21,8 @@ import numpy as np
 
 from ...core.cache import Cache
 from ...core.errors import ConfigError, ModelError, check_choice, check_flag, check_int
-from ...core.generation import check_token_ids, greedy
-from ...core.guards import OneBlock
+from ...core.generation import greedy
+from ...core.guards import OneBlock, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
@@ -131,7 +131,7 @@ class Stepper:
                     last = logits[0, -1]
                     check_finite(logits[0] if pick else last, self.steps, position + n - 1, self.model.name)
                     out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
-                    token, picked = pick(logits[0]) if pick else ((choose or greedy)(last), {})
+                    token, picked = pick(logits[0]) if pick else (_choose(choose, last), {})
                 fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
                 fields.setdefault("prefilled", n if fields["phase"] == "prefill" else 0)
                 fields.update(position=position, n_tokens=n, token=token)
@@ -201,6 +201,11 @@ def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) 
     """The session the steps run on: the cache's, or, for the greedy token on the device, the cache's session of a
     graph that also writes it (``OrtCache.token_session``)."""
     return cache.token_session(device, model, reduction) if reduction else cache.session(device, model)
+
+
+def _choose(choose: Callable[[np.ndarray], int] | None, last: np.ndarray) -> int:
+    """The token ``choose`` picks from the last position's logits; greedy (the argmax) by default."""
+    return int(last.argmax()) if choose is None or choose is greedy else choose(last)
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import ConfigError, ModelError, check_flag, check_int
-from ...core.generation import check_token_ids
+from ...core.guards import check_token_ids
 from ...presets import BUILTIN_NAMES, check_precision
 from .build import ensure_built
 from .info import ModelInfo

@@ -84,8 +84,8 @@ class Device:
         key = _session_key(path, options)
         with self._sessions_lock, self.lock:
             if key not in self._sessions:
-                refuse_f16(self, Path(path), label or path)
-                model, rewrites = workarounds(self, Path(path))
+                refuse_f16(self.name, self.adapter, Path(path), label or path)
+                model, rewrites = workarounds(self.name, Path(path))
                 self._sessions[key] = Session(self, model, label or path, options)
                 self._sessions[key].rewrites = rewrites
             return self._sessions[key]

@@ -5,19 +5,16 @@ WebGPU (``workarounds``). ``Device.session`` calls both; neither opens a session
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...core.errors import DeviceError
+from ...core.labels import Adapter
 from ..models.graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .device import Device
 
-
-def workarounds(device: Device, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-    """The model to open on ``device``, rewritten in memory where its runtime needs it (a bool Gather on WebGPU:
-    ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
-    if device.name != "webgpu" or not bool_gathers(load_graph(onnx_file)):
+def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
+    """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it (a bool
+    Gather on WebGPU: ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
+    if device != "webgpu" or not bool_gathers(load_graph(onnx_file)):
         return str(onnx_file), []
     import onnx
 
@@ -33,15 +30,15 @@ def workarounds(device: Device, onnx_file: Path) -> tuple[str | bytes, list[str]
     ]
 
 
-def refuse_f16(device: Device, onnx_file: Path, label: str) -> None:
-    """Refuse (DeviceError) a float16 graph on a WebGPU adapter whose shaders cannot compute in float16, before
-    any kernel runs: such a kernel fails at its first run, and the process then dies at exit."""
-    if device.name != "webgpu" or device.adapter.shader_f16 is not False:
+def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> None:
+    """Refuse (DeviceError) a float16 graph on ``device`` "webgpu" when its ``adapter``'s shaders cannot compute in
+    float16, before any kernel runs: such a kernel fails at its first run, and the process then dies at exit."""
+    if device != "webgpu" or adapter.shader_f16 is not False:
         return
     graph = load_graph(onnx_file)
     if any(elem_type(v) == FLOAT16 for v in [*graph.graph.input, *graph.graph.output]):
         raise DeviceError(
-            f"{label} computes in float16, but the WebGPU adapter {device.adapter} has no shader-f16 "
+            f"{label} computes in float16, but the WebGPU adapter {adapter} has no shader-f16 "
             "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
             "'cpu', on a GPU adapter, or use precision fp32"
         )
