@@ -17,7 +17,7 @@ from kvlab import DeviceError, StaticCache, generate, open_device
 from kvlab.ort.decode.capture import CAPTURE_OPTIONS, CapturedStaticCache, run_options
 from kvlab.ort.decode.shared import shared_capture_problem
 from kvlab.ort.runtime.device import backend
-from kvlab.ort.runtime.tensors import release_all, zeros_all
+from kvlab.ort.runtime.session import release_all, zeros_all
 
 FAILS = backend().package == "onnxruntime-webgpu"  # measured: 1.27.0 fails, the plugin EP 0.4.0 captures
 

@@ -13,8 +13,7 @@ from kvlab.ort import Stepper, generate, open_device
 from kvlab.ort.checks.faults import Injected, fault
 from kvlab.ort.decode.greedy import auto_reduction
 from kvlab.ort.runtime.plugin import installed
-from kvlab.ort.runtime.session import Binding
-from kvlab.ort.runtime.tensors import DeviceTensor
+from kvlab.ort.runtime.session import Binding, DeviceTensor
 
 PROMPT = "Once upon a time"
 CACHES = {"dynamic": DynamicCache, "static": lambda: StaticCache(64)}

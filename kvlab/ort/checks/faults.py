@@ -26,8 +26,7 @@ from ...core.errors import check_choice, check_int
 from ..decode.caches import DynamicCache, StaticCache
 from ..runtime.builtin import HELPER_LABEL
 from ..runtime.device import Device, backend
-from ..runtime.session import Binding, RunResult
-from ..runtime.tensors import DeviceTensor
+from ..runtime.session import Binding, DeviceTensor, RunResult
 
 POINTS = ("run", "after-run", "allocate", "wrap", "in-place", "copy", "commit")
 

@@ -73,7 +73,7 @@ class MobiusStatic:
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> StaticRun:
         """Greedy tokens for ``prompt``; ConfigError when prompt + max_new_tokens exceeds max_seq_len."""
-        from ..runtime.tensors import release_all, zeros_all
+        from ..runtime.session import release_all, zeros_all
 
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ConfigError(

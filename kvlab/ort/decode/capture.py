@@ -33,8 +33,7 @@ from ...core.errors import ConfigError, DeviceError, ModelError
 from ...core.guards import atomic
 from ...core.labels import CacheSpec
 from ..models.graph import load_graph, uses
-from ..runtime.session import Binding, Session
-from ..runtime.tensors import DeviceTensor
+from ..runtime.session import Binding, DeviceTensor, Session
 from .caches import StaticCache
 from .capture_graph import captured_graph
 from .captured_step import GRAPH_ID_KEY, CaptureBinding, CapturedToken, StepBuffers, run_options

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import ConfigError, DeviceError
-from ..runtime.session import Binding, RunResult, Session
-from ..runtime.tensors import DeviceTensor, release_all, zeros_all
+from ..runtime.session import Binding, DeviceTensor, RunResult, Session, release_all, zeros_all
 from .capture_graph import NEXT_MASK
 from .greedy import NEXT
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...core.errors import ConfigError, ModelError, check_choice
 from ..models.graph import derived_graph
-from ..runtime.tensors import DeviceTensor, release_all, zeros_all
+from ..runtime.session import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the next step's input ids
 NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory

@@ -20,8 +20,7 @@ import numpy as np
 from ...core.layout import CacheEntry
 from ...core.slots import Crop, Slot
 from ..runtime.device import Device, copy_tensor
-from ..runtime.session import Binding, RunResult
-from ..runtime.tensors import DeviceTensor, release_all, zeros_all
+from ..runtime.session import Binding, DeviceTensor, RunResult, release_all, zeros_all
 
 
 class RuntimeState(Slot):

@@ -13,29 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...core.devices import DEVICES as DEVICES  # the device names, kept importable from here
-from .tensors import DeviceTensor
-
-# Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
-# EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
-# the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
-HEAVY_OPS = frozenset(
-    {
-        "MatMul",
-        "MatMulNBits",
-        "Gemm",
-        "Conv",
-        "GroupQueryAttention",
-        "MultiHeadAttention",
-        "Attention",
-        "Softmax",
-        "SkipSimplifiedLayerNormalization",
-        "SimplifiedLayerNormalization",
-        "LayerNormalization",
-        "SkipLayerNormalization",
-        "RotaryEmbedding",
-        "Einsum",
-    }
-)
+from .session import DeviceTensor
 
 
 class Backend:

@@ -36,8 +36,7 @@ import numpy as np
 from ...core.errors import DeviceError
 from .backend import DEVICES, Backend
 from .context import WEBGPU
-from .session import Session
-from .tensors import DeviceTensor
+from .session import DeviceTensor, Session
 
 HELPER_LABEL = "kvlab's allocation helper"  # the one-node session that makes device zeros
 

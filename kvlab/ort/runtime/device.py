@@ -34,8 +34,7 @@ from .builtin import BuiltinWebGpu
 from .context import gate
 from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options, with_cpu_defaults
 from .preflight import refuse_f16, workarounds
-from .session import Session, drop_every_binding, drop_every_session
-from .tensors import DeviceTensor, release_everything
+from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, release_everything
 
 __all__ = [
     "BUFFER_CACHE_MODES",

@@ -43,8 +43,7 @@ import numpy as np
 from ...core.errors import DeviceError
 from .builtin import BuiltinWebGpu
 from .context import WEBGPU
-from .session import Session
-from .tensors import DeviceTensor
+from .session import DeviceTensor, Session
 
 EP_NAME = "WebGpuExecutionProvider"
 MIN_ORT = (1, 31)

@@ -1,6 +1,7 @@
-"""What a device's runtime needs of a graph before a session of it opens: a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``), and a graph that gathers from a bool tensor is rewritten in memory for
-WebGPU (``workarounds``). ``Device.session`` calls both; neither opens a session."""
+"""What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
+adapter without shader-f16 (``refuse_f16``) and a graph that gathers from a bool tensor is rewritten in memory for
+WebGPU (``workarounds``), both called by ``Device.session``; once it opened, no heavy node may have fallen back to
+the CPU EP (``refuse_cpu_fallback``, called by ``Session``)."""
 
 from __future__ import annotations
 
@@ -41,4 +42,38 @@ def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> No
             f"{label} computes in float16, but the WebGPU adapter {adapter} has no shader-f16 "
             "(its Vulkan driver lacks float16 arithmetic or 16-bit storage); run it on device "
             "'cpu', on a GPU adapter, or use precision fp32"
+        )
+
+
+# Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
+# EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
+# the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
+HEAVY_OPS = frozenset(
+    {
+        "MatMul",
+        "MatMulNBits",
+        "Gemm",
+        "Conv",
+        "GroupQueryAttention",
+        "MultiHeadAttention",
+        "Attention",
+        "Softmax",
+        "SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+        "LayerNormalization",
+        "SkipLayerNormalization",
+        "RotaryEmbedding",
+        "Einsum",
+    }
+)
+
+
+def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
+    """Refuse (DeviceError) a ``device`` "webgpu" session of ``label`` whose ``cpu_nodes`` ("op_type:name", the
+    nodes ONNX Runtime placed on the CPU EP) include a heavy one (``HEAVY_OPS``)."""
+    heavy = [n for n in cpu_nodes if n.split(":", 1)[0] in HEAVY_OPS] if device == "webgpu" else []
+    if heavy:
+        raise DeviceError(
+            f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
+            f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}"
         )
