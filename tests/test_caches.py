@@ -210,6 +210,32 @@ def test_failed_identity_check_does_not_advance(toy, monkeypatch):
         assert c.seq_length == 4
 
 
+def test_a_present_of_the_wrong_shape_does_not_advance(toy, monkeypatch):
+    """Fault injection (labelled): the runtime's answer is altered so one growing present comes back a position
+    short (ONNX Runtime returns what the graph computes, so this is the only way to reach the check). The step is
+    refused naming the present and both shapes, nothing is left allocated, and the retried step goes on."""
+    dev = open_device("cpu")
+    with DynamicCache() as c, Stepper(toy, c, dev, 8) as s:
+        s.step(np.array([1, 2, 3]))
+        live, real_run = len(dev.live), Binding.run
+
+        def short(self):
+            result = real_run(self)
+            name, made = next(iter(result.new.items()))
+            b, h, n, d = made.shape
+            result.new[name] = dev.zeros((b, h, n - 1, d), made.dtype)
+            made.release()
+            return result
+
+        monkeypatch.setattr(Binding, "run", short)
+        with pytest.raises(InPlaceError, match=r"present\.0\.key came back with shape \(1, \d+, 3, \d+\), expected"):
+            s.step(np.array([4]))
+        assert (c.seq_length, len(dev.live)) == (3, live)
+        monkeypatch.setattr(Binding, "run", real_run)
+        s.step(np.array([4]))
+        assert c.seq_length == 4
+
+
 @pytest.mark.parametrize("kind", list(CACHES))
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_failed_run_leaves_the_cache_and_can_be_retried(toy, kind, device, monkeypatch):
