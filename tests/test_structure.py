@@ -8,6 +8,8 @@
   other kvlab package; in ``kvlab.ort`` each room imports only itself and the rooms below it (models <- runtime <-
   decode <- checks; none imports the ``kvlab.ort`` facade); ``kvlab.lab`` imports neither ``kvlab.ort.runtime``
   nor ``kvlab.ort.models``; kvlab's top-level packages import each other without a cycle, and so do its modules.
+- One decode step (``scripts/step_path.py``, traced on the toy model): at most 700 lines of kvlab in 6 files, for
+  the static and the dynamic cache.
 
 The checks are functions of a source root, so ``test_the_checks_catch_a_violating_tree`` runs them on a planted
 tree to show each one fails where it should.
@@ -16,6 +18,9 @@ tree to show each one fails where it should.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,6 +201,18 @@ def test_modules_import_without_a_cycle(graph):
     module waiting to be written), even where the import is deferred into a function or a type annotation."""
     found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_one_decode_step_reads_at_most_700_lines_in_6_files():
+    """``scripts/step_path.py`` traces a real decode step of each cache (the toy model, CPU EP) and counts the kvlab
+    lines and files it enters, from ``Stepper.step`` to the run and back through the commit, the record and the
+    settle (docs/architecture.md, "One step's data flow")."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "step_path.py")], capture_output=True, text=True, check=True
+    ).stdout
+    whole = re.findall(r"(\w+) cache on cpu, the whole step: (\d+) lines in (\d+) files", out)
+    assert [kind for kind, _, _ in whole] == ["static", "dynamic"], out
+    assert all(int(lines) <= 700 and int(files) <= 6 for _, lines, files in whole), out
 
 
 def test_the_checks_catch_a_violating_tree(tmp_path):
