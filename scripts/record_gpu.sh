@@ -48,9 +48,12 @@ out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 kv() { python3 -m kvlab "$@"; }
-step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output kept in OUT/NAME.log
-  local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"
+pack() { tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"; }  # OUT.tar.gz: every log, JSON, chart
+step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output kept in OUT/NAME.log; OUT.tar.gz is
+  # packed again after every step, so a call cut short (a machine taken back) still hands back every finished step
+  local name=$1 limit=$2 rc; shift 2; echo "== $name ($(date +%T))"
   timeout "$limit" bash -c "$(declare -f kv build builds); $(printf '%q ' "$@")" 2>&1 | tee "$out/$name.log" | tail -40
+  rc=$?; pack; return $rc
 }
 build() { python3 -c "import sys, time, kvlab
 for spec in sys.argv[1:]:  # name:precision or name:precision:graph (the build for graph capture)
@@ -259,4 +262,4 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
    exit 2 ;;
 esac
 echo "== done ($(date +%T))"
-tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"  # one file: every log, JSON and chart
+pack
