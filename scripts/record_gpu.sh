@@ -41,6 +41,7 @@
 # It expects kvlab's Python dependencies importable (on an offline machine: wheels unpacked on PYTHONPATH) and the
 # GPU's Vulkan driver able to start (a headless NVIDIA machine needs glvnd: `kvlab doctor` says which packages).
 # Built models go to $KVLAB_CACHE_DIR (default: .cache-gpu here). Every step's output goes to OUT.
+# PACK_TO=FILE: where the archive of OUT goes (default OUT.tar.gz), written again after every step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, lockstep, bar, modes, matrix, browser or colab}
@@ -48,7 +49,8 @@ out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 kv() { python3 -m kvlab "$@"; }
-pack() { tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"; }  # OUT.tar.gz: every log, JSON, chart
+pack() {  # OUT.tar.gz (or $PACK_TO): every log, JSON and chart, in one file
+  tar -czf "${PACK_TO:-$out.tar.gz}" -C "$(dirname "$out")" "$(basename "$out")"; }
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output kept in OUT/NAME.log; OUT.tar.gz is
   # packed again after every step, so a call cut short (a machine taken back) still hands back every finished step
   local name=$1 limit=$2 rc; shift 2; echo "== $name ($(date +%T))"
