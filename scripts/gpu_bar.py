@@ -6,9 +6,9 @@ A group is (package, model, precision, buffer cache mode, context). A bench reco
 of its groups the ratio of its fastest uncaptured static row (``static@N``, with or without the token on the device:
 both are kvlab's, and ``generate()`` picks the token's path by the adapter) over its genai row; a lockstep recording
 (``lockstep_*.json``, kvlab's default against genai in turns, ``kvlab profile --lockstep``) gives its median ratio.
-Captured rows are left out (they compare with genai captured, a group of their own). Prints, per group, the newest
-recording's ratio (by the environment's date, else the file's path) and how many groups are at or below 1.00, by
-the newest recording and by every recording.
+Captured bench rows are left out; captured lockstep recordings (both loops captured) are counted apart. Prints,
+per group, the newest recording's ratio (by the environment's date, else the file's path) and how many groups are
+at or below 1.00, by the newest recording and by every recording.
 """
 
 from __future__ import annotations
@@ -41,18 +41,22 @@ def bench_ratios(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
 
 
 def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
-    """(group, median ratio, date) of one lockstep recording of kvlab against genai, uncaptured."""
-    if data.get("graph_capture") or data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"]:
+    """(group, median ratio, date) of one lockstep recording of kvlab against genai. A captured one (both loops
+    captured) is a group of its own: its mode reads "<mode>, captured, token on the device|host"."""
+    if data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"]:
         return []
     if data.get("block", 1) < 2:  # single-step turns misplace time between the loops (data/gpu/lockstep/)
         return []
     env = data.get("environment", {})
     package = "onnxruntime-ep-webgpu" if "ep-webgpu" in data.get("runtime", "") else "onnxruntime-webgpu"
     model, precision = str(data["model"]), PRECISIONS.get(data["precision"], data["precision"])
-    model = model.removesuffix(f"-{precision}").removesuffix("-int4")  # "phi4-kv-fp16" -> "phi4-kv"
+    model = model.removesuffix("-graph").removesuffix(f"-{precision}").removesuffix("-int4")  # -> "phi4-kv"
     if data.get("weights") == "int4":
         precision = "int4"
-    key = (package, model, precision, "bucket", data["context"])
+    mode = data.get("buffer_cache_mode") or "bucket"  # recordings before the flag ran in the default, bucket
+    if data.get("graph_capture"):
+        mode += f", captured, token on the {'device' if data.get('token_on_device') else 'host'}"
+    key = (package, model, precision, mode, data["context"])
     return [(key, data["ratio_median"], str(env.get("date", path)))]
 
 
@@ -75,13 +79,18 @@ def main() -> None:
     if args.list:
         for key, (date, ratio) in sorted(newest.items()):
             print(f"{'  '.join(map(str, key))}: x{ratio:.3f} ({date[:16]})")
-    at_or_below = sum(r <= 1.0 for _, r in newest.values())
-    every = sum(r <= 1.0 for _, r, _ in seen)
-    print(f"newest recording per group: {at_or_below} of {len(newest)} groups at or below genai's step")
-    for package in sorted({k[0] for k in newest}):
-        mine = [r for k, (_, r) in newest.items() if k[0] == package]
-        print(f"  {package}: {sum(r <= 1.0 for r in mine)} of {len(mine)}")
-    print(f"every recording: {every} of {len(seen)} (group, recording) pairs at or below")
+    for title, captured in (("", False), ("captured (both loops): ", True)):
+        groups = {k: r for k, (_, r) in newest.items() if ("captured" in k[3]) == captured}
+        pairs = [r for k, r, _ in seen if ("captured" in k[3]) == captured]
+        at_or_below = sum(r <= 1.0 for r in groups.values())
+        print(f"{title}newest recording per group: {at_or_below} of {len(groups)} groups at or below genai's step")
+        for package in sorted({k[0] for k in groups}):
+            mine = [r for k, r in groups.items() if k[0] == package]
+            print(f"  {package}: {sum(r <= 1.0 for r in mine)} of {len(mine)}")
+        print(
+            f"{title}every recording: {sum(r <= 1.0 for r in pairs)} of {len(pairs)} (group, recording) pairs at or "
+            "below"
+        )
 
 
 if __name__ == "__main__":
