@@ -118,9 +118,8 @@ class Stepper:
                     f"step of {n} tokens at position {position} exceeds the {self.positions} positions this "
                     "stepper was opened for"
                 )
-            on_device = (
-                logits_out == "none" and choose in (None, greedy) and not pick and self._device_token is not None
-            )
+            default = choose is None or choose is greedy  # the greedy token, which the graph can also choose
+            on_device = logits_out == "none" and default and not pick and self._device_token is not None
             info = self.model.info
             logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
             result, memory = self._run(tokens, position, logits, on_device)
@@ -131,7 +130,7 @@ class Stepper:
                     last = logits[0, -1]
                     check_finite(logits[0] if pick else last, self.steps, position + n - 1, self.model.name)
                     out = None if logits_out == "none" else (last if logits_out == "last" else logits[0]).copy()
-                    token, picked = pick(logits[0]) if pick else (_choose(choose, last), {})
+                    token, picked = pick(logits[0]) if pick else (int(last.argmax()) if default else choose(last), {})
                 fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
                 fields.setdefault("prefilled", n if fields["phase"] == "prefill" else 0)
                 fields.update(position=position, n_tokens=n, token=token)
@@ -201,11 +200,6 @@ def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) 
     """The session the steps run on: the cache's, or, for the greedy token on the device, the cache's session of a
     graph that also writes it (``OrtCache.token_session``)."""
     return cache.token_session(device, model, reduction) if reduction else cache.session(device, model)
-
-
-def _choose(choose: Callable[[np.ndarray], int] | None, last: np.ndarray) -> int:
-    """The token ``choose`` picks from the last position's logits; greedy (the argmax) by default."""
-    return int(last.argmax()) if choose is None or choose is greedy else choose(last)
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
