@@ -29,6 +29,9 @@
 #   PART=1 bash scripts/record_gpu.sh bar OUT # lockstep over every group scripts/gpu_bar.py counts, in parts 1-3
 #                                          # (phi4-kv in bucket; smollm2-shape in the four modes; kv-heavy in the
 #                                          # four and phi4-kv fp16 in the other three), 192 new tokens x 3 rounds
+#   bash scripts/record_gpu.sh probe OUT   # where a captured step's time goes (scripts/capture_probe.py), one
+#                                          # configuration a process: replay and readback timed apart, other
+#                                          # readbacks, no EP sync; ONNX Runtime's INFO log; each loop alone
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
@@ -44,7 +47,7 @@
 # PACK_TO=FILE: where the archive of OUT goes (default OUT.tar.gz), written again after every step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, lockstep, bar, modes, matrix, browser or colab}
+phase=${1:?phase: check, bench, stairs, lean, capture, beyond, kvshared, phases, argmax, lockstep, bar, probe, modes, matrix, browser or colab}
 out=${2:?output directory}
 mkdir -p "$out"
 export KVLAB_CACHE_DIR=${KVLAB_CACHE_DIR:-$PWD/.cache-gpu} PYTHONUNBUFFERED=1 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -183,6 +186,21 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
     step "lockstep_${c//[:=+]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \
       --json "$out/lockstep_${c//[:=+]/_}.json"
+  done
+  ;;
+probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
+  IFS=: read -r m p c <<<"${PROBE:-phi4-kv:int4:1024}"; args=(--model "$m" --precision "$p" --context "$c")
+  step build 300 builds "$m:$p" "$m:$p:graph"
+  for cfg in captured:device:copy captured:host:copy captured:device:session captured:host:session \
+             captured:device:copy:--no-sync static:device:copy static:host:copy; do
+    IFS=: read -r cache token readback more <<<"$cfg"
+    step "probe_${cfg//[:-]/_}" 120 python3 scripts/capture_probe.py "${args[@]}" --cache "$cache" --token "$token" \
+      --readback "$readback" $more
+  done
+  step probe_info_log 120 env KVLAB_ORT_LOG_SEVERITY=1 python3 scripts/capture_probe.py "${args[@]}" --new-tokens 12
+  for sides in genai,genai kvlab,kvlab; do
+    step "alone_${sides/,/_}" 120 kv profile --lockstep --graph-capture --sides "$sides" "${args[@]}" --device webgpu \
+      --new-tokens 96 --rounds 1 --json "$out/alone_${sides/,/_}.json"
   done
   ;;
 modes)

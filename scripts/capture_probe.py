@@ -1,0 +1,143 @@
+"""Where a decode step's time goes, captured and not, phase by phase: a diagnosis run for a WebGPU package whose
+captured step is slower than its uncaptured one (onnxruntime-webgpu 1.27 on an NVIDIA H200 machine).
+
+One configuration per process (a fresh WebGPU context each): ``--cache static|captured``, ``--token host|device``,
+``--readback copy|session``: how a captured step's logits (or token) come back to the host: the env-level
+tensor copy kvlab uses, or a one-node Identity session run whose output is bound to the host array (the copy an
+uncaptured run makes at its end). ``--no-sync``: the captured runs carry the run option
+``disable_synchronize_execution_providers=1``. It generates ``--new-tokens`` greedy tokens after ``--context``
+prompt tokens and prints one JSON line: the median decode step (wall), and per step the median time inside the
+session run (the replay, for a captured step) and inside the host copy after it, with the loop thread's CPU time
+(``time.thread_time``) over the same spans. The timers wrap kvlab's own two calls (``Binding._run`` and the backend's
+``copy``); nothing else changes.
+
+    python scripts/capture_probe.py --model phi4-kv --precision int4 --context 1024 --cache captured
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import numpy as np
+
+import kvlab
+import kvlab.ort.runtime.device
+from kvlab.bench.lockstep import prompt_ids
+from kvlab.ort.decode import captured_step
+from kvlab.ort.runtime import builtin, session
+
+SPANS: dict[str, list[tuple[float, float]]] = defaultdict(list)  # name -> (wall s, thread CPU s) per call
+
+
+def timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        w, c = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPANS[name].append((time.perf_counter() - w, time.thread_time() - c))
+
+    return wrapper
+
+
+_READERS: dict[str, object] = {}  # ONNX type -> the Identity session that copies a device value to the host
+
+
+def session_copy(original):
+    """A backend ``copy`` whose device-to-host copies run through a one-node Identity session."""
+
+    def copy(self, src, dst) -> None:
+        if src.device_name() == "cpu" or dst.device_name() != "cpu":
+            return original(self, src, dst)
+        kind = src.data_type()
+        if kind not in _READERS:
+            from onnx import TensorProto, helper
+
+            elem = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}[kind]
+            elem = {"tensor(float16)": TensorProto.FLOAT16}.get(kind, elem)
+            node = helper.make_node("Identity", ["x"], ["y"])
+            value = [helper.make_tensor_value_info(n, elem, None) for n in ("x", "y")]
+            graph = helper.make_graph([node], "readback", value[:1], value[1:])
+            m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            m.ir_version = 9
+            dev = kvlab.ort.runtime.device.open_device("webgpu")
+            _READERS[kind] = self.create_session(m.SerializeToString(), dev, None)
+        sess = _READERS[kind]
+        io = sess.io_binding()
+        io.bind_ortvalue_input("x", src)
+        io.bind_ortvalue_output("y", dst)
+        sess.run_with_iobinding(io)
+
+    return copy
+
+
+def no_sync(original):
+    def run_options(ort, graph_id):
+        ro = original(ort, graph_id)
+        ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        return ro
+
+    return run_options
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="phi4-kv")
+    p.add_argument("--precision", default="int4")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--new-tokens", type=int, default=96)
+    p.add_argument("--cache", choices=("static", "captured"), default="captured")
+    p.add_argument("--token", choices=("host", "device"), default="device")
+    p.add_argument("--readback", choices=("copy", "session"), default="copy")
+    p.add_argument("--no-sync", action="store_true")
+    a = p.parse_args()
+    if a.readback == "session":
+        builtin.BuiltinWebGpu.copy = session_copy(builtin.BuiltinWebGpu.copy)
+    if a.no_sync:
+        captured_step.run_options = no_sync(captured_step.run_options)
+    builtin.BuiltinWebGpu.copy = timed("copy", builtin.BuiltinWebGpu.copy)
+    session.Binding._run = timed("run", session.Binding._run)
+    captured = a.cache == "captured"
+    model = kvlab.load(a.model, precision=a.precision, graph_capture=captured)
+    ids = prompt_ids(model, a.context)
+    size = a.context + a.new_tokens + 8
+    cache = kvlab.CapturedStaticCache(size) if captured else kvlab.StaticCache(size)
+    token = "single" if a.token == "device" else False
+    with cache:
+        kvlab.generate(
+            model, ids, cache=cache, device="webgpu", max_new_tokens=8, stop_on_eos=False, token_on_device=token
+        )  # warm-up: the capture, the first replays
+        SPANS.clear()
+        c0 = time.thread_time()
+        g = kvlab.generate(
+            model,
+            ids,
+            cache=cache,
+            device="webgpu",
+            max_new_tokens=a.new_tokens,
+            stop_on_eos=False,
+            token_on_device=token,
+        )
+        loop_cpu = time.thread_time() - c0
+    steps = [r for r in g.records if r.phase == "decode"][4:]
+    n = len(steps)
+    spans = {k: v[-n:] for k, v in SPANS.items()}  # the decode steps' calls (one run, one copy or none each)
+    out = {
+        "config": vars(a),
+        "step_ms": float(np.median([r.wall_ms for r in steps])),
+        "run_ms": float(np.median([r.run_ms for r in steps])),
+        "loop_cpu_ms_per_token": 1000 * loop_cpu / len(g.records),
+        **{f"{k}_wall_ms": 1000 * float(np.median([s[0] for s in v])) for k, v in spans.items()},
+        **{f"{k}_cpu_ms": 1000 * float(np.median([s[1] for s in v])) for k, v in spans.items()},
+        **{f"{k}_calls": len(v) for k, v in spans.items()},
+        "tokens": g.token_ids[:16],
+        "label": str(g.label),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
