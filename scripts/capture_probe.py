@@ -20,6 +20,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -83,6 +84,17 @@ def no_sync(original):
     return run_options
 
 
+def summarize(path: str) -> None:
+    """One trace's events by category and name: how many, and their total and median duration (µs)."""
+    events = [e for e in json.loads(Path(path).read_text()) if isinstance(e, dict) and "dur" in e]
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for e in events:
+        groups[(e.get("cat", ""), e.get("name", "")[:60])].append(int(e["dur"]))
+    print(f"== {path}: {len(events)} events")
+    for (cat, name), durs in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:30]:
+        print(f"{cat:10s} {name:60s} n={len(durs):6d} total={sum(durs):9d} median={int(np.median(durs)):7d}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="phi4-kv")
@@ -93,6 +105,7 @@ def main() -> None:
     p.add_argument("--token", choices=("host", "device"), default="device")
     p.add_argument("--readback", choices=("copy", "session"), default="copy")
     p.add_argument("--no-sync", action="store_true")
+    p.add_argument("--profile", help="ONNX Runtime's profiler on: its traces go to this file prefix, summarized")
     a = p.parse_args()
     if a.readback == "session":
         builtin.BuiltinWebGpu.copy = session_copy(builtin.BuiltinWebGpu.copy)
@@ -100,6 +113,7 @@ def main() -> None:
         captured_step.run_options = no_sync(captured_step.run_options)
     builtin.BuiltinWebGpu.copy = timed("copy", builtin.BuiltinWebGpu.copy)
     session.Binding._run = timed("run", session.Binding._run)
+    dev = kvlab.open_device("webgpu", profile=a.profile) if a.profile else None
     captured = a.cache == "captured"
     model = kvlab.load(a.model, precision=a.precision, graph_capture=captured)
     ids = prompt_ids(model, a.context)
@@ -122,6 +136,7 @@ def main() -> None:
             token_on_device=token,
         )
         loop_cpu = time.thread_time() - c0
+        traces = [cache._session.ort.end_profiling()] if dev is not None and captured else []  # before dispose
     steps = [r for r in g.records if r.phase == "decode"][4:]
     n = len(steps)
     spans = {k: v[-n:] for k, v in SPANS.items()}  # the decode steps' calls (one run, one copy or none each)
@@ -137,6 +152,10 @@ def main() -> None:
         "label": str(g.label),
     }
     print(json.dumps(out))
+    if dev is not None:
+        dev.close()
+        for path in [*traces, *dev.profiles.values()]:
+            summarize(path)
 
 
 if __name__ == "__main__":
