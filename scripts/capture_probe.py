@@ -57,8 +57,8 @@ def session_copy(original):
         if kind not in _READERS:
             from onnx import TensorProto, helper
 
-            elem = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}[kind]
-            elem = {"tensor(float16)": TensorProto.FLOAT16}.get(kind, elem)
+            types = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}
+            elem = {**types, "tensor(float16)": TensorProto.FLOAT16}[kind]
             node = helper.make_node("Identity", ["x"], ["y"])
             value = [helper.make_tensor_value_info(n, elem, None) for n in ("x", "y")]
             graph = helper.make_graph([node], "readback", value[:1], value[1:])
