@@ -1,15 +1,20 @@
 """Where a decode step's time goes, captured and not, phase by phase: a diagnosis run for a WebGPU package whose
 captured step is slower than its uncaptured one (onnxruntime-webgpu 1.27 on an NVIDIA H200 machine).
 
-One configuration per process (a fresh WebGPU context each): ``--cache static|captured``, ``--token host|device``,
-``--readback copy|session``: how a captured step's logits (or token) come back to the host: the env-level
-tensor copy kvlab uses, or a one-node Identity session run whose output is bound to the host array (the copy an
-uncaptured run makes at its end). ``--no-sync``: the captured runs carry the run option
-``disable_synchronize_execution_providers=1``. It generates ``--new-tokens`` greedy tokens after ``--context``
-prompt tokens and prints one JSON line: the median decode step (wall), and per step the median time inside the
-session run (the replay, for a captured step) and inside the host copy after it, with the loop thread's CPU time
-(``time.thread_time``) over the same spans. The timers wrap kvlab's own two calls (``Binding._run`` and the backend's
-``copy``); nothing else changes.
+One configuration per process (a fresh WebGPU context each):
+- ``--cache static|captured``, ``--token host|device``;
+- ``--readback copy|session``: how a captured step's logits (or token) come back to the host: the env-level tensor
+  copy kvlab uses, or a one-node Identity session whose output is bound to the host array (the copy an uncaptured
+  run makes at its end);
+- ``--no-sync``: the captured runs carry the run option ``disable_synchronize_execution_providers=1``;
+- ``--prefill-on cpu``: the prefill on the CPU EP, its KV handed over (no multi-token run on the capturing session);
+- ``--no-warmup``: one generation only (it captures at its first two steps);
+- ``--profile PREFIX``: ONNX Runtime's profiler (with the WebGPU kernels' GPU times), summarized per kernel.
+
+It generates ``--new-tokens`` greedy tokens after ``--context`` prompt tokens and prints one JSON line: the median
+decode step (wall), and per step the median time inside the session run (the replay, for a captured step) and
+inside the host copy after it, with the loop thread's CPU time (``time.thread_time``) over the same spans. The
+timers wrap kvlab's own two calls (``Binding._run`` and the backend's ``copy``); nothing else changes.
 
     python scripts/capture_probe.py --model phi4-kv --precision int4 --context 1024 --cache captured
 """
@@ -105,6 +110,8 @@ def main() -> None:
     p.add_argument("--token", choices=("host", "device"), default="device")
     p.add_argument("--readback", choices=("copy", "session"), default="copy")
     p.add_argument("--no-sync", action="store_true")
+    p.add_argument("--prefill-on", choices=("webgpu", "cpu"), default=None)
+    p.add_argument("--no-warmup", action="store_true", help="one generation: its first two steps capture")
     p.add_argument("--profile", help="ONNX Runtime's profiler on: its traces go to this file prefix, summarized")
     a = p.parse_args()
     if a.readback == "session":
@@ -120,21 +127,16 @@ def main() -> None:
     size = a.context + a.new_tokens + 8
     cache = kvlab.CapturedStaticCache(size) if captured else kvlab.StaticCache(size)
     token = "single" if a.token == "device" else False
+    run = {"cache": cache, "device": "webgpu", "stop_on_eos": False, "token_on_device": token}
+    run["prefill_device"] = (
+        a.prefill_on
+    )  # "cpu": the prefill on the CPU EP, handed over (none on the capturing session)
     with cache:
-        kvlab.generate(
-            model, ids, cache=cache, device="webgpu", max_new_tokens=8, stop_on_eos=False, token_on_device=token
-        )  # warm-up: the capture, the first replays
+        if not a.no_warmup:  # the capture and the first replays in a generation of their own
+            kvlab.generate(model, ids, max_new_tokens=8, **run)
         SPANS.clear()
         c0 = time.thread_time()
-        g = kvlab.generate(
-            model,
-            ids,
-            cache=cache,
-            device="webgpu",
-            max_new_tokens=a.new_tokens,
-            stop_on_eos=False,
-            token_on_device=token,
-        )
+        g = kvlab.generate(model, ids, max_new_tokens=a.new_tokens, **run)
         loop_cpu = time.thread_time() - c0
         traces = [cache._session.ort.end_profiling()] if dev is not None and captured else []  # before dispose
     steps = [r for r in g.records if r.phase == "decode"][4:]
