@@ -100,6 +100,33 @@ def summarize(path: str) -> None:
         print(f"{cat:10s} {name:60s} n={len(durs):6d} total={sum(durs):9d} median={int(np.median(durs)):7d}")
 
 
+def timeline(path: str, last: int = 600) -> dict:
+    """The GPU side of a trace's last ``last`` kernels (the last decode steps): their busy time, the span from the
+    first start to the last end, and the idle gaps over 100 µs between kernels (how many, their median and total, and
+    how many kernels ran between two such gaps)."""
+    events = json.loads(Path(path).read_text())
+    kernels = sorted((e for e in events if isinstance(e, dict) and e.get("cat") == "Api"), key=lambda e: e["ts"])
+    kernels = kernels[-last:]
+    gaps, runs, since = [], [], 0
+    for a, b in zip(kernels, kernels[1:]):
+        since += 1
+        gap = b["ts"] - (a["ts"] + a["dur"])
+        if gap > 100:
+            gaps.append(gap)
+            runs.append(since)
+            since = 0
+    return {
+        "trace": Path(path).name,
+        "kernels": len(kernels),
+        "busy_us": int(sum(e["dur"] for e in kernels)),
+        "span_us": int(kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]),
+        "gaps_over_100us": len(gaps),
+        "gap_median_us": int(np.median(gaps)) if gaps else 0,
+        "gaps_total_us": int(sum(gaps)),
+        "kernels_between_gaps_median": int(np.median(runs)) if runs else 0,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="phi4-kv")
@@ -112,8 +139,13 @@ def main() -> None:
     p.add_argument("--no-sync", action="store_true")
     p.add_argument("--prefill-on", choices=("webgpu", "cpu"), default=None)
     p.add_argument("--no-warmup", action="store_true", help="one generation: its first two steps capture")
+    p.add_argument("--timeline", nargs="+", metavar="TRACE", help="only summarize these traces' GPU timelines")
     p.add_argument("--profile", help="ONNX Runtime's profiler on: its traces go to this file prefix, summarized")
     a = p.parse_args()
+    if a.timeline:
+        for path in a.timeline:
+            print(json.dumps(timeline(path)))
+        return
     if a.readback == "session":
         builtin.BuiltinWebGpu.copy = session_copy(builtin.BuiltinWebGpu.copy)
     if a.no_sync:

@@ -8,7 +8,9 @@ both are kvlab's, and ``generate()`` picks the token's path by the adapter) over
 (``lockstep_*.json``, kvlab's default against genai in turns, ``kvlab profile --lockstep``) gives its median ratio.
 Captured bench rows are left out; captured lockstep recordings (both loops captured) are counted apart. Prints,
 per group, the newest recording's ratio (by the environment's date, else the file's path) and how many groups are
-at or below 1.00, by the newest recording and by every recording.
+at or below 1.00, by the newest recording and by every recording; then the target cells (``TARGET``: the default
+buffer cache mode, phi4-kv in three precisions and smollm2-shape, 1k-16k, both packages): how many are at or below,
+which are above and which have no recording.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ import json
 from pathlib import Path
 
 PRECISIONS = {"float32": "fp32", "float16": "fp16"}
+PACKAGES = ("onnxruntime-webgpu", "onnxruntime-ep-webgpu")
+TARGET = [  # (model, precision, context): smollm2-shape has 8,192 positions, so 8,000 tokens of context is its top
+    *(
+        (m, p, c)
+        for m, p in (("phi4-kv", "fp32"), ("phi4-kv", "fp16"), ("phi4-kv", "int4"))
+        for c in (1024, 2048, 4096, 8192, 16384)
+    ),
+    *(("smollm2-shape", "fp32", c) for c in (1024, 2048, 4096, 8000)),
+]
 
 
 def bench_ratios(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
@@ -60,6 +71,25 @@ def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     return [(key, data["ratio_median"], str(env.get("date", path)))]
 
 
+def target(newest: dict[tuple, tuple[str, float]]) -> None:
+    """Print the target cells' count at or below, and the ones above or missing."""
+    above, missing, met = [], [], 0
+    for package in PACKAGES:
+        for model, precision, context in TARGET:
+            key = (package, model, precision, "bucket", context)
+            if key not in newest:
+                missing.append(f"{package} {model} {precision} {context}")
+            elif newest[key][1] <= 1.0:
+                met += 1
+            else:
+                above.append(f"{package} {model} {precision} {context}: x{newest[key][1]:.3f}")
+    print(f"target cells (bucket mode, 1k-16k): {met} of {len(PACKAGES) * len(TARGET)} at or below genai's step")
+    for line in above:
+        print(f"  above: {line}")
+    for line in missing:
+        print(f"  not recorded: {line}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "gpu")
@@ -91,6 +121,7 @@ def main() -> None:
             f"{title}every recording: {sum(r <= 1.0 for r in pairs)} of {len(pairs)} (group, recording) pairs at or "
             "below"
         )
+    target(newest)
 
 
 if __name__ == "__main__":
