@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 import kvlab
-import kvlab.ort.runtime.device
 from kvlab.bench.lockstep import prompt_ids
 from kvlab.ort.decode import captured_step
 from kvlab.ort.runtime import builtin, session
@@ -60,17 +59,15 @@ def session_copy(original):
             return original(self, src, dst)
         kind = src.data_type()
         if kind not in _READERS:
-            from onnx import TensorProto, helper
+            from onnx import helper
 
-            types = {"tensor(int64)": TensorProto.INT64, "tensor(float)": TensorProto.FLOAT}
-            elem = {**types, "tensor(float16)": TensorProto.FLOAT16}[kind]
+            elem = helper.np_dtype_to_tensor_dtype(session.numpy_dtype(kind))
             node = helper.make_node("Identity", ["x"], ["y"])
             value = [helper.make_tensor_value_info(n, elem, None) for n in ("x", "y")]
             graph = helper.make_graph([node], "readback", value[:1], value[1:])
             m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
             m.ir_version = 9
-            dev = kvlab.ort.runtime.device.open_device("webgpu")
-            _READERS[kind] = self.create_session(m.SerializeToString(), dev, None)
+            _READERS[kind] = self.create_session(m.SerializeToString(), kvlab.open_device("webgpu"), None)
         sess = _READERS[kind]
         io = sess.io_binding()
         io.bind_ortvalue_input("x", src)
@@ -159,10 +156,14 @@ def main() -> None:
     size = a.context + a.new_tokens + 8
     cache = kvlab.CapturedStaticCache(size) if captured else kvlab.StaticCache(size)
     token = "single" if a.token == "device" else False
-    run = {"cache": cache, "device": "webgpu", "stop_on_eos": False, "token_on_device": token}
-    run["prefill_device"] = (
-        a.prefill_on
-    )  # "cpu": the prefill on the CPU EP, handed over (none on the capturing session)
+    # prefill_device "cpu": the prefill on the CPU EP, handed over (no multi-token run on the capturing session)
+    run = {
+        "cache": cache,
+        "device": "webgpu",
+        "stop_on_eos": False,
+        "token_on_device": token,
+        "prefill_device": a.prefill_on,
+    }
     with cache:
         if not a.no_warmup:  # the capture and the first replays in a generation of their own
             kvlab.generate(model, ids, max_new_tokens=8, **run)
