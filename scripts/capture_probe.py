@@ -9,6 +9,7 @@ One configuration per process (a fresh WebGPU context each):
 - ``--no-sync``: the captured runs carry the run option ``disable_synchronize_execution_providers=1``;
 - ``--prefill-on cpu``: the prefill on the CPU EP, its KV handed over (no multi-token run on the capturing session);
 - ``--no-warmup``: one generation only (it captures at its first two steps);
+- ``--validation-mode``, ``--buffer-cache-mode``: the WebGPU EP's options for every session of the process;
 - ``--profile PREFIX``: ONNX Runtime's profiler (with the WebGPU kernels' GPU times), summarized per kernel.
 
 It generates ``--new-tokens`` greedy tokens after ``--context`` prompt tokens and prints one JSON line: the median
@@ -31,8 +32,10 @@ import numpy as np
 
 import kvlab
 from kvlab.bench.lockstep import prompt_ids
+from kvlab.core.devices import BUFFER_CACHE_MODES
 from kvlab.ort.decode import captured_step
 from kvlab.ort.runtime import builtin, session
+from kvlab.ort.runtime.options import VALIDATION_MODES
 
 SPANS: dict[str, list[tuple[float, float]]] = defaultdict(list)  # name -> (wall s, thread CPU s) per call
 
@@ -136,6 +139,8 @@ def main() -> None:
     p.add_argument("--no-sync", action="store_true")
     p.add_argument("--prefill-on", choices=("webgpu", "cpu"), default=None)
     p.add_argument("--no-warmup", action="store_true", help="one generation: its first two steps capture")
+    p.add_argument("--validation-mode", choices=VALIDATION_MODES, default=None)
+    p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, default=None)
     p.add_argument("--timeline", nargs="+", metavar="TRACE", help="only summarize these traces' GPU timelines")
     p.add_argument("--profile", help="ONNX Runtime's profiler on: its traces go to this file prefix, summarized")
     a = p.parse_args()
@@ -149,7 +154,8 @@ def main() -> None:
         captured_step.run_options = no_sync(captured_step.run_options)
     builtin.BuiltinWebGpu.copy = timed("copy", builtin.BuiltinWebGpu.copy)
     session.Binding._run = timed("run", session.Binding._run)
-    dev = kvlab.open_device("webgpu", profile=a.profile) if a.profile else None
+    ep = {"validation_mode": a.validation_mode, "buffer_cache_mode": a.buffer_cache_mode, "profile": a.profile}
+    dev = kvlab.open_device("webgpu", **ep) if any(ep.values()) else None
     captured = a.cache == "captured"
     model = kvlab.load(a.model, precision=a.precision, graph_capture=captured)
     ids = prompt_ids(model, a.context)
@@ -171,7 +177,7 @@ def main() -> None:
         c0 = time.thread_time()
         g = kvlab.generate(model, ids, max_new_tokens=a.new_tokens, **run)
         loop_cpu = time.thread_time() - c0
-        traces = [cache._session.ort.end_profiling()] if dev is not None and captured else []  # before dispose
+        traces = [cache._session.ort.end_profiling()] if a.profile and captured else []  # before dispose
     steps = [r for r in g.records if r.phase == "decode"][4:]
     n = len(steps)
     spans = {k: v[-n:] for k, v in SPANS.items()}  # the decode steps' calls (one run, one copy or none each)
@@ -187,7 +193,7 @@ def main() -> None:
         "label": str(g.label),
     }
     print(json.dumps(out))
-    if dev is not None:
+    if a.profile:
         dev.close()
         for path in [*traces, *dev.profiles.values()]:
             summarize(path)

@@ -31,7 +31,10 @@
 #                                          # four and phi4-kv fp16 in the other three), 192 new tokens x 3 rounds
 #   bash scripts/record_gpu.sh probe OUT   # where a captured step's time goes (scripts/capture_probe.py), one
 #                                          # configuration a process: replay and readback timed apart, other
-#                                          # readbacks, no EP sync; ONNX Runtime's INFO log; each loop alone
+#                                          # readbacks, no EP sync; ONNX Runtime's INFO log; each loop alone.
+#                                          # PROBE_CONFIGS="cache:token:readback[:--flag[=v]...] ..." runs those
+#                                          # instead (ALONE="genai,genai kvlab,kvlab" adds the lone loops);
+#                                          # PROBE_NEW new tokens (96)
 #   bash scripts/record_gpu.sh modes OUT   # smollm2-shape and kv-heavy in the buffer cache modes simple and
 #                                          # lazyRelease (bucket and disabled: stairs), 256 tokens of context and up
 #   bash scripts/record_gpu.sh matrix OUT  # kv-heavy with genai in all four modes, phi4-kv fp16 in simple /
@@ -190,15 +193,20 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
   ;;
 probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
   IFS=: read -r m p c <<<"${PROBE:-phi4-kv:int4:1024}"; args=(--model "$m" --precision "$p" --context "$c")
+  new=(--new-tokens "${PROBE_NEW:-96}")
   step build 300 builds "$m:$p" "$m:$p:graph"
-  for cfg in captured:device:copy captured:host:copy captured:device:session captured:host:session \
-             captured:device:copy:--no-sync static:device:copy static:host:copy; do
+  # PROBE_CONFIGS: cache:token:readback[:--flag[=value]...] each (default: the read-back and sync variants)
+  for cfg in ${PROBE_CONFIGS:-captured:device:copy captured:host:copy captured:device:session captured:host:session \
+             captured:device:copy:--no-sync static:device:copy static:host:copy}; do
     IFS=: read -r cache token readback more <<<"$cfg"
-    step "probe_${cfg//[:-]/_}" 120 python3 scripts/capture_probe.py "${args[@]}" --cache "$cache" --token "$token" \
-      --readback "$readback" $more
+    # shellcheck disable=SC2086  # the flags split on purpose
+    step "probe_${cfg//[:=-]/_}" 120 python3 scripts/capture_probe.py "${args[@]}" "${new[@]}" --cache "$cache" \
+      --token "$token" --readback "$readback" ${more//:/ }
   done
-  step probe_info_log 120 env KVLAB_ORT_LOG_SEVERITY=1 python3 scripts/capture_probe.py "${args[@]}" --new-tokens 12
-  for sides in genai,genai kvlab,kvlab; do
+  [ -n "${PROBE_CONFIGS:-}" ] && ALONE=${ALONE:-}  # chosen variants: the log and the lone loops only if asked
+  [ -z "${PROBE_CONFIGS:-}" ] &&
+    step probe_info_log 120 env KVLAB_ORT_LOG_SEVERITY=1 python3 scripts/capture_probe.py "${args[@]}" --new-tokens 12
+  for sides in ${ALONE-genai,genai kvlab,kvlab}; do
     step "alone_${sides/,/_}" 120 kv profile --lockstep --graph-capture --sides "$sides" "${args[@]}" --device webgpu \
       --new-tokens 96 --rounds 1 --json "$out/alone_${sides/,/_}.json"
   done
