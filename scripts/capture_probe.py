@@ -10,6 +10,10 @@ One configuration per process (a fresh WebGPU context each):
 - ``--prefill-on cpu``: the prefill on the CPU EP, its KV handed over (no multi-token run on the capturing session);
 - ``--no-warmup``: one generation only (it captures at its first two steps);
 - ``--validation-mode``, ``--buffer-cache-mode``: the WebGPU EP's options for every session of the process;
+- ``--graph own``: capture the graph without kvlab's next-mask output (the host writes the mask every step; with
+  ``--token host`` also the ids: the model's own graph, the one onnxruntime-genai captures); ``--one-graph`` (with
+  both): every step on the first pair of step buffers, under one graph id, as genai's loop runs (kvlab alternates
+  two);
 - ``--profile PREFIX``: ONNX Runtime's profiler (with the WebGPU kernels' GPU times), summarized per kernel.
 
 It generates ``--new-tokens`` greedy tokens after ``--context`` prompt tokens and prints one JSON line: the median
@@ -33,7 +37,7 @@ import numpy as np
 import kvlab
 from kvlab.bench.lockstep import prompt_ids
 from kvlab.core.devices import BUFFER_CACHE_MODES
-from kvlab.ort.decode import captured_step
+from kvlab.ort.decode import capture, captured_step
 from kvlab.ort.runtime import builtin, session
 from kvlab.ort.runtime.options import VALIDATION_MODES
 
@@ -89,6 +93,27 @@ def no_sync(original):
     return run_options
 
 
+def own_graph(original):
+    """``captured_graph`` without kvlab's next-mask output (the model's own graph when no token is added)."""
+
+    def captured_graph(model, reduction="", shift_mask=True):
+        return original(model, reduction, shift_mask=False)
+
+    return captured_graph
+
+
+def one_pair(original):
+    """``CaptureBinding.run`` that leaves the cache on the first pair of step buffers: every step replays graph 0.
+    Only sound when the host writes ids and mask (``--graph own --token host``): they land in the pair read."""
+
+    def run(self):
+        result = original(self)
+        self._buffers.parity = 0
+        return result
+
+    return run
+
+
 def summarize(path: str) -> None:
     """One trace's events by category and name: how many, and their total and median duration (µs)."""
     events = [e for e in json.loads(Path(path).read_text()) if isinstance(e, dict) and "dur" in e]
@@ -141,6 +166,8 @@ def main() -> None:
     p.add_argument("--no-warmup", action="store_true", help="one generation: its first two steps capture")
     p.add_argument("--validation-mode", choices=VALIDATION_MODES, default=None)
     p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, default=None)
+    p.add_argument("--graph", choices=("kvlab", "own"), default="kvlab")
+    p.add_argument("--one-graph", action="store_true")
     p.add_argument("--timeline", nargs="+", metavar="TRACE", help="only summarize these traces' GPU timelines")
     p.add_argument("--profile", help="ONNX Runtime's profiler on: its traces go to this file prefix, summarized")
     a = p.parse_args()
@@ -152,6 +179,12 @@ def main() -> None:
         builtin.BuiltinWebGpu.copy = session_copy(builtin.BuiltinWebGpu.copy)
     if a.no_sync:
         captured_step.run_options = no_sync(captured_step.run_options)
+    if a.one_graph and (a.token != "host" or a.graph != "own"):
+        p.error("--one-graph needs --graph own --token host (the host writes ids and mask into the pair read)")
+    if a.graph == "own":
+        capture.captured_graph = own_graph(capture.captured_graph)
+    if a.one_graph:
+        captured_step.CaptureBinding.run = one_pair(captured_step.CaptureBinding.run)
     builtin.BuiltinWebGpu.copy = timed("copy", builtin.BuiltinWebGpu.copy)
     session.Binding._run = timed("run", session.Binding._run)
     ep = {"validation_mode": a.validation_mode, "buffer_cache_mode": a.buffer_cache_mode, "profile": a.profile}
