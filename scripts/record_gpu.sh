@@ -203,10 +203,11 @@ probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
     step "probe_${cfg//[:=-]/_}" 120 python3 scripts/capture_probe.py "${args[@]}" "${new[@]}" --cache "$cache" \
       --token "$token" --readback "$readback" ${more//:/ }
   done
-  [ -n "${PROBE_CONFIGS:-}" ] && ALONE=${ALONE:-}  # chosen variants: the log and the lone loops only if asked
-  [ -z "${PROBE_CONFIGS:-}" ] &&
+  if [ -z "${PROBE_CONFIGS:-}" ]; then  # the default variants: also ONNX Runtime's log, and both loops alone
     step probe_info_log 120 env KVLAB_ORT_LOG_SEVERITY=1 python3 scripts/capture_probe.py "${args[@]}" --new-tokens 12
-  for sides in ${ALONE-genai,genai kvlab,kvlab}; do
+    ALONE=${ALONE-genai,genai kvlab,kvlab}
+  fi
+  for sides in ${ALONE:-}; do
     step "alone_${sides/,/_}" 120 kv profile --lockstep --graph-capture --sides "$sides" "${args[@]}" --device webgpu \
       --new-tokens 96 --rounds 1 --json "$out/alone_${sides/,/_}.json"
   done
