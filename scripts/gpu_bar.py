@@ -65,6 +65,9 @@ def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     if data.get("weights") == "int4":
         precision = "int4"
     mode = data.get("buffer_cache_mode") or "bucket"  # recordings before the flag ran in the default, bucket
+    both = data.get("genai_options", {}).get("validationMode")
+    if both:  # both loops in one validation mode asked for: not each its default
+        mode += f", validation {both} (both)"
     if data.get("graph_capture"):
         mode += f", captured, token on the {'device' if data.get('token_on_device') else 'host'}"
     key = (package, model, precision, mode, data["context"])

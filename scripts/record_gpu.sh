@@ -174,7 +174,7 @@ argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax
   ;;
 lockstep)  # cells: model:precision:context, then any of :graph (both captured), :host (kvlab's token on the host),
   #           :check=N (read back every N steps), :block=N (steps per turn), :sides=A+B (e.g. kvlab+kvlab),
-  #           :mode=M (the WebGPU buffer cache mode both loops run in)
+  #           :mode=M (the WebGPU buffer cache mode both loops run in), :valid=V (the validation mode both run in)
   cells=${LOCKSTEP:-phi4-kv:int4:1024 phi4-kv:fp16:1024 smollm2-shape:fp32:4096 phi4-kv:fp16:1024:graph}
   step build 300 builds $(for c in $cells; do IFS=: read -r m p _ rest <<<"$c"; [[ ":$rest:" == *:graph:* ]] \
     && echo "$m:$p:graph" || echo "$m:$p"; done | sort -u)
@@ -184,7 +184,7 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
       graph) flags+=(--graph-capture) ;; host) flags+=(--no-token-on-device) ;;
       check=*) flags+=(--check-every "${x#check=}") ;; block=*) flags+=(--block "${x#block=}") ;;
       sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
-      mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;;
+      mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;; valid=*) flags+=(--validation-mode "${x#valid=}") ;;
     esac; done
     step "lockstep_${c//[:=+]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \

@@ -128,18 +128,29 @@ def test_cli_writes_the_result(tmp_path):
     assert np.isfinite(saved["first_step_ms"]) and saved["environment"]["commit"]
 
 
-def test_cli_runs_both_loops_in_the_buffer_cache_mode_given(tmp_path):
-    """``--buffer-cache-mode`` opens WebGPU's one context in that mode before genai joins it: the result and its
-    summary name the mode; the tokens stay equal."""
+def test_cli_runs_both_loops_in_the_modes_given(tmp_path):
+    """``--buffer-cache-mode`` and ``--validation-mode`` open kvlab's WebGPU device in those modes and hand them to
+    genai's sessions (on onnxruntime-webgpu genai's context is its own): the result and its summary name them; the
+    tokens stay equal."""
     out = tmp_path / "lockstep.json"
     proc = subprocess.run(
         [KVLAB, "profile", "--lockstep", "--model", "toy", "--device", "webgpu", "--context", "12"]
-        + ["--new-tokens", "4", "--rounds", "1", "--buffer-cache-mode", "simple", "--json", str(out)],
+        + ["--new-tokens", "4", "--rounds", "1", "--buffer-cache-mode", "simple", "--validation-mode", "basic"]
+        + ["--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads(out.read_text())
-    assert saved["buffer_cache_mode"] == "simple" and saved["tokens_equal"]
-    assert "buffer cache mode simple);" in proc.stdout
+    assert saved["buffer_cache_mode"] == "simple" and saved["validation_mode"] == "basic" and saved["tokens_equal"]
+    assert saved["genai_options"] == {"storageBufferCacheMode": "simple", "validationMode": "basic"}
+    assert "buffer cache mode simple, validation mode basic (genai: basic));" in proc.stdout
+
+
+def test_without_modes_each_loop_runs_its_own_default(toy):
+    """No mode asked for: kvlab's device in its default validation mode ("disabled"), genai given nothing beyond
+    its genai_config.json."""
+    r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1)
+    assert r["validation_mode"] == "disabled" and r["genai_options"] == {}
+    assert "validation mode disabled (genai: its config's)" in summary(r)

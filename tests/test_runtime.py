@@ -115,12 +115,13 @@ print('reopened', d2.ep_options)
         )
     r = run_python(code)
     assert r.returncode == 0, r.stderr
-    assert "refused: the webgpu device is already open with {'storageBufferCacheMode': 'simple'}" in r.stdout
+    opened = "{'validationMode': 'disabled', 'storageBufferCacheMode': 'simple'}"  # kvlab's validation default
+    assert f"refused: the webgpu device is already open with {opened}" in r.stdout
     assert "close refused: 1 kvlab tensors (16 bytes) are still alive" in r.stdout
     if installed():
         assert "reopen refused: this process's WebGPU context was created with" in r.stdout
     else:
-        assert "reopened {'storageBufferCacheMode': 'disabled'}" in r.stdout
+        assert "reopened {'validationMode': 'disabled', 'storageBufferCacheMode': 'disabled'}" in r.stdout
 
 
 PROBE = """

@@ -39,6 +39,7 @@ from ..ort.checks.references import genai_generator
 from ..ort.decode.caches import check_every_of, read_back
 from ..ort.decode.capture import CAPTURED_REDUCTIONS
 from ..ort.decode.greedy import AUTO, reduction_of
+from ..ort.runtime.options import webgpu_options
 from .load import check_load, competing
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -115,6 +116,7 @@ def lockstep(
     sides: tuple[str, str] = SIDES,
     under_load: int | None = None,
     buffer_cache_mode: str | None = None,
+    validation_mode: str | None = None,
 ) -> dict[str, Any]:
     """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
     onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
@@ -131,18 +133,22 @@ def lockstep(
     the result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each
     side's loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first
     slows down less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why).
-    ``buffer_cache_mode`` (WebGPU): the device opened with it, before genai joins its one context, so both loops run
-    in it (DeviceError when the device is already open with another). ConfigError for a bad count or setting."""
+    ``buffer_cache_mode``, ``validation_mode`` (WebGPU): both loops run in them: kvlab's device opened with them
+    (DeviceError when it is already open with others) and genai's sessions given them as options (with
+    onnxruntime-webgpu genai's WebGPU context is its own, ``GenaiPeer``); unset, each loop runs its own default
+    (genai: its genai_config.json's). ConfigError for a bad count or setting."""
     _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
     check_every_of(check_every)
     if under_load is not None:
         check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
-    dev = open_device(device, buffer_cache_mode=buffer_cache_mode) if buffer_cache_mode else open_device(device)
+    modes = {"buffer_cache_mode": buffer_cache_mode, "validation_mode": validation_mode}
+    dev = open_device(device, **{k: v for k, v in modes.items() if v})
     make = CapturedStaticCache if graph_capture else StaticCache
     reduction = _reduction(make, token_on_device, model, dev)
     ids = prompt_ids(model, context)
-    peer = GenaiPeer(model, device, graph_capture=True if graph_capture else None) if "genai" in sides else None
+    genai_options = webgpu_options(buffer_cache_mode, validation_mode)
+    peer = GenaiPeer(model, device, True if graph_capture else None, genai_options) if "genai" in sides else None
     needed = positions_needed(len(ids), new_tokens)
 
     def side(name: str) -> _Kvlab | _Genai:
@@ -182,7 +188,9 @@ def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) ->
         "device": dev.name,
         "adapter": str(dev.label.adapter),  # its name and whether hardware or software
         "runtime": dev.label.runtime,
-        "buffer_cache_mode": dev.label.buffer_cache_mode,  # WebGPU's, for both loops: they share its one context
+        "buffer_cache_mode": dev.label.buffer_cache_mode,  # kvlab's WebGPU device's (genai's too where asked for)
+        "validation_mode": dev.label.validation_mode,  # kvlab's WebGPU device's
+        "genai_options": peer.options if peer else {},  # WebGPU EP options genai ran with beyond its config's
         "token_on_device": bool(reduction),
         "greedy_reduction": reduction,
         "genai_version": peer.version if peer else "",
@@ -291,8 +299,13 @@ def summary(r: dict[str, Any]) -> str:
 
 
 def _mode(r: dict[str, Any]) -> str:
-    """ ", buffer cache mode M" for WebGPU's mode, where the result names one (older results do not)."""
-    return f", buffer cache mode {r['buffer_cache_mode']}" if r.get("buffer_cache_mode") else ""
+    """ ", buffer cache mode M" for WebGPU's mode, where the result names one (older results do not), and the
+    validation modes of both loops, where it names kvlab's."""
+    mode = f", buffer cache mode {r['buffer_cache_mode']}" if r.get("buffer_cache_mode") else ""
+    if r.get("validation_mode"):
+        genai = r.get("genai_options", {}).get("validationMode", "its config's")
+        mode += f", validation mode {r['validation_mode']} (genai: {genai})"
+    return mode
 
 
 def _loaded_line(busy: dict[str, Any], a: str, b: str) -> str:

@@ -189,15 +189,23 @@ def run_handoff(
 
 class GenaiPeer:
     """onnxruntime-genai on the same model directory and prompt, on the same device (its own prefill there);
-    times each decode step. On WebGPU its sessions join the process's one WebGPU context, with the buffer cache
-    mode kvlab opened it with."""
+    times each decode step. On WebGPU, ``options`` are WebGPU EP options for its sessions (``genai_model``): with
+    onnxruntime-webgpu genai loads its own copy of ONNX Runtime, so its WebGPU context is its own and takes the
+    options of its config and these, not kvlab's device's; with the plugin EP its sessions join kvlab's context."""
 
-    def __init__(self, model: Model, device: str = "cpu", graph_capture: bool | None = None):
+    def __init__(
+        self,
+        model: Model,
+        device: str = "cpu",
+        graph_capture: bool | None = None,
+        options: dict[str, str] | None = None,
+    ):
         import onnxruntime_genai as og
 
         # like for like on the CPU: its weights in huge pages too, when kvlab's CPU device puts its own there
         with memory.collapsing(device == "cpu" and open_device("cpu").huge_pages) as self.huge_pages:
-            self.model = genai_model(model, device, graph_capture)
+            self.model = genai_model(model, device, graph_capture, options)
+        self.options = dict(options or {})
         self.version = getattr(og, "__version__", "?")
 
     def run(self, ids: np.ndarray, new: int, hooks: Sequence[Callable[[], None]] = ()) -> Run:

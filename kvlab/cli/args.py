@@ -10,7 +10,7 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..ort import open_device
 from ..ort.runtime.backend import DEVICES
-from ..ort.runtime.device import BUFFER_CACHE_MODES
+from ..ort.runtime.device import BUFFER_CACHE_MODES, VALIDATION_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .browser import add_browser_bench
 from .chat import add_chat
@@ -314,6 +314,11 @@ def _lockstep_flags(pr: argparse.ArgumentParser) -> None:
         "--buffer-cache-mode",
         choices=BUFFER_CACHE_MODES,
         help="--lockstep on webgpu: the WebGPU storage buffer cache mode both loops run in (default: bucket)",
+    )
+    pr.add_argument(
+        "--validation-mode",
+        choices=VALIDATION_MODES,
+        help="--lockstep on webgpu: the WebGPU EP's validation mode both loops run in (default: each its own)",
     )
 
 

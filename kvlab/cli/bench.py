@@ -113,6 +113,7 @@ def profile_command(args: argparse.Namespace) -> int:
         "--sides": bool(args.sides),
         "--under-load": args.under_load is not None,
         "--buffer-cache-mode": args.buffer_cache_mode is not None,
+        "--validation-mode": args.validation_mode is not None,
     }
     applies_only_with(only_lockstep, "--lockstep", args.lockstep)
     shared = {"--rounds": args.rounds is not None, "--json": args.json is not None}
@@ -272,6 +273,7 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         sides=tuple((args.sides or "kvlab,genai").split(",")),
         under_load=args.under_load,
         buffer_cache_mode=args.buffer_cache_mode,
+        validation_mode=args.validation_mode,
     )
     print(summary(r))
     if args.json:

@@ -32,6 +32,7 @@ class DeviceLabel:
     backend: str = ""  # the runtime package, e.g. "onnxruntime-webgpu", "torch"
     version: str = ""  # its version
     buffer_cache_mode: str = ""  # WebGPU storage buffer cache mode in force ("" elsewhere)
+    validation_mode: str = ""  # WebGPU EP validation mode in force ("" elsewhere; kvlab's default "disabled")
 
     @property
     def runtime(self) -> str:
@@ -40,7 +41,8 @@ class DeviceLabel:
 
     def __str__(self) -> str:
         mode = f", buffer cache {self.buffer_cache_mode}" if self.buffer_cache_mode else ""
-        return f"{self.name} [{self.adapter}]{mode}"
+        checks = self.validation_mode not in ("", "disabled")  # named where not kvlab's default
+        return f"{self.name} [{self.adapter}]{mode}" + (f", validation {self.validation_mode}" if checks else "")
 
 
 @dataclass(frozen=True)

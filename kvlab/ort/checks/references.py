@@ -14,17 +14,20 @@ from ..models.loading import Model
 from ..runtime.device import backend, open_device
 
 
-def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = None) -> Any:
+def genai_model(
+    model: Model, device: str = "cpu", graph_capture: bool | None = None, options: dict[str, str] | None = None
+) -> Any:
     """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. ``graph_capture`` (WebGPU):
     True or False overrides the ``enableGraphCapture`` of its genai_config.json (None keeps it; the builder writes
-    "1" for a model built with enable_webgpu_graph=true). Raises ModelError when onnxruntime-genai is not
-    installed, ConfigError for ``graph_capture`` off WebGPU."""
+    "1" for a model built with enable_webgpu_graph=true, with ``validationMode`` "disabled"). ``options`` (WebGPU):
+    more WebGPU EP options that override the config's (e.g. ``{"validationMode": "basic"}``). Raises ModelError
+    when onnxruntime-genai is not installed, ConfigError for ``graph_capture`` or ``options`` off WebGPU."""
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
         raise ModelError("onnxruntime-genai is not installed: pip install --no-deps onnxruntime-genai==0.18.0") from exc
-    if graph_capture is not None and device != "webgpu":
-        raise ConfigError(f"graph_capture applies to onnxruntime-genai on WebGPU, not on {device!r}")
+    if (graph_capture is not None or options) and device != "webgpu":
+        raise ConfigError(f"graph_capture and options apply to onnxruntime-genai on WebGPU, not on {device!r}")
     config = og.Config(str(model.info.path))
     config.clear_providers()  # the CPU EP
     if device == "webgpu":
@@ -32,6 +35,8 @@ def genai_model(model: Model, device: str = "cpu", graph_capture: bool | None = 
         config.append_provider("webgpu")
         if graph_capture is not None:
             config.set_provider_option("webgpu", "enableGraphCapture", "1" if graph_capture else "0")
+        for key, value in (options or {}).items():
+            config.set_provider_option("webgpu", key, value)
     return og.Model(config)
 
 

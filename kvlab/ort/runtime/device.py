@@ -32,7 +32,14 @@ from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import DEVICES, Backend, versions
 from .builtin import BuiltinWebGpu
 from .context import gate
-from .options import BUFFER_CACHE_MODES, VALIDATION_MODES, cpu_options, webgpu_options, with_cpu_defaults
+from .options import (
+    BUFFER_CACHE_MODES,
+    VALIDATION_MODES,
+    cpu_options,
+    webgpu_options,
+    with_cpu_defaults,
+    with_webgpu_defaults,
+)
 from .preflight import refuse_f16, workarounds
 from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, release_everything
 
@@ -69,8 +76,10 @@ class Device:
 
     @property
     def label(self) -> DeviceLabel:
-        mode = self.ep_options.get("storageBufferCacheMode", "bucket") if self.name == "webgpu" else ""
-        return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode)
+        webgpu = self.name == "webgpu"
+        mode = self.ep_options.get("storageBufferCacheMode", "bucket") if webgpu else ""
+        validation = self.ep_options.get("validationMode", "basic") if webgpu else ""  # "basic": ORT's default
+        return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode, validation)
 
     # -- sessions and tensors
     def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None) -> Session:
@@ -247,6 +256,7 @@ def _open(name: str, options: dict[str, str]) -> Device:
                 "device 'webgpu' has no adapter: the Vulkan loader found no GPU driver and no "
                 "SwiftShader. " + Device.adapter_hint()
             )
+        options = with_webgpu_defaults(options)
     else:
         adapter, options = cpu_adapter(), with_cpu_defaults(options)
     dev = Device(name, backend(), adapter, options)

@@ -1,7 +1,7 @@
 """The options a device opens with, checked, as the EP option strings ``Device.ep_options`` holds: the WebGPU EP's
-(buffer cache mode, validation mode) and the CPU EP's (threads, spinning, and kvlab's own huge pages). For WebGPU
-only what is asked for is set (ONNX Runtime's defaults otherwise); a CPU device opens with kvlab's defaults for what
-is not asked (``with_cpu_defaults``)."""
+(buffer cache mode, validation mode) and the CPU EP's (threads, spinning, and kvlab's own huge pages). A device opens
+with kvlab's defaults for what is not asked (``with_webgpu_defaults``, ``with_cpu_defaults``); ONNX Runtime's for the
+rest."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ...core.devices import BUFFER_CACHE_MODES
 from ...core.errors import check_choice, check_flag, check_int
 
 VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
+DEFAULT_VALIDATION = "disabled"  # kvlab's WebGPU default (with_webgpu_defaults)
 
 
 def cpu_count() -> int:
@@ -38,6 +39,15 @@ def default_threads() -> int:
     them; one core left to the rest of the machine (the browser and the notebook server beside the kernel) keeps the
     step steady (docs/benchmarks.md, "steady under load")."""
     return max(1, physical_cores() - 1)
+
+
+def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
+    """``options`` (``webgpu_options``'s) completed with kvlab's WebGPU EP default: validation mode "disabled", as
+    onnxruntime-genai's builder configures a model built for graph capture. ONNX Runtime's default, "basic", made
+    1.27's replay of a captured decode step 4-5x slower on an NVIDIA H200 (docs/graph-capture.md); "disabled" skips
+    Dawn's and ONNX Runtime's checks of every command, so a misuse of the API is not reported: ask for "basic" or
+    "full" to debug one."""
+    return {"validationMode": DEFAULT_VALIDATION, **options}
 
 
 def with_cpu_defaults(options: dict[str, str]) -> dict[str, str]:
