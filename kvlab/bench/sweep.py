@@ -15,6 +15,7 @@ import numpy as np
 from ..core.errors import check_choice
 from ..ort import Model, close_device, load, open_device
 from ..ort.runtime.device import BUFFER_CACHE_MODES
+from ..ort.runtime.options import webgpu_options
 from .machine import memory_bandwidth, roofline_ms
 from .plan import Plan, Rounds, interleaved, load_checked, memory_traces, prompt_ids, summarize
 from .results import environment
@@ -123,8 +124,9 @@ def _on_cpu(sweep: _Sweep, t: _Target, tmp: Path) -> None:
 
 
 def _on_webgpu(sweep: _Sweep, t: _Target) -> None:
-    """A target on WebGPU: every context once per buffer cache mode, each mode in a new WebGPU context that its
-    genai peers join (the previous mode's peers are gone by then: their sessions hold the context)."""
+    """A target on WebGPU: every context once per buffer cache mode, each mode in a new WebGPU context, its genai
+    peers given the mode too (on the plugin EP they join that context; with onnxruntime-webgpu genai's context is
+    its own: ``GenaiPeer``). The previous mode's peers are gone by then: their sessions hold the context."""
     plan = sweep.plan
     sweep.genai_huge.append(0)
     graph_model = load(t.name, precision=t.precision, graph_capture=True) if plan.graph_capture else None
@@ -137,10 +139,12 @@ def _on_webgpu(sweep: _Sweep, t: _Target) -> None:
             t.device,
             np.empty(0, np.int64),
             plan.new_tokens[t.device],
-            GenaiPeer(t.model, "webgpu") if peers else None,  # joins the new context
+            GenaiPeer(t.model, "webgpu", options=webgpu_options(mode)) if peers else None,
             prefill=plan.prefill_on.get(t.device),
             graph_model=graph_model,
-            genai_graph=GenaiPeer(graph_model, "webgpu", graph_capture=True) if graph_model and peers else None,
+            genai_graph=(
+                GenaiPeer(graph_model, "webgpu", True, webgpu_options(mode)) if graph_model and peers else None
+            ),
             kv_precisions=tuple(plan.kv_precisions),
         )
         _contexts(sweep, _Pass(t, dev, mode, base))
