@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, ModelError, StaticCache, Stepper, generate, open_device
@@ -305,10 +306,34 @@ def test_an_undeclared_state_input_is_named_with_the_op_reading_it(models, tmp_p
         kvlab.load(d)
 
 
+BY_HAND_IN_PLACE = """
+import sys, numpy as np, kvlab
+dev = kvlab.open_device("webgpu", validation_mode="basic")  # the check that reports it ("disabled" is silent)
+model = kvlab.load(sys.argv[1])
+info, session = model.info, dev.session(model.onnx_path)
+b = session.binding()
+buffers = [dev.zeros(e.shape(8) if e.grows else e.dims, e.dtype) for e in info.entries]
+for e, buf in zip(info.entries, buffers):
+    b.input(e.past, buf)
+    b.output(e.present, buf)
+b.input("input_ids", np.array([[5]], np.int64))
+b.input("attention_mask", np.ones((1, 1), np.int64))
+b.output(info.logits_name, np.empty((1, 1, info.vocab_size), np.float32))
+try:
+    b.run()
+    print("ran")
+except Exception as exc:
+    print("refused:", exc)
+for buf in buffers:
+    buf.release()
+"""
+
+
 def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models):
-    """The refusal names what onnxruntime-webgpu 1.27 does; binding a state in place by hand shows it still does
-    (when a later version accepts it, this test says so). The plugin EP accepts it, and kvlab runs in-place states
-    there (their tokens: the transformers tests above, which include states='in-place' where the backend allows)."""
+    """The refusal names what onnxruntime-webgpu 1.27 does; binding a state in place by hand, in a process whose
+    device checks ("basic" validation), shows it still does (when a later version accepts it, this test says so).
+    The plugin EP accepts it, and kvlab runs in-place states there (their tokens: the transformers tests above,
+    which include states='in-place' where the backend allows)."""
     model = models["conv-toy"]
     if backend().webgpu_states_in_place:
         with StaticCache(64, states="in-place") as cache:
@@ -318,22 +343,11 @@ def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models
         ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"
     ):
         generate(model, PROMPT, cache=StaticCache(64, states="in-place"), device="webgpu", max_new_tokens=2)
-    dev = open_device("webgpu")
-    info, session = model.info, dev.session(model.onnx_path)
-    b = session.binding()
-    buffers = [dev.zeros(e.shape(8) if e.grows else e.dims, e.dtype) for e in info.entries]
-    try:
-        for e, buf in zip(info.entries, buffers):
-            b.input(e.past, buf)
-            b.output(e.present, buf)
-        b.input("input_ids", np.array([[5]], np.int64))
-        b.input("attention_mask", np.ones((1, 1), np.int64))
-        b.output(info.logits_name, np.empty((1, 1, info.vocab_size), np.float32))
-        with pytest.raises(Exception, match="includes writable usage and another usage in the same synchronization"):
-            b.run()
-    finally:
-        for buf in buffers:
-            buf.release()
+    r = run_python(BY_HAND_IN_PLACE.replace("sys.argv[1]", repr(str(model.info.path))))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (
+        "refused:" in r.stdout and "includes writable usage and another usage in the same synchronization" in r.stdout
+    )
 
 
 def test_in_place_is_checked_for_states_too(models):
