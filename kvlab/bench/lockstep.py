@@ -142,8 +142,7 @@ def lockstep(
     if under_load is not None:
         check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
-    modes = {"buffer_cache_mode": buffer_cache_mode, "validation_mode": validation_mode}
-    dev = open_device(device, **{k: v for k, v in modes.items() if v})
+    dev = open_device(device, buffer_cache_mode=buffer_cache_mode, validation_mode=validation_mode)
     make = CapturedStaticCache if graph_capture else StaticCache
     reduction = _reduction(make, token_on_device, model, dev)
     ids = prompt_ids(model, context)
