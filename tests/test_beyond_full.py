@@ -307,9 +307,9 @@ def test_an_undeclared_state_input_is_named_with_the_op_reading_it(models, tmp_p
 
 
 BY_HAND_IN_PLACE = """
-import sys, numpy as np, kvlab
+import numpy as np, kvlab
 dev = kvlab.open_device("webgpu", validation_mode="basic")  # the check that reports it ("disabled" is silent)
-model = kvlab.load(sys.argv[1])
+model = kvlab.load(MODEL_DIR)
 info, session = model.info, dev.session(model.onnx_path)
 b = session.binding()
 buffers = [dev.zeros(e.shape(8) if e.grows else e.dims, e.dtype) for e in info.entries]
@@ -343,7 +343,7 @@ def test_in_place_states_are_refused_on_webgpu_and_the_reason_still_holds(models
         ConfigError, match=r"StaticCache\(states='in-place'\) cannot run model conv-toy's states on WebGPU"
     ):
         generate(model, PROMPT, cache=StaticCache(64, states="in-place"), device="webgpu", max_new_tokens=2)
-    r = run_python(BY_HAND_IN_PLACE.replace("sys.argv[1]", repr(str(model.info.path))))
+    r = run_python(BY_HAND_IN_PLACE.replace("MODEL_DIR", repr(str(model.info.path))))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (
         "refused:" in r.stdout and "includes writable usage and another usage in the same synchronization" in r.stdout

@@ -132,6 +132,7 @@ def _on_webgpu(sweep: _Sweep, t: _Target) -> None:
     graph_model = load(t.name, precision=t.precision, graph_capture=True) if plan.graph_capture else None
     peers = plan.genai.get(t.device)
     for mode in plan.buffer_cache_modes:
+        genai_options = webgpu_options(mode)
         close_device("webgpu")  # a new context for each mode (ORT keeps one per process)
         dev = open_device("webgpu", buffer_cache_mode=mode)
         base = Setting(
@@ -139,12 +140,10 @@ def _on_webgpu(sweep: _Sweep, t: _Target) -> None:
             t.device,
             np.empty(0, np.int64),
             plan.new_tokens[t.device],
-            GenaiPeer(t.model, "webgpu", options=webgpu_options(mode)) if peers else None,
+            GenaiPeer(t.model, "webgpu", options=genai_options) if peers else None,
             prefill=plan.prefill_on.get(t.device),
             graph_model=graph_model,
-            genai_graph=(
-                GenaiPeer(graph_model, "webgpu", True, webgpu_options(mode)) if graph_model and peers else None
-            ),
+            genai_graph=GenaiPeer(graph_model, "webgpu", True, genai_options) if graph_model and peers else None,
             kv_precisions=tuple(plan.kv_precisions),
         )
         _contexts(sweep, _Pass(t, dev, mode, base))

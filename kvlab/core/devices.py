@@ -7,3 +7,4 @@ from __future__ import annotations
 
 DEVICES = ("cpu", "webgpu")  # the devices kvlab opens on ONNX Runtime
 BUFFER_CACHE_MODES = ("disabled", "lazyRelease", "simple", "bucket")  # the WebGPU EP's storageBufferCacheMode values
+DEFAULT_VALIDATION = "disabled"  # kvlab's WebGPU EP validation mode (kvlab.ort.runtime.options.with_webgpu_defaults)

@@ -8,6 +8,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from .devices import DEFAULT_VALIDATION
+
 
 @dataclass(frozen=True)
 class Adapter:
@@ -41,7 +43,7 @@ class DeviceLabel:
 
     def __str__(self) -> str:
         mode = f", buffer cache {self.buffer_cache_mode}" if self.buffer_cache_mode else ""
-        checks = self.validation_mode not in ("", "disabled")  # named where not kvlab's default
+        checks = self.validation_mode not in ("", DEFAULT_VALIDATION)  # named where not kvlab's default
         return f"{self.name} [{self.adapter}]{mode}" + (f", validation {self.validation_mode}" if checks else "")
 
 

@@ -10,11 +10,10 @@ from typing import Any
 
 import psutil
 
-from ...core.devices import BUFFER_CACHE_MODES
+from ...core.devices import BUFFER_CACHE_MODES, DEFAULT_VALIDATION
 from ...core.errors import check_choice, check_flag, check_int
 
 VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
-DEFAULT_VALIDATION = "disabled"  # kvlab's WebGPU default (with_webgpu_defaults)
 
 
 def cpu_count() -> int:
