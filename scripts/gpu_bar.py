@@ -1,16 +1,18 @@
 """kvlab's static step against onnxruntime-genai's, over every recording in data/gpu: how many groups are at or below.
 
-    python3 scripts/gpu_bar.py [--root data/gpu] [--list]
+    python3 scripts/gpu_bar.py [--root data/gpu] [--list] [--adapter "NVIDIA H200"]
 
-A group is (package, model, precision, buffer cache mode, context). A bench recording (``results.json``) gives each
-of its groups the ratio of its fastest uncaptured static row (``static@N``, with or without the token on the device:
-both are kvlab's, and ``generate()`` picks the token's path by the adapter) over its genai row; a lockstep recording
-(``lockstep_*.json``, kvlab's default against genai in turns, ``kvlab profile --lockstep``) gives its median ratio.
-Captured bench rows are left out; captured lockstep recordings (both loops captured) are counted apart. Prints,
-per group, the newest recording's ratio (by the environment's date, else the file's path) and how many groups are
-at or below 1.00, by the newest recording and by every recording; then the target cells (``TARGET``: the default
-buffer cache mode, phi4-kv in three precisions and smollm2-shape, 1k-16k, both packages): how many are at or below,
-which are above and which have no recording.
+Only recordings on the adapter named (default the NVIDIA H200, where the targets are set) count; lockstep
+recordings on others are reported as set aside. A group is (package, model, precision, buffer cache mode, context).
+A bench recording (``results.json``) gives each of its groups the ratio of its fastest uncaptured static row
+(``static@N``, with or without the token on the device: both are kvlab's, and ``generate()`` picks the token's path
+by the adapter) over its genai row; a lockstep recording (``lockstep_*.json``, kvlab's default against genai in
+turns, ``kvlab profile --lockstep``) gives its median ratio. Captured bench rows are left out; captured lockstep
+recordings (both loops captured) are counted apart. Prints, per group, the newest recording's ratio (by the
+environment's date, else the file's path) and how many groups are at or below 1.00, by the newest recording and by
+every recording; then the target cells (``TARGET``: the default buffer cache mode, phi4-kv in three precisions and
+smollm2-shape, 1k-16k, both packages): how many are at or below, which are above, which have no recording, and
+which another recording of the newest one's day put above.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ TARGET = [  # (model, precision, context): smollm2-shape has 8,192 positions, so
 ]
 
 
-def bench_ratios(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
-    """(group, static/genai, date) for every group of one bench recording that has both rows."""
+def bench_ratios(path: Path, data: dict, adapter: str) -> list[tuple[tuple, float, str]]:
+    """(group, static/genai, date) for every group of one bench recording that has both rows on ``adapter``."""
     env = data.get("environment", {})
     package = env.get("backend_package", "?")
     groups: dict[tuple, dict[str, float]] = {}
     for r in data.get("rows", []):
         if not isinstance(r, dict) or not r.get("valid", True) or r.get("decode_ms") is None:
+            continue
+        if adapter not in str(r.get("adapter")):
             continue
         variant, runner = str(r.get("variant", "")), str(r.get("runner", ""))
         model = str(r["model"]).removesuffix(f"-{r['precision']}")  # "phi4-kv-fp16" -> "phi4-kv"
@@ -51,10 +55,10 @@ def bench_ratios(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     return [(k, v["static"] / v["genai"], date) for k, v in groups.items() if {"static", "genai"} <= set(v)]
 
 
-def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
+def lockstep_ratio(path: Path, data: dict, adapter: str) -> list[tuple[tuple, float, str]]:
     """(group, median ratio, date) of one lockstep recording of kvlab against genai. A captured one (both loops
     captured) is a group of its own: its mode reads "<mode>, captured, token on the device|host"."""
-    if data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"]:
+    if data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"] or adapter not in str(data.get("adapter")):
         return []
     if data.get("block", 1) < 2:  # single-step turns misplace time between the loops (data/gpu/lockstep/)
         return []
@@ -74,9 +78,10 @@ def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     return [(key, data["ratio_median"], str(env.get("date", path)))]
 
 
-def target(newest: dict[tuple, tuple[str, float]]) -> None:
-    """Print the target cells' count at or below, and the ones above or missing."""
-    above, missing, met = [], [], 0
+def target(newest: dict[tuple, tuple[str, float]], seen: list[tuple[tuple, float, str]]) -> None:
+    """Print the target cells' count at or below, the ones above or missing, and the ones at or below by their
+    newest recording that another of the same day put above (how far a cell swings between recordings)."""
+    above, missing, swung, met = [], [], [], 0
     for package in PACKAGES:
         for model, precision, context in TARGET:
             key = (package, model, precision, "bucket", context)
@@ -84,6 +89,13 @@ def target(newest: dict[tuple, tuple[str, float]]) -> None:
                 missing.append(f"{package} {model} {precision} {context}")
             elif newest[key][1] <= 1.0:
                 met += 1
+                day = newest[key][0][:10]  # the newest one's day: the same code, as a rule; its spread
+                ratios = sorted(r for k, r, date in seen if k == key and date[:10] == day)
+                if ratios[-1] > 1.0:
+                    swung.append(
+                        f"{package} {model} {precision} {context}: {len(ratios)} recordings on {day}, "
+                        f"x{ratios[0]:.3f}-x{ratios[-1]:.3f}, {sum(r > 1.0 for r in ratios)} above"
+                    )
             else:
                 above.append(f"{package} {model} {precision} {context}: x{newest[key][1]:.3f}")
     print(f"target cells (bucket mode, 1k-16k): {met} of {len(PACKAGES) * len(TARGET)} at or below genai's step")
@@ -91,20 +103,28 @@ def target(newest: dict[tuple, tuple[str, float]]) -> None:
         print(f"  above: {line}")
     for line in missing:
         print(f"  not recorded: {line}")
+    for line in swung:
+        print(f"  at or below, but above in another recording that day: {line}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "gpu")
     ap.add_argument("--list", action="store_true", help="print every group's newest ratio")
+    ap.add_argument("--adapter", default="NVIDIA H200", help="count recordings on this adapter only")
     args = ap.parse_args()
     seen: list[tuple[tuple, float, str]] = []
+    aside: set[str] = set()
     for path in sorted(args.root.rglob("*.json")):
         if path.name != "results.json" and not path.name.startswith("lockstep_"):
             continue
         data = json.loads(path.read_text())
         if isinstance(data, dict):
-            seen += bench_ratios(path, data) if path.name == "results.json" else lockstep_ratio(path, data)
+            ratios = bench_ratios if path.name == "results.json" else lockstep_ratio
+            seen += ratios(path, data, args.adapter)
+            if path.name != "results.json" and args.adapter not in str(data.get("adapter")):
+                aside.add(str(data.get("adapter")))
+    print(f"recordings on {args.adapter}" + (f"; set aside: lockstep recordings on {sorted(aside)}" if aside else ""))
     newest: dict[tuple, tuple[str, float]] = {}
     for key, ratio, date in seen:
         if key not in newest or date >= newest[key][0]:
@@ -124,7 +144,7 @@ def main() -> None:
             f"{title}every recording: {sum(r <= 1.0 for r in pairs)} of {len(pairs)} (group, recording) pairs at or "
             "below"
         )
-    target(newest)
+    target(newest, seen)
 
 
 if __name__ == "__main__":

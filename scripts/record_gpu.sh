@@ -68,9 +68,11 @@ for spec in sys.argv[1:]:  # name:precision or name:precision:graph (the build f
     name, precision, *graph = spec.split(':'); t = time.time()
     kvlab.load(name, precision=precision, progress=False, graph_capture=bool(graph))
     print(f'built {spec} in {time.time() - t:.0f} s')" "$@"; }
-builds() {  # builds SPEC...: each in its own process, all at once (a GPU machine has the cores), then report
-  local pids=() s; for s in "$@"; do build "$s" & pids+=($!); done; local rc=0; for s in "${pids[@]}"; do wait "$s" || rc=1; done
-  return $rc; }
+builds() {  # builds SPEC...: a process per preset (its builds share one checkpoint, so they run in turn), the
+  # presets all at once (a GPU machine has the cores), then report
+  local pids=() n rc=0; for n in $(printf '%s\n' "$@" | cut -d: -f1 | sort -u); do
+    build $(printf '%s\n' "$@" | grep "^$n:") & pids+=($!); done
+  for n in "${pids[@]}"; do wait "$n" || rc=1; done; return $rc; }
 MODELS=${MODELS:-phi4-kv}
 CONTEXTS=${CONTEXTS:-1024,2048,4096,8192,16384}
 bar_cells() {  # the groups scripts/gpu_bar.py counts, in lockstep cells, in three parts that each fit one call
@@ -186,9 +188,11 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
       sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
       mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;; valid=*) flags+=(--validation-mode "${x#valid=}") ;;
     esac; done
-    step "lockstep_${c//[:=+]/_}" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
+    base="lockstep_${c//[:=+]/_}"; name=$base; n=1  # a cell named twice runs twice: ..._2 for the second
+    while [[ -e "$out/$name.log" ]]; do n=$((n + 1)); name="${base}_$n"; done
+    step "$name" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \
-      --json "$out/lockstep_${c//[:=+]/_}.json"
+      --json "$out/$name.json"
   done
   ;;
 probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)

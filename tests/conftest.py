@@ -54,7 +54,7 @@ def prebuild(wanted: list[tuple[str, str, bool]], reporter: object | None) -> No
 
 def pytest_configure(config: pytest.Config) -> None:
     """With worker processes (pytest-xdist), the controller builds the models once, before any worker starts: two
-    workers building one model at once would replace a directory the other may be loading from."""
+    workers needing one missing model would each build it (the first to finish is kept; the other's time is lost)."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         slow = "slow" in config.getoption("markexpr", "").replace("not slow", "")
         prebuild(MODELS + (SLOW_MODELS if slow else []), None)

@@ -146,6 +146,43 @@ def test_a_missing_builtin_is_rebuilt(tmp_path, monkeypatch):
     assert a == kvlab.generate(kvlab.load("toy"), [1, 2, 3], max_new_tokens=5, stop_on_eos=False).token_ids
 
 
+def test_a_build_another_process_finished_first_is_kept(tmp_path, monkeypatch):
+    """Two builds of one model at once (two notebooks, a notebook and a test run): the one that lands first stays,
+    untouched for whoever is loading from it, the later one is discarded, no scratch directory is left; an
+    unfinished directory (no marker) is replaced. The other process is played here by writing its finished
+    directory while this build runs (fault injection: the race cannot be produced on demand)."""
+    from kvlab.presets import recipes
+
+    final = tmp_path / "model"
+    with recipes.building(final, "done") as tmp:
+        (tmp / "done").write_text("this build")
+        final.mkdir()
+        (final / "done").write_text("the other build")
+        inode = final.stat().st_ino
+    assert (final / "done").read_text() == "the other build" and final.stat().st_ino == inode
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+    real_replace = recipes.os.replace
+
+    def lands_just_before(src, dst):  # the other build's rename lands between the check and this rename
+        final.mkdir()
+        (final / "done").write_text("the other build, later")
+        real_replace(src, dst)  # a directory onto a non-empty one: OSError
+
+    (final / "done").unlink()  # unfinished, so this build goes on to its rename
+    monkeypatch.setattr(recipes.os, "replace", lands_just_before)
+    with recipes.building(final, "done") as tmp:
+        (tmp / "done").write_text("this build")
+    monkeypatch.undo()
+    assert (final / "done").read_text() == "the other build, later"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+    (final / "done").unlink()  # an unfinished build: replaced by this one
+    with recipes.building(final, "done") as tmp:
+        (tmp / "done").write_text("this build")
+    assert sorted(p.name for p in final.iterdir()) == ["done"] and (final / "done").read_text() == "this build"
+
+
 def _write_attention_graph(out, head_dim: int, q_norm: bool = False):
     """One real GroupQueryAttention layer fed by a packed QKV MatMul (weights in an external file, as the
     builder writes them), with rotary embedding and a 20-token past in a shared buffer; optionally a q-norm-like

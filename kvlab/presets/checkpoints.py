@@ -22,7 +22,7 @@ def ensure_checkpoint(name: str) -> Path:
     out = checkpoint_dir(name)
     if not (out / "config.json").is_file():
         r = recipe(name)
-        with building(out) as tmp:
+        with building(out, "config.json") as tmp:
             writer = {
                 TinyLlama: write_tiny_checkpoint,
                 TinyArch: write_arch_checkpoint,

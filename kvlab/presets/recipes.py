@@ -277,9 +277,12 @@ def checkpoint_dir(name: str) -> Path:
 
 
 @contextmanager
-def building(final: Path) -> Iterator[Path]:
+def building(final: Path, marker: str) -> Iterator[Path]:
     """A scratch directory beside ``final`` that becomes ``final`` only when the block succeeds (atomic: a
-    half-built model never counts), and is removed when it fails."""
+    half-built model never counts), and is removed when it fails. ``marker``: the file whose presence in ``final``
+    marks a finished build. Where another process finished ``final`` while this block ran (two builds of one key at
+    once: same recipe, same result), that build is kept, untouched for anyone already loading from it, and this one
+    is discarded; an unfinished ``final`` (no marker) is replaced."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
@@ -287,6 +290,14 @@ def building(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if not (final / marker).is_file():
+        if final.exists():
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+            return
+        except OSError:  # another process's build landed between the check and the rename
+            if not (final / marker).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -115,7 +115,7 @@ def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, 
     hf = ensure_checkpoint(name)
     steps.update()
     steps.set_postfix_str("exporting ONNX (onnxruntime-genai builder)")
-    with building(out) as tmp:
+    with building(out, "kvlab_recipe.json") as tmp:
         arch = spec.arch if isinstance(spec, TinyArch) else None
         export(hf, tmp, name, precision, arch, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
         rewrites = rewrite_for_ort127(tmp / "model.onnx", spec) if arch else []

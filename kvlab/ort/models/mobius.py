@@ -200,7 +200,7 @@ def build(name: str, out: Path, precision: str = "fp32", graph_capture: bool = F
         raise ConfigError(f"model {name!r} is built by mobius in precision 'fp32' only, not {precision!r}")
     spec, version = recipe(name), mobius_version()
     hf_dir = ensure_checkpoint(name)
-    with building(out) as tmp:
+    with building(out, "kvlab_recipe.json") as tmp:
         try:
             export(hf_dir, tmp)
         except (ModelError, ConfigError):
