@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,35 @@ def test_blocks_take_turns_and_pair_their_medians(toy, monkeypatch):
     expected = [np.median(a[i:j]) / np.median(b[i:j]) for i, j in blocks]
     assert r["ratio_median"] == pytest.approx(float(np.median(expected)))
     assert r["tokens_equal"] and r["genai_version"] == ""  # two kvlab caches: the same tokens, no genai
+    cpu_a, cpu_b = r["steps_cpu_ms"][0]  # the calling thread's CPU time, step by step: never above the wall time
+    assert len(cpu_a) == len(cpu_b) == 10 and all(0 < c <= w for c, w in zip(cpu_a + cpu_b, a + b))
+    assert "the calling thread's CPU time: kvlab" in summary(r)
+
+
+def test_a_step_keeps_its_wall_time_and_its_threads_cpu_time_apart():
+    """Waiting (a sleep here, as for the GPU or a core) shows in the wall time only; work on the calling thread in
+    both."""
+
+    class Loop(lockstep_module._Loop):
+        def __init__(self, busy: bool):
+            super().__init__()
+            self.busy = busy
+
+        def _advance(self) -> int:
+            start = time.thread_time()
+            while self.busy and time.thread_time() - start < 0.005:
+                pass
+            if not self.busy:
+                time.sleep(0.005)
+            return len(self.tokens)
+
+    waits, works = Loop(busy=False), Loop(busy=True)
+    for loop in (waits, works):
+        loop.step()
+        loop.step()
+    assert waits.tokens == works.tokens == [0, 1]
+    assert min(waits.ms) >= 5 and max(waits.cpu_ms) < 2
+    assert min(works.cpu_ms) >= 5 and all(c <= w for c, w in zip(works.cpu_ms, works.ms))
 
 
 def test_the_result_states_its_ratios_and_label(toy):

@@ -47,13 +47,33 @@ from .variants import GenaiPeer
 SIDES = ("kvlab", "genai")
 
 
-class _Kvlab:
-    """kvlab's loop on a new static cache: prefilled on entry; ``step()`` decodes one token, timed."""
+class _Loop:
+    """A decode loop taken in turns: ``step()`` decodes one token (``_advance``) and keeps its wall time (``ms``) and
+    the calling thread's CPU time (``cpu_ms``: exact for that thread; work on the runtime's other threads is not
+    in it). Where the two part, the thread waited (for the GPU, or for a core)."""
 
-    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache):
-        self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
+    def __init__(self) -> None:
         self.tokens: list[int] = []
         self.ms: list[float] = []
+        self.cpu_ms: list[float] = []
+
+    def step(self) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        token = self._advance()
+        self.cpu_ms.append((time.thread_time() - cpu) * 1e3)
+        self.ms.append((time.perf_counter() - wall) * 1e3)
+        self.tokens.append(token)
+
+    def _advance(self) -> int:
+        raise NotImplementedError
+
+
+class _Kvlab(_Loop):
+    """kvlab's loop on a new static cache: prefilled on entry."""
+
+    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache):
+        super().__init__()
+        self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
 
     def __enter__(self) -> _Kvlab:
         with ExitStack() as stack:
@@ -70,20 +90,16 @@ class _Kvlab:
     def __exit__(self, *exc: Any) -> None:
         self._close.__exit__(*exc)
 
-    def step(self) -> None:
-        start = time.perf_counter()
-        _, record = self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")
-        self.ms.append((time.perf_counter() - start) * 1e3)
-        self.tokens.append(record.token)
+    def _advance(self) -> int:
+        return self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")[1].token
 
 
-class _Genai:
-    """onnxruntime-genai's loop: a generator prefilled on entry; ``step()`` decodes one token, timed."""
+class _Genai(_Loop):
+    """onnxruntime-genai's loop: a generator prefilled on entry."""
 
     def __init__(self, peer: GenaiPeer, ids: np.ndarray, new: int):
+        super().__init__()
         self.peer, self.ids, self.new = peer, ids, new
-        self.tokens: list[int] = []
-        self.ms: list[float] = []
 
     def __enter__(self) -> _Genai:
         self.gen = genai_generator(self.peer.model, self.ids, self.new)
@@ -94,12 +110,9 @@ class _Genai:
     def __exit__(self, *exc: Any) -> None:
         self.gen = None
 
-    def step(self) -> None:
-        start = time.perf_counter()
+    def _advance(self) -> int:
         self.gen.generate_next_token()
-        token = int(self.gen.get_next_tokens()[0])
-        self.ms.append((time.perf_counter() - start) * 1e3)
-        self.tokens.append(token)
+        return int(self.gen.get_next_tokens()[0])
 
 
 def lockstep(
@@ -224,7 +237,8 @@ def _round(
                     side.step()
             skip = n // 4
             ratios.append(stat(a.ms[start + skip : start + n]) / stat(b.ms[start + skip : start + n]))
-    return {"ratios": np.array(ratios), "a_ms": a.ms, "b_ms": b.ms, "tokens_equal": a.tokens == b.tokens}
+    times = {"a_ms": a.ms, "b_ms": b.ms, "a_cpu_ms": a.cpu_ms, "b_cpu_ms": b.cpu_ms}
+    return {"ratios": np.array(ratios), **times, "tokens_equal": a.tokens == b.tokens}
 
 
 def _loaded_rounds(one: Callable[[], dict[str, Any]], rounds: int, n: int) -> dict[str, Any]:
@@ -257,7 +271,7 @@ def _loaded_rounds(one: Callable[[], dict[str, Any]], rounds: int, n: int) -> di
 
 def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The pairs of every round together: the ratios' median, quartiles and share below 1; per round its median
-    ratio and both median steps; every step's time."""
+    ratio and both median steps; every step's time, and its calling thread's CPU time."""
     ratios = np.concatenate([r["ratios"] for r in rounds])
     q1, median, q3 = np.percentile(ratios, [25, 50, 75])
     return {
@@ -269,7 +283,10 @@ def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "first_step_ms": float(np.median(np.concatenate([r["a_ms"] for r in rounds]))),
         "second_step_ms": float(np.median(np.concatenate([r["b_ms"] for r in rounds]))),
         "round_steps_ms": [[float(np.median(r["a_ms"])), float(np.median(r["b_ms"]))] for r in rounds],
+        "first_cpu_ms": float(np.median(np.concatenate([r["a_cpu_ms"] for r in rounds]))),
+        "second_cpu_ms": float(np.median(np.concatenate([r["b_cpu_ms"] for r in rounds]))),
         "steps_ms": [[r["a_ms"], r["b_ms"]] for r in rounds],  # per round, each side's steps in order
+        "steps_cpu_ms": [[r["a_cpu_ms"], r["b_cpu_ms"]] for r in rounds],  # the calling thread's CPU time
         "tokens_equal": all(r["tokens_equal"] for r in rounds),
     }
 
@@ -288,13 +305,20 @@ def summary(r: dict[str, Any]) -> str:
     return (
         f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
         f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
-        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms; tokens equal: "
+        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms{_cpu(r, a, b)}; tokens equal: "
         f"{r['tokens_equal']}\n"
         f"{loaded}"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
         f"{r['runtime']}{_mode(r)}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
     )
+
+
+def _cpu(r: dict[str, Any], a: str, b: str) -> str:
+    """ " (calling thread's CPU: ...)" where the result has it (older results do not)."""
+    if "first_cpu_ms" not in r:
+        return ""
+    return f" (the calling thread's CPU time: {a} {r['first_cpu_ms']:.3f} ms, {b} {r['second_cpu_ms']:.3f} ms)"
 
 
 def _mode(r: dict[str, Any]) -> str:
