@@ -55,10 +55,10 @@ def bench_ratios(path: Path, data: dict, adapter: str) -> list[tuple[tuple, floa
     return [(k, v["static"] / v["genai"], date) for k, v in groups.items() if {"static", "genai"} <= set(v)]
 
 
-def lockstep_ratio(path: Path, data: dict, adapter: str) -> list[tuple[tuple, float, str]]:
+def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     """(group, median ratio, date) of one lockstep recording of kvlab against genai. A captured one (both loops
     captured) is a group of its own: its mode reads "<mode>, captured, token on the device|host"."""
-    if data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"] or adapter not in str(data.get("adapter")):
+    if data.get("sides", ["kvlab", "genai"]) != ["kvlab", "genai"]:
         return []
     if data.get("block", 1) < 2:  # single-step turns misplace time between the loops (data/gpu/lockstep/)
         return []
@@ -119,11 +119,14 @@ def main() -> None:
         if path.name != "results.json" and not path.name.startswith("lockstep_"):
             continue
         data = json.loads(path.read_text())
-        if isinstance(data, dict):
-            ratios = bench_ratios if path.name == "results.json" else lockstep_ratio
-            seen += ratios(path, data, args.adapter)
-            if path.name != "results.json" and args.adapter not in str(data.get("adapter")):
-                aside.add(str(data.get("adapter")))
+        if not isinstance(data, dict):
+            continue
+        if path.name == "results.json":
+            seen += bench_ratios(path, data, args.adapter)  # row by row: a recording may hold several adapters
+        elif args.adapter in str(data.get("adapter")):
+            seen += lockstep_ratio(path, data)
+        else:
+            aside.add(str(data.get("adapter")))
     print(f"recordings on {args.adapter}" + (f"; set aside: lockstep recordings on {sorted(aside)}" if aside else ""))
     newest: dict[tuple, tuple[str, float]] = {}
     for key, ratio, date in seen:
