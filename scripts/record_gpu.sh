@@ -176,7 +176,8 @@ argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax
   ;;
 lockstep)  # cells: model:precision:context, then any of :graph (both captured), :host (kvlab's token on the host),
   #           :check=N (read back every N steps), :block=N (steps per turn), :sides=A+B (e.g. kvlab+kvlab),
-  #           :mode=M (the WebGPU buffer cache mode both loops run in), :valid=V (the validation mode both run in)
+  #           :mode=M (the WebGPU buffer cache mode both loops run in), :valid=V (the validation mode both run in),
+  #           :per=N (kvlab's greedy steps read back together; default 8 with the token on the device)
   cells=${LOCKSTEP:-phi4-kv:int4:1024 phi4-kv:fp16:1024 smollm2-shape:fp32:4096 phi4-kv:fp16:1024:graph}
   step build 300 builds $(for c in $cells; do IFS=: read -r m p _ rest <<<"$c"; [[ ":$rest:" == *:graph:* ]] \
     && echo "$m:$p:graph" || echo "$m:$p"; done | sort -u)
@@ -187,6 +188,7 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
       check=*) flags+=(--check-every "${x#check=}") ;; block=*) flags+=(--block "${x#block=}") ;;
       sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
       mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;; valid=*) flags+=(--validation-mode "${x#valid=}") ;;
+      per=*) flags+=(--tokens-per-read "${x#per=}") ;;
     esac; done
     base="lockstep_${c//[:=+]/_}"; name=$base; n=1  # a cell named twice runs twice: ..._2 for the second
     while [[ -e "$out/$name.log" ]]; do n=$((n + 1)); name="${base}_$n"; done

@@ -233,14 +233,14 @@ def _logits_only_model(path, vocab: int):
 @pytest.mark.parametrize("reduction", ["blocks", "single", "rows"])
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_every_reduction_picks_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
-    from kvlab.ort.decode.greedy import NEXT_HOST, greedy_graph
+    from kvlab.ort.decode.greedy import NEXT, greedy_graph
 
     model = _logits_only_model(tmp_path, vocab)
     session = open_device(device).session(greedy_graph(model, reduction), f"greedy {reduction} over {vocab}")
     on_cpu = {n.split(":", 1)[1] for n in session.cpu_nodes if device == "webgpu" and ":kvlab/" in n}
-    # WebGPU runs few int64 ops: the host copy of the token is the host's anyway; the built-in package casts the
-    # [1, 1] index to int64 on the CPU EP (the plugin EP on WebGPU)
-    allowed = {"kvlab/next_token_host"} | ({"kvlab/to_int64"} if reduction == "blocks" and not installed() else set())
+    # WebGPU runs few int64 ops: the built-in package casts the [1, 1] index to int64 on the CPU EP (the plugin EP on
+    # WebGPU)
+    allowed = {"kvlab/to_int64"} if reduction == "blocks" and not installed() else set()
     assert on_cpu <= allowed, session.cpu_nodes
     rng = np.random.default_rng(vocab)
     cases = [rng.normal(size=(1, 3, vocab)).astype(np.float32) for _ in range(6)]
@@ -250,7 +250,7 @@ def test_every_reduction_picks_numpys_argmax_ties_included(tmp_path, device, red
     cases[3][0, -1, :] = 0.0  # all equal: index 0
     cases[4][0, -1, :-1] = -np.inf  # only the last (a padded block's neighbour) is finite
     for x in cases:
-        got = session.ort.run([NEXT_HOST], {"x": x})[0]
+        got = session.ort.run([NEXT], {"x": x})[0]
         assert got.shape == (1, 1) and int(got[0, 0]) == int(np.argmax(x[0, -1])), (reduction, vocab)
 
 

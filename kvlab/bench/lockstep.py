@@ -38,7 +38,7 @@ from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_d
 from ..ort.checks.references import genai_generator
 from ..ort.decode.caches import check_every_of, read_back
 from ..ort.decode.capture import CAPTURED_REDUCTIONS
-from ..ort.decode.greedy import AUTO, reduction_of
+from ..ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
 from ..ort.runtime.options import webgpu_options
 from .load import check_load, competing
 from .plan import prompt_ids
@@ -64,23 +64,31 @@ class _Loop:
         self.ms.append((time.perf_counter() - wall) * 1e3)
         self.tokens.append(token)
 
+    def steps(self, n: int) -> None:
+        """``n`` decode steps, one at a time."""
+        for _ in range(n):
+            self.step()
+
     def _advance(self) -> int:
         raise NotImplementedError
 
 
 class _Kvlab(_Loop):
-    """kvlab's loop on a new static cache: prefilled on entry."""
+    """kvlab's loop on a new static cache: prefilled on entry. With ``per_read`` > 1 its steps run in bursts whose
+    tokens are read back together (``Stepper.decode``, as ``generate`` runs them): each step of a burst is given
+    the burst's wall and CPU time divided by its steps, the time per token."""
 
-    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache):
+    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache, per_read: int):
         super().__init__()
         self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
+        self.per_read = per_read
 
     def __enter__(self) -> _Kvlab:
         with ExitStack() as stack:
             stack.enter_context(self.cache)
             on_device = self.reduction or False
             self.stepper = stack.enter_context(
-                Stepper(self.model, self.cache, self.dev, self.cache.max_cache_len, token_on_device=on_device)
+                Stepper(self.model, self.cache, self.dev, self.cache.max_cache_len, (), on_device, False, self.per_read)
             )
             _, first = self.stepper.step(self.ids, logits_out="none")  # the prefill, as generate() runs it
             self.tokens.append(first.token)
@@ -92,6 +100,18 @@ class _Kvlab(_Loop):
 
     def _advance(self) -> int:
         return self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")[1].token
+
+    def steps(self, n: int) -> None:
+        if self.per_read <= 1:
+            super().steps(n)
+            return
+        for start in range(0, n, self.per_read):
+            k = min(self.per_read, n - start)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            records = self.stepper.decode(self.tokens[-1], k)
+            self.cpu_ms += [(time.thread_time() - cpu) * 1e3 / k] * k
+            self.ms += [(time.perf_counter() - wall) * 1e3 / k] * k
+            self.tokens += [r.token for r in records]
 
 
 class _Genai(_Loop):
@@ -130,6 +150,7 @@ def lockstep(
     under_load: int | None = None,
     buffer_cache_mode: str | None = None,
     validation_mode: str | None = None,
+    tokens_per_read: int | str = AUTO,
 ) -> dict[str, Any]:
     """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
     onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
@@ -149,7 +170,8 @@ def lockstep(
     ``buffer_cache_mode``, ``validation_mode`` (WebGPU): both loops run in them: kvlab's device opened with them
     (DeviceError when it is already open with others) and genai's sessions given them as options (with
     onnxruntime-webgpu genai's WebGPU context is its own, ``GenaiPeer``); unset, each loop runs its own default
-    (genai: its genai_config.json's). ConfigError for a bad count or setting."""
+    (genai: its genai_config.json's). ``tokens_per_read``: kvlab's, as ``generate`` takes it (its steps then run in
+    bursts read back together, each step timed as its burst's share). ConfigError for a bad count or setting."""
     _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
     check_every_of(check_every)
     if under_load is not None:
@@ -158,6 +180,7 @@ def lockstep(
     dev = open_device(device, buffer_cache_mode=buffer_cache_mode, validation_mode=validation_mode)
     make = CapturedStaticCache if graph_capture else StaticCache
     reduction = _reduction(make, token_on_device, model, dev)
+    per_read = tokens_per_read_for(tokens_per_read, reduction, make)
     ids = prompt_ids(model, context)
     genai_options = webgpu_options(buffer_cache_mode, validation_mode)
     peer = GenaiPeer(model, device, True if graph_capture else None, genai_options) if "genai" in sides else None
@@ -166,7 +189,7 @@ def lockstep(
     def side(name: str) -> _Kvlab | _Genai:
         if name == "genai":
             return _Genai(peer, ids, new_tokens)
-        return _Kvlab(model, dev, ids, reduction, make(needed, check_every))
+        return _Kvlab(model, dev, ids, reduction, make(needed, check_every), max(per_read, 1))
 
     def one(stat: Callable[..., Any] = np.median) -> dict[str, Any]:
         return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block, stat)
@@ -174,7 +197,7 @@ def lockstep(
     settings = {"context": context, "new_tokens": new_tokens, "rounds": rounds, "sides": list(sides), "block": block}
     settings |= {"left_out_per_block": block // 4, "graph_capture": graph_capture, "check_every": check_every}
     paired = _paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)
-    return {**_what_ran(model, dev, reduction, peer), **settings, **paired}
+    return {**_what_ran(model, dev, reduction, peer), "tokens_per_read": per_read, **settings, **paired}
 
 
 def _reduction(make: type[StaticCache], token_on_device: bool | str, model: Model, dev: Any) -> str:
@@ -233,8 +256,7 @@ def _round(
         for pair, start in enumerate(range(0, steps, block)):
             n = min(block, steps - start)
             for side in (a, b) if pair % 2 == 0 else (b, a):
-                for _ in range(n):
-                    side.step()
+                side.steps(n)
             skip = n // 4
             ratios.append(stat(a.ms[start + skip : start + n]) / stat(b.ms[start + skip : start + n]))
     times = {"a_ms": a.ms, "b_ms": b.ms, "a_cpu_ms": a.cpu_ms, "b_cpu_ms": b.cpu_ms}
@@ -295,6 +317,8 @@ def summary(r: dict[str, Any]) -> str:
     """The result in a few lines, with its label."""
     a, b = r["sides"]
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
+    if r.get("tokens_per_read", 0) > 1:
+        token += f", read back every {r['tokens_per_read']} steps"
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
     names = {"kvlab": f"kvlab's {cache} ({read_back(r['check_every'])}, {token})", "genai": peer}

@@ -299,6 +299,13 @@ def _lockstep_flags(pr: argparse.ArgumentParser) -> None:
         "--block", type=int, help="--lockstep: steps each loop takes per turn, the first quarter left out (default 32)"
     )
     pr.add_argument(
+        "--tokens-per-read",
+        type=int,
+        metavar="N",
+        help="--lockstep: kvlab's greedy steps whose tokens stay on the device until read back together (default: as "
+        "generate() does, 8 with the token on the device; 1 reads each step's)",
+    )
+    pr.add_argument(
         "--sides",
         help="--lockstep: the two loops, comma-separated (default kvlab,genai; kvlab,kvlab or genai,genai check that "
         "the turns favour neither side)",

@@ -110,6 +110,7 @@ def profile_command(args: argparse.Namespace) -> int:
     only_lockstep = {
         "--graph-capture": args.graph_capture,
         "--block": args.block is not None,
+        "--tokens-per-read": args.tokens_per_read is not None,
         "--sides": bool(args.sides),
         "--under-load": args.under_load is not None,
         "--buffer-cache-mode": args.buffer_cache_mode is not None,
@@ -270,6 +271,7 @@ def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) ->
         graph_capture=args.graph_capture,
         check_every=args.check_every,
         block=32 if args.block is None else args.block,
+        tokens_per_read=AUTO if args.tokens_per_read is None else args.tokens_per_read,
         sides=tuple((args.sides or "kvlab,genai").split(",")),
         under_load=args.under_load,
         buffer_cache_mode=args.buffer_cache_mode,

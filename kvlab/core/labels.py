@@ -75,6 +75,7 @@ class RunLabel:
     prefill_device: DeviceLabel | None = None  # set when the prefill ran on another device (a handoff)
     token_on_device: bool = False  # the greedy token chosen on the device (kvlab.ort.decode.greedy), not on the host
     greedy_reduction: str = ""  # how the device chose it: one of kvlab.ort.decode.greedy.REDUCTIONS
+    tokens_per_read: int = 0  # greedy steps whose tokens came back to the host together (0: the token on the host)
 
 
 def cpu_adapter() -> Adapter:

@@ -24,7 +24,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "position to a one-token step: a near-tie within prompt lookup's margin)",
         "exact",
     ),
-    "wall_ms": ("wall time of the whole step (binding, run, cache commit, sampling)", "exact"),
+    "wall_ms": (
+        "wall time of the whole step (binding, run, cache commit, sampling); for steps read back together "
+        "(read_with > 0), their burst's wall time, reading back included, divided by the steps it ran",
+        "exact",
+    ),
     "run_ms": (
         "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
         "host inputs to the device)",
@@ -66,6 +70,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "model's next token after them (unless its token is -1)",
         "exact",
     ),
+    "read_with": (
+        "decode steps whose greedy tokens stayed on the device and were read back to the host together, this one "
+        "among them (Stepper.decode); 0 for a step read back on its own",
+        "exact",
+    ),
 }
 
 
@@ -94,6 +103,7 @@ class StepRecord:
     prefilled: int = field(default=0, kw_only=True)
     drafted: int = field(default=0, kw_only=True)
     accepted: int = field(default=0, kw_only=True)
+    read_with: int = field(default=0, kw_only=True)
 
 
 assert [f.name for f in fields(StepRecord)] == list(COLUMNS), "COLUMNS must document every StepRecord field"

@@ -94,6 +94,10 @@ class Slot:
     def crop(self, length: int, n: int) -> Crop:
         raise NotImplementedError
 
+    def can_crop(self, length: int, n: int) -> bool:
+        """Whether ``crop(length, n)`` would succeed (a slot of per-position contents rewinds; a state does not)."""
+        return True
+
     def receive(self, src: Slot) -> tuple[list[Any], int]:
         """Copy ``src``'s contents (the same entry, on another device); returns the tensors made and the bytes
         copied."""

@@ -119,6 +119,12 @@ class CacheState:
         self._fresh, self._taken, self._steady = [], [], None
         self.seq_length = 0
 
+    def can_crop(self, n: int, length: int | None = None) -> bool:
+        """Whether ``crop(n)`` could rewind every slot to ``n`` positions, now or once the sequence is ``length``
+        long (a state slot cannot rewind; no side effects)."""
+        length = self.seq_length if length is None else length
+        return all(s.can_crop(length, n) for s in self.slots)
+
     def _crop(self, n: int) -> None:
         """Every slot's crop made ready, then applied in one block; or none applied (and what was made released)."""
         crops: list[Crop] = []

@@ -39,6 +39,7 @@ class OrtCache(Cache):
     sequences within their window (``kvlab.ort.decode.shared``): CapacityError beyond it."""
 
     _shared_window = 0  # the smallest window of a KV-shared sliding layer, on WebGPU (0: no limit)
+    burst_reads = True  # greedy steps can keep their tokens on the device for a later read (kvlab.ort.decode.burst)
     # None: KV in the model's dtype; "int8" / "int4": packed (kvlab.ort.decode.kvprecision)
     kv_precision: str | None = None
 
@@ -85,9 +86,9 @@ class OrtCache(Cache):
         host path, "", for a cache that runs a session of its own)."""
         return "" if cls.runs_own_session() else reduction_for(AUTO, vocab_size, device)
 
-    def device_token(self, device: Device, dtype: Any) -> DeviceToken:
-        """Where a stepper keeps the greedy token between steps: two device tensors of its own."""
-        return DeviceToken(device, dtype)
+    def device_token(self, device: Device, dtype: Any, size: int = 2) -> DeviceToken:
+        """Where a stepper keeps the greedy token between steps: a ring of ``size`` device tensors of its own."""
+        return DeviceToken(device, dtype, size)
 
 
 class DynamicCache(OrtCache):

@@ -125,6 +125,8 @@ class CapturedStaticCache(StaticCache):
     tokens equal a plain StaticCache's. Raises DeviceError on a device other than WebGPU (or when ONNX Runtime
     refuses to capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
 
+    burst_reads = False  # a captured step copies its token to the host with each replay
+
     def __init__(self, max_cache_len: int, check_every: int | None = None):
         super().__init__(max_cache_len, check_every)
         self.graph_ids = (next(_GRAPH_IDS), next(_GRAPH_IDS))
@@ -202,7 +204,7 @@ class CapturedStaticCache(StaticCache):
         chosen = reduction_for(AUTO, vocab_size, device)
         return chosen if chosen == "single" else ""
 
-    def device_token(self, device: Any, dtype: Any) -> CapturedToken:
+    def device_token(self, device: Any, dtype: Any, size: int = 2) -> CapturedToken:
         return CapturedToken(self._buffers)
 
     def _attach(self, info: Any, device: Any) -> None:

@@ -193,6 +193,8 @@ class CapturedToken:
     uncaptured step): the captured graph writes it into the ids buffer the next step reads, and a host copy of it
     comes back after each run. The buffers are the cache's: nothing here to release."""
 
+    burst_limit = 1  # the host copy comes back with each run: one step per read
+
     def __init__(self, buffers: StepBuffers):
         self.buffers = buffers
         self.host = np.zeros((1, 1), np.int64)
@@ -202,13 +204,13 @@ class CapturedToken:
         b = self.buffers
         return b.ids[b.parity] if tokens.shape[0] == 1 and b.token[b.parity] == int(tokens[0]) else None
 
-    def bind_outputs(self, binding: Binding) -> None:
+    def bind_outputs(self, binding: Binding, ahead: int = 1) -> None:
         binding.output(NEXT, self.host)
 
-    def written(self) -> int:
-        return int(self.host[0, 0])
+    def read(self, steps: int = 1) -> list[int]:
+        return [int(self.host[0, 0])]
 
-    def advance(self) -> None:
+    def advance(self, steps: int = 1, token: int | None = None) -> None:
         """Nothing to do: the buffers say which token each holds."""
 
     forget = release = advance

@@ -25,7 +25,7 @@ from ...core.records import StepHook, StepRecord, hook_list
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache, OrtCache
-from .greedy import AUTO, reduction_for, reduction_of
+from .greedy import AUTO, reduction_for, reduction_of, tokens_per_read_for
 from .stepper import Stepper
 
 
@@ -43,6 +43,7 @@ def generate(
     prefill_device: Device | str | None = None,
     prefill_model: Model | str | None = None,
     token_on_device: bool | str = AUTO,
+    tokens_per_read: int | str = AUTO,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
 
@@ -59,6 +60,11 @@ def generate(
     above) and for greedy decoding; elsewhere the host picks the token.
     The run's label says which ran (``token_on_device``, ``greedy_reduction``).
 
+    ``tokens_per_read`` (the token on the device): greedy steps run before their tokens are read back together
+    (``Stepper.decode``); the host does not wait for the GPU in between, and tokens come in bursts. "auto":
+    ``TOKENS_PER_READ`` (1 for a captured cache, whose replays copy their token back). Steps run past an EOS token
+    are undone. The label says how many (``tokens_per_read``; 0 for the token on the host).
+
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
     argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at
     step N carries the tokens of steps 1..N-1 as ``exc.partial``.
@@ -74,16 +80,17 @@ def generate(
     if not isinstance(cache, Cache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
     choose, reduction = _choice(model, sampling, token_on_device, dev, cache)
-    run = _Run(model, dev, cache, ids, new_tokens, stop_on_eos, reduction)
-    hooks = [*user_hooks, run.records.append]  # the generation's own record last: a failed step is never in it
+    per_read = tokens_per_read_for(tokens_per_read, reduction, cache)
+    run = _Run(model, dev, cache, ids, new_tokens, stop_on_eos, reduction, per_read)
+    hooks = [*user_hooks, run.records.append, run.took]  # the generation's own last: a failed step is never in them
     run.pre = _prefill_stepper(model, cache, ids, hooks, prefill_device, prefill_model, dev)
     try:
         positions = positions_needed(len(ids), new_tokens)
         with (
             cache if own_cache else nullcontext(),
-            Stepper(model, cache, dev, positions, hooks, token_on_device=reduction or False) as stepper,
+            Stepper(model, cache, dev, positions, hooks, reduction or False, tokens_per_read=per_read or 1) as stepper,
         ):
-            _decode(stepper, run.pre, ids, None if reduction else choose, choose, run.tokens, run.stop)
+            _decode(stepper, run, None if reduction else choose, choose)
     except BaseException as exc:
         if run.tokens:  # a failure at step N keeps the tokens of steps 1..N-1
             attach_partial(exc, run.generation("error"))
@@ -102,6 +109,7 @@ class _Run:
     new_tokens: int
     stop_on_eos: bool
     reduction: str
+    tokens_per_read: int  # 0: the token on the host
     pre: Stepper | None = None  # the prefill's, on another device
     tokens: list[int] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
@@ -111,9 +119,20 @@ class _Run:
         eos = self.model.info.eos_token_ids
         return stop_reason(self.tokens, self.new_tokens, self.stop_on_eos, eos) if self.tokens else ""
 
+    def took(self, record: StepRecord) -> None:
+        """A hook: the token of each step that chose one, as it comes."""
+        if record.phase in ("prefill", "decode"):
+            self.tokens.append(record.token)
+
+    def until(self) -> frozenset[int]:
+        """The tokens a decode stops after."""
+        return frozenset(self.model.info.eos_token_ids) if self.stop_on_eos else frozenset()
+
     def generation(self, stop: str) -> Generation:
         m, pre, r = self.model, self.pre.device.label if self.pre else None, self.reduction
-        label = RunLabel(m.name, m.info.dtype_name, self.device.label, self.cache.spec, pre, bool(r), r)
+        label = RunLabel(
+            m.name, m.info.dtype_name, self.device.label, self.cache.spec, pre, bool(r), r, self.tokens_per_read
+        )
         return Generation(label, self.ids.tolist(), list(self.tokens), m.decode(self.tokens), stop, list(self.records))
 
 
@@ -158,25 +177,19 @@ def _prefill_stepper(
     return Stepper(pre_model, cache.empty_like(), pre_dev, len(ids), hooks)
 
 
-def _decode(
-    stepper: Stepper,
-    pre: Stepper | None,
-    ids: np.ndarray,
-    choose: Any,
-    prefill_choose: Any,
-    tokens: list[int],
-    stop: Any,
-) -> None:
-    """The prefill (on ``pre``'s device and handed off, or on the stepper's), then one token a step until
-    ``stop()`` names a reason; each step's token is appended to ``tokens`` as it comes."""
-    next_ids = ids
-    if pre is not None:
-        with pre.cache, pre:
-            _, record = pre.step(ids, prefill_choose, logits_out="none")
-            stepper.receive(pre.cache)
-        tokens.append(record.token)
+def _decode(stepper: Stepper, run: _Run, choose: Any, prefill_choose: Any) -> None:
+    """The prefill (on ``run.pre``'s device and handed off, or on the stepper's), then the decode until
+    ``run.stop()`` names a reason: in bursts where the token stays on the device and is read back every
+    ``tokens_per_read`` steps, else one step at a time. The tokens reach ``run.tokens`` through its hook."""
+    next_ids = run.ids
+    if run.pre is not None:
+        with run.pre.cache, run.pre:
+            _, record = run.pre.step(run.ids, prefill_choose, logits_out="none")
+            stepper.receive(run.pre.cache)
         next_ids = np.array([record.token], np.int64)
-    while not stop():
+    while not run.stop():
+        if run.tokens and choose is None and stepper.tokens_per_read > 1:
+            stepper.decode(run.tokens[-1], run.new_tokens - len(run.tokens), run.until())
+            continue
         _, record = stepper.step(next_ids, choose, logits_out="none")
-        tokens.append(record.token)
         next_ids = np.array([record.token], np.int64)

@@ -3,10 +3,12 @@
 A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
 that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
 (``data/gpu/phases/``). Here the model's graph also outputs the greedy token (an ArgMax over the last position's
-logits, ``NEXT``), written into a device tensor that the next step reads as its input ids, and a host copy of it
-(``NEXT_HOST``, 8 bytes, copied back as the logits would be): the token never travels to the device. The graph with
-those outputs is written beside the model's (``greedy_graph``; the weights are the model's own file, not copied).
-``auto_reduction`` says where it pays, from what was measured (``AUTO_MAX_VOCAB``): ``generate`` uses it by default.
+logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token never travels
+to the device. The host reads the tokens back when it needs them, after every step or after a burst of steps
+(``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next step
+while the GPU still runs the last one. The graph with that output is written beside the model's (``greedy_graph``;
+the weights are the model's own file, not copied). ``auto_reduction`` says where it pays, from what was measured
+(``AUTO_MAX_VOCAB``): ``generate`` uses it by default, read back every ``TOKENS_PER_READ`` steps.
 """
 
 from __future__ import annotations
@@ -17,22 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError, ModelError, check_choice
+from ...core.errors import ConfigError, ModelError, check_choice, check_int
 from ..models.graph import derived_graph
 from ..runtime.session import DeviceTensor, release_all, zeros_all
 
 NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the next step's input ids
-NEXT_HOST = "kvlab_next_token_host"  # the same token, bound to host memory
 
 
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
-SUFFIXES = {"blocks": ".kvlab-greedy.onnx", "single": ".kvlab-greedy-single.onnx", "rows": ".kvlab-greedy-rows.onnx"}
+SUFFIXES = {r: f".kvlab-token-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
 AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
 # The largest vocabulary at which one ArgMax ("single") was measured fastest: x0.91-0.96 of onnxruntime-genai's step
 # at 1,024 on an NVIDIA H200's WebGPU, where "rows" gave x1.01-1.03 and the host path x1.02-1.04. At 49,152 "rows"
 # was the one faster than genai's step (x0.992-0.998; the host path x1.02-1.05, "blocks" x1.04-1.06, "single"
 # x1.24-1.28): data/gpu/argmax/, data/gpu/argmax/rows/.
 AUTO_MAX_VOCAB = 1024
+# How many greedy steps "auto" runs before reading their tokens back (``Stepper.decode``): on an NVIDIA H100's
+# WebGPU (phi4-kv int4, 1,024-2,048 tokens) reading back every 4 steps made a token x0.74 of onnxruntime-genai's
+# step, every 16 x0.64-0.75, against x0.93-1.02 read back every step (docs/benchmarks.md). A notebook streams the
+# tokens in bursts of this many (tens of milliseconds).
+TOKENS_PER_READ = 8
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
@@ -49,6 +55,20 @@ def reduction_for(token_on_device: object, vocab_size: int, device: Any) -> str:
     if isinstance(token_on_device, str) and token_on_device == AUTO:
         return auto_reduction(vocab_size, device.label.adapter.kind, device.name)
     return reduction_of(token_on_device)
+
+
+def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
+    """How many greedy steps are read back together: 0 for the token on the host (``reduction`` ""); "auto":
+    ``TOKENS_PER_READ`` where the cache (or its class) can keep tokens on the device for a later read, else 1.
+    ConfigError for a bad count, or more than one where there is nothing to read back later."""
+    if isinstance(asked, str) and asked == AUTO:
+        return (TOKENS_PER_READ if getattr(cache, "burst_reads", False) else 1) if reduction else 0
+    asked = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
+    if asked > 1 and not (reduction and getattr(cache, "burst_reads", False)):
+        kind = cache.__name__ if isinstance(cache, type) else type(cache).__name__
+        why = "the token is chosen on the host" if not reduction else f"a {kind} reads each token back"
+        raise ConfigError(f"tokens_per_read={asked} reads back tokens kept on the device, but {why}: use 1 or 'auto'")
+    return asked if reduction else 0
 
 
 def reduction_of(token_on_device: object) -> str:
@@ -82,8 +102,8 @@ def ids_dtype(reduction: str) -> np.dtype:
 
 def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
-    returns its path. The logits are cast to float32 first (ArgMax has no float16 kernel on every EP); ties go to
-    the lowest index, as numpy's argmax does.
+    returns its path. Its one added output is ``NEXT``, for device memory. The logits are cast to float32 first
+    (ArgMax has no float16 kernel on every EP); ties go to the lowest index, as numpy's argmax does.
 
     ``reduction``: "blocks" (default) finds the largest logit in two stages, each block of the vocabulary (padded
     with -inf to whole blocks) by one ArgMax over a [blocks, size] view, then the block whose maximum is largest:
@@ -95,14 +115,13 @@ def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
     check_choice(reduction, REDUCTIONS, "reduction=")
 
     def edit(m: Any) -> None:
-        greedy_nodes(m.graph, model, reduction, host_copy=True)
+        greedy_nodes(m.graph, model, reduction)
 
     return derived_graph(model, SUFFIXES[reduction], edit, "greedy graph")
 
 
-def greedy_nodes(g: Any, model: Any, reduction: str, host_copy: bool = False) -> None:
-    """The nodes and outputs from the model's logits to ``NEXT`` [1, 1] by ``reduction`` (and ``NEXT_HOST``, the same
-    token for host memory, with ``host_copy``)."""
+def greedy_nodes(g: Any, model: Any, reduction: str) -> None:
+    """The nodes and the output from the model's logits to ``NEXT`` [1, 1] by ``reduction``."""
     from onnx import helper
 
     _last_logits_f32(g, model.info.logits_name)
@@ -115,11 +134,8 @@ def greedy_nodes(g: Any, model: Any, reduction: str, host_copy: bool = False) ->
         _ids_as_int32(g, model)
     else:
         _two_stage_argmax(g, model.info.vocab_size)
-    outputs = [NEXT, NEXT_HOST] if host_copy else [NEXT]
-    if host_copy:
-        g.node.append(helper.make_node("Identity", [NEXT], [NEXT_HOST], name="kvlab/next_token_host"))
     token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
-    g.output.extend([helper.make_tensor_value_info(n, token_type, [1, 1]) for n in outputs])
+    g.output.append(helper.make_tensor_value_info(NEXT, token_type, [1, 1]))
 
 
 def _two_stage_argmax(g: Any, vocab: int) -> None:
@@ -243,15 +259,15 @@ def _ids_as_int32(g: Any, model: Any) -> None:
 
 
 class DeviceToken:
-    """The greedy token kept on the device: two [1, 1] device tensors of the graph's id type (``ids_dtype``), read
-    and written in turn: ``current`` holds ``token`` (the last step's greedy token, the next step's input ids), the
-    other receives the next one. It advances only after a step has fully succeeded, so a failed step is retried from
-    the token it read."""
+    """The greedy token kept on the device: a ring of ``size`` [1, 1] device tensors of the graph's id type
+    (``ids_dtype``). ``current`` holds ``token`` (the last token read back, the next step's input ids); step k of a
+    burst reads the tensor ``k - 1`` places after it and writes the one ``k`` places after (``target``), so a burst
+    of up to ``size - 1`` steps keeps every token until the host reads them (``read``). It advances only after the
+    steps it moves over have fully succeeded, so a failed step is retried from the token it read."""
 
-    def __init__(self, device: Any, dtype: Any = np.int64):
+    def __init__(self, device: Any, dtype: Any = np.int64, size: int = 2):
         dtype = np.dtype(dtype)
-        self.tensors: list[DeviceTensor] = zeros_all(device, [((1, 1), dtype)] * 2)
-        self.host = np.zeros((1, 1), dtype)  # the host copy of the token the last run wrote
+        self.tensors: list[DeviceTensor] = zeros_all(device, [((1, 1), dtype)] * size)
         self.current = 0
         self.token: int | None = None  # the token tensors[current] holds (None: none yet, ids from the host)
 
@@ -261,16 +277,25 @@ class DeviceToken:
             return self.tensors[self.current]
         return None
 
-    def bind_outputs(self, binding: Any) -> None:
-        binding.output(NEXT, self.tensors[1 - self.current])
-        binding.output(NEXT_HOST, self.host)
+    @property
+    def burst_limit(self) -> int:
+        """The most steps whose tokens the ring keeps until they are read."""
+        return len(self.tensors) - 1
 
-    def written(self) -> int:
-        return int(self.host[0, 0])
+    def target(self, ahead: int = 1) -> DeviceTensor:
+        """The tensor the ``ahead``-th step from ``current`` writes its token into (and the next one reads)."""
+        return self.tensors[(self.current + ahead) % len(self.tensors)]
 
-    def advance(self) -> None:
-        """The step that wrote the other tensor succeeded: it holds the token now."""
-        self.current, self.token = 1 - self.current, self.written()
+    def bind_outputs(self, binding: Any, ahead: int = 1) -> None:
+        binding.output(NEXT, self.target(ahead))
+
+    def read(self, steps: int = 1) -> list[int]:
+        """The tokens the next ``steps`` steps wrote, copied to the host (the copy waits for the GPU to finish them)."""
+        return [int(self.target(k).numpy().reshape(-1)[0]) for k in range(1, steps + 1)]
+
+    def advance(self, steps: int = 1, token: int | None = None) -> None:
+        """The next ``steps`` steps succeeded: the last one's tensor holds the next input ids, ``token``."""
+        self.current, self.token = (self.current + steps) % len(self.tensors), token
 
     def forget(self) -> None:
         """The next step's ids come from the host (a step that chose its token on the host ran in between)."""

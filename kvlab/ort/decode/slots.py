@@ -77,6 +77,9 @@ class RuntimeState(Slot):
             raise self.refuse_crop(length, n)
         return Crop(self.release)
 
+    def can_crop(self, length: int, n: int) -> bool:
+        return not n
+
     def receive(self, src: Slot) -> tuple[list[DeviceTensor], int]:
         """The copied present becomes the first past on this device."""
         held = src.tensors[0]
@@ -104,6 +107,9 @@ class GrowingKV(RuntimeState):
         """The past's shape, ``length`` positions long: [batch, kv heads, positions, head size]."""
         past = super().expected(length)
         return past[:2] + (length,) + past[3:]
+
+    def can_crop(self, length: int, n: int) -> bool:
+        return True
 
     def crop(self, length: int, n: int) -> Crop:
         """Keeps a copy of the first ``n`` positions (through the host), released with the present it replaces."""
@@ -212,6 +218,9 @@ class SwappedState(Slot):
         if n:
             raise self.refuse_crop(length, n)
         return Crop(self.reset)
+
+    def can_crop(self, length: int, n: int) -> bool:
+        return not n
 
     def receive(self, src: Any) -> tuple[list[DeviceTensor], int]:
         self.current = 0  # before the copy: a failure leaves seq_length 0, and the first step reads zeros

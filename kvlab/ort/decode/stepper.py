@@ -14,7 +14,7 @@ or a step from a second thread while one runs is a CacheStateError that says so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_rec
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
+from .burst import burst_size, run_burst
 from .caches import OrtCache
 from .greedy import DeviceToken, ids_dtype, reduction_of
 
@@ -52,6 +53,7 @@ class Stepper:
         hooks: Sequence[StepHook] = (),
         token_on_device: bool | str = False,
         keep: bool = False,
+        tokens_per_read: int = 1,
     ):
         model, device, self.keep = load(model), open_device(device), check_flag("keep", keep)
         if not isinstance(cache, OrtCache):
@@ -63,6 +65,9 @@ class Stepper:
         self._ids_dtype = ids_dtype(reduction)  # the session's input ids: int64, or int32 (the "rows" graph)
         self.session = step_session(model, cache, device, reduction)
         self.positions = check_int(needed, "needed", 1, note=" (the positions this stepper may fill)")
+        self.tokens_per_read = check_int(
+            tokens_per_read, "tokens_per_read", 1, note=" (decode steps read back together)"
+        )
         self._mask = np.ones((1, 0), np.int64)  # made when the block opens, once the positions are known to fit
         self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
         self._cache_held: Any = None  # the cache's use, while open
@@ -78,7 +83,8 @@ class Stepper:
             self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
             if self.token_on_device:
                 try:
-                    self._device_token = self.cache.device_token(self.device, self._ids_dtype)
+                    size = self.tokens_per_read + 1  # the input ids and every token of a burst
+                    self._device_token = self.cache.device_token(self.device, self._ids_dtype, size)
                 except BaseException:
                     self._cache_held.__exit__(None, None, None)
                     raise
@@ -122,10 +128,12 @@ class Stepper:
             on_device = logits_out == "none" and default and not pick and self._device_token is not None
             info = self.model.info
             logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
-            result, memory = self._run(tokens, position, logits, on_device)
+            held = self._device_token.holding(tokens) if on_device else None
+            ids = held if held is not None else tokens.reshape(1, n).astype(self._ids_dtype, copy=False)
+            result, memory = self._run(ids, n, position, logits, ahead=int(on_device))
             try:
                 if on_device:
-                    out, token, picked = None, self._device_token.written(), {}
+                    out, token, picked = None, self._device_token.read()[0], {}
                 else:
                     last = logits[0, -1]
                     check_finite(logits[0] if pick else last, self.steps, position + n - 1, self.model.name)
@@ -134,32 +142,49 @@ class Stepper:
                 fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
                 fields.setdefault("prefilled", n if fields["phase"] == "prefill" else 0)
                 fields.update(position=position, n_tokens=n, token=token)
-                record = self._record(memory, start, result.seconds + result.bind_seconds, **fields)
+                run_ms = (result.seconds + result.bind_seconds) * 1e3
+                record = self._record(memory, (time.perf_counter() - start) * 1e3, run_ms, **fields)
             except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
                 self.cache.rollback(n)
                 raise
             self.cache.settle()
             self.steps += 1
             if on_device:
-                self._device_token.advance()
+                self._device_token.advance(1, token)
             elif self._device_token is not None:
                 self._device_token.forget()
             return out, record
 
-    def _run(
-        self, tokens: np.ndarray, position: int, logits: np.ndarray, on_device: bool
-    ) -> tuple[RunResult, CacheStep]:
-        """Bind the step (the cache's slots, then ids, mask, positions and logits), run it, commit the cache."""
-        info, n = self.model.info, int(tokens.shape[0])
+    def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
+        """Up to ``n`` greedy decode steps after ``token`` with the token on the device, read back to the host in
+        bursts of up to ``tokens_per_read`` steps (``kvlab.ort.decode.burst``: a step not read back at once does not
+        wait for the GPU). Each burst's records go to the hooks once its tokens are read (``read_with``: the steps
+        read together; ``wall_ms``: the burst's wall time per step). Stops after the first token of ``until`` (e.g.
+        the EOS ids): steps run past it are undone and not reported. Returns the records of the steps kept. Raises
+        ConfigError (no token on the device, a bad ``token`` or ``n``, more positions than opened for) and what a
+        step raises: the steps before it are kept and reported, the failing one is undone."""
+        with self._block.call("decode"):
+            if self._device_token is None:
+                raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
+            token = int(check_token_ids([token], self.model.info.vocab_size)[0])
+            n = check_int(n, "n", 1, self.positions - self.cache.seq_length, note=" (the positions left)")
+            records: list[StepRecord] = []
+            while len(records) < n and not (records and records[-1].token in until):
+                records += run_burst(self, token, burst_size(self, n - len(records)), until)
+                token = records[-1].token
+            return records
+
+    def _run(self, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0) -> tuple[RunResult, CacheStep]:
+        """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and the logits or, ``ahead`` > 0,
+        the tensor that many places along the device token's ring), run it, commit the cache."""
+        info = self.model.info
         b: Binding = self.cache.binding(self.session, n)
-        held = self._device_token.holding(tokens) if on_device else None
-        ids = held if held is not None else tokens.reshape(1, n).astype(self._ids_dtype, copy=False)
         b.input(info.input_names["input_ids"], ids)
         b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
         if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
             b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
-        if on_device:
-            self._device_token.bind_outputs(b)
+        if ahead:
+            self._device_token.bind_outputs(b, ahead)
         else:
             b.output(info.logits_name, logits)
         try:
@@ -169,9 +194,8 @@ class Stepper:
             b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
         return result, memory
 
-    def _record(self, memory: CacheStep, start: float, run_seconds: float, **fields: Any) -> StepRecord:
+    def _record(self, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
         """The step's record, handed to every hook."""
-        wall_ms, run_ms = (time.perf_counter() - start) * 1e3, run_seconds * 1e3
         mine = {"step": self.steps, "device": self.device.name, "used_cache_bytes": self.cache.used_bytes}
         record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
         for hook in self.hooks:
@@ -191,7 +215,8 @@ def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
         stepper._device_token.forget()
     stepper.steps = 0  # the handoff is step 0, with the prefill it carries over
     handoff = {"phase": "handoff", "copied_from": src.device.name, "copy_bytes": copied}
-    record = stepper._record(memory, start, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
+    wall_ms = (time.perf_counter() - start) * 1e3
+    record = stepper._record(memory, wall_ms, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
     stepper.steps = 1  # the next step is the first decode step
     return record
 

@@ -72,8 +72,11 @@ class RingKV(FixedKV):
     def bytes(self, length: int) -> tuple[int, int]:
         return self.entry.nbytes(self.capacity), 0  # fixed: the window, whatever the length
 
+    def can_crop(self, length: int, n: int) -> bool:
+        return n == 0 or length <= self.capacity
+
     def crop(self, length: int, n: int) -> Crop:
-        if n == 0 or length <= self.capacity:
+        if self.can_crop(length, n):
             return Crop()  # nothing evicted yet (rows [0, n) hold positions [0, n)), or a fresh start
         e = self.entry
         first = length - self.capacity  # the oldest position held

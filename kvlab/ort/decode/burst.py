@@ -1,0 +1,105 @@
+"""Greedy decode steps in bursts: the token stays on the device, and the host reads a burst's tokens back together.
+
+A step whose token is read back at once waits for the GPU to finish it before the host can prepare the next. In a
+burst the host binds and runs step after step, each reading its input ids from the tensor the step before wrote
+(``DeviceToken``'s ring), and the GPU works through them while the host is already preparing the next; one read at
+the end waits for them all. ``Stepper.decode`` runs a decode in bursts of up to its ``tokens_per_read`` steps.
+
+A burst keeps the stepper's promises: every step is committed before the next runs, so a failing step leaves the
+steps before it kept (their tokens read back, their records reported) and is undone itself; steps run past a token
+the caller stops at are undone (the cache cropped) and never reported. A burst of more than one step is run only
+where the cache can be cropped back over all of it (``Cache.can_crop``): a cache holding a state (a convolution's,
+a window that wrapped) decodes one step per read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...core.records import StepRecord
+
+if TYPE_CHECKING:
+    from .stepper import Stepper
+
+
+def burst_size(stepper: Stepper, wanted: int) -> int:
+    """How many steps the next burst runs: up to ``wanted`` and ``tokens_per_read``, and 1 where the cache could not
+    be cropped back to the burst's start once it ran."""
+    cache, k = stepper.cache, min(wanted, stepper.tokens_per_read, stepper._device_token.burst_limit)
+    return k if k > 1 and cache.can_crop(cache.seq_length, cache.seq_length + k) else 1
+
+
+def run_burst(stepper: Stepper, token: int, k: int, until: Collection[int]) -> list[StepRecord]:
+    """``k`` greedy decode steps after ``token``, their tokens read back together; the records of the steps kept
+    (up to the first token of ``until``), already handed to the hooks. Raises what a step raises, after keeping and
+    reporting the steps before it."""
+    dt, start, origin = stepper._device_token, time.perf_counter(), stepper.cache.seq_length
+    first = np.array([token], np.int64)
+    held = dt.holding(first)
+    ids = held if held is not None else first.reshape(1, 1).astype(stepper._ids_dtype)
+    ran: list[tuple[Any, Any, int]] = []  # (run result, cache step, position) of each committed step
+    failure: BaseException | None = None
+    try:
+        for ahead in range(1, k + 1):
+            position = stepper.cache.seq_length
+            result, memory = stepper._run(ids, 1, position, stepper._decode_logits, ahead)
+            stepper.cache.settle()
+            ran.append((result, memory, position))
+            ids = dt.target(ahead) if ahead < k else None
+    except BaseException as exc:  # the failing step was undone by its commit; the ones before it are kept
+        failure = exc
+        _drop_unrecorded(stepper, ran[-1][2] + 1 if ran else origin)
+    if not ran:
+        raise failure  # type: ignore[misc]
+    tokens = _read(stepper, ran)
+    kept = next((i + 1 for i, t in enumerate(tokens) if t in until), len(ran))
+    if kept < len(ran):  # steps run past a stop token: undone, never reported
+        stepper.cache.crop(ran[kept][2])
+    wall_ms = (time.perf_counter() - start) * 1e3 / len(ran)
+    records = _report(stepper, ran[:kept], tokens, wall_ms, len(ran))
+    if failure is not None:
+        raise failure
+    return records
+
+
+def _drop_unrecorded(stepper: Stepper, length: int) -> None:
+    """A step committed but not yet kept when the failure landed (a Ctrl-C between the two) is undone too."""
+    if stepper.cache.seq_length > length:
+        stepper.cache.settle()
+        stepper.cache.crop(length)
+
+
+def _read(stepper: Stepper, ran: list[tuple[Any, Any, int]]) -> list[int]:
+    """The tokens of the steps that ran; where reading them fails, those steps are undone (cropped) first (the ring
+    still holds the burst's input ids where it held them)."""
+    try:
+        return stepper._device_token.read(len(ran))
+    except BaseException:
+        stepper.cache.crop(ran[0][2])
+        raise
+
+
+def _report(
+    stepper: Stepper, ran: list[tuple[Any, Any, int]], tokens: list[int], wall_ms: float, together: int
+) -> list[StepRecord]:
+    """Every kept step's record, handed to the hooks in order; the device token advanced over the steps reported.
+    A hook that fails undoes its step and the ones after it (the cache cropped to its position) and raises."""
+    records, dt = [], stepper._device_token
+    for i, (result, memory, position) in enumerate(ran):
+        run_ms = (result.seconds + result.bind_seconds) * 1e3
+        fields = {"phase": "decode", "prefilled": 0, "read_with": together}
+        try:
+            record = stepper._record(memory, wall_ms, run_ms, position=position, n_tokens=1, token=tokens[i], **fields)
+        except BaseException:
+            stepper.cache.crop(position)
+            if i:
+                dt.advance(i, tokens[i - 1])
+            raise
+        stepper.steps += 1
+        records.append(record)
+    dt.advance(len(ran), tokens[len(ran) - 1])
+    return records
