@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvlab import generate
-from kvlab.bench import lockstep as lockstep_module
+from kvlab.bench import loops
 from kvlab.bench.lockstep import lockstep, summary
 from kvlab.bench.plan import prompt_ids
 from kvlab.ort import Stepper
@@ -24,7 +24,7 @@ def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
     """Every decode step of one side is followed by one of the other, the order swapped every pair; each side's
     tokens are what it makes alone (kvlab's ``generate``, onnxruntime-genai's own loop)."""
     calls: list[str] = []
-    real_step, real_generator = Stepper.step, lockstep_module.genai_generator
+    real_step, real_generator = Stepper.step, loops.genai_generator
 
     def step(self, tokens, *args, **kwargs):  # the real step, its turn noted
         calls.append("kvlab")
@@ -42,7 +42,7 @@ def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
             return self.gen.get_next_tokens()
 
     monkeypatch.setattr(Stepper, "step", step)
-    monkeypatch.setattr(lockstep_module, "genai_generator", lambda *a: Noted(real_generator(*a)))
+    monkeypatch.setattr(loops, "genai_generator", lambda *a: Noted(real_generator(*a)))
     r = lockstep(toy, "cpu", context=20, new_tokens=7, rounds=2, token_on_device=False, block=1)
     one_round = ["kvlab", "genai"] + ["kvlab", "genai", "genai", "kvlab"] * 3  # prefills, then 6 pairs in turns
     assert calls == one_round * 2
@@ -77,7 +77,7 @@ def test_a_step_keeps_its_wall_time_and_its_threads_cpu_time_apart():
     """Waiting (a sleep here, as for the GPU or a core) shows in the wall time only; work on the calling thread in
     both."""
 
-    class Loop(lockstep_module._Loop):
+    class Loop(loops.Loop):
         def __init__(self, busy: bool):
             super().__init__()
             self.busy = busy

@@ -17,122 +17,35 @@ caches) or "genai" against "genai" (two generators) checks that the pairing itse
 Under a competing load (``under_load``) every round runs quiet and loaded, and each loop's slowdown is compared with
 the other's.
 
-Each loop runs as it does alone: kvlab's steps are ``generate()``'s (``Stepper.step`` on the last token, the token
-chosen as ``token_on_device`` says, "auto" by default), genai's are ``generate_next_token`` and ``get_next_tokens``.
-Each step is timed from the call to the token in hand (``time.perf_counter``: exact wall time of the call). Each
+Each loop runs as it does alone (``kvlab.bench.loops``): kvlab's steps are ``generate()``'s (``Stepper.step`` on the
+last token, the token chosen as ``token_on_device`` says, "auto" by default; with the token on the device, bursts of
+``tokens_per_read`` steps read back together, ``Stepper.decode``), genai's are ``generate_next_token`` and
+``get_next_tokens``. Each step is timed from the call to the token in hand (``time.perf_counter``: exact wall time of
+the call; a burst's steps share its time). Each
 round starts both from their own prefill of the same prompt on the same device (not timed); the tokens are compared.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
 from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
-from ..ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
-from ..ort.checks.references import genai_generator
+from ..ort import CapturedStaticCache, Model, StaticCache, load, open_device
 from ..ort.decode.caches import check_every_of, read_back
 from ..ort.decode.capture import CAPTURED_REDUCTIONS
 from ..ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
 from ..ort.runtime.options import webgpu_options
 from .load import check_load, competing
+from .loops import GenaiLoop, KvlabLoop
 from .plan import prompt_ids
 from .variants import GenaiPeer
 
 SIDES = ("kvlab", "genai")
-
-
-class _Loop:
-    """A decode loop taken in turns: ``step()`` decodes one token (``_advance``) and keeps its wall time (``ms``) and
-    the calling thread's CPU time (``cpu_ms``: exact for that thread; work on the runtime's other threads is not
-    in it). Where the two part, the thread waited (for the GPU, or for a core)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.ms: list[float] = []
-        self.cpu_ms: list[float] = []
-
-    def step(self) -> None:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        token = self._advance()
-        self.cpu_ms.append((time.thread_time() - cpu) * 1e3)
-        self.ms.append((time.perf_counter() - wall) * 1e3)
-        self.tokens.append(token)
-
-    def steps(self, n: int) -> None:
-        """``n`` decode steps, one at a time."""
-        for _ in range(n):
-            self.step()
-
-    def _advance(self) -> int:
-        raise NotImplementedError
-
-
-class _Kvlab(_Loop):
-    """kvlab's loop on a new static cache: prefilled on entry. With ``per_read`` > 1 its steps run in bursts whose
-    tokens are read back together (``Stepper.decode``, as ``generate`` runs them): each step of a burst is given
-    the burst's wall and CPU time divided by its steps, the time per token."""
-
-    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache, per_read: int):
-        super().__init__()
-        self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
-        self.per_read = per_read
-
-    def __enter__(self) -> _Kvlab:
-        with ExitStack() as stack:
-            stack.enter_context(self.cache)
-            on_device = self.reduction or False
-            self.stepper = stack.enter_context(
-                Stepper(self.model, self.cache, self.dev, self.cache.max_cache_len, (), on_device, False, self.per_read)
-            )
-            _, first = self.stepper.step(self.ids, logits_out="none")  # the prefill, as generate() runs it
-            self.tokens.append(first.token)
-            self._close = stack.pop_all()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._close.__exit__(*exc)
-
-    def _advance(self) -> int:
-        return self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")[1].token
-
-    def steps(self, n: int) -> None:
-        if self.per_read <= 1:
-            super().steps(n)
-            return
-        for start in range(0, n, self.per_read):
-            k = min(self.per_read, n - start)
-            wall, cpu = time.perf_counter(), time.thread_time()
-            records = self.stepper.decode(self.tokens[-1], k)
-            self.cpu_ms += [(time.thread_time() - cpu) * 1e3 / k] * k
-            self.ms += [(time.perf_counter() - wall) * 1e3 / k] * k
-            self.tokens += [r.token for r in records]
-
-
-class _Genai(_Loop):
-    """onnxruntime-genai's loop: a generator prefilled on entry."""
-
-    def __init__(self, peer: GenaiPeer, ids: np.ndarray, new: int):
-        super().__init__()
-        self.peer, self.ids, self.new = peer, ids, new
-
-    def __enter__(self) -> _Genai:
-        self.gen = genai_generator(self.peer.model, self.ids, self.new)
-        self.gen.generate_next_token()  # the first call samples the prefill's logits: no forward pass
-        self.tokens.append(int(self.gen.get_next_tokens()[0]))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.gen = None
-
-    def _advance(self) -> int:
-        self.gen.generate_next_token()
-        return int(self.gen.get_next_tokens()[0])
 
 
 def lockstep(
@@ -153,25 +66,21 @@ def lockstep(
     tokens_per_read: int | str = AUTO,
 ) -> dict[str, Any]:
     """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
-    onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps
-    each in turn.
-
-    ``precision``: as ``load`` takes it, for a model given by name. ``graph_capture`` (WebGPU): both captured
+    onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps each
+    in turn. ``precision``: as ``load`` takes it, for a model given by name. ``graph_capture`` (WebGPU): both captured
     (kvlab's ``CapturedStaticCache`` on the built-in model built for capture, genai with ``enableGraphCapture``; the
-    token on the host, as ``generate`` chooses for a captured cache). ``check_every``: the static cache's (how often
-    it reads back its presents' buffer identities). Returns the block pairs' ratios (first side / second side, each
-    a median of its block's steps after the first quarter): their median, quartiles and share below 1, each round's
+    token on the host, as ``generate`` chooses for a captured cache). ``check_every``: the static cache's (how often it
+    reads back its presents' buffer identities). Returns the block pairs' ratios (first side / second side, each a
+    median of its block's steps after the first quarter): their median, quartiles and share below 1, each round's
     median, both sides' median steps, every step's time, whether the tokens are equal, and what ran (model, device,
     adapter, runtime). ``under_load`` N (1 to 4 per logical CPU): every round also runs with N CPU-bound processes
-    competing for the cores (``kvlab.bench.load.competing``; quiet first in even rounds, loaded first in odd ones);
-    the result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each
-    side's loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first
-    slows down less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why).
-    ``buffer_cache_mode``, ``validation_mode`` (WebGPU): both loops run in them: kvlab's device opened with them
-    (DeviceError when it is already open with others) and genai's sessions given them as options (with
-    onnxruntime-webgpu genai's WebGPU context is its own, ``GenaiPeer``); unset, each loop runs its own default
-    (genai: its genai_config.json's). ``tokens_per_read``: kvlab's, as ``generate`` takes it (its steps then run in
-    bursts read back together, each step timed as its burst's share). ConfigError for a bad count or setting."""
+    competing for the cores (``kvlab.bench.load.competing``; quiet first in even rounds, loaded first in odd ones); the
+    result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each side's
+    loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first slows down
+    less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why). ``buffer_cache_mode``,
+    ``validation_mode`` (WebGPU): both loops run in them (kvlab's device opened with them, DeviceError when it is open
+    with others; genai's sessions given them); unset, each its own default (genai: its genai_config.json's).
+    ``tokens_per_read``: kvlab's, as ``generate`` takes it. ConfigError for a bad setting."""
     _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
     check_every_of(check_every)
     if under_load is not None:
@@ -181,15 +90,14 @@ def lockstep(
     make = CapturedStaticCache if graph_capture else StaticCache
     reduction = _reduction(make, token_on_device, model, dev)
     per_read = tokens_per_read_for(tokens_per_read, reduction, make)
-    ids = prompt_ids(model, context)
-    genai_options = webgpu_options(buffer_cache_mode, validation_mode)
+    ids, genai_options = prompt_ids(model, context), webgpu_options(buffer_cache_mode, validation_mode)
     peer = GenaiPeer(model, device, True if graph_capture else None, genai_options) if "genai" in sides else None
     needed = positions_needed(len(ids), new_tokens)
 
-    def side(name: str) -> _Kvlab | _Genai:
+    def side(name: str) -> KvlabLoop | GenaiLoop:
         if name == "genai":
-            return _Genai(peer, ids, new_tokens)
-        return _Kvlab(model, dev, ids, reduction, make(needed, check_every), max(per_read, 1))
+            return GenaiLoop(peer, ids, new_tokens)
+        return KvlabLoop(model, dev, ids, reduction, make(needed, check_every), max(per_read, 1))
 
     def one(stat: Callable[..., Any] = np.median) -> dict[str, Any]:
         return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block, stat)
@@ -247,7 +155,7 @@ def _check(
 
 
 def _round(
-    a: _Kvlab | _Genai, b: _Kvlab | _Genai, steps: int, block: int, stat: Callable[..., Any] = np.median
+    a: KvlabLoop | GenaiLoop, b: KvlabLoop | GenaiLoop, steps: int, block: int, stat: Callable[..., Any] = np.median
 ) -> dict[str, Any]:
     """Both sides prefilled, then ``steps`` decode steps each, ``block`` at a time in turns; the ratio of each pair
     of blocks (``stat``, the median by default, of their steps after the first quarter)."""

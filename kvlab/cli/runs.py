@@ -170,6 +170,7 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         print(result["static_memory"])
     for g in runs.values():
         where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
+        where += f", read back every {g.label.tokens_per_read} steps" if g.label.tokens_per_read > 1 else ""
         print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
     print("\n" + _table([_summary(g) for g in runs.values()]))
     print(

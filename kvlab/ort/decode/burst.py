@@ -16,14 +16,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ...core.errors import ConfigError, check_int
+from ...core.guards import check_token_ids
 from ...core.records import StepRecord
 
-if TYPE_CHECKING:
-    from .stepper import Stepper
+Stepper = Any  # a kvlab.ort.decode.stepper.Stepper, open, inside its call (this module is its helper)
+
+
+def decode(stepper: Stepper, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
+    """``Stepper.decode``: up to ``n`` greedy decode steps after ``token`` in bursts (``burst_size``), each burst's
+    records handed to the hooks once its tokens are read (``read_with``: the steps read together; ``wall_ms``: the
+    burst's wall time per step); stops after the first token of ``until`` (e.g. the EOS ids), the steps run past it
+    undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``, more positions
+    than opened for) and what a step raises: the steps before it are kept and reported, the failing one undone."""
+    if stepper._device_token is None:
+        raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
+    token = int(check_token_ids([token], stepper.model.info.vocab_size)[0])
+    n = check_int(n, "n", 1, stepper.positions - stepper.cache.seq_length, note=" (the positions left)")
+    records: list[StepRecord] = []
+    while len(records) < n and not (records and records[-1].token in until):
+        records += run_burst(stepper, token, burst_size(stepper, n - len(records)), until)
+        token = records[-1].token
+    return records
 
 
 def burst_size(stepper: Stepper, wanted: int) -> int:

@@ -45,30 +45,23 @@ def generate(
     token_on_device: bool | str = AUTO,
     tokens_per_read: int | str = AUTO,
 ) -> Generation:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids).
-
-    The cache starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
-
+    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids). The cache
+    starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
     ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
     the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
     wrong (``kvlab.ort.runtime.builtin``), this one is right.
 
     ``token_on_device=True`` (greedy only; or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``; True: "blocks"):
-    the decode device's graph picks each token and the next step reads it from the device, so neither the logits nor
-    the token cross between host and device per step (``kvlab.ort.decode.greedy``). The default, "auto", does that
-    where it was measured to pay (``auto_reduction``: a hardware WebGPU adapter, "single" up to 1,024 logits, "rows"
-    above) and for greedy decoding; elsewhere the host picks the token.
-    The run's label says which ran (``token_on_device``, ``greedy_reduction``).
-
-    ``tokens_per_read`` (the token on the device): greedy steps run before their tokens are read back together
-    (``Stepper.decode``); the host does not wait for the GPU in between, and tokens come in bursts. "auto":
-    ``TOKENS_PER_READ`` (1 for a captured cache, whose replays copy their token back). Steps run past an EOS token
-    are undone. The label says how many (``tokens_per_read``; 0 for the token on the host).
+    the decode device's graph picks each token and the next step reads it from the device (``kvlab.ort.decode.greedy``).
+    "auto" (default) does that where it was measured to pay (``auto_reduction``) and for greedy decoding; elsewhere
+    the host picks the token. ``tokens_per_read`` (the token on the device): steps run before their tokens are read
+    back together (``Stepper.decode``: the host does not wait for the GPU in between; steps past an EOS are undone);
+    "auto": ``TOKENS_PER_READ``, 1 for a captured cache. The label says which ran (``token_on_device``,
+    ``greedy_reduction``, ``tokens_per_read``: 0 for the token on the host).
 
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
     argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at
-    step N carries the tokens of steps 1..N-1 as ``exc.partial``.
-    """
+    step N carries the tokens of steps 1..N-1 as ``exc.partial``."""
     new_tokens = check_new_tokens(max_new_tokens)
     check_flag("chat", chat)
     check_flag("stop_on_eos", stop_on_eos)

@@ -27,11 +27,44 @@ from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_rec
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
-from .burst import burst_size, run_burst
+from .burst import decode
 from .caches import OrtCache
 from .greedy import DeviceToken, ids_dtype, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
+
+
+def run_one(
+    stepper: Any, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0
+) -> tuple[RunResult, CacheStep]:
+    """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0, the
+    tensor that many places along the device token's ring), run it, commit the cache. Raises what the binding, the
+    run and the commit raise; the cache has not advanced then, and what the run made is released."""
+    info = stepper.model.info
+    b: Binding = stepper.cache.binding(stepper.session, n)
+    b.input(info.input_names["input_ids"], ids)
+    b.input(info.input_names["attention_mask"], stepper._mask[:, : position + n])
+    if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
+        b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
+    if ahead:
+        stepper._device_token.bind_outputs(b, ahead)
+    else:
+        b.output(info.logits_name, logits)
+    try:
+        result = b.run()
+        memory = stepper.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
+    finally:
+        b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
+    return result, memory
+
+
+def report(stepper: Any, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
+    """The step's record, handed to every hook of the stepper (in order; one that raises fails the step)."""
+    mine = {"step": stepper.steps, "device": stepper.device.name, "used_cache_bytes": stepper.cache.used_bytes}
+    record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
+    for hook in stepper.hooks:
+        hook(record)
+    return record
 
 
 class Stepper:
@@ -75,6 +108,7 @@ class Stepper:
         self.steps = 0
 
     needed = property(lambda self: self.positions, doc="``positions``, by the name of the argument.")
+    _run, _record = run_one, report  # one forward pass and its record, shared with a burst's steps
 
     def __enter__(self) -> Stepper:
         with self._block.opening():
@@ -156,51 +190,11 @@ class Stepper:
             return out, record
 
     def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
-        """Up to ``n`` greedy decode steps after ``token`` with the token on the device, read back to the host in
-        bursts of up to ``tokens_per_read`` steps (``kvlab.ort.decode.burst``: a step not read back at once does not
-        wait for the GPU). Each burst's records go to the hooks once its tokens are read (``read_with``: the steps
-        read together; ``wall_ms``: the burst's wall time per step). Stops after the first token of ``until`` (e.g.
-        the EOS ids): steps run past it are undone and not reported. Returns the records of the steps kept. Raises
-        ConfigError (no token on the device, a bad ``token`` or ``n``, more positions than opened for) and what a
-        step raises: the steps before it are kept and reported, the failing one is undone."""
+        """Up to ``n`` greedy decode steps after ``token``, the token kept on the device and read back in bursts of
+        up to ``tokens_per_read`` steps; stops after the first token of ``until``. Returns the kept steps' records
+        (``kvlab.ort.decode.burst.decode`` says what a burst reports, and keeps when a step fails)."""
         with self._block.call("decode"):
-            if self._device_token is None:
-                raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
-            token = int(check_token_ids([token], self.model.info.vocab_size)[0])
-            n = check_int(n, "n", 1, self.positions - self.cache.seq_length, note=" (the positions left)")
-            records: list[StepRecord] = []
-            while len(records) < n and not (records and records[-1].token in until):
-                records += run_burst(self, token, burst_size(self, n - len(records)), until)
-                token = records[-1].token
-            return records
-
-    def _run(self, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0) -> tuple[RunResult, CacheStep]:
-        """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and the logits or, ``ahead`` > 0,
-        the tensor that many places along the device token's ring), run it, commit the cache."""
-        info = self.model.info
-        b: Binding = self.cache.binding(self.session, n)
-        b.input(info.input_names["input_ids"], ids)
-        b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
-        if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
-            b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
-        if ahead:
-            self._device_token.bind_outputs(b, ahead)
-        else:
-            b.output(info.logits_name, logits)
-        try:
-            result = b.run()
-            memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
-        finally:
-            b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
-        return result, memory
-
-    def _record(self, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
-        """The step's record, handed to every hook."""
-        mine = {"step": self.steps, "device": self.device.name, "used_cache_bytes": self.cache.used_bytes}
-        record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
-        for hook in self.hooks:
-            hook(record)
-        return record
+            return decode(self, token, n, until)
 
     def receive(self, src: Cache) -> StepRecord:
         """Take over the sequence another stepper's cache holds (a prefill on another device): a 'handoff' step."""
