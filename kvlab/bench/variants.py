@@ -61,6 +61,7 @@ class Variant:
             "cache_variant": c.variant if c else "",
             "token_on_device": bool(self.token_on_device),
             "greedy_reduction": self.token_on_device,
+            "tokens_per_read": int(bool(self.token_on_device)),  # each step's token read back on its own (run())
         }
 
 
@@ -129,7 +130,9 @@ def run_kvlab(
     hooks: Sequence[StepHook] = (),
     token_on_device: bool | str = False,
 ) -> Run:
-    """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after)."""
+    """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after).
+    Each step's token is read back on its own (``tokens_per_read=1``): a step's figures (its CPU time, its Python
+    time) are its own; ``kvlab profile --lockstep`` measures the steps read back in bursts."""
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(
@@ -141,6 +144,7 @@ def run_kvlab(
             stop_on_eos=False,
             on_step=[clock, *hooks],
             token_on_device=token_on_device,
+            tokens_per_read=1,
         )
     return run_of(g.token_ids, g.records, clock)
 
