@@ -8,8 +8,8 @@ the end waits for them all. ``Stepper.decode`` runs a decode in bursts of up to 
 A burst keeps the stepper's promises: every step is committed before the next runs, so a failing step leaves the
 steps before it kept (their tokens read back, their records reported) and is undone itself; steps run past a token
 the caller stops at are undone (the cache cropped) and never reported. A burst of more than one step is run only
-where the cache can be cropped back over all of it (``Cache.can_crop``): a cache holding a state (a convolution's,
-a window that wrapped) decodes one step per read.
+where the cache can be cropped back over all of it (``Cache.can_crop``): a cache holding a state (a convolution's
+or a recurrent layer's) decodes one step per read.
 """
 
 from __future__ import annotations
