@@ -75,7 +75,7 @@ def test_compare_table_toy_webgpu(tmp_path):
         "--token-on-device",
     )
     assert dev.returncode == 0, dev.stderr
-    assert dev.stdout.count("; the greedy token chosen on the device)") == 2  # said per run
+    assert dev.stdout.count("; the greedy token chosen on the device, read back every 8 steps)") == 2  # per run
     assert "outputs identical: True" in dev.stdout
 
 
