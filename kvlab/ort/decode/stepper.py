@@ -74,8 +74,9 @@ class Stepper:
 
     ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
     logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
-    feed it to the next step from the device. ``hooks`` get every step's record. Raises ConfigError for a bad argument,
-    and what the cache's ``use`` raises (CapacityError, CacheStateError)."""
+    feed it to the next step from the device; ``decode`` runs such steps in bursts of up to ``tokens_per_read``,
+    their tokens read back together (``kvlab.ort.decode.burst``). ``hooks`` get every step's record. Raises
+    ConfigError for a bad argument, and what the cache's ``use`` raises (CapacityError, CacheStateError)."""
 
     def __init__(
         self,
