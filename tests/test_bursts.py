@@ -52,7 +52,8 @@ def test_bursts_give_the_tokens_of_one_step_at_a_time(toy, device, kind, per_rea
 
 
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
-def test_a_burst_stops_at_a_stop_token_and_undoes_the_steps_past_it(toy, device):
+@pytest.mark.parametrize("kind", list(CACHES))
+def test_a_burst_stops_at_a_stop_token_and_undoes_the_steps_past_it(toy, device, kind):
     """The stop token comes mid-burst: the steps after it ran, and are cropped away and never reported; the next
     decode continues from the stop token as if the burst had ended there."""
     want, seen = _reference(toy, device, 30), []
@@ -60,7 +61,7 @@ def test_a_burst_stops_at_a_stop_token_and_undoes_the_steps_past_it(toy, device)
     stop = want[10]
     first = want.index(stop)  # where it first appears (the random toy may repeat tokens)
     with (
-        StaticCache(64) as cache,
+        CACHES[kind]() as cache,
         Stepper(toy, cache, open_device(device), 64, [seen.append], "single", False, 8) as st,
     ):
         token = st.step(ids, logits_out="none")[1].token
@@ -72,14 +73,16 @@ def test_a_burst_stops_at_a_stop_token_and_undoes_the_steps_past_it(toy, device)
     assert [r.token for r in more] == want[first + 1 : first + 6]
 
 
-def test_generate_stops_at_eos_inside_a_burst(toy, monkeypatch):
-    """An EOS token mid-burst ends the generation there, as one step at a time does (the toy's EOS set to a token
-    its greedy run reaches; the model and its sessions are the real ones)."""
+@pytest.mark.parametrize("kind", list(CACHES))
+def test_generate_stops_at_eos_inside_a_burst(toy, monkeypatch, kind):
+    """An EOS token mid-burst ends the generation there, as one step at a time does, and the cache holds what it
+    would have (a dynamic cache's crop keeps copies of its first positions); the toy's EOS is set to a token its
+    greedy run reaches, the model and its sessions are the real ones."""
     want = _reference(toy, "cpu", 30)
     monkeypatch.setattr(toy, "info", replace(toy.info, eos_token_ids=(want[12],)))
     runs = {}
     for per_read in (1, 8):
-        with StaticCache(64) as cache:
+        with CACHES[kind]() as cache:
             runs[per_read] = generate(
                 toy, PROMPT, cache=cache, device="cpu", max_new_tokens=30, token_on_device=True,
                 tokens_per_read=per_read,
