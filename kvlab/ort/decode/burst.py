@@ -107,9 +107,9 @@ def _report(
     """Every kept step's record, handed to the hooks in order; the device token advanced over the steps reported.
     A hook that fails undoes its step and the ones after it (the cache cropped to its position) and raises."""
     records, dt = [], stepper._device_token
+    fields = {"phase": "decode", "prefilled": 0, "read_with": together}
     for i, (result, memory, position) in enumerate(ran):
         run_ms = (result.seconds + result.bind_seconds) * 1e3
-        fields = {"phase": "decode", "prefilled": 0, "read_with": together}
         try:
             record = stepper._record(memory, wall_ms, run_ms, position=position, n_tokens=1, token=tokens[i], **fields)
         except BaseException:

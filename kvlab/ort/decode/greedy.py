@@ -61,10 +61,11 @@ def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
     """How many greedy steps are read back together: 0 for the token on the host (``reduction`` ""); "auto":
     ``TOKENS_PER_READ`` where the cache (or its class) can keep tokens on the device for a later read, else 1.
     ConfigError for a bad count, or more than one where there is nothing to read back later."""
+    bursts = bool(reduction) and getattr(cache, "burst_reads", False)
     if isinstance(asked, str) and asked == AUTO:
-        return (TOKENS_PER_READ if getattr(cache, "burst_reads", False) else 1) if reduction else 0
+        return (TOKENS_PER_READ if bursts else 1) if reduction else 0
     asked = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
-    if asked > 1 and not (reduction and getattr(cache, "burst_reads", False)):
+    if asked > 1 and not bursts:
         kind = cache.__name__ if isinstance(cache, type) else type(cache).__name__
         why = "the token is chosen on the host" if not reduction else f"a {kind} reads each token back"
         raise ConfigError(f"tokens_per_read={asked} reads back tokens kept on the device, but {why}: use 1 or 'auto'")

@@ -73,7 +73,7 @@ class RuntimeState(Slot):
         self.present, self.previous = self.previous, None
 
     def crop(self, length: int, n: int) -> Crop:
-        if n:
+        if not self.can_crop(length, n):
             raise self.refuse_crop(length, n)
         return Crop(self.release)
 
@@ -215,7 +215,7 @@ class SwappedState(Slot):
         self.current = (self.current - 1) % self.copies  # the buffer the undone step read was left untouched
 
     def crop(self, length: int, n: int) -> Crop:
-        if n:
+        if not self.can_crop(length, n):
             raise self.refuse_crop(length, n)
         return Crop(self.reset)
 
