@@ -109,9 +109,10 @@ def _report(
     records, dt = [], stepper._device_token
     fields = {"phase": "decode", "prefilled": 0, "read_with": together}
     for i, (result, memory, position) in enumerate(ran):
-        run_ms = (result.seconds + result.bind_seconds) * 1e3
         try:
-            record = stepper._record(memory, wall_ms, run_ms, position=position, n_tokens=1, token=tokens[i], **fields)
+            record = stepper._record(
+                memory, wall_ms, result.run_ms, position=position, n_tokens=1, token=tokens[i], **fields
+            )
         except BaseException:
             stepper.cache.crop(position)
             if i:

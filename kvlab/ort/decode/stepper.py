@@ -177,8 +177,7 @@ class Stepper:
                 fields = {"phase": "prefill" if position == 0 else "decode", **columns, **picked}
                 fields.setdefault("prefilled", n if fields["phase"] == "prefill" else 0)
                 fields.update(position=position, n_tokens=n, token=token)
-                run_ms = (result.seconds + result.bind_seconds) * 1e3
-                record = self._record(memory, (time.perf_counter() - start) * 1e3, run_ms, **fields)
+                record = self._record(memory, (time.perf_counter() - start) * 1e3, result.run_ms, **fields)
             except BaseException:  # a hook (or Ctrl-C) failed the step after its commit: undo it
                 self.cache.rollback(n)
                 raise

@@ -63,6 +63,11 @@ class RunResult:
     returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
     #                                                                     read back (None: none in this run)
 
+    @property
+    def run_ms(self) -> float:
+        """The runtime's share of the step (its run and its binding calls), in ms: a record's ``run_ms``."""
+        return (self.seconds + self.bind_seconds) * 1e3
+
     def release(self) -> None:
         """Release every runtime-allocated output (a step that fails after the run owns nothing)."""
         for t in self.new.values():
