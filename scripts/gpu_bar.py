@@ -12,7 +12,8 @@ recordings (both loops captured) are counted apart. Prints, per group, the newes
 environment's date, else the file's path) and how many groups are at or below 1.00, by the newest recording and by
 every recording; then the target cells (``TARGET``: the default buffer cache mode, phi4-kv in three precisions and
 smollm2-shape, 1k-16k, both packages): how many are at or below, which are above, which have no recording, and
-which another recording of the newest one's day put above.
+which another recording of the newest one's day put above; then the target cells again, by the lockstep recordings of
+generate's default since f7265df alone (kvlab's tokens read back in bursts, ``tokens_per_read`` above 1).
 """
 
 from __future__ import annotations
@@ -78,7 +79,16 @@ def lockstep_ratio(path: Path, data: dict) -> list[tuple[tuple, float, str]]:
     return [(key, data["ratio_median"], str(env.get("date", path)))]
 
 
-def target(newest: dict[tuple, tuple[str, float]], seen: list[tuple[tuple, float, str]]) -> None:
+def newest_of(seen: list[tuple[tuple, float, str]]) -> dict[tuple, tuple[str, float]]:
+    """Each group's newest recording: group -> (date, ratio)."""
+    newest: dict[tuple, tuple[str, float]] = {}
+    for key, ratio, date in seen:
+        if key not in newest or date >= newest[key][0]:
+            newest[key] = (date, ratio)
+    return newest
+
+
+def target(newest: dict[tuple, tuple[str, float]], seen: list[tuple[tuple, float, str]], title: str) -> None:
     """Print the target cells' count at or below, the ones above or missing, and the ones at or below by their
     newest recording that another of the same day put above (how far a cell swings between recordings)."""
     above, missing, swung, met = [], [], [], 0
@@ -98,10 +108,10 @@ def target(newest: dict[tuple, tuple[str, float]], seen: list[tuple[tuple, float
                     )
             else:
                 above.append(f"{package} {model} {precision} {context}: x{newest[key][1]:.3f}")
-    print(f"target cells (bucket mode, 1k-16k): {met} of {len(PACKAGES) * len(TARGET)} at or below genai's step")
+    print(f"{title}: {met} of {len(PACKAGES) * len(TARGET)} at or below genai's step")
     for line in above:
         print(f"  above: {line}")
-    for line in missing:
+    for line in missing if len(missing) < len(PACKAGES) * len(TARGET) else [f"all {len(missing)}"]:
         print(f"  not recorded: {line}")
     for line in swung:
         print(f"  at or below, but above in another recording that day: {line}")
@@ -114,6 +124,7 @@ def main() -> None:
     ap.add_argument("--adapter", default="NVIDIA H200", help="count recordings on this adapter only")
     args = ap.parse_args()
     seen: list[tuple[tuple, float, str]] = []
+    bursts: list[tuple[tuple, float, str]] = []  # lockstep recordings of kvlab reading its tokens back in bursts
     aside: set[str] = set()
     for path in sorted(args.root.rglob("*.json")):
         if path.name != "results.json" and not path.name.startswith("lockstep_"):
@@ -125,13 +136,12 @@ def main() -> None:
             seen += bench_ratios(path, data, args.adapter)  # row by row: a recording may hold several adapters
         elif args.adapter in str(data.get("adapter")):
             seen += lockstep_ratio(path, data)
+            if (data.get("tokens_per_read") or 1) > 1:  # generate's default since f7265df, where the token is kept
+                bursts += lockstep_ratio(path, data)  # on the device; recordings before it read every step back
         else:
             aside.add(str(data.get("adapter")))
     print(f"recordings on {args.adapter}" + (f"; set aside: lockstep recordings on {sorted(aside)}" if aside else ""))
-    newest: dict[tuple, tuple[str, float]] = {}
-    for key, ratio, date in seen:
-        if key not in newest or date >= newest[key][0]:
-            newest[key] = (date, ratio)
+    newest = newest_of(seen)
     if args.list:
         for key, (date, ratio) in sorted(newest.items()):
             print(f"{'  '.join(map(str, key))}: x{ratio:.3f} ({date[:16]})")
@@ -147,7 +157,8 @@ def main() -> None:
             f"{title}every recording: {sum(r <= 1.0 for r in pairs)} of {len(pairs)} (group, recording) pairs at or "
             "below"
         )
-    target(newest, seen)
+    target(newest, seen, "target cells (bucket mode, 1k-16k)")
+    target(newest_of(bursts), bursts, "target cells by recordings of the default since f7265df (tokens read in bursts)")
 
 
 if __name__ == "__main__":
