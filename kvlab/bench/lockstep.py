@@ -35,6 +35,7 @@ import numpy as np
 
 from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
+from ..core.labels import read_back_text
 from ..ort import CapturedStaticCache, Model, StaticCache, load, open_device
 from ..ort.decode.caches import check_every_of, read_back
 from ..ort.decode.capture import CAPTURED_REDUCTIONS
@@ -225,8 +226,7 @@ def summary(r: dict[str, Any]) -> str:
     """The result in a few lines, with its label."""
     a, b = r["sides"]
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
-    if r.get("tokens_per_read", 0) > 1:
-        token += f", read back every {r['tokens_per_read']} steps"
+    token += read_back_text(r.get("tokens_per_read", 0))
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
     names = {"kvlab": f"kvlab's {cache} ({read_back(r['check_every'])}, {token})", "genai": peer}

@@ -5,6 +5,7 @@ wall time and the calling thread's CPU time."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -26,11 +27,17 @@ class Loop:
         self.cpu_ms: list[float] = []
 
     def step(self) -> None:
+        self._timed(lambda: [self._advance()])
+
+    def _timed(self, advance: Callable[[], list[int]]) -> None:
+        """Run ``advance`` (it decodes and returns tokens) and keep its tokens, each with an equal share of its
+        wall and CPU time."""
         wall, cpu = time.perf_counter(), time.thread_time()
-        token = self._advance()
-        self.cpu_ms.append((time.thread_time() - cpu) * 1e3)
-        self.ms.append((time.perf_counter() - wall) * 1e3)
-        self.tokens.append(token)
+        tokens = advance()
+        k = len(tokens)
+        self.cpu_ms += [(time.thread_time() - cpu) * 1e3 / k] * k
+        self.ms += [(time.perf_counter() - wall) * 1e3 / k] * k
+        self.tokens += tokens
 
     def steps(self, n: int) -> None:
         """``n`` decode steps, one at a time."""
@@ -75,11 +82,7 @@ class KvlabLoop(Loop):
             return
         for start in range(0, n, self.per_read):
             k = min(self.per_read, n - start)
-            wall, cpu = time.perf_counter(), time.thread_time()
-            records = self.stepper.decode(self.tokens[-1], k)
-            self.cpu_ms += [(time.thread_time() - cpu) * 1e3 / k] * k
-            self.ms += [(time.perf_counter() - wall) * 1e3 / k] * k
-            self.tokens += [r.token for r in records]
+            self._timed(lambda k=k: [r.token for r in self.stepper.decode(self.tokens[-1], k)])
 
 
 class GenaiLoop(Loop):

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..core.generation import Generation, Sampling, positions_needed
+from ..core.labels import read_back_text
 from ..core.layout import check_max_cache_len
 from ..ort import generate, load, make_cache, open_device
 from ..ort.decode.capture import CapturedStaticCache
@@ -170,7 +171,7 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         print(result["static_memory"])
     for g in runs.values():
         where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
-        where += f", read back every {g.label.tokens_per_read} steps" if g.label.tokens_per_read > 1 else ""
+        where += read_back_text(g.label.tokens_per_read)
         print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
     print("\n" + _table([_summary(g) for g in runs.values()]))
     print(

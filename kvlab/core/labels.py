@@ -78,6 +78,12 @@ class RunLabel:
     tokens_per_read: int = 0  # greedy steps whose tokens came back to the host together (0: the token on the host)
 
 
+def read_back_text(tokens_per_read: int) -> str:
+    """ ", read back every N steps" for greedy tokens read back in bursts (``RunLabel.tokens_per_read`` above 1),
+    else "" (each token read back as its step ends, or chosen on the host)."""
+    return f", read back every {tokens_per_read} steps" if tokens_per_read > 1 else ""
+
+
 def cpu_adapter() -> Adapter:
     name = platform.processor() or platform.machine()
     try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.generation import Generation
-from ..core.labels import RunLabel
+from ..core.labels import RunLabel, read_back_text
 from .style import device_text, runtime_text
 
 
@@ -75,7 +75,7 @@ def common_and_labels(runs: Sequence[Run], context: bool = True) -> tuple[str, l
         lambda r: (
             device_text(r.label.device, r.label.prefill_device)
             + (", greedy token on the device" if r.label.token_on_device else "")
-            + (f", read back every {r.label.tokens_per_read} steps" if r.label.tokens_per_read > 1 else "")
+            + read_back_text(r.label.tokens_per_read)
         ),
     ]
     if context:

@@ -56,9 +56,7 @@ def run_burst(stepper: Stepper, token: int, k: int, until: Collection[int]) -> l
     (up to the first token of ``until``), already handed to the hooks. Raises what a step raises, after keeping and
     reporting the steps before it."""
     dt, start, origin = stepper._device_token, time.perf_counter(), stepper.cache.seq_length
-    first = np.array([token], np.int64)
-    held = dt.holding(first)
-    ids = held if held is not None else first.reshape(1, 1).astype(stepper._ids_dtype)
+    ids = stepper._input_ids(np.array([token], np.int64), on_device=True)
     ran: list[tuple[Any, Any, int]] = []  # (run result, cache step, position) of each committed step
     failure: BaseException | None = None
     try:

@@ -163,9 +163,7 @@ class Stepper:
             on_device = logits_out == "none" and default and not pick and self._device_token is not None
             info = self.model.info
             logits = self._decode_logits if n == 1 else np.empty((1, n, info.vocab_size), info.logits_dtype)
-            held = self._device_token.holding(tokens) if on_device else None
-            ids = held if held is not None else tokens.reshape(1, n).astype(self._ids_dtype, copy=False)
-            result, memory = self._run(ids, n, position, logits, ahead=int(on_device))
+            result, memory = self._run(self._input_ids(tokens, on_device), n, position, logits, ahead=int(on_device))
             try:
                 if on_device:
                     out, token, picked = None, self._device_token.read()[0], {}
@@ -188,6 +186,12 @@ class Stepper:
             elif self._device_token is not None:
                 self._device_token.forget()
             return out, record
+
+    def _input_ids(self, tokens: np.ndarray, on_device: bool) -> Any:
+        """The step's input ids: the device tensor the last step wrote where it holds ``tokens`` (``on_device``),
+        else ``tokens`` [1, n] in the session's id type."""
+        held = self._device_token.holding(tokens) if on_device else None
+        return held if held is not None else tokens.reshape(1, -1).astype(self._ids_dtype, copy=False)
 
     def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
         """Up to ``n`` greedy decode steps after ``token``, the token kept on the device and read back in bursts of
