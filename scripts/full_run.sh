@@ -29,13 +29,18 @@ ensure_all(MODELS + SLOW_MODELS, jobs=2)
 print(f"[kvlab full run] models built in {time.perf_counter() - t:.0f} s")
 PY
 
+# the timed guards, alone on the cores (tests/test_guards.py: kvlab's default CPU step against onnxruntime-genai's)
+t=$SECONDS
+.venv/bin/python -m pytest -m guard -s -p no:cacheprovider tests/test_guards.py
+echo "[kvlab full run] guards: $((SECONDS - t)) s"
+
 part() {  # part NAME LOG COMMAND...: one part, in the background, timed into its log
   local name="$1" log="$2"
   shift 2
   ( t=$SECONDS; "$@" > "$log" 2>&1; rc=$?; echo "[kvlab full run] $name: exit $rc after $((SECONDS - t)) s" >> "$log"; exit $rc ) &
 }
 part "slow tier (.venv, onnxruntime-webgpu)" artifacts/full-slow.log \
-  .venv/bin/python -m pytest -n 2 --dist loadgroup -m "slow or hypothesis" --hypothesis-profile=full -p no:cacheprovider
+  .venv/bin/python -m pytest -n 2 --dist loadgroup -m "(slow or hypothesis) and not guard" --hypothesis-profile=full -p no:cacheprovider
 slow=$!
 part "package tests (.venv-plugin, onnxruntime + plugin EP)" artifacts/full-plugin.log \
   .venv-plugin/bin/python -m pytest -n 0 -m package -p no:cacheprovider

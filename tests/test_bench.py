@@ -188,7 +188,7 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     the runtime's (the record's run_ms), not as Python's own time."""
     from kvlab import bench
 
-    r = bench.step_phases(toy, "cpu", context=24, new_tokens=6, rounds=2)
+    r = bench.step_phases(toy, "cpu", context=24, new_tokens=6, rounds=2, token_on_device=False)
     rows = {row["phase"]: row["ms_per_step"] for row in r["rows"]}
     assert list(rows) == list(bench.anatomy.PHASES)
     assert r["tokens_equal_genai"] and r["kvlab_tokens_repeat"]

@@ -59,7 +59,9 @@ def test_blocks_take_turns_and_pair_their_medians(toy, monkeypatch):
     calls: list[str] = []
     real_step = Stepper.step
     monkeypatch.setattr(Stepper, "step", lambda self, *a, **k: calls.append(id(self)) or real_step(self, *a, **k))
-    r = lockstep(toy, "cpu", context=12, new_tokens=11, rounds=1, block=4, sides=("kvlab", "kvlab"))
+    r = lockstep(
+        toy, "cpu", context=12, new_tokens=11, rounds=1, block=4, sides=("kvlab", "kvlab"), token_on_device=False
+    )
     first, second = calls[0], calls[1]  # the two prefills, then 10 decode steps each: 4 + 4 + 2
     assert calls[2:] == [first] * 4 + [second] * 4 + [second] * 4 + [first] * 4 + [first] * 2 + [second] * 2
     a, b = r["steps_ms"][0]
@@ -107,10 +109,10 @@ def test_the_result_states_its_ratios_and_label(toy):
     assert r["sides"] == ["kvlab", "genai"] and r["block"] == 32 and r["left_out_per_block"] == 8
     assert r["pairs"] == 3  # 5 decode steps a round: one pair of blocks, shorter than 32
     assert r["runtime"].startswith("onnxruntime") and "(hardware)" in r["adapter"]
-    assert not r["graph_capture"] and r["check_every"] is None and r["token_on_device"] is False  # the CPU: the host
+    assert not r["graph_capture"] and r["check_every"] is None and r["token_on_device"] is True  # "auto" on the CPU
     text = summary(r)
     assert f"kvlab/genai, {r['pairs']} pairs of 32-step blocks taken in turns" in text
-    assert "the token on the host" in text
+    assert "the token on the device (single)" in text
     assert f"({toy.name}: float32 weights, float32 KV cache, on cpu (" in text
 
 

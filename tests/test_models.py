@@ -288,4 +288,5 @@ def test_the_decoder_file_genai_config_names_is_the_one_inspected_and_run(toy, t
     with kvlab.StaticCache(16) as cache:
         got = kvlab.generate(model, [1, 2, 3], cache=cache, max_new_tokens=4, stop_on_eos=False).token_ids
     assert got == kvlab.generate(toy, [1, 2, 3], max_new_tokens=4, stop_on_eos=False).token_ids
-    assert str(d / "decoder.onnx") in kvlab.open_device("cpu").sessions
+    # the decoder's own graph, or the greedy graph kvlab derives from it (the token on the device)
+    assert any(s.startswith(str(d / "decoder.")) for s in kvlab.open_device("cpu").sessions)

@@ -80,15 +80,16 @@ def test_a_failed_step_is_retried_from_the_token_it_read(toy, device):
 
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_the_label_says_where_the_token_was_chosen(toy, device):
-    """Which path is faster depends on the adapter and the vocabulary (data/gpu/argmax/): the default ("auto")
-    chooses on the host on the CPU EP and on a software adapter, and each run's label says which path ran."""
+    """Which path is faster depends on the device, the adapter and the vocabulary (data/token-on-the-device/): the
+    default ("auto") keeps the token on the device on the CPU EP and on a hardware adapter, chooses on the host on a
+    software one, and each run's label says which path ran."""
 
     def run(**kw):
         return generate(toy, PROMPT, device=device, max_new_tokens=6, stop_on_eos=False, **kw)
 
     default, host, on_device = run(), run(token_on_device=False), run(token_on_device=True)
     adapter = open_device(device).label.adapter.kind
-    assert default.label.token_on_device == (device == "webgpu" and adapter == "hardware")  # toy: vocabulary 260
+    assert default.label.token_on_device == (device == "cpu" or adapter == "hardware")  # toy: vocabulary 260
     assert not host.label.token_on_device and on_device.label.token_on_device
     assert on_device.token_ids == host.token_ids == default.token_ids
 
@@ -99,7 +100,8 @@ def test_auto_keeps_the_token_on_the_device_only_where_it_was_measured_to_pay():
     assert auto_reduction(1024, "hardware", "webgpu") == "single"  # phi4-kv's vocabulary: x0.91 of genai
     assert auto_reduction(49152, "hardware", "webgpu") == "rows"  # SmolLM2's: x0.99 of genai, the host path x1.02+
     assert auto_reduction(AUTO_MAX_VOCAB + 1, "hardware", "webgpu") == "rows"
-    assert auto_reduction(260, "software", "webgpu") == auto_reduction(260, "hardware", "cpu") == ""
+    assert auto_reduction(260, "software", "webgpu") == ""
+    assert auto_reduction(260, "hardware", "cpu") == auto_reduction(49152, "hardware", "cpu") == "single"
 
 
 def test_auto_with_sampling_chooses_on_the_host(toy):
@@ -140,10 +142,10 @@ def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
     )
     rows = run_plan(plan, log=lambda _: None)["rows"]
     names = [r["variant"] for r in rows]
-    # on the CPU EP the default keeps the token on the host, so the twin runs the parallel reduction, named
-    assert names == ["dynamic", "static@37", "static@37 token-on-device (blocks)"]
+    # the twin runs the reduction the default picks on the CPU EP, named
+    assert names == ["dynamic", "static@37", "static@37 token-on-device (single)"]
     assert all(r["tokens_equal"] for r in rows) and rows[2]["token_on_device"] and not rows[1]["token_on_device"]
-    assert rows[2]["greedy_reduction"] == "blocks" and rows[1]["greedy_reduction"] == ""
+    assert rows[2]["greedy_reduction"] == "single" and rows[1]["greedy_reduction"] == ""
     assert len(rows[2]["decode_ms_runs"]) == 2 and report({"rows": rows})
 
 
@@ -233,7 +235,7 @@ def _logits_only_model(path, vocab: int):
 @pytest.mark.parametrize("reduction", ["blocks", "single", "rows"])
 @pytest.mark.parametrize("device", ["cpu", "webgpu"])
 def test_every_reduction_picks_numpys_argmax_ties_included(tmp_path, device, reduction, vocab):
-    from kvlab.ort.decode.greedy import NEXT, greedy_graph
+    from kvlab.ort.decode.greedy import NEXT, greedy_graph, not_a_token
 
     model = _logits_only_model(tmp_path, vocab)
     session = open_device(device).session(greedy_graph(model, reduction), f"greedy {reduction} over {vocab}")
@@ -248,10 +250,15 @@ def test_every_reduction_picks_numpys_argmax_ties_included(tmp_path, device, red
         places = rng.choice(vocab, size=4, replace=False)
         x[0, -1, places] = x.max() + 1
     cases[3][0, -1, :] = 0.0  # all equal: index 0
-    cases[4][0, -1, :-1] = -np.inf  # only the last (a padded block's neighbour) is finite
+    cases[4][0, -1, :-1] = -3e38  # only the last (a padded block's neighbour) is not the lowest float
     for x in cases:
         got = session.ort.run([NEXT], {"x": x})[0]
         assert got.shape == (1, 1) and int(got[0, 0]) == int(np.argmax(x[0, -1])), (reduction, vocab)
+    for bad in (np.nan, np.inf, -np.inf):  # a non-finite logit anywhere: a token outside the vocabulary
+        x = cases[0].copy()
+        x[0, -1, vocab // 2] = bad
+        got = int(session.ort.run([NEXT], {"x": x})[0][0, 0])
+        assert not_a_token(got, vocab) and got == (vocab if reduction == "single" else -1), (reduction, bad, got)
 
 
 def test_an_unknown_reduction_is_named(toy):

@@ -294,7 +294,14 @@ def test_the_buffer_watch_sees_a_static_cache_write_in_place_and_a_dynamic_one_n
         with cache:
             watch = BufferWatch(cache)
             kvlab.generate(
-                toy, [5, 6, 7, 8], cache=cache, device=device, max_new_tokens=6, stop_on_eos=False, on_step=watch
+                toy,
+                [5, 6, 7, 8],
+                cache=cache,
+                device=device,
+                max_new_tokens=6,
+                stop_on_eos=False,
+                on_step=watch,
+                tokens_per_read=1,  # the watch reads the cache as each step ends
             )
             watches.append(watch)
     dynamic, static = watches

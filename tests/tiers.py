@@ -15,6 +15,8 @@ The rules, in the order they are applied:
   calls they make are package tests of their own), not the browsers (their kernel is .venv's either way), not
   nested suites (they run once).
 - ``hypothesis``: a property test (its module uses hypothesis); the full run repeats it with many examples.
+- ``guard``: a guard of what a user sees, timed (tests/test_guards.py): the full run runs these alone, before its
+  parts start (nothing else competes for the cores); slow as well, never a package test.
 - ``slow``: it starts another pytest (a nested suite, a notebook under nbval), drives a browser, needs the second
   environment with Optimum (``optimum_toy``), installs (it creates a virtual environment or runs pip), or it took
   longer than ``FAST_LIMIT_S`` in the last full run on the reference machine (``tests/durations.json``, written by
@@ -42,6 +44,7 @@ MARKS = {
     "browser": "drives a real Chromium (JupyterLab or the browser runner): 10-60 s a test",
     "package": "can depend on the ONNX Runtime package: the full run repeats it in .venv-plugin",
     "hypothesis": "a property test: few examples in the fast tier, many in the full run",
+    "guard": "a timed guard (tests/test_guards.py): the full run runs these alone, before anything else",
     "slow": "the full tier only: nested suites, nbval, browsers, Optimum, or over FAST_LIMIT_S in the last full run",
 }
 
@@ -131,7 +134,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             add.add("hypothesis")
         nested = bool(_NESTED.search(source))
         seam = "webgpu" in marks | add or _PACKAGE.search(source) or item.path.name == "test_plugin.py"
-        if seam and not nested and "browser" not in marks | add:
+        if item.path.name == "test_guards.py":
+            add |= {"guard", "slow"}
+        elif seam and not nested and "browser" not in marks | add:
             add.add("package")
         if (
             nested

@@ -32,8 +32,8 @@ from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 
 SPIN = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush()\nwhile True: pass"
-# the CPU EP options of each setting: kvlab's defaults (one thread fewer than the physical cores), ONNX Runtime's (a
-# thread per physical core), ONNX Runtime's threads not spinning, one thread (spinning on unless said)
+# the CPU EP options of each setting: kvlab's defaults (chosen when the device opens: kvlab.ort.runtime.options),
+# ONNX Runtime's (a thread per physical core, spinning), ONNX Runtime's threads not spinning, one thread
 SETTINGS = ("default", "ort", "spinning=off", "threads=1")
 
 

@@ -42,7 +42,9 @@ def op_profile(
                 )
         finally:
             close_device(device)
-        events = json.loads(Path(dev.profiles[str(Path(model.onnx_path).resolve())]).read_text())
+        # the one session the steps ran on: the model's graph, or its greedy graph (the token on the device)
+        ran = [p for key, p in dev.profiles.items() if Path(key.split(" ")[0]).name.startswith(model.onnx_path.stem)]
+        events = json.loads(Path(max(ran, key=lambda p: Path(p).stat().st_size)).read_text())
     runs = [e for e in events if e.get("name") == "model_run"][2:]  # skip the prefill and the first decode
     spans = [(r["ts"], r["ts"] + r["dur"]) for r in runs]
     per_op: dict[str, list[float]] = {}

@@ -69,13 +69,13 @@ def _precision_flag(p: argparse.ArgumentParser, several: bool = False) -> None:
 
 def _cpu_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--threads", type=int, help="CPU EP intra-op threads (default: kvlab's, one fewer than the physical cores)"
+        "--threads", type=int, help="CPU EP intra-op threads (default: kvlab's, chosen by how busy the cores are)"
     )
     p.add_argument(
         "--spinning",
         action=argparse.BooleanOptionalAction,
-        help="whether CPU EP pool threads spin while idle (default: ONNX Runtime's, they spin; off is kinder to "
-        "a machine shared with many busy processes)",
+        help="whether CPU EP pool threads spin while idle (default: on where the cores were idle when the device "
+        "opened, off where other processes kept them busy)",
     )
     p.add_argument(
         "--no-huge-pages",

@@ -35,6 +35,7 @@ class DeviceLabel:
     version: str = ""  # its version
     buffer_cache_mode: str = ""  # WebGPU storage buffer cache mode in force ("" elsewhere)
     validation_mode: str = ""  # WebGPU EP validation mode in force ("" elsewhere; kvlab's default "disabled")
+    settings: str = ""  # CPU EP: its threads and spinning, and why ("2 threads, spinning: 1.9 of 2 cores idle ...")
 
     @property
     def runtime(self) -> str:
@@ -44,7 +45,8 @@ class DeviceLabel:
     def __str__(self) -> str:
         mode = f", buffer cache {self.buffer_cache_mode}" if self.buffer_cache_mode else ""
         checks = self.validation_mode not in ("", DEFAULT_VALIDATION)  # named where not kvlab's default
-        return f"{self.name} [{self.adapter}]{mode}" + (f", validation {self.validation_mode}" if checks else "")
+        cpu = f", {self.settings.partition(':')[0]}" if self.settings else ""  # "2 threads, spinning"
+        return f"{self.name} [{self.adapter}]{mode}{cpu}" + (f", validation {self.validation_mode}" if checks else "")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     ),
     "run_ms": (
         "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
-        "host inputs to the device)",
+        "host inputs to the device); for steps read back together, their burst's runs divided by its steps",
         "exact",
     ),
     "overhead_ms": ("wall_ms - run_ms: Python's own time in the step", "exact"),

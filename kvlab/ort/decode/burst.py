@@ -23,16 +23,18 @@ import numpy as np
 from ...core.errors import ConfigError, check_int
 from ...core.guards import check_token_ids
 from ...core.records import StepRecord
+from .greedy import non_finite, not_a_token
 
 Stepper = Any  # a kvlab.ort.decode.stepper.Stepper, open, inside its call (this module is its helper)
 
 
 def decode(stepper: Stepper, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
     """``Stepper.decode``: up to ``n`` greedy decode steps after ``token`` in bursts (``burst_size``), each burst's
-    records handed to the hooks once its tokens are read (``read_with``: the steps read together; ``wall_ms``: the
-    burst's wall time per step); stops after the first token of ``until`` (e.g. the EOS ids), the steps run past it
-    undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``, more positions
-    than opened for) and what a step raises: the steps before it are kept and reported, the failing one undone."""
+    records handed to the hooks once its tokens are read (``read_with``: the steps read together; ``wall_ms`` and
+    ``run_ms``: the burst's per step); stops after the first token of ``until`` (e.g. the EOS ids), the steps run
+    past it undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``,
+    more positions than opened for) and what a step raises: the steps before it are kept and reported, the failing one
+    undone."""
     if stepper._device_token is None:
         raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
     token = int(check_token_ids([token], stepper.model.info.vocab_size)[0])
@@ -72,11 +74,20 @@ def run_burst(stepper: Stepper, token: int, k: int, until: Collection[int]) -> l
     if not ran:
         raise failure  # type: ignore[misc]
     tokens = _read(stepper, ran)
+    vocab = stepper.model.info.vocab_size
+    broken = next((i for i, t in enumerate(tokens) if not_a_token(t, vocab)), None)
+    if broken is not None:  # its logits held NaN or Inf: that step and the ones after it are undone
+        failure = non_finite(stepper.steps + broken, ran[broken][2], stepper.model.name)
+        del ran[broken:]
+        stepper.cache.crop(ran[-1][2] + 1 if ran else origin)
+        if not ran:
+            raise failure
     kept = next((i + 1 for i, t in enumerate(tokens) if t in until), len(ran))
     if kept < len(ran):  # steps run past a stop token: undone, never reported
         stepper.cache.crop(ran[kept][2])
     wall_ms = (time.perf_counter() - start) * 1e3 / len(ran)
-    records = _report(stepper, ran[:kept], tokens, wall_ms, len(ran))
+    run_ms = sum(result.run_ms for result, _, _ in ran) / len(ran)
+    records = _report(stepper, ran[:kept], tokens, (wall_ms, run_ms), len(ran))
     if failure is not None:
         raise failure
     return records
@@ -100,17 +111,15 @@ def _read(stepper: Stepper, ran: list[tuple[Any, Any, int]]) -> list[int]:
 
 
 def _report(
-    stepper: Stepper, ran: list[tuple[Any, Any, int]], tokens: list[int], wall_ms: float, together: int
+    stepper: Stepper, ran: list[tuple[Any, Any, int]], tokens: list[int], shares: tuple[float, float], together: int
 ) -> list[StepRecord]:
     """Every kept step's record, handed to the hooks in order; the device token advanced over the steps reported.
     A hook that fails undoes its step and the ones after it (the cache cropped to its position) and raises."""
-    records, dt = [], stepper._device_token
+    records, dt, (wall_ms, run_ms) = [], stepper._device_token, shares
     fields = {"phase": "decode", "prefilled": 0, "read_with": together}
-    for i, (result, memory, position) in enumerate(ran):
+    for i, (_, memory, position) in enumerate(ran):
         try:
-            record = stepper._record(
-                memory, wall_ms, result.run_ms, position=position, n_tokens=1, token=tokens[i], **fields
-            )
+            record = stepper._record(memory, wall_ms, run_ms, position=position, n_tokens=1, token=tokens[i], **fields)
         except BaseException:
             stepper.cache.crop(position)
             if i:

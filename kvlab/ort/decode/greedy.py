@@ -27,7 +27,7 @@ NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the
 
 
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
-SUFFIXES = {r: f".kvlab-token-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
+SUFFIXES = {r: f".kvlab-next-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
 AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
 # The largest vocabulary at which one ArgMax ("single") was measured fastest: x0.91-0.96 of onnxruntime-genai's step
 # at 1,024 on an NVIDIA H200's WebGPU, where "rows" gave x1.01-1.03 and the host path x1.02-1.04. At 49,152 "rows"
@@ -42,9 +42,11 @@ TOKENS_PER_READ = 8
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
-    """What ``token_on_device="auto"`` runs: on a hardware WebGPU adapter, "single" (one ArgMax on the device) for a
-    vocabulary of at most ``AUTO_MAX_VOCAB`` and "rows" above it, as measured; "" (the host path) everywhere else,
-    including software adapters and the CPU EP, where the token on the device was not measured to pay."""
+    """What ``token_on_device="auto"`` runs, where it was measured to pay (data/token-on-the-device/): on the CPU EP
+    and on a hardware WebGPU adapter for a vocabulary of at most ``AUTO_MAX_VOCAB``, "single" (one ArgMax); on a
+    hardware adapter above it, "rows"; "" (the host path) on a software WebGPU adapter, where it was not."""
+    if device_name == "cpu":
+        return "single"
     if device_name != "webgpu" or adapter_kind != "hardware":
         return ""
     return "single" if vocab_size <= AUTO_MAX_VOCAB else "rows"
@@ -126,10 +128,9 @@ def greedy_nodes(g: Any, model: Any, reduction: str) -> None:
     from onnx import helper
 
     _last_logits_f32(g, model.info.logits_name)
+    _finite_check(g)
     if reduction == "single":
-        g.node.append(
-            helper.make_node("ArgMax", ["kvlab_last_logits_f32"], [NEXT], axis=-1, keepdims=1, name="kvlab/argmax")
-        )
+        _single_argmax(g, model.info.vocab_size)
     elif reduction == "rows":
         _row_argmax(g, model.info.vocab_size)
         _ids_as_int32(g, model)
@@ -137,6 +138,74 @@ def greedy_nodes(g: Any, model: Any, reduction: str) -> None:
         _two_stage_argmax(g, model.info.vocab_size)
     token_type = helper.np_dtype_to_tensor_dtype(ids_dtype(reduction))  # the token is the next step's input ids
     g.output.append(helper.make_tensor_value_info(NEXT, token_type, [1, 1]))
+
+
+def not_a_token(token: int, vocab_size: int) -> bool:
+    """Whether a token the greedy graph wrote says its logits held NaN or Inf (``_finite_check``): -1, or
+    ``vocab_size`` for the "single" reduction."""
+    return not 0 <= token < vocab_size
+
+
+def non_finite(step: int, position: int, model: str, counts: str = "NaN or Inf") -> ModelError:
+    """The error of a step whose logits held NaN or Inf (``counts`` says how many, where the host saw them)."""
+    return ModelError(
+        f"model {model} gave non-finite logits at step {step} (position {position}): {counts}; its weights or its "
+        "arithmetic (float16 overflow?) are broken, so no token can be chosen"
+    )
+
+
+def _finite_check(g: Any) -> None:
+    """Nodes from ``kvlab_last_logits_f32`` to ``kvlab_finite`` [1, 1] bool: whether every logit is finite (x - x is
+    0 for a finite x and NaN for NaN or Inf, so their sum equals itself only when all are finite). The reductions
+    write a token outside the vocabulary where it is false, so that the host, which reads only the token, sees it
+    (``not_a_token``): one more read of the logits on the device, nothing more on the host."""
+    from onnx import helper
+
+    node = helper.make_node
+    g.node.extend(
+        [
+            node("Sub", ["kvlab_last_logits_f32", "kvlab_last_logits_f32"], ["kvlab_zeros"], name="kvlab/finite_sub"),
+            node("ReduceSum", ["kvlab_zeros"], ["kvlab_zero_sum"], keepdims=1, name="kvlab/finite_sum"),  # [1, 1]
+            node("Equal", ["kvlab_zero_sum", "kvlab_zero_sum"], ["kvlab_finite"], name="kvlab/finite"),
+        ]
+    )
+
+
+def _single_argmax(g: Any, vocab: int) -> None:
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: one ArgMax over the logits and one
+    more value, -inf; where a logit is not finite, over a one-hot of that extra value instead (the token is then
+    ``vocab``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    flag = np.zeros((1, vocab + 1), np.float32)
+    flag[0, vocab] = 1.0
+    g.initializer.extend(
+        [
+            helper.make_tensor("kvlab_minus_inf", TensorProto.FLOAT, [1, 1], [-math.inf]),
+            numpy_helper.from_array(flag, "kvlab_not_finite"),
+        ]
+    )
+    node = helper.make_node
+    g.node.extend(
+        [
+            node("Concat", ["kvlab_last_logits_f32", "kvlab_minus_inf"], ["kvlab_padded_one"], axis=-1),
+            node("Where", ["kvlab_finite", "kvlab_padded_one", "kvlab_not_finite"], ["kvlab_guarded"]),
+            node("ArgMax", ["kvlab_guarded"], [NEXT], axis=-1, keepdims=1),
+        ]
+    )
+    for n, name in zip(g.node[-3:], ("pad", "guard", "argmax")):
+        n.name = f"kvlab/{name}"
+
+
+def _or_minus_one(g: Any, token_f32: str) -> str:
+    """A node giving ``token_f32`` where the logits are finite and -1 where not; returns its output's name."""
+    from onnx import TensorProto, helper
+
+    g.initializer.append(helper.make_tensor("kvlab_minus_one", TensorProto.FLOAT, [], [-1.0]))
+    where = helper.make_node("Where", ["kvlab_finite", token_f32, "kvlab_minus_one"], ["kvlab_checked"])
+    where.name = "kvlab/checked"
+    g.node.append(where)
+    return "kvlab_checked"
 
 
 def _two_stage_argmax(g: Any, vocab: int) -> None:
@@ -173,11 +242,12 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
             node("Where", ["kvlab_is_max", "kvlab_argmax_positions", "kvlab_argmax_inf"], ["kvlab_where"]),
             node("ReduceMin", ["kvlab_where", "kvlab_axis1"], ["kvlab_block_first"]),  # [blocks, 1]
             node("ReduceMin", ["kvlab_block_first", "kvlab_axis0"], ["kvlab_first"]),  # [1, 1]: its lowest index
-            node("Cast", ["kvlab_first"], [NEXT], to=TensorProto.INT64, name="kvlab/to_int64"),
         ]
     )
-    for n in g.node[-9:-1]:
+    for n in g.node[-8:]:
         n.name = f"kvlab/argmax_{n.output[0].removeprefix('kvlab_')}"
+    checked = _or_minus_one(g, "kvlab_first")
+    g.node.append(node("Cast", [checked], [NEXT], to=TensorProto.INT64, name="kvlab/to_int64"))
 
 
 def _last_logits_f32(g: Any, logits: str) -> None:
@@ -233,12 +303,12 @@ def _row_argmax(g: Any, vocab: int) -> None:
             node("Gather", ["kvlab_row_positions_table", "kvlab_row"], ["kvlab_row_positions"], axis=0),  # [1, size]
             node("ArgMax", ["kvlab_row_logits"], ["kvlab_in_row"], axis=1, keepdims=1),  # [1, 1]: its first max
             node("GatherElements", ["kvlab_row_positions", "kvlab_in_row"], ["kvlab_token_f32"], axis=1),  # [1, 1]
-            node("Cast", ["kvlab_token_f32"], [NEXT], to=TensorProto.INT32),
         ]
     )
     for n in g.node[start:]:
         n.name = f"kvlab/rows_{n.output[0].removeprefix('kvlab_')}"
-    g.node[-1].name = "kvlab/to_int32"
+    checked = _or_minus_one(g, "kvlab_token_f32")
+    g.node.append(node("Cast", [checked], [NEXT], to=TensorProto.INT32, name="kvlab/to_int32"))
 
 
 def _ids_as_int32(g: Any, model: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...core.cache import Cache
-from ...core.errors import ConfigError, ModelError, check_choice, check_flag, check_int
+from ...core.errors import ConfigError, check_choice, check_flag, check_int
 from ...core.generation import greedy
 from ...core.guards import OneBlock, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
@@ -29,7 +29,7 @@ from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
 from .burst import decode
 from .caches import OrtCache
-from .greedy import DeviceToken, ids_dtype, reduction_of
+from .greedy import DeviceToken, ids_dtype, non_finite, not_a_token, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -167,6 +167,8 @@ class Stepper:
             try:
                 if on_device:
                     out, token, picked = None, self._device_token.read()[0], {}
+                    if not_a_token(token, info.vocab_size):
+                        raise non_finite(self.steps, position + n - 1, self.model.name)
                 else:
                     last = logits[0, -1]
                     check_finite(logits[0] if pick else last, self.steps, position + n - 1, self.model.name)
@@ -228,13 +230,10 @@ def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
     """ModelError when the logits a token is chosen from hold NaN or Inf (greedy and sampled tokens alike would be
     meaningless), naming the step, the last position and how many values; the step then fails and is undone. One
-    pass over the vocabulary on the host path (tens of microseconds); with the token on the device the logits never
-    reach the host, so nothing is checked there."""
+    pass over the vocabulary on the host path; with the token on the device the graph checks them and writes a
+    token outside the vocabulary instead (``kvlab.ort.decode.greedy.not_a_token``, raised by ``non_finite``)."""
     finite = np.isfinite(logits)
     if not finite.all():
         nan = int(np.isnan(logits).sum())
-        raise ModelError(
-            f"model {model} gave non-finite logits at step {step} (position {position}): {nan} NaN and "
-            f"{int(finite.size - finite.sum()) - nan} Inf of {finite.size} values; its weights or its arithmetic "
-            "(float16 overflow?) are broken, so no token can be chosen"
-        )
+        counts = f"{nan} NaN and {int(finite.size - finite.sum()) - nan} Inf of {finite.size} values"
+        raise non_finite(step, position, model, counts)

@@ -63,8 +63,9 @@ __all__ = [
 class Device:
     """An execution device and its options (one per name per process: see the module docstring)."""
 
-    def __init__(self, name: str, backend: Backend, adapter: Adapter, ep_options: dict[str, str]):
+    def __init__(self, name: str, backend: Backend, adapter: Adapter, ep_options: dict[str, str], settings: str = ""):
         self.name, self.backend, self.adapter, self.ep_options = name, backend, adapter, ep_options
+        self.settings = settings  # the CPU EP's threads and spinning, and why (kvlab.ort.runtime.options)
         self._sessions: dict[str, Session] = {}
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
         # tensor token -> nbytes of the live kvlab-owned tensors: each DeviceTensor adds itself and its finalizer
@@ -79,7 +80,7 @@ class Device:
         webgpu = self.name == "webgpu"
         mode = self.ep_options.get("storageBufferCacheMode", "bucket") if webgpu else ""
         validation = self.ep_options.get("validationMode", "basic") if webgpu else ""  # "basic": ORT's default
-        return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode, validation)
+        return DeviceLabel(self.name, self.adapter, *self.backend.label_for(self.name), mode, validation, self.settings)
 
     # -- sessions and tensors
     def session(self, model_path: str | os.PathLike, label: str = "", options: dict[str, str] | None = None) -> Session:
@@ -256,10 +257,10 @@ def _open(name: str, options: dict[str, str]) -> Device:
                 "device 'webgpu' has no adapter: the Vulkan loader found no GPU driver and no "
                 "SwiftShader. " + Device.adapter_hint()
             )
-        options = with_webgpu_defaults(options)
+        options, settings = with_webgpu_defaults(options), ""
     else:
-        adapter, options = cpu_adapter(), with_cpu_defaults(options)
-    dev = Device(name, backend(), adapter, options)
+        adapter, (options, settings) = cpu_adapter(), with_cpu_defaults(options)
+    dev = Device(name, backend(), adapter, options, settings)
     if name == "webgpu":
         dev.zeros((1,), np.float32).release()  # creates the context now, so a missing adapter fails here
     _OPEN[name] = dev
@@ -271,7 +272,7 @@ def private_device(name: str, **options: Any) -> Device:
     comparison in one process). WebGPU has one context per process, so only "cpu" can have one."""
     if name != "cpu":
         raise ConfigError(f"a private device can only be 'cpu' (WebGPU has one context per process), not {name!r}")
-    return Device("cpu", backend(), cpu_adapter(), with_cpu_defaults(cpu_options(**options)))
+    return Device("cpu", backend(), cpu_adapter(), *with_cpu_defaults(cpu_options(**options)))
 
 
 def opened(name: str) -> Device | None:

@@ -32,12 +32,43 @@ def physical_cores() -> int:
     return max(1, min(psutil.cpu_count(logical=False) or cpu_count(), cpu_count()))
 
 
-def default_threads() -> int:
-    """kvlab's CPU EP intra-op threads: one fewer than the physical cores, at least one (ONNX Runtime's default is one
-    per physical core). A step whose threads each share a core with another busy process waits for the slowest of
-    them; one core left to the rest of the machine (the browser and the notebook server beside the kernel) keeps the
-    step steady (docs/benchmarks.md, "steady under load")."""
-    return max(1, physical_cores() - 1)
+# The share of this process's cores that must be idle, when a CPU device opens, for its pool threads to spin.
+QUIET_SHARE = 0.75
+
+
+def idle_cores(seconds: float = 0.1) -> float:
+    """How many of this process's logical CPUs were idle over the next ``seconds`` (sampled by psutil, whatever
+    process kept them busy, this one included); takes ``seconds``. 0 < seconds <= 1."""
+    allowed = _allowed_cpus()
+    busy = psutil.cpu_percent(interval=seconds, percpu=True)
+    mine = [busy[i] for i in allowed if i < len(busy)] or busy
+    return sum(100.0 - b for b in mine) / 100.0
+
+
+def _allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
+    """kvlab's CPU EP default and why, as (options, reason), from the idle logical CPUs when the device opens
+    (``idle``; measured by ``idle_cores`` when None). A spinning pool thread waits for the next kernel on its core
+    instead of sleeping: faster where it has the core to itself, and slower where it takes turns with another busy
+    process (it spends its share of the core waiting). So, where at least ``QUIET_SHARE`` of the cores are idle,
+    the threads spin, one per physical core less the busy ones; elsewhere, one per physical core (a process's share
+    of a busy machine grows with its threads), not spinning."""
+    physical, logical = physical_cores(), cpu_count()
+    idle = min(float(logical), idle_cores() if idle is None else idle)
+    quiet = idle >= QUIET_SHARE * logical
+    busy = round((logical - idle) * physical / logical)
+    threads = max(1, physical - busy) if quiet else physical
+    why = (
+        f"{threads} threads, {_spin_words('1' if quiet else '0')}: {idle:.1f} of {logical} cores idle when the "
+        f"device opened ({'quiet' if quiet else 'busy'})"
+    )
+    return {"threads": str(threads), "spinning": "1" if quiet else "0"}, why
 
 
 def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
@@ -49,10 +80,20 @@ def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
     return {"validationMode": DEFAULT_VALIDATION, **options}
 
 
-def with_cpu_defaults(options: dict[str, str]) -> dict[str, str]:
-    """``options`` (``cpu_options``'s) completed with kvlab's CPU EP default: ``default_threads()`` threads (spinning
-    stays ONNX Runtime's: on)."""
-    return {"threads": str(default_threads()), **options}
+def with_cpu_defaults(options: dict[str, str]) -> tuple[dict[str, str], str]:
+    """``options`` (``cpu_options``'s) completed with kvlab's CPU EP default for what they leave out
+    (``cpu_choice``; the machine is measured only then), and the reason, in words."""
+    if "threads" in options and "spinning" in options:
+        return dict(options), f"{options['threads']} threads, {_spin_words(options['spinning'])}: as asked"
+    chosen, why = cpu_choice()
+    merged = {**chosen, **options}
+    if merged != chosen:
+        why = f"{merged['threads']} threads, {_spin_words(merged['spinning'])}: as asked, the rest kvlab's default"
+    return merged, why
+
+
+def _spin_words(flag: str) -> str:
+    return "spinning" if flag == "1" else "not spinning"
 
 
 def ort_defaults() -> dict[str, Any]:
