@@ -168,7 +168,9 @@ def test_prompt_longer_than_cache(toy):
 def test_static_binds_one_buffer_as_past_and_present(toy):
     with StaticCache(16) as c, Stepper(toy, c, open_device("cpu"), 8) as s:
         b = c.binding(s.session, 1)
-        assert b.bound_outputs == {name: buf.data_ptr for name, buf in zip(toy.info.kv_outputs, c.tensors)}
+        assert b.bound_outputs == {
+            name: buf.data_ptr for name, buf in zip((e.present for e in toy.info.entries), c.tensors)
+        }
         ptrs = [buf.data_ptr for buf in c.tensors]
         s.step(np.array([1, 2, 3]))
         s.step(np.array([4]))

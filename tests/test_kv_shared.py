@@ -44,7 +44,9 @@ def test_inspection_sees_shared_layers_as_borrowing_kv(model):
         (1, 2, 0, 32),
         (1, 2, 0, 16),
     ]
-    assert model.info.kv_inputs == [f"past_key_values.{i}.{r}" for i in range(4) for r in ("key", "value")]
+    assert [e.past for e in model.info.entries] == [
+        f"past_key_values.{i}.{r}" for i in range(4) for r in ("key", "value")
+    ]
     assert model.info.shares_buffers
 
 

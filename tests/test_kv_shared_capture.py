@@ -1,4 +1,4 @@
-"""Graph capture of kv-shared-toy (kvlab.ort.models.capture_rewrites, kvlab.ort.decode.shared), on the real runtime
+"""Graph capture of kv-shared-toy (kvlab.ort.models.mobius.for_capture, kvlab.ort.decode.shared), on the real runtime
 of this environment (onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): the capture build's
 rewrites, every node of it on WebGPU, and CapturedStaticCache on it: token-identical to the uncaptured StaticCache
 where the package captures a layer with no keys of its own, refused before capture by name where it fails (the

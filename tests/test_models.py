@@ -17,8 +17,8 @@ def test_smollm2_info(smollm2):
     i = smollm2.info
     assert (i.num_layers, i.num_heads, i.num_kv_heads, i.head_dim, i.vocab_size) == (30, 9, 3, 64, 49152)
     assert i.dtype_name == "float32" and i.shares_buffers and i.eos_token_ids == (2,)
-    assert i.past_names[0] == ("past_key_values.0.key", "past_key_values.0.value")
-    assert i.present_names[-1] == ("present.29.key", "present.29.value")
+    assert [e.past for e in i.entries[:2]] == ["past_key_values.0.key", "past_key_values.0.value"]
+    assert [e.present for e in i.entries[-2:]] == ["present.29.key", "present.29.value"]
     assert i.context_length == 8192
     assert json.loads((i.path / "kvlab_recipe.json").read_text())["attention_scale_folded_layers"] == 30
 

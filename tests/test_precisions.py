@@ -17,7 +17,7 @@ from kvlab import ConfigError, DeviceError, DynamicCache, ModelError, StaticCach
 from kvlab.bench import weight_bytes_per_token
 from kvlab.bench.weights import weight_bytes_by_op
 from kvlab.ort.checks.references import genai_greedy, transformers_greedy
-from kvlab.ort.models.graph import cast_bool_gathers
+from kvlab.ort.models.rewrites import cast_bool_gathers
 from kvlab.presets import RECIPES
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
@@ -172,8 +172,8 @@ def test_the_bool_gather_rewrite_keeps_every_output(optimum_toy):
     """onnxruntime-webgpu 1.27 crashes on a bool Gather, so kvlab computes it in int32 on WebGPU; the rewritten
     graph gives the original's outputs exactly (both on the CPU EP, on the same inputs)."""
     model = onnx.load(str(optimum_toy / "model.onnx"))
-    names = cast_bool_gathers(model)
-    assert names and all(n.startswith("/model/") for n in names)
+    done = cast_bool_gathers(model)
+    assert done and all(line.startswith("bool Gather '/model/") for line in done)
     feeds = {
         "input_ids": np.array([PROMPT[:6]], np.int64),
         "attention_mask": np.ones((1, 6), np.int64),

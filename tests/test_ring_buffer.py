@@ -17,7 +17,7 @@ from kvlab.core.layout import SlidingWindow
 from kvlab.ort import RingStaticCache
 from kvlab.ort.checks.faults import Injected, raising_hook
 from kvlab.ort.checks.references import transformers_greedy
-from kvlab.ort.models.window_rewrite import ring_graph
+from kvlab.ort.models.rewrites import ring_graph
 from kvlab.ort.runtime.plugin import installed as on_the_plugin_ep
 
 WINDOW, N, NEW = 16, 128, 60

@@ -10,8 +10,8 @@ import pytest
 from conftest import run_python
 
 from kvlab import ConfigError, DeviceError, open_device
+from kvlab.core.devices import BUFFER_CACHE_MODES
 from kvlab.ort.runtime.adapters import find_webgpu_adapter
-from kvlab.ort.runtime.device import BUFFER_CACHE_MODES
 from kvlab.ort.runtime.plugin import installed
 
 

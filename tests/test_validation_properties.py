@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 import kvlab
 from kvlab import KvlabError, Sampling, StaticCache, generate, open_device
 from kvlab.cli.args import ints
+from kvlab.core.devices import BUFFER_CACHE_MODES
 from kvlab.core.errors import check_choice, check_flag, check_int
 from kvlab.core.generation import check_new_tokens
 from kvlab.core.guards import check_token_ids
-from kvlab.ort.runtime.options import BUFFER_CACHE_MODES, check_threads, cpu_count, webgpu_options
+from kvlab.ort.runtime.options import check_threads, cpu_count, webgpu_options
 from kvlab.presets import PRECISIONS, check_precision
 
 pytestmark = pytest.mark.hypothesis

@@ -17,7 +17,8 @@ from pathlib import Path
 import kvlab
 from kvlab.bench.load import competing
 from kvlab.bench.outside import per_token_vs_genai, summary
-from kvlab.ort.runtime.device import private_device, versions
+from kvlab.ort.runtime.backend import versions
+from kvlab.ort.runtime.device import private_device
 
 # what the default chooses between on a 2-core machine, and the earlier default (one thread on two cores)
 SETTINGS = {

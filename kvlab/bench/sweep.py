@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import check_choice
 from ..ort import Model, close_device, load, open_device
-from ..ort.runtime.device import BUFFER_CACHE_MODES
 from ..ort.runtime.options import webgpu_options
 from .machine import memory_bandwidth, roofline_ms
 from .plan import Plan, Rounds, interleaved, load_checked, memory_traces, prompt_ids, summarize

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.errors import ConfigError
 from ..ort import open_device
-from ..ort.runtime.backend import DEVICES
-from ..ort.runtime.device import BUFFER_CACHE_MODES, VALIDATION_MODES
+from ..ort.runtime.options import VALIDATION_MODES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 from .browser import add_browser_bench
 from .chat import add_chat

@@ -9,12 +9,12 @@ import io
 import json
 
 from .. import bench
+from ..core.devices import DEVICES
 from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 from ..ort import load
 from ..ort.decode.caches import read_back
 from ..ort.decode.greedy import AUTO
-from ..ort.runtime.backend import DEVICES
 from ..presets import check_precision
 from .args import applies_only_with, cpu_options, ints, open_cpu
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..ort.runtime.device import BUFFER_CACHE_MODES
+from ..core.devices import BUFFER_CACHE_MODES
 from ..presets import PRECISIONS
 from ..web.chromium import ADAPTERS
 from ..web.job import DYNAMIC_IMPLS

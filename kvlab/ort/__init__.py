@@ -9,7 +9,8 @@ from .decode.conversation import Conversation
 from .decode.generate import generate
 from .decode.stepper import Stepper
 from .decode.window import RingStaticCache
-from .models.loading import Model, ModelInfo, load
+from .models.info import ModelInfo
+from .models.model import Model, load
 from .runtime.device import Device, close_device, open_device, opened
 
 __all__ = [

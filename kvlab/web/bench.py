@@ -30,7 +30,7 @@ from ..bench.plan import prompt_ids
 from ..core.errors import ConfigError, check_choice
 from ..core.labels import cpu_adapter
 from ..ort import generate
-from ..ort.models.loading import Model, load
+from ..ort.models.model import Model, load
 from .assets import versions
 from .job import Job, make_job
 from .results import BrowserGeneration, BrowserResult
@@ -152,7 +152,7 @@ def precision_of(model: Model) -> str:
 
 def environment(results: Sequence[BrowserResult], host: str, adapter: str) -> dict[str, Any]:
     """Where the rows were measured: the host and adapter the pages reported, the npm and Python versions."""
-    from ..ort.runtime.device import versions as python_versions
+    from ..ort.runtime.backend import versions as python_versions
 
     r0 = results[0] if results else None
     try:

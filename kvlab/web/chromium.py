@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import ConfigError, DeviceError, check_choice
-from ..ort.runtime.adapters import _icd_manifests, _is_software_icd
+from ..ort.runtime.adapters import icd_manifests, is_software_icd
 
 ADAPTERS = ("auto", "swiftshader", "default")
 FLAGS = (
@@ -65,7 +65,7 @@ def find_chromium() -> str:
 
 def hardware_vulkan() -> bool:
     """Whether a hardware Vulkan driver is installed (then Chromium's default adapter is a GPU)."""
-    return any(not _is_software_icd(f) for f in _icd_manifests())
+    return any(not is_software_icd(f) for f in icd_manifests())
 
 
 def adapter_flags(adapter: str) -> list[str]:

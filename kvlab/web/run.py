@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.errors import check_choice, check_flag
 from ..core.labels import CacheSpec
-from ..ort.models.loading import Model, load
+from ..ort.models.model import Model, load
 from .chromium import Chromium
 from .job import Job, make_job
 from .node import run_node

@@ -26,7 +26,7 @@ import traitlets
 from ..core.errors import DeviceError
 from ..lab.widgets import LAB_TEXT
 from ..ort import generate
-from ..ort.models.loading import Model, load
+from ..ort.models.model import Model, load
 from .assets import JS_DIR, NPM_FILES, npm_file, versions
 from .job import Job, make_job
 from .results import BrowserResult, read_result

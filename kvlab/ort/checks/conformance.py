@@ -14,7 +14,7 @@ from ...core.errors import check_choice
 from ...core.labels import DeviceLabel
 from ..decode.caches import DynamicCache
 from ..decode.stepper import Stepper
-from ..models.loading import Model, load
+from ..models.model import Model, load
 from ..runtime.device import open_device
 
 MODES = ("prefill", "decode")

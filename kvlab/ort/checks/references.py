@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import ConfigError, ModelError
-from ..models.loading import Model
+from ..models.model import Model
 from ..runtime.device import backend, open_device
 
 

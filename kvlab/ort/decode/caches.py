@@ -19,7 +19,7 @@ from ...core.errors import CapacityError, ConfigError, ModelError, check_choice,
 from ...core.labels import CacheSpec
 from ...core.layout import CacheEntry, MemoryReport, check_max_cache_len
 from ...core.slots import Slot
-from ..models.loading import ModelInfo
+from ..models.info import ModelInfo
 from ..runtime.device import Device
 from ..runtime.session import Session
 from .greedy import AUTO, DeviceToken, greedy_graph, reduction_for

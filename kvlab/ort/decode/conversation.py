@@ -16,7 +16,7 @@ from ...core.generation import attach_partial, check_new_tokens, check_sampling,
 from ...core.labels import RunLabel
 from ...core.lookup import PromptLookup
 from ...core.records import StepHook, StepRecord, hook_list
-from ..models.loading import Model, load
+from ..models.model import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache, OrtCache
 from .lookup import NO_CROP, NOT_EXACT, lookup_steps

@@ -22,7 +22,7 @@ from ...core.generation import (
 )
 from ...core.labels import RunLabel
 from ...core.records import StepHook, StepRecord, hook_list
-from ..models.loading import Model, load
+from ..models.model import Model, load
 from ..runtime.device import Device, open_device
 from .caches import DynamicCache, OrtCache
 from .greedy import AUTO, reduction_for, reduction_of, tokens_per_read_for

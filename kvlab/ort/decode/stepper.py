@@ -24,7 +24,7 @@ from ...core.errors import ConfigError, check_choice, check_flag, check_int
 from ...core.generation import greedy
 from ...core.guards import OneBlock, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
-from ..models.loading import Model, load
+from ..models.model import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult, Session
 from .burst import decode

@@ -1,6 +1,6 @@
 """Ring buffers for sliding layers: ``RingStaticCache(max_cache_len)``, a StaticCache whose sliding-window layers
 hold their window and no more, where the runtime evicts inside GroupQueryAttention (``sliding_window_cache=1``: the
-CPU EP of onnxruntime 1.31.1; how the op does it: ``kvlab.ort.models.window_rewrite``). Opt-in: a plain
+CPU EP of onnxruntime 1.31.1; how the op does it: ``kvlab.ort.models.rewrites``). Opt-in: a plain
 ``StaticCache`` never changes its graph, and a run's label says which ran ("static@128 ring").
 
 - ``RingKV``: one buffer of ``window`` positions (the layer's ``local_window_size``), allocated once and bound as
@@ -32,7 +32,7 @@ from ...core.errors import CacheStateError, ConfigError, DeviceError, ModelError
 from ...core.labels import CacheSpec
 from ...core.layout import CacheEntry, LayerMemory, MemoryReport, SlidingWindow
 from ...core.slots import Crop, Slot
-from ..models.window_rewrite import ring_graph
+from ..models.rewrites import ring_graph
 from ..runtime.device import Device
 from ..runtime.session import Session
 from .caches import StaticCache
@@ -147,7 +147,7 @@ class RingStaticCache(StaticCache):
         )
 
     def session(self, device: Device, model: Any) -> Session:
-        """The device's session of the model's ring graph (``kvlab.ort.models.window_rewrite.ring_graph``).
+        """The device's session of the model's ring graph (``kvlab.ort.models.rewrites.ring_graph``).
         ConfigError where the device's runtime cannot open it (the runtime's own error quoted, and the bytes a
         StaticCache costs there): every package and EP kvlab runs but onnxruntime 1.31.1's CPU EP
         (``RING_SUPPORT``)."""

@@ -1,10 +1,11 @@
-"""The built-in models as ONNX: each preset's checkpoint exported by the onnxruntime-genai model builder in a
-precision (``kvlab.presets.PRECISIONS``; GroupQueryAttention for every layer, ``-e webgpu``), then
-``fold_attention_scale`` where that is exact. Built into the user cache dir on first use, one directory per model
-and precision, atomically; never committed."""
+"""The built-in models as ONNX: each preset's checkpoint exported in a precision (``kvlab.presets.PRECISIONS``) by the
+onnxruntime-genai model builder (GroupQueryAttention for every layer, ``-e webgpu``; then ``fold_attention_scale``
+where that is exact), or by mobius for what the builder cannot export (``kvlab.ort.models.mobius``). Built into the
+user cache dir on first use, one directory per model, precision and build, atomically; never committed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -17,40 +18,32 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from ...core.errors import ModelError
+from ...core.errors import ConfigError, ModelError
 from ...presets import cache_dir, check_precision, ensure_checkpoint, recipe
 from ...presets.recipes import TinyArch, TinyKVShared, building, recipe_key
-from .graph import load_graph, producers, uses
+from . import mobius
+from .graph import load_graph, producers, rewrite_file, uses
+from .rewrites import for_ort127
 
-BUILDER_VERSION = 2  # bump to force rebuilds of the ONNX models when the build code changes (2: scale folded)
-ARCH_BUILDER_VERSION = 1  # the same, for TinyArch recipes (their shims, options and rewrites)
-MOBIUS_BUILD_VERSION = 2  # the same, for the recipes mobius exports (TinyKVShared: kvlab.ort.models.mobius; 2: the
-# graph-capture build rewritten, kvlab.ort.models.capture_rewrites)
-# builder options per architecture (``--extra_options``): Gemma 3 and LFM2 have q/k norms, which the builder fuses
-# into GroupQueryAttention as inputs 14 and 15 on WebGPU; the built-in package's GQA takes at most 14 inputs
-# (kvlab.ort.runtime.builtin), so the norms stay separate nodes
+# the version of the build code per kind of recipe, in its directory's key: bump one to rebuild those models
+BUILDER_VERSION = 2  # the builder's Llamas (2: scale folded)
+VERSIONS = {TinyArch: 1, TinyKVShared: 2}  # TinyKVShared 2: the graph-capture build rewritten
+# builder options per architecture (``--extra_options``): Gemma 3's and LFM2's q/k norms stay separate nodes
+# (fused, they would be GroupQueryAttention inputs 14 and 15, which onnxruntime 1.27 refuses: docs/known-limits.md)
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
-
-
 # the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
-# number of ones in the attention mask (ReduceSum, ReduceMax) instead of the mask's length (Shape), so the mask can
-# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.decode.capture)
+# number of ones in the attention mask instead of the mask's length, so the mask can be one fixed [1, max_cache_len]
+# buffer, zero padded and updated in place (kvlab.ort.decode.capture)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
+DONE = "kvlab_recipe.json"  # written last: its presence marks a finished build
 
 
 def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -> Path:
     """Where the built-in model ``name`` in ``precision`` is (or will be) built: one directory per recipe, precision,
-    build and version of the build code."""
+    build and version of the build code. ConfigError for an unknown name or precision."""
     spec = recipe(name)
-    version = (
-        ARCH_BUILDER_VERSION
-        if isinstance(spec, TinyArch)
-        else MOBIUS_BUILD_VERSION
-        if isinstance(spec, TinyKVShared)
-        else BUILDER_VERSION
-    )
     more = {"webgpu_graph": True} if graph_capture else {}  # the standard build keeps its key
-    key = recipe_key(spec, version, precision=check_precision(precision), **more)
+    key = recipe_key(spec, VERSIONS.get(type(spec), BUILDER_VERSION), precision=check_precision(precision), **more)
     return cache_dir() / "models" / f"{name}-{precision}{'-graph' if graph_capture else ''}-{key}"
 
 
@@ -59,7 +52,7 @@ def ensure_built(name: str, precision: str = "fp32", progress: bool = True, grap
     building it first when missing (atomic: a half-built one never counts). Raises ConfigError for an unknown
     name or precision, ModelError when the build cannot run or fails."""
     out = model_dir(name, precision, graph_capture)
-    if not (out / "kvlab_recipe.json").is_file():
+    if not (out / DONE).is_file():
         build(name, out, precision, progress=progress, graph_capture=graph_capture)
     return out
 
@@ -73,7 +66,7 @@ def ensure_all(wanted: Iterable[tuple[str, str, bool]], jobs: int = 2) -> list[P
     dirs = [model_dir(name, precision, graph) for name, precision, graph in wanted]
     missing: dict[str, list[tuple[str, bool]]] = {}
     for (name, precision, graph), out in zip(wanted, dirs):
-        if not (out / "kvlab_recipe.json").is_file():
+        if not (out / DONE).is_file():
             missing.setdefault(name, []).append((precision, graph))
     if len(missing) > 1 and jobs > 1:
         context = multiprocessing.get_context("spawn")  # no fork of a process that holds ONNX Runtime's threads
@@ -92,83 +85,80 @@ def _build_preset(name: str, todo: list[tuple[str, bool]]) -> None:
 
 
 def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:
-    """Build the built-in model ``name`` into ``out``: its checkpoint, the builder's export, kvlab's rewrites and
-    fold, and ``kvlab_recipe.json`` (written last: its presence marks a finished build). Raises ModelError when a
-    build dependency is missing or the builder fails."""
+    """Build the built-in model ``name`` into ``out``: its checkpoint, the exporter's graph, kvlab's rewrites and
+    fold, and ``kvlab_recipe.json`` (last) recording them. Raises ModelError when a build dependency is missing or
+    the exporter fails, ConfigError for a precision mobius does not build."""
     from tqdm.auto import tqdm
 
     spec = recipe(name)
-    if isinstance(spec, TinyKVShared):  # the third exporter (the builder has no KV sharing)
-        from .mobius import build as build_with_mobius
-
-        build_with_mobius(name, out, precision, graph_capture)
-        return
-    missing = [m for m in ("torch", "transformers", "onnxruntime_genai", "onnxscript") if _missing(m)]
+    if isinstance(spec, TinyKVShared) and precision != "fp32":
+        raise ConfigError(f"model {name!r} is built by mobius in precision 'fp32' only, not {precision!r}")
+    needs = ("mobius",) if isinstance(spec, TinyKVShared) else ("onnxruntime_genai", "onnxscript")
+    missing = [m for m in ("torch", "transformers", *needs) if importlib.util.find_spec(m) is None]
     if missing:
         raise ModelError(
             f"building model {name!r} needs {missing}; run `bash scripts/setup.sh` (or pip install "
-            "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`)"
+            "'kvlab[build]' and `pip install --no-deps onnxruntime-genai`, or 'kvlab[mobius]')"
         )
     what = f"{precision}, for graph capture" if graph_capture else precision
-    steps = tqdm(total=3, desc=f"kvlab: building {name} ({what})", disable=not progress, leave=False)
+    steps = tqdm(total=2, desc=f"kvlab: building {name} ({what})", disable=not progress, leave=False)
     steps.set_postfix_str("the PyTorch checkpoint")
     hf = ensure_checkpoint(name)
     steps.update()
-    steps.set_postfix_str("exporting ONNX (onnxruntime-genai builder)")
-    with building(out, "kvlab_recipe.json") as tmp:
-        arch = spec.arch if isinstance(spec, TinyArch) else None
-        export(hf, tmp, name, precision, arch, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
-        rewrites = rewrite_for_ort127(tmp / "model.onnx", spec) if arch else []
-        folded = fold_attention_scale(tmp / "model.onnx")
-        steps.update()
-        (tmp / "kvlab_recipe.json").write_text(
-            json.dumps(
-                {
-                    "name": name,
-                    "precision": precision,
-                    "kind": type(spec).__name__,
-                    **asdict(spec),
-                    "hf_dir": str(hf),
-                    "graph_capture": graph_capture,
-                    "attention_scale_folded_layers": folded,
-                    **({"graph_rewrites": rewrites} if arch else {}),
-                },
-                indent=1,
-            )
-        )
+    steps.set_postfix_str("exporting ONNX")
+    record = {"name": name, "precision": precision, "kind": type(spec).__name__, **asdict(spec), "hf_dir": str(hf)}
+    with building(out, DONE) as tmp:
+        if isinstance(spec, TinyKVShared):  # the builder has no KV sharing: the third exporter
+            record |= _export_with_mobius(name, hf, tmp, graph_capture)
+        else:
+            arch = spec.arch if isinstance(spec, TinyArch) else None
+            export(hf, tmp, name, precision, arch, [GRAPH_CAPTURE_OPTION] if graph_capture else [])
+            sliding = [i for i, t in enumerate(getattr(spec, "layer_types", ())) if t == "sliding_attention"]
+            rewrites = rewrite_file(tmp / "model.onnx", lambda m: for_ort127(m, spec.window, sliding)) if arch else []
+            record |= {
+                "graph_capture": graph_capture,
+                "attention_scale_folded_layers": fold_attention_scale(tmp / "model.onnx"),
+            }
+            record |= {"graph_rewrites": rewrites} if arch else {}
+        (tmp / DONE).write_text(json.dumps(record, indent=1))
     steps.update()
     steps.close()
+
+
+def _export_with_mobius(name: str, hf: Path, out: Path, graph_capture: bool) -> dict:
+    """mobius's export of ``hf`` into ``out``, repaired (and rewritten for capture), with the checkpoint's config
+    and tokenizer; what the build record says of it. ModelError when mobius fails."""
+    import shutil
+
+    version = mobius.mobius_version()
+    try:
+        mobius.export(hf, out)
+    except Exception as exc:  # noqa: BLE001 - mobius raises whatever its passes raise
+        raise ModelError(f"mobius-onnx {version} failed to export {name!r}: {type(exc).__name__}: {exc}") from exc
+    rewrites = mobius.repair(out / "model.onnx")
+    if graph_capture:
+        rewrites += rewrite_file(out / "model.onnx", mobius.for_capture)
+    for file in ("config.json", *mobius.TOKENIZER_FILES):
+        if (hf / file).is_file():
+            shutil.copy(hf / file, out / file)
+    exporter = f"mobius-onnx {version} (execution_provider={mobius.EXECUTION_PROVIDER!r})"
+    return {"exporter": exporter, "graph_capture": graph_capture, "graph_rewrites": rewrites}
 
 
 def export(
     hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None, extra_options: list[str] = ()
 ) -> None:
     """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
-    (``arch``) with kvlab's config shims (``kvlab.ort.models.builder_shims``) and its ``ARCH_OPTIONS``. ModelError (with
-    the builder's stderr) when it fails."""
+    (``arch``) with kvlab's config shims (``kvlab.ort.models.builder_shims``) and its ``ARCH_OPTIONS``. ModelError
+    (with the builder's stderr) when it fails."""
     with tempfile.TemporaryDirectory() as scratch:
         module = "kvlab.ort.models.builder_shims" if arch else "onnxruntime_genai.models.builder"
-        cmd = [
-            sys.executable,
-            "-m",
-            module,
-            "-i",
-            str(hf),
-            "-o",
-            str(out),
-            "-p",
-            precision,
-            "-e",
-            "webgpu",
-            "-c",
-            scratch,
-        ]
+        cmd = [sys.executable, "-m", module, "-i", str(hf), "-o", str(out), "-p", precision, "-e", "webgpu"]
         options = [*ARCH_OPTIONS.get(arch or "", ()), *extra_options]
-        if options:
-            cmd += ["--extra_options", *options]
+        cmd += ["-c", scratch, *(["--extra_options", *options] if options else [])]
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         if arch:  # this kvlab's shims, wherever it is imported from
-            root = str(Path(__file__).resolve().parents[2])
+            root = str(Path(__file__).resolve().parents[3])
             env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if run.returncode != 0:
@@ -177,30 +167,13 @@ def export(
         )
 
 
-def rewrite_for_ort127(onnx_file: Path, spec: TinyArch) -> list[str]:
-    """``kvlab.ort.models.rewrites.for_ort127`` on the exported graph, in place (its weights stay where they are);
-    returns what changed."""
-    import onnx
-
-    from .rewrites import for_ort127
-
-    sliding = [i for i, t in enumerate(spec.layer_types) if t == "sliding_attention"]
-    model = load_graph(onnx_file)
-    done = for_ort127(model, spec.window, sliding)
-    onnx.save(model, str(onnx_file))
-    return done
-
-
 def fold_attention_scale(onnx_file: Path) -> int:
     """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it, and
-    set the node's ``scale`` to 1. Returns how many nodes were folded; ``onnx_file`` is rewritten in place.
-
-    Why: ORT's CPU GroupQueryAttention computes Q.K^T with an MLAS GEMM whose alpha is the scale, and MLAS
-    takes its one-row kernel (reading K^T in place) only when alpha is 1; otherwise every decode step packs
-    K into a scratch buffer first.
-    A node is folded only when that is exact: its scale is a power of two (scaling by one is exact in binary
-    floating point, and rotary embedding is linear) and its query comes straight from a MatMul whose weight
-    feeds nothing else. Anything else (e.g. a q-norm between them) is left as built."""
+    set the node's ``scale`` to 1, in ``onnx_file`` (and its weights file); returns how many nodes were folded.
+    Why: the CPU EP's attention then takes its GEMM kernel that reads K^T in place (alpha 1) instead of packing K
+    every step. Folded only where it is exact: the scale is a power of two (rotary embedding is linear) and the
+    query comes straight from a MatMul whose float32 weight feeds nothing else (a q norm between them: left as
+    built)."""
     import numpy as np
     import onnx
     from onnx import external_data_helper, numpy_helper
@@ -245,9 +218,3 @@ def fold_attention_scale(onnx_file: Path) -> int:
         folded += 1
     onnx.save(model, str(onnx_file))
     return folded
-
-
-def _missing(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is None

@@ -1,4 +1,5 @@
-"""Reading an ONNX decoder graph without its weights: who makes each output, who reads each tensor, dtypes."""
+"""Reading an ONNX decoder graph without its weights (who makes each tensor, who reads it, attributes, dtypes), and
+writing a graph kvlab derived from one."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def load_graph(onnx_file: Path) -> Any:
         return onnx.load(str(onnx_file), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError and others
         raise ModelError(f"{onnx_file} is not a readable ONNX model: {exc}") from exc
+
+
+def rewrite_file(onnx_file: Path, edit: Callable[[Any], list[str]]) -> list[str]:
+    """Apply ``edit`` to the graph of ``onnx_file`` and save it in place (its weights stay where they are);
+    returns what ``edit`` returns: one line per change."""
+    import onnx
+
+    graph = load_graph(Path(onnx_file))
+    done = edit(graph)
+    onnx.save(graph, str(onnx_file))
+    return done
 
 
 def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str) -> Path:
@@ -62,8 +74,35 @@ def uses(model: Any) -> dict[str, list[tuple[Any, int]]]:
     return out
 
 
+def attr(node: Any, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name`` (an int, a float, a string, a list ...), or ``default``."""
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
 def elem_type(value_info: Any) -> int:
+    """The ONNX element type (TensorProto's number) of a graph input or output."""
     return value_info.type.tensor_type.elem_type
+
+
+def projection_width(model: Any, name: str, through: tuple[str, ...] = ("Add",)) -> int | None:
+    """The output width of the MatMul (its weight's last dimension) or MatMulNBits (its N) that makes ``name``,
+    followed back through at most 8 ``through`` ops (by their first input); None when it is made another way."""
+    made_by, inits = producers(model), {t.name: t for t in model.graph.initializer}
+    for _ in range(8):
+        node = made_by.get(name)
+        if node is None:
+            return None
+        if node.op_type == "MatMulNBits":
+            return attr(node, "N")
+        if node.op_type == "MatMul":
+            weight = inits.get(node.input[1]) if len(node.input) > 1 else None
+            return int(weight.dims[-1]) if weight is not None and len(weight.dims) == 2 else None
+        if node.op_type not in through:
+            return None
+        name = node.input[0]
+    return None
 
 
 def weight_format(model: Any) -> str:
@@ -71,57 +110,7 @@ def weight_format(model: Any) -> str:
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
-            bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
-            return f"int{bits}"
+            return f"int{attr(node, 'bits', 4)}"
     types = {inits[n.input[1]].data_type for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits}
     names = sorted(np.dtype(ONNX_DTYPES[t]).name for t in types if t in ONNX_DTYPES and ONNX_DTYPES[t] != "bfloat16")
     return "+".join(names) or "unknown"
-
-
-def bool_gathers(model: Any) -> list[int]:
-    """The indices of the Gather nodes whose data input is a bool tensor (types from ONNX shape inference)."""
-    import onnx
-    from onnx import shape_inference
-
-    typed = shape_inference.infer_shapes(model)
-    types = {v.name: elem_type(v) for v in [*typed.graph.value_info, *typed.graph.input]}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    return [
-        i
-        for i, n in enumerate(model.graph.node)
-        if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.BOOL
-    ]
-
-
-def cast_bool_gathers(model: Any) -> list[str]:
-    """Rewrite every bool Gather as Cast(int32) -> Gather -> Cast(bool), in place (the same values); returns the
-    rewritten nodes' names. Why: the built-in package's WebGPU Gather crashes the process on bool data
-    (``kvlab.ort.runtime.builtin``)."""
-    from onnx import TensorProto, helper
-
-    targets = set(bool_gathers(model))
-    nodes, names = [], []
-    for i, node in enumerate(model.graph.node):
-        if i not in targets:
-            nodes.append(node)
-            continue
-        data, out = node.input[0], node.output[0]
-        nodes.append(
-            helper.make_node(
-                "Cast", [data], [f"{data}/kvlab_int32"], to=TensorProto.INT32, name=f"{node.name}/kvlab_to_int32"
-            )
-        )
-        gather = helper.make_node(
-            "Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"], name=node.name
-        )
-        gather.attribute.extend(node.attribute)
-        nodes.append(gather)
-        nodes.append(
-            helper.make_node(
-                "Cast", [f"{out}/kvlab_int32"], [out], to=TensorProto.BOOL, name=f"{node.name}/kvlab_to_bool"
-            )
-        )
-        names.append(node.name)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return names

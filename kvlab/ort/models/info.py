@@ -1,14 +1,24 @@
-"""What kvlab knows about a decoder: read from its directory's config and graph by ``kvlab.ort.models.layouts``."""
+"""What kvlab knows about a decoder (``ModelInfo``), read from a model directory by ``read_info``: what its config
+declares (``kvlab.ort.models.declared``: an onnxruntime-genai builder output or a Hugging Face ONNX export), checked
+against its graph at load time, so that a wrong config is named here and not by ONNX Runtime at the first run; what
+each layer keeps is read from the graph (``kvlab.ort.models.layers``)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ...core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
+from ...core.errors import ModelError
+from ...core.layout import CacheEntry, CacheLayout
+from ...presets import BUILTIN_NAMES
+from . import mobius
+from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
+from .graph import ONNX_DTYPES, attr, elem_type, load_graph, producers, projection_width, uses, weight_format
+from .layers import borrows_kv, known_ops, read_layers
 
 
 @dataclass(frozen=True)
@@ -17,8 +27,8 @@ class ModelInfo:
 
     name: str  # a short label for plots and records
     path: Path  # the model directory
-    decoder_file: str  # the decoder graph genai_config.json names (inspected and run: the same file)
-    model_type: str  # genai_config model.type ("llama", "qwen2", ...)
+    decoder_file: str  # the decoder graph its config names (inspected and run: the same file)
+    model_type: str  # the config's model type ("llama", "qwen2", ...)
     num_layers: int
     num_heads: int  # query heads
     num_kv_heads: int  # key/value heads (GQA: fewer than query heads)
@@ -29,41 +39,19 @@ class ModelInfo:
     logits_dtype: np.dtype  # dtype of the logits output (the activations')
     weights: str  # what the projections hold, read from the graph: "float32", "float16", "int4", "int8"
     eos_token_ids: tuple[int, ...]
-    input_names: dict[str, str]  # role ("input_ids", "attention_mask") -> graph input name
-    past_names: tuple[tuple[str, str], ...]  # per layer: (key input, value input)
-    present_names: tuple[tuple[str, str], ...]  # per layer: (key output, value output)
+    input_names: dict[str, str]  # role ("input_ids", "attention_mask", "position_ids") -> graph input name
     logits_name: str
+    layout: CacheLayout  # what every layer keeps: its kind and its entries (past input, present output, shape)
     shares_buffers: bool  # every growing present.* comes from a GroupQueryAttention node (in-place past/present)
     sharing_problem: str = ""  # why not, when shares_buffers is False
-    cache_layout: CacheLayout | None = None  # per layer, read from the graph (None: every layer full attention)
 
     @property
     def onnx_path(self) -> Path:
         return self.path / self.decoder_file
 
-    @cached_property
-    def layout(self) -> CacheLayout:
-        """What every layer keeps: its kind and its entries (past input, present output, shape), in order."""
-        if self.cache_layout is not None:
-            return self.cache_layout
-        dims = (1, self.num_kv_heads, 0, self.head_dim)
-        return CacheLayout(
-            tuple(
-                LayerSpec(
-                    i,
-                    FullAttention(),
-                    tuple(
-                        CacheEntry(i, role, past, present, dims, np.dtype(self.dtype), "GroupQueryAttention")
-                        for role, past, present in zip(("key", "value"), p, q)
-                    ),
-                )
-                for i, (p, q) in enumerate(zip(self.past_names, self.present_names))
-            )
-        )
-
     @property
     def entries(self) -> tuple[CacheEntry, ...]:
-        """Every past/present pair the caches hold, in order (keys, values and states)."""
+        """Every past/present pair the caches hold, in layer order (keys, values and states)."""
         return self.layout.entries
 
     @property
@@ -80,12 +68,172 @@ class ModelInfo:
         """What the graph holds, in words, e.g. 'int4 weights, float16 activations, float16 KV cache'."""
         return f"{self.weights} weights, {np.dtype(self.logits_dtype).name} activations, {self.dtype_name} KV cache"
 
-    @cached_property
-    def kv_inputs(self) -> list[str]:
-        """Every past input (key and value per attention layer, the states of the others), in layer order."""
-        return [e.past for e in self.layout.entries]
 
-    @cached_property
-    def kv_outputs(self) -> list[str]:
-        """Every present output, in the same order as ``kv_inputs``."""
-        return [e.present for e in self.layout.entries]
+def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph; ModelError for
+    a missing directory, or naming the first disagreement or what kvlab cannot feed or hold."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
+    d = _declared(path)
+    onnx_file = path / d.decoder_file
+    if not onnx_file.is_file():
+        raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
+    graph = load_graph(onnx_file)
+    mobius.check(graph, path)
+    inputs = {i.name: i for i in graph.graph.input}
+    outputs = {o.name: o for o in graph.graph.output}
+    declared = _cache_inputs(d, inputs, borrows_kv(graph))
+    _check_names(d, graph, inputs, outputs, declared, path)
+    _cross_check(d, graph, inputs, outputs, path)
+    first = next(iter(declared), None)
+    dtypes = [
+        ONNX_DTYPES.get(t, f"onnx type {t}")
+        for t in (
+            elem_type(inputs[d.past[0][0]] if d.past else inputs[first]) if first else 1,
+            elem_type(outputs[d.logits]),
+        )
+    ]
+    for what, dt in zip(("KV cache", "logits"), dtypes):
+        if isinstance(dt, str):
+            raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
+    problem = _sharing_problem(d, graph)
+    return ModelInfo(
+        name=name or path.name,
+        path=path,
+        decoder_file=d.decoder_file,
+        model_type=d.model_type,
+        num_layers=d.layers,
+        num_heads=d.heads,
+        num_kv_heads=d.kv_heads,
+        head_dim=d.head_dim,
+        vocab_size=d.vocab,
+        context_length=d.context,
+        dtype=np.dtype(dtypes[0]),
+        logits_dtype=np.dtype(dtypes[1]),
+        weights=weight_format(graph),
+        eos_token_ids=d.eos,
+        input_names={role: n for n, role in d.roles.items() if role != "past" and n in inputs},
+        logits_name=d.logits,
+        layout=read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path),
+        shares_buffers=not problem,
+        sharing_problem=problem,
+    )
+
+
+def _declared(path: Path) -> Declared:
+    """What the directory's config declares, in whichever layout it has; ModelError where it has neither."""
+    if (path / "genai_config.json").is_file():
+        return declared_genai(path)
+    if (path / "config.json").is_file():
+        return declared_hf(path)
+    raise ModelError(
+        f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
+        f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
+        "model.onnx)"
+    )
+
+
+def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, tuple[int, str, str]]:
+    """Each cache input the graph has: past name -> (layer, role, present name). In a hybrid (a config with
+    states) each layer has KV or states, and in a graph whose layers borrow KV (``shared``) the borrowing layers
+    have none: ``d`` keeps only the KV pairs the graph has."""
+    pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
+    if d.states or shared:
+        pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
+        d.past, d.present = tuple(p for _, (p, _) in pairs), tuple(q for _, (_, q) in pairs)
+        d.roles = {n: r for n, r in d.roles.items() if r != "past" or any(n in p for p in d.past)}
+    declared = {past: (i, role, present) for i, (p, q) in pairs for past, present, role in zip(p, q, ("key", "value"))}
+    for role, (fmt_in, fmt_out) in d.states.items():
+        declared.update({fmt_in % i: (i, role, fmt_out % i) for i in range(d.layers) if fmt_in % i in inputs})
+    return declared
+
+
+def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> None:
+    """ModelError for a graph input kvlab does not feed (naming the nodes that read it), or an input or output the
+    config names that the graph lacks."""
+    extra = [n for n in inputs if n not in d.roles and n not in declared]
+    if extra:
+        read_by = uses(graph)
+        found = "; ".join(
+            f"{n!r} is read by "
+            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
+            for n in extra[:4]
+        )
+        raise ModelError(
+            f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
+            "attention_mask, position_ids and the cache inputs its config names, read by "
+            f"{known_ops()}"
+        )
+    missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
+    if missing:
+        raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
+    for out_name in [*(n for pair in d.present for n in pair), d.logits]:
+        if out_name not in outputs:
+            raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
+
+
+def _sharing_problem(d: Declared, graph: Any) -> str:
+    """Why a static cache cannot share its past and present buffers on this graph ("" when it can): every present
+    output must come from a GroupQueryAttention node."""
+    made_by = {n: node.op_type for n, node in producers(graph).items()}
+    not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
+    if not not_gqa:
+        return ""
+    first = next(iter(not_gqa.items()))
+    return (
+        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
+        f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
+        f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
+    )
+
+
+def _dim(value_info: Any, axis: int) -> int | None:
+    dims = value_info.type.tensor_type.shape.dim
+    return dims[axis].dim_value if len(dims) > axis and dims[axis].HasField("dim_value") else None
+
+
+def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Path) -> None:
+    """Every declared number the graph also holds must agree with it: ModelError naming the first that does not."""
+
+    def agree(what: str, declared: int, actual: int | None, where: str) -> None:
+        if actual is not None and declared != actual:
+            raise ModelError(
+                f"{path}: {d.config_file} says {what} = {declared}, but {where} in {d.decoder_file} "
+                f"says {actual}; the config and the graph disagree"
+            )
+
+    for key, _ in d.past:
+        agree("num_key_value_heads", d.kv_heads, _dim(inputs[key], 1), f"input {key!r}")
+        agree("head_size", d.head_dims.get(key, d.head_dim), _dim(inputs[key], 3), f"input {key!r}")
+    agree("vocab_size", d.vocab, _dim(outputs[d.logits], 2), f"output {d.logits!r}")
+    gqa = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    if gqa:
+        agree(
+            "num_hidden_layers (attention layers)" if not d.states else "the attention layers (KV inputs)",
+            d.layers if not d.states else len(d.past),
+            len(gqa),
+            "the count of GroupQueryAttention nodes",
+        )
+    for node in gqa[:1]:
+        agree("num_key_value_heads", d.kv_heads, attr(node, "kv_num_heads"), f"{node.name!r} kv_num_heads")
+        if d.heads:
+            agree("num_attention_heads", d.heads, attr(node, "num_heads"), f"{node.name!r} num_heads")
+        width = projection_width(graph, node.input[0])
+        packed = len(node.input) > 2 and not node.input[1] and not node.input[2]  # one q|k|v projection
+        per_token = d.heads + 2 * d.kv_heads if packed else d.heads
+        if d.heads and width and width % per_token == 0:
+            agree(
+                "head_size",
+                d.head_dim,
+                width // per_token,
+                f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})",
+            )
+        inits = {t.name: t for t in graph.graph.initializer}
+        cos = inits.get(node.input[7]) if len(node.input) > 7 else None
+        if cos is not None and cos.dims and d.context > cos.dims[0]:
+            raise ModelError(
+                f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "
+                f"{node.name!r} holds {cos.dims[0]} positions; a longer sequence would fail inside "
+                "ONNX Runtime ('cos_cache dimension 0 shall not be less than total_sequence_length')"
+            )

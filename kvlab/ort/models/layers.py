@@ -33,11 +33,11 @@ from ...core.layout import (
     SharedKV,
     SlidingWindow,
 )
-from .graph import ONNX_DTYPES, elem_type, producers, uses
+from .graph import ONNX_DTYPES, attr, elem_type, producers, uses
 
 
 def _attention_kind(node: Any) -> LayerKind:
-    window = _window(node)
+    window = attr(node, "local_window_size", -1)
     return SlidingWindow(window) if window > 0 else FullAttention()
 
 
@@ -152,7 +152,7 @@ def _shared_layers(graph: Any, per_layer: dict[int, list[tuple[CacheEntry, Any]]
         source = writes.get(node.input[3])
         if source is None or source.output[2] != node.input[4] or len(readers) != len(empty):
             return {}
-        out[layer] = SharedKV(owner[id(source)], max(0, _window(node)))
+        out[layer] = SharedKV(owner[id(source)], max(0, attr(node, "local_window_size", -1)))
     return out
 
 
@@ -162,10 +162,6 @@ def borrows_kv(graph: Any) -> bool:
     return any(
         n.op_type == "GroupQueryAttention" and len(n.input) > 3 and n.input[3] in written for n in graph.graph.node
     )
-
-
-def _window(node: Any) -> int:
-    return int(next((a.i for a in node.attribute if a.name == "local_window_size"), -1))
 
 
 def _layer_kind(found: list[tuple[CacheEntry, Any]]) -> LayerKind:

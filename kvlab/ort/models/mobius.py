@@ -1,42 +1,30 @@
 """The third exporter: mobius (``mobius-onnx``, ONNX Runtime's onnxscript model definitions), for what the
 onnxruntime-genai builder cannot export: Gemma 4 with KV sharing (``kv-shared-toy``, a ``TinyKVShared`` recipe).
-
-A mobius Gemma 4 graph gives each KV-shared layer a GroupQueryAttention node with empty keys and values whose past
-inputs are the presents of the layer it borrows from; kvlab reads such a layer as ``SharedKV`` (no entry of its
-own, ``kvlab.ort.models.layers``). Two things in mobius 0.1.0's graph are repaired here (``repair``) and named
-when a graph still has them (``problems``, at load time):
-
-- every layer is declared a ``past_key_values.N`` pair, the KV-shared ones too, though nothing reads theirs
-  (ONNX Runtime still asks for them at every run);
-- every KV input and output is declared with the sliding layers' head size, while Gemma 4's full-attention layers
-  have heads of ``global_head_dim``: ONNX Runtime refuses the right tensors ("Got invalid dimensions").
-
-mobius's own config reader fails on transformers 5.24's Gemma 4 config (``AmbiguousGlobalPerLayerAttributeError``:
-``head_dim`` is per layer there); ``mobius_config`` reads it with the per-layer access allowed and takes
-``global_head_dim`` from the full-attention layers' own config.
-"""
+What its graphs need before kvlab can bind them (``repair``), or capture them (``for_capture``), and why, is on
+docs/kv-shared.md; kvlab reads a KV-shared layer as ``SharedKV`` (``kvlab.ort.models.layers``)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import ConfigError, ModelError
-from .graph import load_graph, producers, uses
+import numpy as np
+
+from ...core.errors import ModelError
+from .graph import attr, load_graph, producers, projection_width, uses
+from .rewrites import constant, replace_nodes
 
 PRODUCER = "mobius"  # the ONNX producer_name of a mobius export
 EXECUTION_PROVIDER = "webgpu"  # mobius's target: GroupQueryAttention, float32 and float16
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-REPAIR_HINT = "kvlab.ort.models.mobius.repair(<dir>/model.onnx) fixes both in place"
-# the ops between a key projection and the GroupQueryAttention reading its output (mobius: Reshape, the per-head
-# k norm, Reshape)
-_PASS_THROUGH = ("Reshape", "RMSNormalization", "SimplifiedLayerNormalization", "Cast", "Mul", "Add")
+# the ops between a key projection and the GroupQueryAttention reading its output (Reshape, the k norm, Reshape)
+KEY_PATH = ("Reshape", "RMSNormalization", "SimplifiedLayerNormalization", "Cast", "Mul", "Add")
+INT32 = 6  # onnx.TensorProto.INT32
 
 
 def mobius_version() -> str:
+    """The installed mobius-onnx's version; ModelError naming the install command when it is missing."""
     from importlib import metadata
 
     try:
@@ -49,7 +37,9 @@ def mobius_version() -> str:
 
 
 def mobius_config(hf: Any) -> Any:
-    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer."""
+    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer (mobius's
+    own reader refuses it): the per-layer access allowed, ``global_head_dim`` from the full-attention layers'
+    config. ModelError for another model type."""
     import mobius
 
     if getattr(hf, "model_type", None) != "gemma4_text":
@@ -84,34 +74,16 @@ def export(hf_dir: Path, out: Path, task: Any = "text-generation") -> None:
     package.save(str(out), progress_bar=False)
 
 
-def key_width(made_by: dict, inits: dict, node: Any) -> int | None:
-    """The output width of the projection that makes a GroupQueryAttention node's keys (input 1), through the ops
-    mobius puts between them; None when it is made some other way."""
-    name = node.input[1] if len(node.input) > 1 else ""
-    for _ in range(8):
-        producer = made_by.get(name)
-        if producer is None:
-            return None
-        if producer.op_type == "MatMul" and producer.input[1] in inits:
-            return int(inits[producer.input[1]].dims[-1])
-        if producer.op_type == "MatMulNBits":
-            return next((int(a.i) for a in producer.attribute if a.name == "N"), None)
-        if producer.op_type not in _PASS_THROUGH:
-            return None
-        name = producer.input[0]
-    return None
-
-
+# -- what kvlab cannot bind as mobius 0.1.0 writes it
 def _kv_mismatches(graph: Any) -> list[tuple[Any, Any, int, int]]:
     """(value info, its node, declared head size, the one its key projection makes) for every KV input and
     present whose head size disagrees with the projection of the layer it belongs to."""
-    made_by, inits = producers(graph), {t.name: t for t in graph.graph.initializer}
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
     out = []
     for node in (n for n in graph.graph.node if n.op_type == "GroupQueryAttention"):
-        kv_heads = next((a.i for a in node.attribute if a.name == "kv_num_heads"), 0)
-        width = key_width(made_by, inits, node)
+        kv_heads = attr(node, "kv_num_heads", 0)
+        width = projection_width(graph, node.input[1], KEY_PATH) if len(node.input) > 1 else None
         if not kv_heads or not width or width % kv_heads:
             continue
         for name in (*node.input[3:5], *node.output[1:3]):
@@ -127,8 +99,12 @@ def _unread(graph: Any) -> list[str]:
     return [i.name for i in graph.graph.input if i.name not in read]
 
 
-def problems(graph: Any) -> list[str]:
-    """What in a mobius graph kvlab cannot bind as it is (see the module docstring); [] when nothing."""
+def check(graph: Any, path: Path) -> None:
+    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs):
+    inputs no node reads (ONNX Runtime still asks for them at every run), KV declared with another head size than
+    its layer writes (ONNX Runtime would refuse the real tensors)."""
+    if graph.producer_name != PRODUCER:
+        return
     found = []
     unread = _unread(graph)
     if unread:
@@ -141,22 +117,15 @@ def problems(graph: Any) -> list[str]:
             f"{info.name!r} is declared with heads of {declared}, but {node.name!r} writes heads of {real} (its key "
             "projection's width / kv_num_heads): ONNX Runtime would refuse the real tensors"
         )
-    return found
-
-
-def check(graph: Any, path: Path) -> None:
-    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs)."""
-    if graph.producer_name != PRODUCER:
-        return
-    found = problems(graph)
     if found:
         raise ModelError(
-            f"{path}: a mobius {graph.producer_version} export kvlab cannot bind: {'; '.join(found)}. {REPAIR_HINT}"
+            f"{path}: a mobius {graph.producer_version} export kvlab cannot bind: {'; '.join(found)}. "
+            "kvlab.ort.models.mobius.repair(<dir>/model.onnx) fixes both in place"
         )
 
 
 def repair(onnx_file: Path) -> list[str]:
-    """Fix what ``problems`` names, in place (the weights stay where they are); returns what changed."""
+    """Fix what ``check`` names, in place (the weights stay where they are); returns what changed."""
     import onnx
 
     graph = load_graph(Path(onnx_file))
@@ -176,51 +145,111 @@ def repair(onnx_file: Path) -> list[str]:
     return done
 
 
-def rewrite_for_capture(onnx_file: Path) -> list[str]:
-    """``kvlab.ort.models.capture_rewrites.for_capture`` on a repaired graph, in place; what changed."""
-    import onnx
+# -- what a captured graph cannot hold: nodes ONNX Runtime places on the CPU EP
+def _ints(model: Any, name: str) -> list[int] | None:
+    """The int values of a Constant node's output or an initializer ``name``; None when it is neither."""
+    from onnx import numpy_helper
 
-    from .capture_rewrites import for_capture
+    init = next((t for t in model.graph.initializer if t.name == name), None)
+    if init is not None:
+        return [int(v) for v in numpy_helper.to_array(init).ravel()]
+    node = producers(model).get(name)
+    if node is None or node.op_type != "Constant":
+        return None
+    value = attr(node, node.attribute[0].name)
+    return [int(v) for v in (numpy_helper.to_array(value) if node.attribute[0].name == "value" else np.ravel(value))]
 
-    graph = load_graph(Path(onnx_file))
-    done = for_capture(graph)
-    onnx.save(graph, str(onnx_file))
+
+def empty_kv_by_slice(model: Any) -> list[str]:
+    """Each ConstantOfShape making a KV-shared layer's empty keys and values (read only as GroupQueryAttention's
+    key and value; no WebGPU kernel) as ``Slice(query, [0, 0], [0, width], axes [1, 2])``: the same [batch, 0,
+    width] tensor. ModelError where its shape is not ``Concat(Shape(query)[0:1], [0, width])``."""
+    from onnx import helper
+
+    made_by, read_by = producers(model), uses(model)
+    feeding: list[Any] = []  # the nodes that made each rewritten node's shape
+
+    def rewrite(node: Any) -> Any:
+        if node.op_type != "ConstantOfShape":
+            return None
+        readers = read_by.get(node.output[0], [])
+        if not readers or any(r.op_type != "GroupQueryAttention" or i not in (1, 2) for r, i in readers):
+            return None  # not a layer's empty keys and values: left alone
+        concat = made_by.get(node.input[0])
+        shape = made_by.get(concat.input[0]) if concat is not None and concat.op_type == "Concat" else None
+        rest = _ints(model, concat.input[1]) if shape is not None and len(concat.input) == 2 else None
+        query = readers[0][0].input[0]
+        if (
+            shape is None
+            or shape.op_type != "Shape"
+            or shape.input[0] != query
+            or {(a.name, a.i) for a in shape.attribute} != {("start", 0), ("end", 1)}
+            or rest is None
+            or len(rest) != 2
+            or rest[0] != 0
+        ):
+            raise ModelError(
+                f"ConstantOfShape node {node.name!r}: its shape is not Concat(Shape(query)[0:1], [0, width]); "
+                "kvlab rewrites only mobius's empty keys and values of a KV-shared layer"
+            )
+        feeding.extend([concat, shape, made_by.get(concat.input[1])])
+        p = node.name
+        starts = constant(model, f"{p}/starts", np.array([0, 0], np.int64))
+        ends = constant(model, f"{p}/ends", np.array([0, rest[1]], np.int64))
+        axes = constant(model, f"{p}/axes", np.array([1, 2], np.int64))
+        return (
+            [helper.make_node("Slice", [query, starts, ends, axes], list(node.output), name=f"{p}/as_Slice")],
+            f"{p}: ConstantOfShape [batch, 0, {rest[1]}] -> Slice(query, [0, 0], [0, {rest[1]}], axes [1, 2]) "
+            "(the same empty tensor; no WebGPU ConstantOfShape in either package)",
+        )
+
+    done = replace_nodes(model, rewrite)
+    outputs = {o.name for o in model.graph.output}
+    for node in (n for n in feeding if n is not None):  # those whose outputs nothing reads any more go
+        read = uses(model)
+        if not any(o in read or o in outputs for o in node.output):
+            model.graph.node.remove(node)
     return done
 
 
-def build(name: str, out: Path, precision: str = "fp32", graph_capture: bool = False) -> None:
-    """Build the built-in ``name`` (a ``TinyKVShared`` recipe) through mobius into ``out`` (atomic): its
-    checkpoint, the graph (repaired; for ``graph_capture`` also rewritten for WebGPU graph capture), the
-    checkpoint's config.json and tokenizer, ``kvlab_recipe.json`` last. ConfigError for a precision other than
-    fp32, ModelError when mobius is missing or fails."""
-    from ...presets import ensure_checkpoint, recipe
-    from ...presets.recipes import building
+def int32_mask_lengths(model: Any, mask: str = "attention_mask") -> list[str]:
+    """The int64 ReduceSum of ``mask`` and the Sub of one from it (run on the CPU EP by onnxruntime-webgpu 1.27) in
+    int32, after a Cast of the mask: it holds 0 and 1, so every value is the same. Nothing when the mask is not
+    summed; ModelError where the sum or the difference is read by anything but a Cast to int32, or the Sub's one is
+    not a constant 1."""
+    from onnx import helper
 
-    if precision != "fp32":
-        raise ConfigError(f"model {name!r} is built by mobius in precision 'fp32' only, not {precision!r}")
-    spec, version = recipe(name), mobius_version()
-    hf_dir = ensure_checkpoint(name)
-    with building(out, "kvlab_recipe.json") as tmp:
-        try:
-            export(hf_dir, tmp)
-        except (ModelError, ConfigError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - mobius raises whatever its passes raise
-            raise ModelError(f"mobius-onnx {version} failed to export {name!r}: {type(exc).__name__}: {exc}") from exc
-        rewrites = repair(tmp / "model.onnx")
-        if graph_capture:
-            rewrites += rewrite_for_capture(tmp / "model.onnx")
-        for file in ("config.json", *TOKENIZER_FILES):
-            if (hf_dir / file).is_file():
-                shutil.copy(hf_dir / file, tmp / file)
-        record = {
-            "name": name,
-            "precision": precision,
-            "kind": type(spec).__name__,
-            **asdict(spec),
-            "hf_dir": str(hf_dir),
-            "exporter": f"mobius-onnx {version} (execution_provider={EXECUTION_PROVIDER!r})",
-            "graph_capture": graph_capture,
-            "graph_rewrites": rewrites,
-        }
-        (tmp / "kvlab_recipe.json").write_text(json.dumps(record, indent=1))
+    read_by = uses(model)
+    sums = [n for n, _ in read_by.get(mask, []) if n.op_type == "ReduceSum"]
+    if not sums:
+        return []
+    done, casted = [], f"{mask}/as_int32"
+    for total in sums:
+        subs = [n for n, i in read_by.get(total.output[0], []) if n.op_type == "Sub" and i == 0]
+        for name in [total.output[0], *(s.output[0] for s in subs)]:
+            others = [n for n, _ in read_by.get(name, []) if n not in subs]
+            if any(n.op_type != "Cast" or attr(n, "to") != INT32 for n in others):
+                raise ModelError(
+                    f"{name!r} (the mask's length) is read by {sorted({n.op_type for n in others})}; kvlab "
+                    "computes it in int32 only where it is read as a Cast to int32"
+                )
+        for sub in subs:
+            if _ints(model, sub.input[1]) != [1]:
+                raise ModelError(f"Sub node {sub.name!r} subtracts {sub.input[1]!r}, not a constant 1")
+            sub.input[1] = constant(model, f"{sub.name}/one_int32", np.array(1, np.int32))
+        total.input[0] = casted
+        done.append(
+            f"{total.name}: ReduceSum of {mask} (and {len(subs)} Sub of one) in int32 after a Cast (int64 on "
+            "WebGPU in onnxruntime-webgpu 1.27: neither op)"
+        )
+    model.graph.node.insert(0, helper.make_node("Cast", [mask], [casted], name=f"{mask}/Cast_int32", to=INT32))
+    changed = {n.output[0] for n in sums} | {n.output[0] for t in sums for n, _ in read_by.get(t.output[0], [])}
+    keep = [v for v in model.graph.value_info if v.name not in changed]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    return done
+
+
+def for_capture(model: Any) -> list[str]:
+    """Both rewrites for WebGPU graph capture, in order; what changed."""
+    return empty_kv_by_slice(model) + int32_mask_lengths(model)

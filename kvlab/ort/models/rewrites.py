@@ -1,27 +1,52 @@
-"""Build-time graph rewrites: what the onnxruntime-genai builder writes for the architectures beyond full attention
-that a package cannot load or computes differently from transformers (the built-in one: ``kvlab.ort.runtime.builtin``),
-rewritten into ops every package has, and a window the builder drops put back. Each rewrite changes only the nodes
-it names, returns one line per change (recorded in the model's ``kvlab_recipe.json``), raises ModelError for a
-graph it cannot rewrite exactly, and is tested for token equality with transformers (tests/test_beyond_full.py).
-``for_ort127`` runs them all.
+"""Graph rewrites, each exact: it changes only the nodes it names, returns one line per change and raises ModelError
+for a graph it cannot rewrite exactly.
+
+- At build time (``for_ort127``, recorded in the model's ``kvlab_recipe.json``): what the onnxruntime-genai builder
+  writes for the architectures beyond full attention that onnxruntime 1.27 cannot load, in ops every package has,
+  and a window the builder drops, put back (docs/known-limits.md).
+- When a session opens on WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
+- When a ring-buffer cache opens (``ring_graph``, a graph beside the model's): sliding layers that evict inside
+  GroupQueryAttention.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...core.errors import ModelError
+from .graph import attr, derived_graph, elem_type
+
+
+def constant(model: Any, name: str, value: np.ndarray) -> str:
+    """``name``, an initializer of ``value`` in ``model`` (added unless it is there)."""
+    from onnx import numpy_helper
+
+    if not any(t.name == name for t in model.graph.initializer):
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
+
+
+def replace_nodes(model: Any, rewrite: Any) -> list[str]:
+    """Rebuild the node list, each node replaced where ``rewrite(node)`` gives (nodes, a line saying what changed)
+    and kept where it gives None; returns the lines."""
+    nodes, done = [], []
+    for node in model.graph.node:
+        out = rewrite(node)
+        if out is None:
+            nodes.append(node)
+        else:
+            nodes.extend(out[0])
+            done.append(out[1])
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return done
+
 
 STATE_OPS = ("CausalConvWithState", "LinearAttention")
-
-
-def _attr(node: Any, name: str, default: Any = None) -> Any:
-    from onnx import helper
-
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def strip_state_window(model: Any) -> list[str]:
@@ -47,29 +72,6 @@ def strip_state_window(model: Any) -> list[str]:
     return done
 
 
-def _const(model: Any, name: str, value: np.ndarray) -> str:
-    from onnx import numpy_helper
-
-    if not any(t.name == name for t in model.graph.initializer):
-        model.graph.initializer.append(numpy_helper.from_array(value, name))
-    return name
-
-
-def _replace(model: Any, rewrite: Any) -> list[str]:
-    """Rebuild the node list, each node replaced by ``rewrite(node)`` (a list of nodes, or None to keep it)."""
-    nodes, done = [], []
-    for node in model.graph.node:
-        out = rewrite(node)
-        if out is None:
-            nodes.append(node)
-        else:
-            nodes.extend(out[0])
-            done.append(out[1])
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return done
-
-
 def decompose_linear_attention_gate(model: Any) -> list[str]:
     """``LinearAttentionGate(a, dt_bias, neg_exp_A, b)`` (Qwen3.5) in plain ops: decay = neg_exp_A * Softplus(a +
     dt_bias), beta = Sigmoid(b), as transformers' Qwen3.5 computes g and beta."""
@@ -91,7 +93,7 @@ def decompose_linear_attention_gate(model: Any) -> list[str]:
             "onnxruntime 1.27)",
         )
 
-    return _replace(model, rewrite)
+    return replace_nodes(model, rewrite)
 
 
 def decompose_gated_rmsnorm(model: Any) -> list[str]:
@@ -110,9 +112,9 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
                 f"GatedRMSNorm node {node.name!r}: its weight {weight!r} is not a 1-D initializer; "
                 "kvlab rewrites only the builder's form (one weight per value-head channel)"
             )
-        group, eps, p = int(inits[weight].dims[0]), float(_attr(node, "epsilon", 1e-6)), node.name
-        grouped = _const(model, f"{p}/grouped_shape", np.array([0, 0, -1, group], np.int64))
-        flat = _const(model, f"{p}/flat_shape", np.array([0, 0, -1], np.int64))
+        group, eps, p = int(inits[weight].dims[0]), float(attr(node, "epsilon", 1e-6)), node.name
+        grouped = constant(model, f"{p}/grouped_shape", np.array([0, 0, -1, group], np.int64))
+        flat = constant(model, f"{p}/flat_shape", np.array([0, 0, -1], np.int64))
         return (
             [
                 helper.make_node("Reshape", [x, grouped], [f"{p}/x4"], name=f"{p}/Reshape_groups"),
@@ -134,7 +136,7 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
             "in onnxruntime 1.27)",
         )
 
-    return _replace(model, rewrite)
+    return replace_nodes(model, rewrite)
 
 
 def mrope_to_rope(model: Any) -> list[str]:
@@ -147,18 +149,18 @@ def mrope_to_rope(model: Any) -> list[str]:
     def rewrite(node: Any) -> Any:
         if node.op_type != "MRotaryEmbedding":
             return None
-        attrs = {k: _attr(node, k) for k in keep if _attr(node, k) is not None}
+        attrs = {k: attr(node, k) for k in keep if attr(node, k) is not None}
         new = helper.make_node(
             "RotaryEmbedding", list(node.input), list(node.output), name=node.name, domain=node.domain, **attrs
         )
         return (
             [new],
-            f"{node.name}: MRotaryEmbedding (mrope_section {_attr(node, 'mrope_section')}) -> "
+            f"{node.name}: MRotaryEmbedding (mrope_section {attr(node, 'mrope_section')}) -> "
             "RotaryEmbedding on one position row (text: the three rows are equal; not registered in "
             "onnxruntime 1.27)",
         )
 
-    return _replace(model, rewrite)
+    return replace_nodes(model, rewrite)
 
 
 def text_position_ids(model: Any) -> list[str]:
@@ -214,3 +216,82 @@ def for_ort127(model: Any, window: int = 0, sliding_layers: Sequence[int] = ()) 
     if window:
         done += restore_sliding_window(model, window, sliding_layers)
     return done
+
+
+def bool_gathers(model: Any) -> list[int]:
+    """The indices of the Gather nodes whose data input is a bool tensor (types from ONNX shape inference)."""
+    import onnx
+    from onnx import shape_inference
+
+    typed = shape_inference.infer_shapes(model)
+    types = {v.name: elem_type(v) for v in [*typed.graph.value_info, *typed.graph.input]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return [
+        i
+        for i, n in enumerate(model.graph.node)
+        if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.BOOL
+    ]
+
+
+def cast_bool_gathers(model: Any) -> list[str]:
+    """Every bool Gather as Cast(int32) -> Gather -> Cast(bool): the same values, on a kernel that does not crash
+    onnxruntime-webgpu 1.27 (docs/known-limits.md)."""
+    from onnx import TensorProto, helper
+
+    targets = {id(model.graph.node[i]) for i in bool_gathers(model)}
+
+    def rewrite(node: Any) -> Any:
+        if id(node) not in targets:
+            return None
+        data, out, p = node.input[0], node.output[0], node.name
+        gather = helper.make_node("Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"], name=p)
+        gather.attribute.extend(node.attribute)
+        return (
+            [
+                helper.make_node(
+                    "Cast", [data], [f"{data}/kvlab_int32"], to=TensorProto.INT32, name=f"{p}/kvlab_to_int32"
+                ),
+                gather,
+                helper.make_node("Cast", [f"{out}/kvlab_int32"], [out], to=TensorProto.BOOL, name=f"{p}/kvlab_to_bool"),
+            ],
+            f"bool Gather {p!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)",
+        )
+
+    return replace_nodes(model, rewrite)
+
+
+RING_SUFFIX = ".kvlab-ring.onnx"  # the ring graph's file, beside model.onnx
+
+
+def ring_sliding_layers(model: Any) -> list[str]:
+    """``sliding_window_cache=1`` on every sliding GroupQueryAttention (``local_window_size`` > 0; full-attention
+    ones are left alone): its past and present become a buffer of at least the window that the op itself evicts
+    from (onnxruntime >= 1.31's CPU kernel; docs/kv-memory.md). ModelError when the graph has no sliding
+    GroupQueryAttention, or one that already has another value of the attribute."""
+    from onnx import helper
+
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and attr(n, "local_window_size", -1) > 0]
+    if not nodes:
+        raise ModelError(
+            "the graph has no GroupQueryAttention with local_window_size > 0: no sliding layer to hold in a ring "
+            "buffer (use a plain StaticCache)"
+        )
+    done = []
+    for node in nodes:
+        found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
+        if found is not None and found.i not in (0, 1):
+            raise ModelError(f"{node.name}: sliding_window_cache={found.i}; kvlab sets 0 or 1 only")
+        if found is None:
+            node.attribute.append(helper.make_attribute("sliding_window_cache", 1))
+        else:
+            found.i = 1
+        window = attr(node, "local_window_size")
+        done.append(f"{node.name}: sliding_window_cache=1 (window {window}: its KV held in a ring buffer)")
+    return done
+
+
+def ring_graph(model: Any) -> Path:
+    """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx``
+    (written again when the model is newer); returns its path. Raises ModelError when the graph has no sliding
+    layer or the model's directory is not writable."""
+    return derived_graph(model, RING_SUFFIX, ring_sliding_layers, "ring graph (for the ring-buffer cache)")

@@ -18,13 +18,12 @@ from ...core.labels import Adapter
 
 ADAPTER_CHOICES = ("auto", "hardware", "software")
 SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
-LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")  # searched
-# by the Vulkan loader itself; GPU containers (NVIDIA's on cloud machines) mount the driver's manifest elsewhere
+# where the Vulkan loader itself looks for driver manifests, and where GPU containers mount them besides
+LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
 EXTRA_ICD_DIRS = ("/usr/local/nvidia/share/vulkan/icd.d",)
 _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
-# the libraries a GPU's Vulkan driver loads before it can start, by the Debian/Ubuntu package that ships each
-# (the NVIDIA driver's libGLX_nvidia.so.0 needs glvnd: without it a headless machine's loader finds no device;
-# data/gpu/README.md, "Doctor")
+# the libraries a GPU's Vulkan driver may load before it can start (glvnd's, for a driver whose library needs it:
+# without them a headless machine's loader finds no device), by the Debian/Ubuntu package that ships each
 LIBRARY_PACKAGES = {
     "libGLX.so.0": "libglx0",
     "libGLdispatch.so.0": "libglvnd0",
@@ -34,21 +33,22 @@ LIBRARY_PACKAGES = {
     "libGLESv2.so.2": "libgles2",
     "libvulkan.so.1": "libvulkan1",
 }
-GLVND_PACKAGES = ("libvulkan1", "libglvnd0", "libglx0", "libegl1", "libopengl0", "libgl1", "libgles2")
 
 
-def _icd_manifests(dirs: tuple[str, ...] = LOADER_ICD_DIRS + EXTRA_ICD_DIRS) -> list[str]:
+def icd_manifests(dirs: tuple[str, ...] = LOADER_ICD_DIRS + EXTRA_ICD_DIRS) -> list[str]:
+    """The Vulkan driver manifests (ICD JSON files) in ``dirs``, sorted."""
     return sorted(f for d in dirs for f in glob.glob(os.path.join(d, "*.json")))
 
 
-def _is_software_icd(path: str) -> bool:
+def is_software_icd(path: str) -> bool:
+    """Whether a driver manifest is a CPU driver's (SwiftShader, lavapipe)."""
     return any(tag in os.path.basename(path) for tag in _SOFTWARE_ICDS)
 
 
 def hardware_icd_manifests() -> list[str]:
     """The GPU Vulkan driver manifests installed (SwiftShader's and lavapipe's left out), where the loader looks and
     where GPU containers mount them."""
-    return [f for f in _icd_manifests() if not _is_software_icd(f)]
+    return [f for f in icd_manifests() if not is_software_icd(f)]
 
 
 def vulkan_loader() -> bool:
@@ -82,7 +82,7 @@ def _configure_vulkan(choice: str) -> str:
     for var in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES"):
         if os.environ.get(var):
             return f"{var} set by the user: {os.environ[var]}"
-    hardware = [f for f in _icd_manifests() if not _is_software_icd(f)]
+    hardware = hardware_icd_manifests()
     if choice == "hardware" or (choice == "auto" and hardware):
         if hardware and not any(os.path.dirname(f) in LOADER_ICD_DIRS for f in hardware):
             os.environ["VK_DRIVER_FILES"] = os.pathsep.join(hardware)  # where the loader would not look
@@ -156,7 +156,7 @@ class VulkanDevice:
     name: str
     type: str  # "discrete", "integrated", "virtual", "cpu" or "other"
     shader_f16: bool | None  # the Vulkan features WebGPU's shader-f16 rests on (float16 arithmetic, 16-bit storage)
-    vendor_id: int | None = None  # PCI vendor (0x10DE NVIDIA, 0x1002 AMD, 0x8086 Intel) or Khronos id (0x1AE0 Google)
+    vendor_id: int | None = None  # the PCI vendor id, or a Khronos id for a software driver
     memory_bytes: int | None = None  # its largest device-local memory heap
     max_storage_buffer_range: int | None = None  # the largest storage buffer binding (WebGPU's limit is at most this)
 
@@ -253,10 +253,10 @@ def driver_problems(
     manifests: list[str] | None = None, needs: dict[str, str] = LIBRARY_PACKAGES
 ) -> list[DriverProblem]:
     """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its driver
-    library cannot be loaded, or a library that GPU drivers load at start (glvnd's, for NVIDIA's
-    libGLX_nvidia.so.0) is missing. Loading a library only maps it; nothing starts."""
+    library cannot be loaded, or a library that GPU drivers load at start (``needs``: glvnd's) is missing.
+    Loading a library only maps it; nothing starts."""
     out = []
-    for manifest in manifests if manifests is not None else [f for f in _icd_manifests() if not _is_software_icd(f)]:
+    for manifest in manifests if manifests is not None else hardware_icd_manifests():
         try:
             library = json.loads(Path(manifest).read_text())["ICD"]["library_path"]
         except (OSError, ValueError, KeyError, TypeError) as exc:

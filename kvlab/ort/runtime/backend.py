@@ -1,9 +1,8 @@
 """The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
-``Backend``. Two packages, one subclass each in a file of its own: ``kvlab.ort.runtime.builtin`` (the
-``onnxruntime-webgpu`` wheel, its built-in WebGPU EP and the CPU EP) and ``kvlab.ort.runtime.plugin`` (``onnxruntime``
->= 1.31 with the WebGPU EP as the plugin library ``onnxruntime-ep-webgpu``). Which one runs is decided by what is
-installed (``kvlab.ort.runtime.device.backend``); devices, sessions, caches and the loop stay as they are.
-"""
+``Backend``. Two packages, one subclass each: ``kvlab.ort.runtime.builtin`` (the ``onnxruntime-webgpu`` wheel, its
+built-in WebGPU EP and the CPU EP) and ``kvlab.ort.runtime.plugin`` (``onnxruntime`` >= 1.31 with the WebGPU EP as
+the plugin library ``onnxruntime-ep-webgpu``). What is installed decides which runs
+(``kvlab.ort.runtime.device.backend``); what each cannot do is on docs/known-limits.md."""
 
 from __future__ import annotations
 
@@ -12,27 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from ...core.devices import DEVICES as DEVICES  # the device names, kept importable from here
 from .session import DeviceTensor
 
 
 class Backend:
-    """How kvlab reaches one ONNX Runtime package."""
+    """How kvlab reaches one ONNX Runtime package: its capabilities (class attributes) and the calls that differ."""
 
     package = "abstract"  # the PyPI package, e.g. "onnxruntime-webgpu"
     description = ""  # what it brings, e.g. "built-in WebGPU EP"
     version = ""
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
-    # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
-    # states="in-place"); where it does not, kvlab.ort.decode.caches.WEBGPU_IN_PLACE says why
-    webgpu_states_in_place = False
-    # whether its WebGPU GroupQueryAttention packs KV (kvCacheQuantizationBits: kvlab.ort.decode.kvprecision)
-    kv_quantization = False
-    # how a step binds a host array as an input, with as few calls as the package allows (it runs every step):
-    # (make, host): ``make(array, host)`` is a C-level OrtValue over the array, for ``bind_ortvalue_input``
+    webgpu_states_in_place = False  # its WebGPU EP runs a fixed-size state bound as input and output of one run
+    kv_quantization = False  # its WebGPU GroupQueryAttention packs KV (kvlab.ort.decode.kvprecision)
+    # (make, host): ``make(array, host)`` is a C-level OrtValue over a host array, for ``bind_ortvalue_input`` (a
+    # step binds its inputs with as few calls as the package allows)
     host_input: tuple[Any, Any] = (None, None)
-    # the package's Python OrtValue class: ``ortvalue(value)`` wraps a C-level value an IOBinding returned, and
-    # ``ortvalue.ortvalue_from_numpy(array)`` is one over host memory (the array must outlive it)
+    # the package's Python OrtValue class: ``ortvalue(value)`` wraps a C-level value an IOBinding returned
     ortvalue: Any = None
 
     @property

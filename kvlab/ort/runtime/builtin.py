@@ -1,30 +1,8 @@
 """The ``onnxruntime-webgpu`` wheel (1.27): the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``.
-
-What this package can and cannot do, as kvlab meets it: the one list in the code (other modules name the
-capability, not the version); docs/known-limits.md has the error messages and measurements behind each line.
-
-- EP options take effect only as session config entries (``ep.webgpuexecutionprovider.<key>``); the dict in
-  ``providers=[(name, {...})]`` is silently ignored.
-- One WebGPU context per process: created with the first WebGPU session's options, destroyed with the last one,
-  and every device tensor made through it goes with it (``kvlab.ort.runtime.device``).
-- A device tensor of a chosen shape cannot be allocated directly (``OrtValue.ortvalue_from_shape_and_type(...,
-  "gpu")`` fails). A one-node model run on the WebGPU EP, its output bound to the device, makes one, zero-filled:
-  Expand of a scalar zero for float32 and ints, Identity of host zeros for float16 (Expand computes float16 only
-  with shader-f16, which a software adapter lacks).
-- A fixed-size state bound as both input and output of one run is rejected (``webgpu_states_in_place`` False:
-  ``StaticCache(states="swap")``).
-- A captured graph cannot be released on its own (``release_graph`` returns False): its capturing session owns it.
-  A host value bound under capture is not refused, and the replay computes wrong tokens.
-- Its WebGPU Gather crashes the process on bool data (``kvlab.ort.models.graph.cast_bool_gathers``).
-- Its schemas lack what the onnxruntime-genai builder (0.18) writes for architectures beyond full attention (the
-  ``state_window`` attribute; LinearAttentionGate, GatedRMSNorm, MRotaryEmbedding; rank-3 ``position_ids``), and
-  its GroupQueryAttention takes at most 14 inputs: ``kvlab.ort.models.rewrites``,
-  ``kvlab.ort.models.build.ARCH_OPTIONS``.
-- GroupQueryAttention's ``local_window_size`` limits what a layer reads, not what its buffer holds.
-- No bfloat16 kernels for the builder's bf16 graph (``kvlab.presets.REFUSED_PRECISIONS``).
-- On a software adapter (SwiftShader) its prefill logits are wrong from query position 4 on; decode steps are
-  right (``kvlab.ort.checks.conformance``).
-"""
+What it cannot do, and what kvlab does about it (EP options as session config entries, device zeros made by a
+one-node model, states not in place, captured graphs not released on their own, bool Gathers rewritten, wrong
+prefill logits on a software adapter), is on docs/known-limits.md: the one list (other modules name the
+capability, not the version)."""
 
 from __future__ import annotations
 
@@ -33,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from ...core.devices import DEVICES
 from ...core.errors import DeviceError
-from .backend import DEVICES, Backend
-from .context import WEBGPU
-from .session import DeviceTensor, Session
+from .backend import Backend
+from .session import WEBGPU, DeviceTensor, Session
 
+EP_NAME = "WebGpuExecutionProvider"
 HELPER_LABEL = "kvlab's allocation helper"  # the one-node session that makes device zeros
 
 
@@ -90,19 +69,25 @@ class BuiltinWebGpu(Backend):
 
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
         so, ep = self.session_options(device, options)
-        for key, value in ep.items():  # this package reads EP options only as session config entries
-            so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
-        providers = ["WebGpuExecutionProvider"] if device.name == "webgpu" else ["CPUExecutionProvider"]
+        providers = self._reach(so, ep, device)
         try:
             sess = self.ort.InferenceSession(path, so, providers=providers)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own types; keep the message
             raise DeviceError(f"could not create a {device.name} session: {exc}") from exc
-        if device.name == "webgpu" and "WebGpuExecutionProvider" not in sess.get_providers():
+        if device.name == "webgpu" and EP_NAME not in sess.get_providers():
             raise DeviceError(
-                "the WebGPU EP could not start (ONNX Runtime fell back to the CPU EP, which kvlab never does "
-                f"silently); providers in force: {sess.get_providers()}. {device.adapter_hint()}"
+                f"the {self.description} did not take the session (ONNX Runtime fell back to the CPU EP, which "
+                f"kvlab never does silently; EP options {ep or 'none'}); providers in force: "
+                f"{sess.get_providers()}. {device.adapter_hint()}"
             )
         return sess
+
+    def _reach(self, so: Any, ep: dict[str, str], device: Any) -> list[str] | None:
+        """Point ``so`` at the device's EP with the EP options ``ep``; the ``providers`` argument that goes with it.
+        This package reads EP options only as session config entries."""
+        for key, value in ep.items():
+            so.add_session_config_entry(f"ep.webgpuexecutionprovider.{key}", value)
+        return [EP_NAME] if device.name == "webgpu" else ["CPUExecutionProvider"]
 
     def placement(self, sess: Any) -> list[str]:
         return [
@@ -141,29 +126,31 @@ class BuiltinWebGpu(Backend):
 
             elem = helper.np_dtype_to_tensor_dtype(dtype)
             if dtype == np.float16:
-                node, inputs = (
-                    helper.make_node("Identity", ["x"], ["y"]),
-                    [helper.make_tensor_value_info("x", elem, None)],
-                )
+                model = one_node_model("Identity", {"x": (elem, None)}, elem)
             else:
-                node = helper.make_node("Expand", ["value", "shape"], ["y"])
-                inputs = [
-                    helper.make_tensor_value_info("value", elem, []),
-                    helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
-                ]
-            graph = helper.make_graph([node], "kvlab_zeros", inputs, [helper.make_tensor_value_info("y", elem, None)])
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-            model.ir_version = 9
-            self._helpers[key] = Session(device, model.SerializeToString(), HELPER_LABEL)
+                model = one_node_model("Expand", {"value": (elem, []), "shape": (TensorProto.INT64, [None])}, elem)
+            self._helpers[key] = Session(device, model, HELPER_LABEL)
         return self._helpers[key]
 
     def copy(self, src: Any, dst: Any) -> None:
         if src.device_name() == dst.device_name() == "cpu":  # copy_tensors has no transfer from the CPU to itself
             np.copyto(dst.numpy(), src.numpy())  # a CPU value's numpy() is a view of its memory
             return
-        with WEBGPU:  # one of them is on WebGPU's one context (kvlab.ort.runtime.context)
+        with WEBGPU:  # one of them is on WebGPU's one context (kvlab.ort.runtime.session)
             self.ort.copy_tensors([src], [dst], None)
 
     def forget(self, device: Any) -> None:
         for key in [k for k in self._helpers if k[0] == id(device)]:
             del self._helpers[key]
+
+
+def one_node_model(op: str, inputs: dict[str, tuple[int, Any]], out_type: int, out_shape: Any = None) -> bytes:
+    """A serialized ONNX model of one ``op`` node: ``inputs`` name -> (element type, shape), its output "y"."""
+    from onnx import helper
+
+    node = helper.make_node(op, list(inputs), ["y"])
+    values = [helper.make_tensor_value_info(name, elem, shape) for name, (elem, shape) in inputs.items()]
+    graph = helper.make_graph([node], "kvlab_" + op, values, [helper.make_tensor_value_info("y", out_type, out_shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model.SerializeToString()

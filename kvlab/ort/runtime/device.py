@@ -8,8 +8,7 @@ context, and device tensors die with the context (how long it lives depends on t
 that would not take effect, and refuses to close a device while kvlab tensors live on it.
 
 A device's options are checked in ``kvlab.ort.runtime.options``; what a graph needs before its session opens on a
-device, in ``kvlab.ort.runtime.preflight``.
-"""
+device, in ``kvlab.ort.runtime.preflight``."""
 
 from __future__ import annotations
 
@@ -25,39 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from ...core.devices import DEVICES
 from ...core.errors import ConfigError, DeviceError, check_choice
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
-from .backend import DEVICES, Backend, versions
+from .backend import Backend, versions
 from .builtin import BuiltinWebGpu
-from .context import gate
-from .options import (
-    BUFFER_CACHE_MODES,
-    VALIDATION_MODES,
-    cpu_options,
-    webgpu_options,
-    with_cpu_defaults,
-    with_webgpu_defaults,
-)
+from .options import cpu_options, webgpu_options, with_cpu_defaults, with_webgpu_defaults
 from .preflight import refuse_f16, workarounds
-from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, release_everything
-
-__all__ = [
-    "BUFFER_CACHE_MODES",
-    "VALIDATION_MODES",
-    "Device",
-    "backend",
-    "close_device",
-    "copy_tensor",
-    "cpu_options",
-    "describe",
-    "open_device",
-    "opened",
-    "private_device",
-    "versions",
-    "webgpu_options",
-]
+from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, gate, release_everything
 
 
 class Device:
@@ -71,12 +47,13 @@ class Device:
         # tensor token -> nbytes of the live kvlab-owned tensors: each DeviceTensor adds itself and its finalizer
         # removes it (one dict operation each, atomic under the GIL; readers copy it first)
         self.live: dict[int, int] = {}
-        self.lock = gate(name)  # held while using a tensor or session here (kvlab.ort.runtime.context)
+        self.lock = gate(name)  # held while using a tensor or session here (kvlab.ort.runtime.session)
         self._sessions_lock = threading.RLock()  # the session cache is checked and filled by one thread at a time
         self.closed = False
 
     @property
     def label(self) -> DeviceLabel:
+        """What runs here, for records and plots: the device, its adapter, the package and its settings."""
         webgpu = self.name == "webgpu"
         mode = self.ep_options.get("storageBufferCacheMode", "bucket") if webgpu else ""
         validation = self.ep_options.get("validationMode", "basic") if webgpu else ""  # "basic": ORT's default
@@ -153,6 +130,7 @@ class Device:
 
     @staticmethod
     def adapter_hint() -> str:
+        """What to do when WebGPU finds no adapter, in words (for errors)."""
         return (
             "No WebGPU adapter: on Debian/Ubuntu run `bash scripts/setup.sh` (installs libvulkan1 and "
             "chromium-common, whose SwiftShader driver kvlab uses when there is no GPU), or install your GPU's "
@@ -164,8 +142,9 @@ class Device:
             raise DeviceError(f"the {self.name} device was closed; open a new one with kvlab.open_device()")
 
     def close(self) -> None:
-        """Release every session on this device (for WebGPU: the context, so new options can take effect).
-        Refused while kvlab-owned tensors are alive on it (they would dangle)."""
+        """Release every session on this device (for WebGPU: the context, so new options can take effect), and
+        mark it closed; nothing on a closed device. DeviceError, leaving it open, while kvlab-owned tensors are
+        alive on it (they would dangle)."""
         if self.closed:
             return
         if self.live:
@@ -178,7 +157,7 @@ class Device:
         self._sessions.clear()
         self.backend.forget(self)
         self.closed = True
-        if _OPEN.get(self.name) is self:  # a private device (e.g. bench's 4 KiB-page twin) is not the open one
+        if _OPEN.get(self.name) is self:  # a private device is not the open one
             del _OPEN[self.name]
 
 
@@ -285,8 +264,7 @@ def _release_while_the_runtime_lives() -> None:
     """At exit, before the interpreter frees what is left in whatever order: collect the garbage, release every
     kvlab tensor and let go of every IOBinding while the sessions they belong to still exist. A binding kept past
     this point (by an exception stored in a module, or IPython's last traceback) would otherwise be freed during
-    finalization after its session, which touches freed memory (tests/test_reliability.py runs the debug
-    allocators)."""
+    finalization after its session, which touches freed memory."""
     gc.collect()
     release_everything()
     drop_every_binding()
@@ -302,7 +280,8 @@ def close_device(name: str) -> None:
 
 
 def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
-    """Copy a whole tensor into another of the same shape and dtype (host<->device or device<->device)."""
+    """Copy a whole tensor into another of the same shape and dtype (host<->device or device<->device); ConfigError
+    where they differ, DeviceError where the backend has no such copy."""
     if src.shape != dst.shape or src.dtype != dst.dtype:
         raise ConfigError(
             f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}: shapes and dtypes must match"
@@ -312,7 +291,7 @@ def copy_tensor(src: DeviceTensor, dst: DeviceTensor) -> None:
 
 
 def describe() -> dict[str, Any]:
-    """Machine-readable environment summary (used in benchmark results and doctor)."""
+    """The environment, machine-readable: the backend, package versions, platform, CPU and Vulkan adapters."""
     return {
         "backend": backend().name,
         "versions": versions(),

@@ -1,11 +1,8 @@
-"""The GPU memory this process holds, as the NVIDIA driver accounts it (NVML, ``nvidia-ml-py``): what Dawn's
-buffers on a real GPU cost, pooled or not, next to kvlab's exact tensor counts.
-
-Exact for what it is (the driver's per-process accounting of device memory, read with
-``nvmlDeviceGetGraphicsRunningProcesses`` and ``...ComputeRunningProcesses``, a Vulkan application being a
-graphics process); it includes everything the process holds on the GPU (weights, Dawn's pools, kernels), and
-moves in the driver's allocation granularity. None where there is no NVIDIA GPU or no NVML.
-"""
+"""The GPU memory this process holds, as the GPU driver accounts it through NVML (``nvidia-ml-py``): what Dawn's
+buffers on a real GPU cost, pooled or not, next to kvlab's exact tensor counts. Exact for what it is (the driver's
+per-process accounting, graphics and compute processes: a Vulkan application is a graphics process), it includes
+everything the process holds on the GPU (weights, Dawn's pools, kernels) and moves in the driver's allocation
+granularity; not available (None) without NVML or its GPU."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ class GpuMemory:
             self.device = pynvml.nvmlDeviceGetName(self._handle)
             self.driver = pynvml.nvmlSystemGetDriverVersion()
             self.available = True
-        except Exception:  # noqa: BLE001 - no NVIDIA driver, no pynvml: nothing to read
+        except Exception:  # noqa: BLE001 - no NVML driver, no pynvml: nothing to read
             self.device, self.driver = "", ""
 
     def read(self) -> int | None:
@@ -45,6 +42,7 @@ class GpuMemory:
         return used
 
     def __call__(self, record: StepRecord) -> None:
+        """As a step hook: one reading for the record's step."""
         self.sample(record.step)
 
     def sample(self, step: int | None = None) -> None:
@@ -55,6 +53,7 @@ class GpuMemory:
             self.bytes.append(value)
 
     def describe(self) -> dict[str, Any]:
+        """Where the readings come from, for a record: available, the GPU's name, the driver's version, the source."""
         return {
             "available": self.available,
             "device": self.device,

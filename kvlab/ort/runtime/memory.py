@@ -1,13 +1,11 @@
 """Where the process's memory sits: transparent huge pages for the weights a decode step streams.
 
-A decode step on the CPU reads every weight once (~540 MB for SmolLM2-135M fp32). ONNX Runtime allocates its
-(prepacked) weight buffers with plain malloc, in 4 KiB pages; numpy, which the bandwidth roofline is measured with,
-asks the kernel for 2 MiB transparent huge pages for its large arrays, so kvlab gives the weights the same pages
-(what that changes: ``kvlab bench``'s "4KiB-pages" twin of the static cache, data/README.md).
-``collapse_new`` does the collapse (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for the memory a session
-allocated in new mappings; memory that reuses ranges mapped before (after an earlier session in the same process
-was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed. Elsewhere than Linux it
-does nothing and says so.
+A decode step on the CPU reads every weight once. ONNX Runtime allocates its (prepacked) weight buffers with plain
+malloc, in 4 KiB pages, where numpy asks the kernel for 2 MiB transparent huge pages for its large arrays: kvlab
+gives the weights the same pages. ``collapse_new`` does it (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for
+the memory a session allocated in new mappings; memory that reuses ranges mapped before (after an earlier session
+in the same process was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed.
+Elsewhere than Linux it does nothing and says so.
 """
 
 from __future__ import annotations

@@ -16,14 +16,18 @@ from ...core.errors import check_choice, check_flag, check_int
 VALIDATION_MODES = ("disabled", "wgpuOnly", "basic", "full")
 
 
-def cpu_count() -> int:
-    """The logical CPUs this process may run on (its affinity where the OS says; else ``os.cpu_count()``): the
-    most CPU EP threads kvlab accepts. More threads than CPUs only contend (4,096 on 2 cores made a 2-token run
-    take 97 s)."""
+def _allowed_cpus() -> list[int]:
+    """The logical CPUs this process may run on: its affinity where the OS says, else all of them."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_count() -> int:
+    """How many logical CPUs this process may run on: the most CPU EP threads kvlab accepts (more only contend:
+    docs/known-limits.md)."""
+    return max(1, len(_allowed_cpus()))
 
 
 def physical_cores() -> int:
@@ -43,13 +47,6 @@ def idle_cores(seconds: float = 0.1) -> float:
     busy = psutil.cpu_percent(interval=seconds, percpu=True)
     mine = [busy[i] for i in allowed if i < len(busy)] or busy
     return sum(100.0 - b for b in mine) / 100.0
-
-
-def _allowed_cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
 
 
 def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
@@ -73,10 +70,9 @@ def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
 
 def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
     """``options`` (``webgpu_options``'s) completed with kvlab's WebGPU EP default: validation mode "disabled", as
-    onnxruntime-genai's builder configures a model built for graph capture. ONNX Runtime's default, "basic", made
-    1.27's replay of a captured decode step 4-5x slower on an NVIDIA H200 (docs/graph-capture.md); "disabled" skips
-    Dawn's and ONNX Runtime's checks of every command, so a misuse of the API is not reported: ask for "basic" or
-    "full" to debug one."""
+    onnxruntime-genai's builder configures a model built for graph capture (ONNX Runtime's default, "basic", slows a
+    captured step: docs/graph-capture.md). "disabled" skips Dawn's and ONNX Runtime's checks of every command, so a
+    misuse of the API is not reported: ask for "basic" or "full" to debug one."""
     return {"validationMode": DEFAULT_VALIDATION, **options}
 
 
@@ -111,7 +107,8 @@ def _flag(name: str, value: Any) -> str:
 
 
 def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:
-    """Validated WebGPU EP options (only what was asked for; ORT's defaults otherwise)."""
+    """WebGPU EP options, only those asked for; ConfigError for a mode not in ``BUFFER_CACHE_MODES`` or
+    ``VALIDATION_MODES``."""
     options = {}
     if buffer_cache_mode is not None:
         options["storageBufferCacheMode"] = check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
@@ -124,7 +121,8 @@ def cpu_options(
     threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
 ) -> dict[str, str]:
     """CPU EP options, only those asked for (kvlab's defaults complete them: ``with_cpu_defaults``; huge pages are on
-    by default). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``)."""
+    by default). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``). ConfigError for a
+    value out of range or a flag that is not a bool."""
     options = {}
     if huge_pages is not None:
         options["huge_pages"] = _flag("huge_pages", huge_pages)

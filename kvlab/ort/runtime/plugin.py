@@ -1,35 +1,12 @@
 """The plugin route: ``onnxruntime`` (>= 1.31, which brings the CPU EP) with the WebGPU EP as a library that ONNX
-Runtime loads at run time, the package ``onnxruntime-ep-webgpu`` (0.4.0). It lives in an environment of its own
-(``bash scripts/setup.sh --plugin`` makes ``.venv-plugin/``): both routes install the module ``onnxruntime``.
-
-The CPU EP and ONNX Runtime's Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them). What this
-package does differently, as kvlab meets it: the one list in the code; docs/known-limits.md has the error
-messages and measurements behind each line.
-
-- The library is registered once per process (``register_execution_provider_library``): registering it a second
-  time raises, and the next session created in that process then crashes. kvlab registers it exactly once, under a
-  lock; onnxruntime-genai loads EP libraries itself and needs it registered there too, after ONNX Runtime.
-- A session reaches the EP through its ``OrtEpDevice``: ``SessionOptions.add_provider_for_devices([device],
-  options)``, with the EP options as a dict of short keys. ``providers=["WebGpuExecutionProvider"]`` gives a
-  CPU-only session without a word, and so does an option value the EP rejects (ONNX Runtime falls back to the CPU
-  EP and goes on): every WebGPU session is checked to have the EP in force.
-- A software adapter is listed only with ``ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1``; kvlab sets it when the adapter
-  it found is a software one.
-- Device tensors are allocated directly (``OrtValue.ortvalue_from_shape_and_type(shape, dtype, "webgpu", 0)``,
-  zero-filled); no helper model. Host data goes in with ``ort.copy_tensors`` (or ``update_inplace``).
-- The WebGPU context is created by the first thing that touches the device, with that session's options (or the
-  defaults, for a tensor allocated before any session), and once any tensor has crossed between host and device
-  it stays for the life of the process, even after every session is released. So kvlab opens a one-node session
-  with the device's options before its first allocation, and refuses a WebGPU device with other context options
-  later in the same process (it would silently run with the first ones): use a new process.
-- A fixed-size state bound as both input and output of one run is accepted (``webgpu_states_in_place``).
-- A captured graph can be released on its own (``InferenceSession.release_captured_graph``); a host value bound
-  under capture is refused by its Python layer.
-- Prefill logits equal the CPU EP's on a software adapter too.
-- After onnxruntime-genai ran on WebGPU in the process, a kvlab WebGPU session left to the interpreter's
-  finalization aborts the process at exit: kvlab lets go of its sessions first
-  (``kvlab.ort.runtime.session.drop_every_session``).
-"""
+Runtime loads at run time, the package ``onnxruntime-ep-webgpu``, in an environment of its own (``bash
+scripts/setup.sh --plugin`` makes ``.venv-plugin/``: both routes install the module ``onnxruntime``). The CPU EP
+and the Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them). What this package does
+differently (the library registered once per process, with ONNX Runtime and with onnxruntime-genai; sessions
+reach the EP through its ``OrtEpDevice`` and fall back to the CPU EP without a word; a software adapter listed only
+when allowed; device tensors allocated directly; a WebGPU context that takes the options of whatever touches the
+device first and then outlives its sessions; states in place; captured graphs released one by one; sessions let go
+before exit after onnxruntime-genai ran) is on docs/known-limits.md."""
 
 from __future__ import annotations
 
@@ -41,11 +18,9 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import DeviceError
-from .builtin import BuiltinWebGpu
-from .context import WEBGPU
-from .session import DeviceTensor, Session
+from .builtin import EP_NAME, BuiltinWebGpu, one_node_model
+from .session import WEBGPU, DeviceTensor, Session
 
-EP_NAME = "WebGpuExecutionProvider"
 MIN_ORT = (1, 31)
 SOFTWARE_ADAPTER_ENV = "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER"
 # options of the WebGPU context (ParseWebGpuContextConfig in the EP library): only the context's creator sets them
@@ -85,8 +60,8 @@ class PluginWebGpu(BuiltinWebGpu):
 
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"
-    webgpu_states_in_place = True  # a state read and written in place by one run (tests/test_beyond_full.py)
-    kv_quantization = True  # the EP option kvCacheQuantizationBits, 8 or 4 (docs/kv-memory.md)
+    webgpu_states_in_place = True
+    kv_quantization = True  # the EP option kvCacheQuantizationBits, 8 or 4
 
     def __init__(self) -> None:
         super().__init__()
@@ -145,26 +120,19 @@ class PluginWebGpu(BuiltinWebGpu):
 
     # -- sessions
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
-        so, ep = self.session_options(device, options)
-        providers = None
-        if device.name == "webgpu":
-            self._check_context(device)
-            so.add_provider_for_devices([self.ep_device(device)], ep)
-        else:
-            providers = ["CPUExecutionProvider"]
-        try:
-            sess = self.ort.InferenceSession(path, so, providers=providers)
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own types; keep the message
-            raise DeviceError(f"could not create a {device.name} session: {exc}") from exc
-        if device.name == "webgpu" and EP_NAME not in sess.get_providers():
-            raise DeviceError(
-                f"the WebGPU plugin EP did not take the session (ONNX Runtime fell back to the CPU EP, which it does "
-                f"when the EP rejects an option value: {ep or 'no options'}); providers in force: "
-                f"{sess.get_providers()}. {device.adapter_hint()}"
-            )
+        sess = super().create_session(path, device, options)
         if device.name == "webgpu" and self._context is None:
             self._context = self._context_of(device)
         return sess
+
+    def _reach(self, so: Any, ep: dict[str, str], device: Any) -> list[str] | None:
+        """Through the EP's ``OrtEpDevice``, the EP options a dict of short keys (``providers`` would give a
+        CPU-only session)."""
+        if device.name != "webgpu":
+            return ["CPUExecutionProvider"]
+        self._check_context(device)
+        so.add_provider_for_devices([self.ep_device(device)], ep)
+        return None
 
     @staticmethod
     def _context_of(device: Any) -> dict[str, str]:
@@ -201,7 +169,9 @@ class PluginWebGpu(BuiltinWebGpu):
     def _anchor(self, device: Any) -> None:
         """Create the WebGPU context with the device's options (not the defaults), by a one-node session."""
         if id(device) not in self._anchors:
-            self._anchors[id(device)] = Session(device, _identity_model(), ANCHOR_LABEL)
+            self._anchors[id(device)] = Session(
+                device, one_node_model("Identity", {"x": (1, [1])}, 1, [1]), ANCHOR_LABEL
+            )
 
     def forget(self, device: Any) -> None:
         super().forget(device)
@@ -219,17 +189,3 @@ class PluginWebGpu(BuiltinWebGpu):
             if "genai" not in _REGISTERED:
                 og.register_execution_provider_library(EP_NAME, ep.get_library_path())
                 _REGISTERED.add("genai")
-
-
-def _identity_model() -> bytes:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "kvlab_anchor",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    return model.SerializeToString()

@@ -9,12 +9,14 @@ from pathlib import Path
 
 from ...core.errors import DeviceError
 from ...core.labels import Adapter
-from ..models.graph import FLOAT16, bool_gathers, cast_bool_gathers, elem_type, load_graph
+from ..models.graph import FLOAT16, elem_type, load_graph
+from ..models.rewrites import bool_gathers, cast_bool_gathers
 
 
 def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
     """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it (a bool
-    Gather on WebGPU: ``kvlab.ort.models.graph.cast_bool_gathers``), and what was rewritten."""
+    Gather on WebGPU: ``kvlab.ort.models.rewrites.cast_bool_gathers``), and what was rewritten. DeviceError for
+    such a model over 2 GiB (a serialized model's limit)."""
     if device != "webgpu" or not bool_gathers(load_graph(onnx_file)):
         return str(onnx_file), []
     import onnx
@@ -25,10 +27,8 @@ def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
             f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
             "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB"
         )
-    names = cast_bool_gathers(model)
-    return model.SerializeToString(), [
-        f"bool Gather {n!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)" for n in names
-    ]
+    done = cast_bool_gathers(model)
+    return model.SerializeToString(), done
 
 
 def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> None:

@@ -5,12 +5,19 @@ allocated) and a ``DeviceTensor`` (a tensor kvlab owns on a device, released exa
 The tensor lives beside the binding because an OrtValue an IOBinding returns does not own its buffer: once that
 IOBinding's outputs are cleared and it runs again, the earlier value reads the new run's data or freed memory. So
 every value kvlab keeps is a ``DeviceTensor`` holding the IOBinding that owns it, and nothing here hands out a raw
-``OrtValue`` for keeping."""
+``OrtValue`` for keeping.
+
+ONNX Runtime's WebGPU EP keeps one context per process (one queue, one command encoder, one buffer manager), which
+is not safe to use from two threads at once: every use of it by kvlab (a run, a copy, an allocation, a read-back, a
+release) holds ``WEBGPU``, a re-entrant lock (a release inside a run's cleanup takes it again). The CPU EP runs
+sessions from several threads at once and takes none."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -23,7 +30,14 @@ from ...core.guards import atomic
 from . import memory
 from .preflight import refuse_cpu_fallback
 
+WEBGPU = threading.RLock()
+_NO_LOCK = contextlib.nullcontext()
 _SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_session(), at exit
+
+
+def gate(device_name: str) -> Any:
+    """The lock to hold while using a tensor or session on ``device_name``: ``WEBGPU``, or none for the CPU."""
+    return _NO_LOCK if device_name == "cpu" else WEBGPU
 
 
 class Session:
@@ -88,7 +102,7 @@ class Binding:
         self.session = session
         self._backend = session.device.backend
         self._io = session.ort.io_binding()
-        self._lock = session.device.lock  # held for every use of WebGPU's one context (kvlab.ort.runtime.context)
+        self._lock = session.device.lock  # held for every use of WebGPU's one context (the module docstring)
         self._from_host, self._host = self._backend.host_input
         self._ortvalue = self._backend.ortvalue  # the package's OrtValue class, resolved once
         self._prebound: dict[str, int] = {}  # output name -> data_ptr bound
@@ -171,7 +185,7 @@ class Binding:
         DeviceError when a binding with runtime-allocated outputs is run twice."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
-        with self._lock:  # one thread at a time on WebGPU's one context (kvlab.ort.runtime.context)
+        with self._lock:  # one thread at a time on WebGPU's one context (the module docstring)
             return self._run()
 
     def _run(self) -> RunResult:

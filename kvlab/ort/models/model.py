@@ -1,6 +1,5 @@
-"""Models: ``load("toy" | "kv-heavy" | "smollm2" | ... | path)`` gives a ``Model``: its ``ModelInfo`` (read from the
-directory by ``kvlab.ort.models.layouts``), its tokenizer and chat template. Built-in models are built on first use
-(``kvlab.ort.models.build``)."""
+"""A loaded model (``Model``: its ``ModelInfo``, tokenizer and chat template) and ``load("toy" | "kv-heavy" |
+"smollm2" | ... | path)``, which builds a built-in model on first use (``kvlab.ort.models.build``)."""
 
 from __future__ import annotations
 
@@ -17,17 +16,7 @@ from ...core.errors import ConfigError, ModelError, check_flag, check_int
 from ...core.guards import check_token_ids
 from ...presets import BUILTIN_NAMES, check_precision
 from .build import ensure_built
-from .info import ModelInfo
-from .layouts import read_info as read_layout
-
-
-def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (an onnxruntime-genai builder output or a Hugging Face ONNX export);
-    ModelError for a missing directory or one whose config and graph kvlab cannot use."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
-    return read_layout(path, name)
+from .info import ModelInfo, read_info
 
 
 class Model:
@@ -58,11 +47,13 @@ class Model:
 
     @property
     def onnx_path(self) -> Path:
+        """The decoder graph's file (``ModelInfo.onnx_path``)."""
         return self.info.onnx_path
 
-    # -- text
     @cached_property
     def chat_template(self) -> str | None:
+        """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's; a named list's
+        "default"), or None; ModelError for a config that is not JSON or a template that is not a string."""
         jinja = self.info.path / "chat_template.jinja"
         if jinja.is_file():
             return jinja.read_text()
@@ -153,7 +144,8 @@ class Model:
             ) from exc
 
     def check_ids(self, ids: Any) -> np.ndarray:
-        """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1)."""
+        """Token ids as a 1-D int64 array, each checked against the vocabulary (batch size 1); ConfigError
+        otherwise."""
         return check_token_ids(ids, self.info.vocab_size)
 
     def tokens_of(self, text: str, length: int) -> np.ndarray:
@@ -162,6 +154,7 @@ class Model:
         return np.resize(self.encode(text), length).astype(np.int64)
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens left out."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
