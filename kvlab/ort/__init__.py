@@ -1,6 +1,7 @@
-"""The ONNX Runtime backend: devices and sessions (CPU EP, WebGPU EP), models from the onnxruntime-genai builder,
-the two caches (and the static one with its decode step captured as a WebGPU graph), the step and the generation
-loop."""
+"""The ONNX Runtime backend: models from the onnxruntime-genai builder, devices and sessions (CPU EP, WebGPU EP), the
+caches (the static one also with its decode step captured as a WebGPU graph), the step and the generation loop. Four
+rooms, each importing only the ones before it: ``models`` <- ``runtime`` <- ``decode`` <- ``checks``. This facade
+names the public API; no room imports it."""
 
 from .decode.cache_kinds import make_cache
 from .decode.caches import DynamicCache, StaticCache

@@ -1,8 +1,6 @@
-"""Does a device compute the same logits as the CPU EP? Position by position, on the same input.
-
-A package whose prefill is wrong on some adapter (``kvlab.ort.runtime.builtin`` names one) shows it here:
-``check(model, ids, mode="prefill")`` says from which position on.
-"""
+"""Does a device compute the same logits as the CPU EP? Position by position, on the same input: a package whose
+prefill is wrong on some adapter (docs/known-limits.md names one) shows it here, ``check(model, ids,
+mode="prefill")`` saying from which position on."""
 
 from __future__ import annotations
 
@@ -40,9 +38,11 @@ class Conformance:
 
     @property
     def agrees(self) -> bool:
+        """Whether every position agrees (``first_divergence`` is None)."""
         return self.first_divergence is None
 
     def frame(self):
+        """A pandas DataFrame, one row per position: its max |diff| and whether the argmax agrees."""
         import pandas as pd
 
         return pd.DataFrame(
@@ -54,6 +54,7 @@ class Conformance:
         )
 
     def summary(self) -> str:
+        """The comparison in one line: the devices, the largest difference, where they part."""
         where = (
             "all positions agree"
             if self.agrees
@@ -77,8 +78,8 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
 
 
 # how far two devices' logits may differ and still count as the same, by the dtype they compute in: above what a
-# hardware adapter shows against the CPU EP (data/gpu/README.md, "Correctness on the hardware adapter"); float16 is
-# looser, since the CPU EP computes an fp16 model's MatMuls in float32 while WebGPU rounds them to 11 bits
+# hardware adapter shows against the CPU EP (docs/known-limits.md); float16 is looser, since the CPU EP computes an
+# fp16 model's MatMuls in float32 while WebGPU rounds them to 11 bits
 ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 

@@ -1,21 +1,11 @@
 """mobius's own static cache (``mobius.tasks.CausalLMTask(static_cache=True, max_seq_len=N)``) for a
-``TinyKVShared`` preset, built and run beside kvlab's ``StaticCache``: a different idea of a static cache.
-
-kvlab's StaticCache binds fixed [1, kv_heads, max_cache_len, head_dim] buffers as both past and present of the
-builder's GroupQueryAttention (written in place, ``past_present_share_buffer``), and feeds the attention mask.
-mobius's static graph instead takes each cache-owning layer's buffer as an input ``key_cache.i`` / ``value_cache.i``
-of [batch, max_seq_len, kv_hidden], scatters the step's keys into it (ONNX ``TensorScatter`` at ``write_indices``)
-and returns the result as a new output ``updated_key_cache.i``, which the caller feeds back at the next step; the
-attention is ONNX's opset-24 ``Attention`` over all max_seq_len slots with a float bias (causal, sliding window,
-``slot < nonpad_kv_seqlen``) built inside the graph. From the runtime it needs: ``input_ids``, ``position_ids``,
-``write_indices`` (where the step's keys go) and ``nonpad_kv_seqlen`` (how many slots are valid after it), and two
-sets of cache buffers (the fed ones and the updated ones: ``run`` swaps them).
-"""
+``TinyKVShared`` preset, built and run beside kvlab's ``StaticCache``: a different idea of a static cache. Its graph
+takes each cache-owning layer's buffer as an input ``key_cache.i`` / ``value_cache.i`` of [batch, max_seq_len,
+kv_hidden], scatters the step's keys into it at ``write_indices`` and returns the result as a new output
+``updated_key_cache.i``, fed back at the next step (docs/kv-shared.md compares the two)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,23 +14,24 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import ConfigError, check_int
+from ...presets.recipes import building
 from ..models.mobius import export
+from ..runtime.device import open_device
+from ..runtime.session import release_all, zeros_all
+from .references import hf_checkpoint
 
 
 def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:
     """mobius's static-cache export of the checkpoint behind ``model`` (a loaded mobius preset), weights applied,
-    into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``); reused when built already."""
+    into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``; atomically); reused when built already.
+    ConfigError for a ``max_seq_len`` that is not a positive int, ModelError for a model kvlab did not build."""
     max_seq_len = check_int(max_seq_len, "max_seq_len", 1)
     out = Path(out or model.info.path.parent / f"{model.info.path.name}-mobius-static-{max_seq_len}")
-    if (out / "model.onnx").is_file():
-        return out
-    from mobius.tasks import CausalLMTask
+    if not (out / "model.onnx").is_file():
+        from mobius.tasks import CausalLMTask
 
-    hf_dir = Path(json.loads((model.info.path / "kvlab_recipe.json").read_text())["hf_dir"])
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a build that did not finish
-    export(hf_dir, tmp, CausalLMTask(static_cache=True, max_seq_len=max_seq_len))
-    tmp.rename(out)
+        with building(out, "model.onnx") as tmp:
+            export(hf_checkpoint(model), tmp, CausalLMTask(static_cache=True, max_seq_len=max_seq_len))
     return out
 
 
@@ -60,11 +51,10 @@ class StaticRun:
 
 class MobiusStatic:
     """mobius's static-cache graph at ``path`` on ``device`` (a kvlab device name): ``generate`` runs it greedily
-    with its buffers on the device, the updated ones fed back at every step."""
+    with its buffers on the device, the updated ones fed back at every step. Raises what ``Device.session`` raises
+    (DeviceError where the device's EP does not take its heavy nodes)."""
 
     def __init__(self, path: Path, device: str = "cpu"):
-        from ..runtime.device import open_device
-
         self.device = open_device(device)
         self.session = self.device.session(Path(path) / "model.onnx", f"mobius static cache, {path.name}")
         inputs = self.session.ort.get_inputs()
@@ -72,9 +62,8 @@ class MobiusStatic:
         self.max_seq_len = int(next(iter(self.caches.values()))[1])
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> StaticRun:
-        """Greedy tokens for ``prompt``; ConfigError when prompt + max_new_tokens exceeds max_seq_len."""
-        from ..runtime.session import release_all, zeros_all
-
+        """Greedy tokens for ``prompt``, every buffer released after; ConfigError when prompt + max_new_tokens
+        exceeds max_seq_len."""
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ConfigError(
                 f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed this graph's max_seq_len "

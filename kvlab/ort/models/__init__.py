@@ -1,4 +1,5 @@
-"""The models room: ONNX decoders as files. Reading a graph without its weights (``graph``), what each layer keeps
-between steps (``layers``, ``layouts``, ``info``), loading (``loading``), and building the presets with the
-onnxruntime-genai builder (``build``, ``builder_shims``, ``rewrites``). Runs no session: imports ``kvlab.core`` and
-``kvlab.presets`` only."""
+"""The models room: ONNX decoders as files. Reading a graph without its weights (``graph``); what a directory's
+config declares (``declared``) and what each layer keeps (``layers``), checked against each other into a
+``ModelInfo`` (``info``); a loaded ``Model`` and ``load`` (``model``); building the presets (``build``: the
+onnxruntime-genai builder with its ``builder_shims``, or ``mobius``) and the graph rewrites kvlab makes
+(``rewrites``). Runs no session: imports ``kvlab.core`` and ``kvlab.presets`` only."""
