@@ -116,6 +116,7 @@ class TinyArch:
 
     @property
     def layers(self) -> int:
+        """How many layers: one per layer type."""
         return len(self.layer_types)
 
 
@@ -156,6 +157,7 @@ class TinyKVShared:
 
     @property
     def layers(self) -> int:
+        """How many layers: one per layer type."""
         return len(self.layer_types)
 
 

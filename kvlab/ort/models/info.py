@@ -47,6 +47,7 @@ class ModelInfo:
 
     @property
     def onnx_path(self) -> Path:
+        """The decoder graph's file."""
         return self.path / self.decoder_file
 
     @property
@@ -61,6 +62,7 @@ class ModelInfo:
 
     @property
     def dtype_name(self) -> str:
+        """The KV cache's dtype, by name ("float32", "float16")."""
         return np.dtype(self.dtype).name
 
     @property

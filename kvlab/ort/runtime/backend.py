@@ -31,6 +31,7 @@ class Backend:
 
     @property
     def name(self) -> str:
+        """The package and what it brings, for labels and errors."""
         return f"{self.package} ({self.description})" if self.description else self.package
 
     def label_for(self, device_name: str) -> tuple[str, str]:

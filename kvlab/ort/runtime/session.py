@@ -60,9 +60,11 @@ class Session:
 
     @property
     def providers(self) -> list[str]:
+        """The execution providers in force for this session, as ONNX Runtime lists them."""
         return self.ort.get_providers()
 
     def binding(self) -> Binding:
+        """A new IOBinding of this session (nothing bound yet)."""
         return Binding(self)
 
 
@@ -273,6 +275,7 @@ class DeviceTensor:
 
     @property
     def released(self) -> bool:
+        """Whether ``release()`` has run (any use now is a DeviceError)."""
         return self._value is None
 
     def ortvalue(self) -> Any:
@@ -287,6 +290,7 @@ class DeviceTensor:
             return np.array(self.ortvalue().numpy(), copy=True)
 
     def release(self) -> None:
+        """Give the buffer back to the runtime and stop counting it live on its device; again: nothing."""
         if self._value is None:
             return
         with self.device.lock:  # the buffer goes back to the (one) WebGPU buffer manager now
@@ -310,6 +314,7 @@ class _Owner:
         self.io_binding, self.count = io_binding, count
 
     def drop(self) -> None:
+        """One output tensor fewer; at the last, the IOBinding's outputs are cleared."""
         self.count -= 1
         if self.count == 0 and self.io_binding is not None:
             self.io_binding.clear_binding_outputs()
