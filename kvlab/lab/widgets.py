@@ -141,6 +141,7 @@ class CacheLab:
         return pd.DataFrame(self.rows)
 
     def get_model(self) -> Model:
+        """The model the model control names, loaded on first use and kept."""
         name = self.model.value
         if name not in self._models:
             self._models[name] = load(name)

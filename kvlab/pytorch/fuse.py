@@ -192,6 +192,7 @@ class Part(nn.Module):
             self.fused = owner  # registered once, by the first part
 
     def forward(self, x: Any) -> Any:
+        """What the replaced Linear returned for ``x``."""
         return self.owner[0].compute(x, self.i)
 
 
@@ -204,6 +205,7 @@ class GatedMLP(nn.Module):
         self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
 
     def forward(self, x: Any) -> Any:
+        """What the replaced MLP returned for ``x``."""
         gate, up = F.linear(x, self.gate_up.weight, self.gate_up.bias).split(self.gate_up.sizes, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
@@ -215,5 +217,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = norm.weight, float(norm.variance_epsilon)
 
-    def forward(self, x: Any) -> Any:  # as transformers: normalize in float32, cast, then scale
+    def forward(self, x: Any) -> Any:
+        """As transformers' RMSNorm: normalized in float32, cast back, then scaled."""
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
