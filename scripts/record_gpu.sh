@@ -246,7 +246,7 @@ matrix)  # the rest of the bench matrix: kv-heavy with the genai row in every mo
   gpu_bench matrix_smollm2-shape_bucket smollm2-shape bucket "${SMOL_CONTEXTS:-256,1024,4096,8000}"
   ;;
 browser)  # the seed's staircase in onnxruntime-web's own WebGPU code: Dawn in Node (no Chromium on that machine);
-  #         node + the npm files come as .webnode/kvlab-web-node.tar.xz (python -m kvlab.web.pack), unless
+  #         node + the npm files come as .webnode/kvlab-web-node.tar.xz (python data/gpu/browser/pack_node.py), unless
   #         KVLAB_NODE / KVLAB_WEB_ASSETS already point at them
   if [ -z "${KVLAB_WEB_ASSETS:-}" ]; then
     python3 -m tarfile -e .webnode/kvlab-web-node.tar.xz /tmp/kvlab-webnode || exit 1

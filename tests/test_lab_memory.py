@@ -1,5 +1,5 @@
 """kvlab.lab.memory, on layouts built by hand (no model): the bytes it predicts and the tokens it says fit, against
-numbers worked out on paper."""
+numbers worked out on paper; and its figures (the layout figure on the toy model's own layout)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from kvlab.core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec, LinearAttention, SlidingWindow
-from kvlab.lab.memory import GiB, Line, bytes_figure, config_bytes_per_token, kv_bytes, tokens_that_fit
+from kvlab.lab.memory import (
+    GiB,
+    Line,
+    bytes_figure,
+    config_bytes_per_token,
+    kv_bytes,
+    memory_by_layout,
+    tokens_that_fit,
+)
 
 
 def kv_layer(i: int, kind, heads: int, dim: int) -> LayerSpec:
@@ -107,3 +115,11 @@ def test_the_widget_prints_the_fit_of_its_settings():
     precision = box.children[0].children[1]
     precision.value = "int4"
     assert "596,523 tokens" in out.value
+
+
+def test_memory_by_layout_draws_the_exact_bytes_and_the_measured_points(toy):
+    layout = toy.info.layout
+    fig = memory_by_layout({"toy": layout}, max_length=512, points=[("toy (recorded)", [(100, 12800)])])
+    line, points = fig.data
+    assert line.x[-1] == 512 and line.y[-1] * 1024 == layout.report(512).total_bytes  # KiB at this size
+    assert points.marker.symbol == "square-open" and points.y[0] == 12800 / 1024

@@ -393,14 +393,6 @@ def test_the_recorded_gain_and_the_staircase_at_a_glance_read_their_rows():
     assert fig.data[0].name == "phi4-kv, H200 (recorded)" and fig.layout.yaxis.ticktext[0] == "1x"
 
 
-def test_memory_by_layout_draws_the_exact_bytes_and_the_measured_points(toy):
-    layout = toy.info.layout
-    fig = plots.memory_by_layout({"toy": layout}, max_length=512, points=[("toy (recorded)", [(100, 12800)])])
-    line, points = fig.data
-    assert line.x[-1] == 512 and line.y[-1] * 1024 == layout.report(512).total_bytes  # KiB at this size
-    assert points.marker.symbol == "square-open" and points.y[0] == 12800 / 1024
-
-
 def test_a_png_that_fails_to_render_is_tried_again_then_left_out(monkeypatch):
     import plotly.io as pio
     from plotly.io import _base_renderers

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError, check_int
-from ..pytorch.quantized import KV_PRECISIONS, QuantizedKV, held_bytes, make_quantized
+from ..pytorch.counters import held_bytes
+from ..pytorch.quantized import KV_PRECISIONS, QuantizedKV, make_quantized
 
 TEXT_SOURCE = "CPython pydoc_data.topics['specialnames'] (the Python Language Reference, 'Special method names')"
 DEFAULT_PRECISIONS = ("int8", "int4", "int2", "fp8")

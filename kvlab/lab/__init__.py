@@ -1,5 +1,11 @@
-"""The lab: plotly figures of per-step records (``plots``, ``recorded``) and the notebook dashboard
-(``widgets.CacheLab``). Figures read records and labels only; they format labels, never parse them."""
+"""The live lab, for notebooks: figures of per-step records (``plots``, ``memory``), the ``CacheLab`` dashboard
+(``widgets`` with its ``controls``, ``readouts`` and ``liveplot``), the ``BufferWatch`` step hook (``buffers``),
+``ChatLab`` (``chat``), exercises with checked answers (``exercises``) and one visual language (``style``).
+
+It may import ``kvlab.core``, ``kvlab.presets``, the ``kvlab.ort`` facade and ``kvlab.ort.decode``, never
+``kvlab.ort.runtime`` or ``kvlab.ort.models``, nor the packages that import it (``kvlab.web``, ``kvlab.bench``,
+the CLI). Figures read records and their labels only: they format labels, never parse them.
+"""
 
 from .runs import Run
 

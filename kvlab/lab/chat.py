@@ -17,12 +17,14 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
+from .show import with_plain_text
 from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 
 REUSE, REPREFILL, GENAI = KIND_COLORS["static"], OTHER_COLORS[0], KIND_COLORS["genai"]
@@ -36,11 +38,7 @@ def ttft_ms(turn: Any) -> float:
 def reprefill_positions(sizes: Sequence[int]) -> list[int]:
     """The positions a chat that re-prefills feeds at each turn, when turn i adds ``sizes[i]`` positions (its
     message and reply): the whole conversation so far, every time."""
-    out, total = [], 0
-    for n in sizes:
-        total += n
-        out.append(total)
-    return out
+    return list(accumulate(sizes))
 
 
 class ChatLab:
@@ -82,10 +80,8 @@ class ChatLab:
         self._render()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, dict) and "text/plain" in bundle:
-            bundle["text/plain"] = "kvlab ChatLab (a live widget): run this cell to chat; the cells below drive it"
-        return bundle
+        text = "kvlab ChatLab (a live widget): run this cell to chat; the cells below drive it"
+        return with_plain_text(self.widget._repr_mimebundle_(**kwargs), text)
 
     @property
     def label(self) -> str:

@@ -1,14 +1,15 @@
 """The CacheLab's controls: the widgets a run's settings are read from (each with its ``kvlab-...`` CSS class, so a
-browser test can find it), the settings they hold as one value, and the dashboard's own progress bar."""
+browser test can find it), the settings they hold as one value, the Run button and the dashboard's progress bar."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.generation import positions_needed
+from ..core.records import StepRecord
 from ..ort.decode.cache_kinds import CACHE_KINDS
 
 # the CSS class of each setting widget, in the order of ``Controls.inputs``: "kvlab-" + this
@@ -45,15 +46,22 @@ class Settings:
 
 class Controls:
     """Dropdowns, toggles and sliders for model (``names``), cache type, max_cache_len, prompt length, new tokens,
-    device and WebGPU buffer cache mode, with the values of ``first``; the Run button and a hidden progress bar. The
-    values are not checked here."""
+    device and WebGPU buffer cache mode, set to the values of ``first``; the Run button and a hidden progress bar.
+    The values are not checked here."""
 
     def __init__(self, names: Sequence[str], first: Settings):
         import ipywidgets as w
 
-        style = {"description_width": "110px"}
-        lay = w.Layout(width="330px")
-        self.model = w.Dropdown(options=list(names), value=first.model, description="model", style=style, layout=lay)
+        style, layout = {"description_width": "110px"}, w.Layout(width="330px")
+
+        def dropdown(options: Sequence[str], value: str, description: str) -> Any:
+            return w.Dropdown(options=list(options), value=value, description=description, style=style, layout=layout)
+
+        def slider(value: int, top: int, description: str) -> Any:
+            kw = {"continuous_update": False, "style": style, "layout": layout}
+            return w.IntSlider(value=value, min=1, max=top, description=description, **kw)
+
+        self.model = dropdown(names, first.model, "model")
         self.cache_type = w.ToggleButtons(
             options=list(CACHE_KINDS),
             value=first.cache,
@@ -62,49 +70,25 @@ class Controls:
             layout=w.Layout(width="340px", display="flex", flex_flow="row"),
         )
         self.max_cache_len = w.BoundedIntText(
-            value=first.max_cache_len, min=1, max=1 << 16, description="max_cache_len", style=style, layout=lay
+            value=first.max_cache_len, min=1, max=1 << 16, description="max_cache_len", style=style, layout=layout
         )
-        self.prompt_tokens = w.IntSlider(
-            value=first.prompt_tokens,
-            min=1,
-            max=2048,
-            description="prompt tokens",
-            continuous_update=False,
-            style=style,
-            layout=lay,
-        )
-        self.new_tokens = w.IntSlider(
-            value=first.new_tokens,
-            min=1,
-            max=256,
-            description="new tokens",
-            continuous_update=False,
-            style=style,
-            layout=lay,
-        )
-        self.device = w.Dropdown(
-            options=list(DEVICES), value=first.device, description="device", style=style, layout=lay
-        )
-        self.buffer_cache_mode = w.Dropdown(
-            options=list(BUFFER_CACHE_MODES),
-            value=first.buffer_cache_mode,
-            description="buffer cache",
-            style=style,
-            layout=lay,
-        )
+        self.prompt_tokens = slider(first.prompt_tokens, 2048, "prompt tokens")
+        self.new_tokens = slider(first.new_tokens, 256, "new tokens")
+        self.device = dropdown(DEVICES, first.device, "device")
+        self.buffer_cache_mode = dropdown(BUFFER_CACHE_MODES, first.buffer_cache_mode, "buffer cache")
         self.run_button = w.Button(
             description="Run", button_style="primary", icon="play", layout=w.Layout(width="120px")
         )
+        # the dashboard's own progress bar: a widget in the layout, so it adds no cell output
         self.progress_bar = w.IntProgress(
-            value=0, min=0, max=1, description="tokens", layout=w.Layout(width="200px", visibility="hidden")
+            max=1, description="tokens", layout=w.Layout(width="200px", visibility="hidden")
         )
         for widget, cls in (*zip(self.inputs, CSS_CLASSES), (self.run_button, "run")):
             widget.add_class(f"kvlab-{cls}")
 
     @property
     def inputs(self) -> tuple[Any, ...]:
-        """The seven setting widgets, in the order shown: model, cache type, max_cache_len, prompt tokens, new
-        tokens, device, buffer cache mode."""
+        """The seven setting widgets, in the order shown (that of ``Settings``' fields)."""
         return (
             self.model,
             self.cache_type,
@@ -120,7 +104,7 @@ class Controls:
         return Settings(*(widget.value for widget in self.inputs))
 
     def enable(self) -> None:
-        """max_cache_len only for a static cache, the buffer cache mode only on WebGPU."""
+        """max_cache_len enabled only for a static cache, the buffer cache mode only on WebGPU."""
         self.max_cache_len.disabled = self.cache_type.value != "static"
         self.buffer_cache_mode.disabled = self.device.value != "webgpu"
 
@@ -130,22 +114,18 @@ class Controls:
 
         return w.VBox([*self.inputs, w.HBox([self.run_button, self.progress_bar])], layout=w.Layout(min_width="360px"))
 
-    def progress(self, total: int) -> ProgressBar:
-        """The progress bar shown, empty, for ``total`` tokens."""
-        return ProgressBar(self.progress_bar, total)
+    def progress(self, total: int) -> Callable[[StepRecord], None]:
+        """The progress bar shown, empty, for ``total`` tokens; returns the step hook that fills it (a token per
+        step but a handoff). ``hide_progress`` hides it again."""
+        bar = self.progress_bar
+        bar.max, bar.value, bar.layout.visibility = total, 0, "visible"
 
+        def advance(record: StepRecord) -> None:
+            if record.phase != "handoff":
+                bar.value = min(bar.max, bar.value + 1)
 
-class ProgressBar:
-    """The dashboard's own progress bar (a widget in the layout: it adds no cell output, so it behaves the same in
-    JupyterLab, under nbval and in pytest): shown for ``total`` steps when made, hidden by ``close``."""
+        return advance
 
-    def __init__(self, bar: Any, total: int):
-        self.bar = bar
-        bar.max, bar.value, bar.description = total, 0, "tokens"
-        bar.layout.visibility = "visible"
-
-    def update(self, n: int) -> None:
-        self.bar.value = min(self.bar.max, self.bar.value + n)
-
-    def close(self) -> None:
-        self.bar.layout.visibility = "hidden"
+    def hide_progress(self) -> None:
+        """The progress bar hidden."""
+        self.progress_bar.layout.visibility = "hidden"

@@ -29,15 +29,19 @@ class Verdict:
     ok: bool | None
     message: str
 
+    @property
+    def mark(self) -> str:
+        """The verdict in words: "Right", "Not yet" or "No answer yet"."""
+        return {True: "Right", False: "Not yet", None: "No answer yet"}[self.ok]
+
     def __str__(self) -> str:
-        mark = {True: "Right", False: "Not yet", None: "No answer yet"}[self.ok]
-        return f"{mark}: {self.message}"
+        return f"{self.mark}: {self.message}"
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         color = {True: "#2ca02c", False: "#d62728", None: "#7f7f7f"}[self.ok]
-        mark = {True: "Right", False: "Not yet", None: "No answer yet"}[self.ok]
+        mark = self.mark
         return (
             f"<div style='border-left:4px solid {color};padding:4px 8px;margin:4px 0'>"
             f"<b style='color:{color}'>{mark}</b>: {html.escape(self.message)}</div>"

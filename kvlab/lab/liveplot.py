@@ -41,20 +41,16 @@ class LivePlot:
             title={"text": "<b>CacheLab</b><br><sup>press Run</sup>", "x": 0.01},
         )
         self.figure.update_xaxes(title_text="cache length (tokens)")
-        # log: a fresh context's first steps compile shaders, 10-100x the rest; ticks at 1, 2 and 5 of every decade
+        # log: a fresh context's first steps compile shaders and take many times the rest; full tick labels
         self.figure.update_yaxes(type="log", tickvals=LOG_TICKS, row=1, col=1)
         self.figure.update_yaxes(rangemode="tozero", title_text="KiB", row=1, col=2)
         self.box = w.Box([self.figure], layout=w.Layout(width="100%", overflow="hidden"))
         self.throttle_s, self.max_runs = throttle_s, max_runs
         self.redraws = 0
         self.scale, self.units = 1024, "KiB"
-        self._xs: list[int] = []
-        self._lat: list[float] = []
-        self._res: list[float] = []
-        self._used: list[float] = []
-        self._mem_x: list[int] = []
+        self._records: list[StepRecord] = []  # the live run's steps so far
+        self._traces: tuple[Any, Any, Any] | None = None  # its latency, reserved and used lines
         self._last = 0.0
-        self._traces: tuple[Any, Any, Any] | None = None
         self._shades: dict[str, int] = {}  # runs drawn so far per cache kind: each gets its own shade
 
     def next_color(self, kind: str) -> str:
@@ -68,23 +64,22 @@ class LivePlot:
         are rescaled, so every line on the panel reads in the same unit."""
         if (scale, units) == (self.scale, self.units):
             return
-        factor = self.scale / scale
         with self.figure.batch_update():
             for trace in self.figure.data:
                 if trace.xaxis == "x2" and trace.y is not None:
-                    trace.y = [v * factor for v in trace.y]
+                    trace.y = [v * self.scale / scale for v in trace.y]
             self.figure.update_yaxes(title_text=units, row=1, col=2)
-        self._res = [v * factor for v in self._res]
-        self._used = [v * factor for v in self._used]
         self.scale, self.units = scale, units
 
     def start(self, name: str, color: str, title: str) -> None:
+        """A new run: its three lines (latency; memory reserved, used) named ``name`` in ``color``, empty, and the
+        chart's ``title``; the oldest run leaves the chart when ``max_runs`` are drawn."""
         import plotly.graph_objects as go
 
         with self.figure.batch_update():
             if len(self.figure.data) >= 3 * self.max_runs:
                 self.figure.data = self.figure.data[3:]
-            for col, suffix, style in (  # one trace per panel line: latency; memory reserved; memory used
+            for col, suffix, style in (
                 (1, "", {"mode": "lines+markers", "line": {"color": color}, "marker": {"size": 4}}),
                 (2, ": reserved", {"mode": "lines", "line": {"color": color, "width": 3}, "showlegend": False}),
                 (2, ": used", {"mode": "lines", "line": {"color": color, "dash": "dash"}, "showlegend": False}),
@@ -93,39 +88,35 @@ class LivePlot:
                 self.figure.add_trace(trace, row=1, col=col)
             self.figure.layout.title.text = title
         self._traces = tuple(self.figure.data[-3:])  # type: ignore[assignment]
-        self._xs, self._lat, self._mem_x, self._res, self._used = [], [], [], [], []
-        self._last = 0.0
+        self._records, self._last = [], 0.0
 
     def add(self, record: StepRecord) -> None:
-        self._add(record)
+        """A step hook: ``record`` joins the live run, drawn now unless the last redraw is under ``throttle_s`` old."""
+        self._records.append(record)
         if time.perf_counter() - self._last >= self.throttle_s:
             self.flush()
 
-    def _add(self, record: StepRecord) -> None:
-        x = record.position + record.n_tokens
-        if record.phase == "decode":
-            self._xs.append(x)
-            self._lat.append(record.wall_ms)
-        self._res.append(record.live_cache_bytes / self.scale)
-        self._used.append(record.used_cache_bytes / self.scale)
-        self._mem_x.append(x)
-
     def flush(self) -> None:
+        """The live run's lines redrawn with every step so far (decode steps only on the latency panel)."""
         if self._traces is None:
             return
         lat, res, used = self._traces
+        decode = [r for r in self._records if r.phase == "decode"]
+        lengths = [r.position + r.n_tokens for r in self._records]
         with self.figure.batch_update():
-            lat.x, lat.y = list(self._xs), list(self._lat)
-            res.x, res.y = list(self._mem_x), list(self._res)
-            used.x, used.y = list(self._mem_x), list(self._used)
+            lat.x, lat.y = [r.position + r.n_tokens for r in decode], [r.wall_ms for r in decode]
+            res.x, res.y = lengths, [r.live_cache_bytes / self.scale for r in self._records]
+            used.x, used.y = lengths, [r.used_cache_bytes / self.scale for r in self._records]
         self.redraws += 1
         self._last = time.perf_counter()
 
     def finish(self) -> None:
+        """The live run drawn in full, and the chart replaced inside ``box`` by a fresh widget holding the figure
+        (see the class docstring)."""
         import plotly.graph_objects as go
 
         self.flush()
-        self._traces, self._mem_x = None, []
+        self._traces, self._records = None, []
         old, self.figure = self.figure, go.FigureWidget(self.figure)
         self.box.children = (self.figure,)
         old.close()
@@ -133,6 +124,5 @@ class LivePlot:
     def draw(self, name: str, color: str, title: str, records: Any) -> None:
         """A finished run (its records) drawn as one more run, as if it had just gone live."""
         self.start(name, color, title)
-        for record in records:
-            self._add(record)
+        self._records = list(records)
         self.finish()

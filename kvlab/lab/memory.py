@@ -1,12 +1,12 @@
-"""Where a KV cache's memory goes, for notebook 10: bytes per token predicted from a model's config, the bytes a
-cache layout needs at a length under a KV precision and a sliding-window policy, how many tokens fit a budget, and
-the chart and widget that show them.
+"""Where a KV cache's memory goes: bytes per token predicted from a model's config, the bytes a cache layout holds
+at a length under a KV precision and a sliding-window policy, how many tokens fit a budget, and the figures and the
+widget that show them (notebooks 07 and 10).
 
-Every figure here is arithmetic on a ``kvlab.core.layout.CacheLayout`` (the layout kvlab reads from a model's
+Every number here is arithmetic on a ``kvlab.core.layout.CacheLayout`` (the layout kvlab reads from a model's
 graph: its ``report`` is the exact count a cache allocates on ONNX Runtime) or on a config; nothing here runs a
-model. The quantized formats' bytes per value are those of transformers' QuantizedCache as kvlab runs it
-(``kvlab.pytorch.quantized``: groups of 64 values, each with a float32 scale and zero point; fp8 one scale per
-tensor), without its residual window of unquantized positions; data/kv-quality/README.md measures them.
+model. The quantized formats' bytes per value are those of transformers' QuantizedCache as
+``kvlab.pytorch.quantized`` runs it (groups of 64 values, each with a float32 scale and zero point; fp8 one scale
+per tensor), without its residual window of unquantized positions.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, check_choice, check_int
 from ..core.layout import CacheLayout, SlidingWindow
-from .style import finish, go, title
+from .style import finish, go, title, unit
 
 GiB = 2**30
 GROUP = 64  # values per scale and zero point in kvlab's integer KV formats
@@ -60,8 +60,8 @@ def element_bytes(layout: CacheLayout, kv_precision: str) -> float:
 def kv_bytes(layout: CacheLayout, length: int, kv_precision: str = "model", window: int | None = None) -> float:
     """Bytes a cache of ``layout`` holds at ``length`` positions: one copy of every fixed state (in the model's
     dtype) plus each growing layer's keys and values at ``kv_precision``. ``window``: None, a sliding layer holds
-    every position (onnxruntime-webgpu 1.27); an int W, it holds at most W (a ring buffer). With the model's
-    precision and no window this is ``layout.report(length).total_bytes`` exactly. ConfigError for a negative
+    every position (as a plain cache over the model's graph does); an int W, at most W (a ring buffer). With the
+    model's precision and no window this is ``layout.report(length).total_bytes`` exactly. ConfigError for a negative
     ``length``, a ``window`` below 1, an unknown ``kv_precision``."""
     length, window = check_int(length, "length", 0), _window(window)
     scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
@@ -142,7 +142,7 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728")
 @dataclass(frozen=True)
 class Line:
     """One curve of ``bytes_figure``: ``bytes_at`` per length, drawn solid when ``exact`` (a count) and dashed
-    otherwise (a prediction); ``per_token`` is the predicted bytes per token named beside it in the legend."""
+    otherwise (a prediction); ``per_token`` is the bytes per token named beside it in the legend."""
 
     name: str
     bytes_at: Sequence[float]
@@ -158,51 +158,70 @@ def bytes_figure(
     common: str,
     note: str = "",
     points: Sequence[tuple[str, Sequence[tuple[int, float]]]] = (),
+    log: bool = True,
 ) -> Any:
-    """KV bytes (MiB, log axis) against the context (log axis), one trace per ``Line``; ``points``: (legend name,
-    [(length, bytes), ...]) measured or recorded elsewhere, drawn as open squares on the same axes."""
+    """KV cache memory against the context, one trace per ``Line`` over ``lengths``, in the unit that fits the
+    largest value. ``points``: (legend name, [(length, bytes), ...]) measured or recorded elsewhere, drawn as markers
+    on the same axes (open squares for a name ending in "(recorded)", diamonds otherwise). ``log``: both axes log,
+    a tick at each length; else linear from 0. ``what``, ``common``, ``note``: the title's parts (``style.title``)."""
+    values = [b for line in lines for b in line.bytes_at] + [b for _, pts in points for _, b in pts]
+    scale, units = unit(max(values, default=0))
+    hover = f"%{{x:,}} tokens<br>%{{y:,.3f}} {units}<extra>%{{fullData.name}}</extra>"
     fig = go().Figure()
     for line, color in zip(lines, COLORS * 4):
         fig.add_scatter(
             x=list(lengths),
-            y=[b / 2**20 for b in line.bytes_at],
-            mode="lines+markers",
+            y=[b / scale for b in line.bytes_at],
+            mode="lines+markers" if log else "lines",
             name=f"{line.name}: {line.per_token:,.0f} B/token{'' if line.exact else ' (predicted)'}",
             line={"color": color, "width": 2, "dash": "solid" if line.exact else "dash"},
             marker={"size": 5},
-            hovertemplate="%{x} tokens<br>%{y:,.2f} MiB<extra>%{fullData.name}</extra>",
+            hovertemplate=hover,
         )
     for name, pts in points:
-        fig.add_scatter(
-            x=[p[0] for p in pts],
-            y=[p[1] / 2**20 for p in pts],
-            mode="markers",
-            name=name,
-            marker={"symbol": "square-open", "size": 12, "color": "#333", "line": {"width": 2}},
-        )
-    t = title(what, common, note)
-    finish(
-        fig,
-        t,
-        legend_y=-0.2,
-        xaxis={
-            "title": "tokens held (context)",
-            "type": "log",
-            "tickvals": list(lengths),
-            "ticktext": [f"{n:,}" for n in lengths],
-        },
-        yaxis={"title": "KV cache memory (MiB, log scale)", "type": "log"},
-        height=520,
-    )
-    return fig
+        recorded = name.endswith("(recorded)")
+        marker = {"symbol": "square-open", "size": 11, "color": "#333", "line": {"width": 2, "color": "#333"}}
+        if not recorded:
+            marker = {"symbol": "diamond", "size": 9, "color": "#d62728", "line": {"width": 1, "color": "#333"}}
+        x, y = [p[0] for p in pts], [p[1] / scale for p in pts]
+        fig.add_scatter(x=x, y=y, mode="markers", name=name, marker=marker, hovertemplate=hover)
+    if log:
+        xaxis = {"title": "tokens held (context)", "type": "log", "tickvals": list(lengths)}
+        xaxis["ticktext"] = [f"{n:,}" for n in lengths]
+        yaxis = {"title": f"KV cache memory ({units}, log scale)", "type": "log"}
+    else:
+        xaxis = {"title": "tokens held (cache length)", "rangemode": "tozero"}
+        yaxis = {"title": f"KV cache memory ({units})", "rangemode": "tozero"}
+    return finish(fig, title(what, common, note), legend_y=-0.2, xaxis=xaxis, yaxis=yaxis, height=520 if log else 480)
+
+
+def memory_by_layout(
+    layouts: dict[str, CacheLayout],
+    *,
+    max_length: int,
+    points: Sequence[tuple[str, Sequence[tuple[int, float]]]] = (),
+    common: str = "",
+    note: str = "",
+) -> Any:
+    """``bytes_figure`` (linear axes) of the exact bytes each layout's cache holds from 0 to ``max_length`` tokens,
+    one line per ``{legend name: layout}`` (``layout.report(n)``: the growing entries at ``n`` positions plus one copy
+    of every fixed-size state); ``points`` as ``bytes_figure`` takes them."""
+    lengths = [round(max_length * i / 64) for i in range(65)]
+    lines = [
+        Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
+        for name, layout in layouts.items()
+    ]
+    what = "KV cache memory against the context, per architecture"
+    return bytes_figure(lengths, lines, what=what, common=common, note=note, points=points, log=False)
 
 
 def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
-    """An ipywidgets box: model, KV precision, sliding-layer policy, budget and max_cache_len (0: none); its
-    answer is ``tokens_that_fit``'s, printed under the controls whenever one changes."""
+    """An ipywidgets box: model (``{name: layout}``), KV precision, sliding-layer policy, budget (``budget_gib`` at
+    first) and max_cache_len (0: none); its answer is ``tokens_that_fit``'s, printed under the controls whenever one
+    changes (a ConfigError's message when a typed value is refused)."""
     import ipywidgets as w
 
-    windows = [("every position (onnxruntime-webgpu 1.27)", None)] + [
+    windows = [("every position (a plain cache)", None)] + [
         (f"a ring buffer of {n} positions", n) for n in (15, 16, 1024, 4096)
     ]
     model = w.Dropdown(options=list(layouts), description="model")

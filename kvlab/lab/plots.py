@@ -1,12 +1,10 @@
-"""Plotly figures of kvlab's per-step records. This module reads records and their labels; it never runs a model.
+"""Plotly figures of kvlab's per-step records (``kvlab.Generation``s, ``Run``s or labelled DataFrames) and of the
+buffers a ``BufferWatch`` saw. This module reads records and their labels; it never runs a model.
 
 Every figure says what produced its numbers: model, dtype, device (adapter hardware/software, WebGPU buffer cache
 mode), the runtime (EP and package version), cache and context; in the title when all runs share them, in the
-legend otherwise. Recorded results are marked "recorded" in the legend, with their environment.
-
-The WebGPU buffer pool rounds each request up to a bucket (4, 8, 12, 16 MiB, ...) and keeps only a few freed
-buffers per bucket; a DynamicCache whose KV tensors cross those sizes shows a latency staircase. ``latency`` draws
-a dotted line where each KV tensor reaches a bucket size, so you can see whether the staircase appears there.
+legend otherwise. Recorded results are marked "recorded" in the legend, with their environment. The WebGPU buffer
+pool rounds each request up to a bucket size; ``latency`` draws a dotted line where a KV tensor reaches each one.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import numpy as np
 
 from ..core.errors import check_choice
 from ..core.generation import first_divergence
-from .layouts import memory_by_layout as memory_by_layout  # it draws layouts, not records; importable here too
 from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
 from .style import add_bucket_lines, cache_colors, finish, go, title, unit
 
@@ -50,6 +47,7 @@ def _scaled(runs: Any, top: Callable[[Any], float]) -> tuple[list[Run], str, lis
 
 
 def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_token: float | None) -> str:
+    """``style.add_bucket_lines`` for ``runs``: at ``bytes_per_tensor_token``, else what their records say."""
     bpt = bytes_per_tensor_token or next((b for b in map(kv_bytes_per_tensor_token, runs) if b), None)
     return add_bucket_lines(fig, bpt, xmax)
 
@@ -115,25 +113,18 @@ def allocations(runs: Any) -> Any:
         ),
     )
     for r, f, x, name, color in lines(runs, labels):
-        style = {"color": color, "dash": "dot" if r.recorded else "solid"}
-        kw = {"legendgroup": name, "line": style, "marker": {"size": 4, "color": color}}
-        fig.add_trace(
-            go().Scatter(x=x, y=f["cache_tensors_allocated"], name=name, mode="lines+markers", **kw), row=1, col=1
+        kw = {"legendgroup": name, "line": {"color": color, "dash": "dot" if r.recorded else "solid"}}
+        panels = (
+            f["cache_tensors_allocated"],
+            f["cache_bytes_allocated"] / scale,
+            f["cache_bytes_allocated"].cumsum() / scale,
         )
-        fig.add_trace(
-            go().Scatter(
-                x=x, y=f["cache_bytes_allocated"] / scale, name=name, mode="lines+markers", showlegend=False, **kw
-            ),
-            row=2,
-            col=1,
-        )
-        fig.add_trace(
-            go().Scatter(
-                x=x, y=f["cache_bytes_allocated"].cumsum() / scale, name=name, mode="lines", showlegend=False, **kw
-            ),
-            row=3,
-            col=1,
-        )
+        for row, y in enumerate(panels, start=1):
+            mode = "lines" if row == 3 else "lines+markers"
+            trace = go().Scatter(
+                x=x, y=y, name=name, mode=mode, showlegend=row == 1, marker={"size": 4, "color": color}, **kw
+            )
+            fig.add_trace(trace, row=row, col=1)
     fig.update_xaxes(title_text="cache length after the step (tokens)", row=3, col=1)
     fig.update_yaxes(tickformat="d", rangemode="tozero", row=1, col=1)  # counts: no decimals
     t = title("KV cache allocations per step", common, _recorded_note(runs))
@@ -146,26 +137,14 @@ def memory(runs: Any) -> Any:
     runs, common, labels, scale, units = _scaled(runs, lambda f: f["live_cache_bytes"].max())
     fig = go().Figure()
     for _, f, x, name, color in lines(runs, labels):
-        fig.add_trace(
-            go().Scatter(
-                x=x,
-                y=f["live_cache_bytes"] / scale,
-                name=f"{name}: reserved",
-                mode="lines",
-                line={"color": color, "width": 3},
-                legendgroup=name,
+        for column, what, line in (
+            ("live_cache_bytes", "reserved", {"width": 3}),
+            ("used_cache_bytes", "used", {"dash": "dash"}),
+        ):
+            y = f[column] / scale
+            fig.add_scatter(
+                x=x, y=y, name=f"{name}: {what}", mode="lines", line={"color": color, **line}, legendgroup=name
             )
-        )
-        fig.add_trace(
-            go().Scatter(
-                x=x,
-                y=f["used_cache_bytes"] / scale,
-                name=f"{name}: used",
-                mode="lines",
-                line={"color": color, "dash": "dash"},
-                legendgroup=name,
-            )
-        )
     t = title("KV memory: reserved vs used", common, _recorded_note(runs))
     finish(fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=units, yaxis_rangemode="tozero")
     return fig

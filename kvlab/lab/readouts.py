@@ -74,6 +74,7 @@ class Readouts:
         self.status.value = f"<span style='color:#2ca02c'>{n} browser runs added</span> from {html.escape(str(host))}."
 
     def show_error(self, exc: Exception) -> None:
+        """``exc`` in the status line, its type in bold."""
         self.status.value = (
             "<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;"
             f"background:#fdeaea'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"

@@ -11,6 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 
+def with_plain_text(bundle: Any, text: str) -> Any:
+    """A widget's mime bundle (a dict, or (data, metadata) as ipywidgets may return it) with ``text`` as its
+    text/plain; ``{"text/plain": text}`` for anything else."""
+    if isinstance(bundle, tuple):
+        data, metadata = bundle
+        return {**data, "text/plain": text}, metadata
+    return {**bundle, "text/plain": text} if isinstance(bundle, dict) else {"text/plain": text}
+
+
 class LiveWidget:
     """``widget`` as a notebook shows it, with ``text`` as its plain-text form."""
 
@@ -18,13 +27,7 @@ class LiveWidget:
         self.widget, self.text = widget, text
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):  # (data, metadata), as ipywidgets may return
-            data, metadata = bundle
-            return {**data, "text/plain": self.text}, metadata
-        if isinstance(bundle, dict):
-            return {**bundle, "text/plain": self.text}
-        return {"text/plain": self.text}
+        return with_plain_text(self.widget._repr_mimebundle_(**kwargs), self.text)
 
     def __repr__(self) -> str:
         return self.text

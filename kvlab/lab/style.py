@@ -10,46 +10,46 @@ from typing import Any
 from ..core.buckets import MiB, bucket_positions
 from ..core.labels import CacheSpec, DeviceLabel
 
-# one colour per cache kind, everywhere (notebooks, charts, the CacheLab dashboard)
-KIND_COLORS = {"dynamic": "#1f77b4", "static": "#d62728", "genai": "#2ca02c", "matmuls only": "#7f7f7f"}
-SECOND_COLORS = {"dynamic": "#17becf", "static": "#ff7f0e", "genai": "#98df8a"}  # a second size of the same kind
-OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
-PHASE_SYMBOLS = {"prefill": "diamond", "handoff": "square", "decode": "circle"}
-MODE_DASHES = {"": "solid", "bucket": "solid", "disabled": "dash", "simple": "dot", "lazyRelease": "dashdot"}
-# runs of one kind side by side (the dashboard keeps several): one shade of the kind's hue per run, in run order
-KIND_SHADES = {
+# the shades of each cache kind, in the order runs of that kind get them; the first is the kind's colour everywhere
+# (notebooks, charts, the CacheLab dashboard), the second marks a second size of the same kind
+SHADES = {
     "dynamic": ("#1f77b4", "#17becf", "#0b3d6b", "#6f9fd8"),
     "static": ("#d62728", "#ff7f0e", "#8c1d18", "#e377c2"),
+    "genai": ("#2ca02c", "#98df8a"),
+    "matmuls only": ("#7f7f7f",),
 }
-
-
+KIND_COLORS = {kind: shades[0] for kind, shades in SHADES.items()}
+OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
+MODE_DASHES = {"": "solid", "bucket": "solid", "disabled": "dash", "simple": "dot", "lazyRelease": "dashdot"}
 # ticks of a log axis, labelled in full (plotly's own "D2" ticks label 20 and 50 as "2" and "5")
 LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 RATIO_TICKS = (1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100)
+PNG_RENDERER, PNG_ATTEMPTS = "kvlab_png", 3
 
 
 def run_color(kind: str, index: int) -> str:
     """The colour of the ``index``-th run (0-based) of a cache kind: its own shade of the kind's hue, so two runs of
-    one kind never share a colour while four or fewer of them are drawn."""
-    shades = KIND_SHADES.get(kind) or (KIND_COLORS.get(kind, OTHER_COLORS[0]),)
+    one kind never share a colour while as many of them are drawn as the kind has shades."""
+    shades = SHADES.get(kind) or OTHER_COLORS[:1]
     return shades[index % len(shades)]
 
 
 def kind_colors(kinds: Iterable[tuple[str, Any]]) -> list[str]:
-    """A colour per (kind, size): the kind's colour for its first size, a second shade for the next one,
-    then other colours."""
+    """A colour per (kind, size), in order: the kind's colour for its first size, its second shade for the next
+    one, then other colours."""
     out, seen = [], {}
     for kind, size in kinds:
         sizes = seen.setdefault(kind, [])
         if size not in sizes:
             sizes.append(size)
         i = sizes.index(size)
-        palette = [KIND_COLORS.get(kind), SECOND_COLORS.get(kind)]
-        out.append(palette[i] if i < 2 and palette[i] else OTHER_COLORS[(len(out) + i) % len(OTHER_COLORS)])
+        palette = SHADES.get(kind, ())[:2]
+        out.append(palette[i] if i < len(palette) else OTHER_COLORS[(len(out) + i) % len(OTHER_COLORS)])
     return out
 
 
 def cache_colors(specs: Iterable[CacheSpec]) -> list[str]:
+    """``kind_colors`` of caches: a size is the cache's (max_cache_len, variant)."""
     return kind_colors((s.kind, (s.max_cache_len, s.variant)) for s in specs)
 
 
@@ -62,6 +62,7 @@ def runtime_text(device: DeviceLabel) -> str:
 
 
 def device_text(device: DeviceLabel, prefill: DeviceLabel | None = None) -> str:
+    """The device's label, plus the prefill's device when a run began on another one."""
     text = str(device)
     if prefill is not None and prefill.name != device.name:
         text += f", prefill on {prefill.name} + handoff"
@@ -69,6 +70,7 @@ def device_text(device: DeviceLabel, prefill: DeviceLabel | None = None) -> str:
 
 
 def title(what: str, common: str, note: str = "") -> dict[str, Any]:
+    """A plotly title: ``what`` in bold, then ``common`` (what every trace shares) and ``note`` in small type."""
     text = f"<b>{what}</b><br><sup>{common}{'<br>' + note if note else ''}</sup>"
     return {"text": text, "x": 0.01, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 30}}
 
@@ -79,6 +81,7 @@ def top_margin(t: dict[str, Any], extra: int = 0) -> dict[str, int]:
 
 
 def legend_below(y: float = -0.18) -> dict[str, Any]:
+    """A horizontal legend under the plot, its top at ``y`` (in plot fractions)."""
     return {"orientation": "h", "yanchor": "top", "y": y, "xanchor": "left", "x": 0}
 
 
@@ -93,6 +96,7 @@ def finish(fig: Any, t: dict[str, Any], *, legend_y: float = -0.18, top_extra: i
 
 
 def unit(max_bytes: float) -> tuple[float, str]:
+    """(bytes per unit, unit name) that reads ``max_bytes`` best: MiB from 4 MiB, KiB from 4 KiB, else bytes."""
     if max_bytes >= 4 * MiB:
         return MiB, "MiB"
     if max_bytes >= 4 * 1024:
@@ -102,7 +106,7 @@ def unit(max_bytes: float) -> tuple[float, str]:
 
 def add_bucket_lines(fig: Any, bytes_per_tensor_token: float | None, xmax: float) -> str:
     """Dotted lines where one KV tensor reaches each WebGPU bucket size, inside the x range; returns a note for
-    the title naming those beyond it."""
+    the title naming those beyond it ("" without ``bytes_per_tensor_token``)."""
     if not bytes_per_tensor_token:
         return ""
     beyond = []
@@ -117,25 +121,23 @@ def add_bucket_lines(fig: Any, bytes_per_tensor_token: float | None, xmax: float
         else:
             beyond.append(f"{mib} MiB at {pos:,}")
     per = f"{bytes_per_tensor_token:,.0f} bytes/token per KV tensor"
-    return (
-        f"WebGPU buckets: {per}; beyond this range: {', '.join(beyond)} tokens"
-        if beyond
-        else f"WebGPU buckets drawn ({per})"
-    )
+    if beyond:
+        return f"WebGPU buckets: {per}; beyond this range: {', '.join(beyond)} tokens"
+    return f"WebGPU buckets drawn ({per})"
 
 
-def go():
+def go() -> Any:
+    """``plotly.graph_objects``, imported on first use (importing kvlab.lab does not import plotly)."""
     import plotly.graph_objects as graph_objects
 
     return graph_objects
 
 
 def static_images(width: int = 900) -> str:
-    """From now on every plotly figure a notebook shows also carries a PNG of itself, so the notebook reads on
-    GitHub and in any static viewer (JupyterLab still shows the interactive chart). Needs kaleido and a Chromium
-    (``bash scripts/setup.sh --test`` installs one); without them, figures stay interactive only. A PNG that fails
-    to render (kaleido's page can lose a race on a loaded machine) is tried again, then left out: the figure still
-    shows. Returns what it did, for the notebook to print."""
+    """From now on every plotly figure a notebook shows also carries a PNG of itself (``width`` px wide), so the
+    notebook reads in a static viewer; the interactive chart still shows. Needs kaleido and a Chromium; without
+    them figures stay interactive only. A PNG that fails to render is tried again, then left out
+    (``retrying_png``). Returns a sentence saying which of the two it did, for the notebook to print."""
     import logging
 
     import plotly.io as pio
@@ -152,22 +154,17 @@ def static_images(width: int = 900) -> str:
     return "each chart also saved as a PNG (for static viewers)"
 
 
-PNG_RENDERER = "kvlab_png"
-PNG_ATTEMPTS = 3
-
-
 def retrying_png(base: Any, width: int) -> Any:
     """A copy of plotly's PNG renderer ``base`` at ``width`` px (the figure's own height) whose image is rendered
     up to ``PNG_ATTEMPTS`` times; when every attempt fails it adds nothing, and the interactive figure still shows."""
 
     class RetryingPng(type(base)):
         def to_mimebundle(self, fig_dict: Any) -> dict[str, Any]:
-            for attempt in range(PNG_ATTEMPTS):
+            for _ in range(PNG_ATTEMPTS):
                 try:
                     return super().to_mimebundle(fig_dict)
                 except Exception:  # kaleido's error types vary with its version; a PNG is optional
-                    if attempt == PNG_ATTEMPTS - 1:
-                        return {}
+                    continue
             return {}
 
     renderer = RetryingPng()

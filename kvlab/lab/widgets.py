@@ -1,4 +1,4 @@
-"""Notebook widgets: ``CacheLab``, a dashboard to run one model with either cache and watch it step by step.
+"""``CacheLab``, the notebook dashboard that runs one model with either cache and draws it step by step.
 
     from kvlab.lab.widgets import CacheLab
     lab = CacheLab("toy", device="webgpu")
@@ -6,12 +6,10 @@
     lab.max_cache_len.value = 64          # every control can be driven from code (and from pytest)
     lab.run_button.click()                # the same callback as the Run button
 
-Each run makes a fresh cache and disposes it at the end, so the lab never holds device memory between runs.
-That is what lets it honour a change of WebGPU buffer cache mode: ONNX Runtime keeps one WebGPU context per
-process whose mode is fixed when it is created, so a new mode means closing the context
-(``kvlab.close_device("webgpu")``) and opening a fresh one. kvlab refuses that while any cache still holds
-WebGPU tensors, and where the package keeps the context for the whole process (``kvlab.ort.runtime.plugin``); the lab
-then says so and leaves the open context (and its mode) as it is.
+Each run makes a fresh cache and disposes it at the end, so the lab holds no device memory between runs. That lets
+it honour a change of WebGPU buffer cache mode: ONNX Runtime fixes the mode when it creates its WebGPU context, so
+a new mode means closing the context and opening a fresh one, which kvlab refuses while any cache still holds
+WebGPU tensors (and where the runtime keeps one context per process); the lab then says so and keeps the open one.
 
 The dashboard is made of ``controls`` (the widgets and the settings they hold), ``readouts`` (the plan and status
 lines, the table of runs), ``liveplot`` (the chart) and the ``Runner`` here (one timed run and what precedes it).
@@ -33,9 +31,10 @@ from ..presets import BUILTIN_NAMES
 from .controls import Controls, Settings
 from .liveplot import LivePlot
 from .readouts import Readouts, browser_row, browser_titles, outcome, run_titles, settings_row
+from .show import with_plain_text
 from .style import unit
 
-# Models too big for a software WebGPU adapter: seconds per token there (docs/known-limits.md).
+# models too big to step through live on a software WebGPU adapter (docs/known-limits.md)
 SLOW_ON_SOFTWARE = frozenset({"smollm2"})
 
 LAB_TEXT = (
@@ -65,13 +64,6 @@ def open_webgpu(mode: str) -> Device:
             f"to {mode!r} needs a fresh context, but {exc}. Or restart the kernel."
         ) from exc
     return open_device("webgpu", buffer_cache_mode=mode)
-
-
-def prompt_ids(model: Model, n_tokens: int, text: str = LAB_TEXT) -> np.ndarray:
-    """``n_tokens`` real-text token ids: ``text`` tokenized and repeated as needed (ValueError below 1)."""
-    if n_tokens < 1:
-        raise ValueError(f"prompt length {n_tokens} must be >= 1")
-    return np.resize(model.encode(text), n_tokens).astype(np.int64)
 
 
 class CacheLab:
@@ -128,13 +120,8 @@ class CacheLab:
         self._update_plan()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, dict) and "text/plain" in bundle:  # what a viewer without the live widget shows
-            bundle["text/plain"] = (
-                "kvlab CacheLab dashboard (live widgets): run this cell to show it. Its controls, "
-                "chart and table are drawn by the running kernel."
-            )
-        return bundle
+        text = "kvlab CacheLab dashboard (live widgets): run this cell to show it. Its controls, chart and table are "
+        return with_plain_text(self.widget._repr_mimebundle_(**kwargs), text + "drawn by the running kernel.")
 
     @property
     def figure(self) -> Any:
@@ -154,6 +141,7 @@ class CacheLab:
         return pd.DataFrame(self.rows)
 
     def get_model(self) -> Model:
+        """The model the model control names, loaded on first use and kept."""
         name = self.model.value
         if name not in self._models:
             self._models[name] = load(name)
@@ -260,7 +248,7 @@ class Runner:
         """Run ``number`` of ``model`` with settings ``s``: (its generation, the device, the device's live tensors
         before it). ``row`` gets the run's settings first, and what was allocated if it runs out of room;
         ``progress``: show the progress bar while it runs."""
-        ids = prompt_ids(model, s.prompt_tokens)
+        ids = model.tokens_of(LAB_TEXT, s.prompt_tokens)
         row.update(settings_row(number, model.name, s.device, s.mode, s.cache, s.max_cache_len, len(ids), s.new_tokens))
         dev = open_webgpu(s.mode) if s.device == "webgpu" else open_device("cpu")
         refuse_slow(model, dev, allow_slow)
@@ -271,15 +259,13 @@ class Runner:
         scale, units = unit(max(s.needed, s.size or 0) * model.info.bytes_per_token)  # the largest reservation
         self.plot.set_units(*((scale, units) if units == "MiB" else (1024, "KiB")))
         self.plot.start(label, self.plot.next_color(s.cache), title)
-        bar = self.controls.progress(s.new_tokens) if progress else None
-        hooks = [self.plot.add, lambda r: bar.update(1) if bar is not None and r.phase != "handoff" else None]
+        hooks = [self.plot.add, *([self.controls.progress(s.new_tokens)] if progress else [])]
         try:
             with cache:
                 g = timed_run(model, ids, cache, dev, s.new_tokens, hooks, row, before)
         finally:
             self.plot.finish()
-            if bar is not None:
-                bar.close()
+            self.controls.hide_progress()
         return g, dev, before
 
 
@@ -287,8 +273,8 @@ def refuse_slow(model: Model, dev: Device, allow_slow: bool) -> None:
     """ConfigError for a model too big for a software WebGPU adapter (``SLOW_ON_SOFTWARE``) unless ``allow_slow``."""
     if dev.name == "webgpu" and dev.adapter.kind == "software" and model.name in SLOW_ON_SOFTWARE and not allow_slow:
         raise ConfigError(
-            f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes at "
-            "seconds per token; choose device 'cpu' or the toy model here "
+            f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes too slowly to watch; "
+            "choose device 'cpu' or the toy model here "
             "(CacheLab(..., allow_slow=True) to run it anyway)"
         )
 

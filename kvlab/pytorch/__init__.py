@@ -1,7 +1,12 @@
 """The PyTorch backend: Hugging Face transformers causal LMs through kvlab's contract (the same records, hooks and
-``Generation`` as the ONNX Runtime backend), with transformers' DynamicCache and StaticCache, and ``GraphRunner``:
-a CUDA-graph decode loop over a StaticCache. Importing it imports neither torch nor onnxruntime; ``GraphRunner``
-and ``fuse_modules`` (which need torch) load on first use."""
+``Generation`` as the ONNX Runtime backend). ``models`` loads them, ``generate`` runs transformers' DynamicCache,
+StaticCache or QuantizedCache (``quantized``) one recorded step at a time, ``counters`` says what each step
+allocated, and ``graphs.GraphRunner`` replays a decode step captured as a CUDA graph over a StaticCache, optionally
+after ``fuse.fuse_modules``.
+
+It may import ``kvlab.core`` and ``kvlab.presets`` (for the built-in checkpoints), never ``kvlab.ort``. Importing it
+imports neither torch nor onnxruntime; ``GraphRunner`` and ``fuse_modules`` (which need torch) load on first use.
+"""
 
 from typing import Any
 

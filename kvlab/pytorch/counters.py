@@ -1,25 +1,11 @@
-"""What a PyTorch step allocated: the caching allocator's counters on CUDA (exact), an op-output count on CPU
-(a proxy), and which KV tensors of a transformers cache are new objects after a step (exact, by identity).
+"""What a PyTorch step allocated: the caching allocator's counters on CUDA (exact), an op-output count on CPU (a
+proxy), and which KV tensors of a transformers cache are new objects after a step (exact, by identity).
 
-Per-step columns (``kvlab.COLUMNS``) keep their meaning on this backend:
-
-- ``run_ms``: the model's forward call; on CUDA up to a ``torch.cuda.synchronize()`` (exact device time + launch).
-- ``cache_tensors_allocated`` / ``cache_bytes_allocated``: KV tensors of the cache that are new objects after the
-  step (compared by identity, layer by layer): exact on every device. DynamicCache: 2 per layer every step
-  (concatenation); StaticCache: 2 per layer at its lazy allocation, then 0.
-- ``new_buffers``: of those, storages whose data_ptr this cache never held before (a lower bound, as on ORT).
-- ``live_cache_bytes``, ``used_cache_bytes``: exact; ``rss_bytes``: process RSS (proxy).
-
-``TorchStepRecord`` adds the allocator's churn per step (``ALLOC_COLUMNS``):
-
-- on CUDA, exact, from ``torch.cuda.memory_stats()`` deltas over the step: ``alloc_requests``
-  (``allocation.all.allocated``: tensors asked of the caching allocator), ``alloc_bytes``
-  (``allocated_bytes.all.allocated``) and ``segments`` (``segment.all.allocated``: cudaMalloc calls);
-- on CPU there is no allocator statistic: ``alloc_requests``/``alloc_bytes`` count the tensors (and bytes) the
-  step's aten operators returned that are not views or in-place results of their inputs (a
-  ``TorchDispatchMode`` counter; a proxy for malloc calls; opt in with ``count_cpu_allocs=True``: it runs every
-  op through Python and slows a CPU step many times over, so wall_ms is then not a timing), else -1; ``segments``
-  is -1.
+The per-step columns (``kvlab.COLUMNS``) keep their meaning on this backend: ``run_ms`` is the model's forward (on
+CUDA up to a ``torch.cuda.synchronize()``); ``cache_tensors_allocated``/``cache_bytes_allocated`` count the cache's
+KV tensors that are new objects after the step, layer by layer (a DynamicCache's concatenation makes 2 per layer
+every step, a StaticCache 2 per layer once); ``new_buffers`` those of them whose storage this cache never held
+before (a lower bound); ``rss_bytes`` is the process RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -45,29 +31,35 @@ ALLOC_COLUMNS: dict[str, tuple[str, str]] = {
         "exact on CUDA",
     ),
 }
+# the tensors a transformers cache layer holds: keys and values, and a QuantizedCache's quantized older positions
+LAYER_FIELDS = ("keys", "values", "_quantized_keys", "_quantized_values")
 
 
 @dataclass
 class TorchStepRecord(StepRecord):
-    """A StepRecord plus the allocator's churn of the step (ALLOC_COLUMNS; exact on CUDA)."""
+    """A StepRecord plus the allocator's churn of the step (``ALLOC_COLUMNS``; exact on CUDA)."""
 
     alloc_requests: int = -1
     alloc_bytes: int = -1
     segments: int = -1
 
 
+assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
+
+
 class AllocCounter:
-    """Allocator requests/bytes/segments over a region: exact memory_stats deltas on CUDA, an op-output proxy on
-    CPU (see the module docstring). ``with counter: ...`` then ``counter.result`` = (requests, bytes, segments)."""
+    """Allocator requests, bytes and segments over a ``with`` block, as ``result`` = (requests, bytes, segments):
+    exact ``torch.cuda.memory_stats()`` deltas on CUDA; on CPU, with ``cpu_proxy``, the tensors (and bytes) the
+    block's aten operators returned that are not views or in-place results of their inputs (a proxy for malloc
+    calls: it runs every op through Python, so a timing taken with it is no timing), segments -1; else (-1, -1, -1).
+    """
 
     _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
 
     def __init__(self, device: torch.device, cpu_proxy: bool = True):
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.cpu_proxy = cpu_proxy
+        self.device, self.cuda, self.cpu_proxy = device, device.type == "cuda", cpu_proxy
         self.result = (-1, -1, -1)
-        self._mode = None
+        self._mode: Any = None
 
     def _stats(self) -> tuple[int, int, int]:
         s = need_torch().cuda.memory_stats(self.device)
@@ -83,15 +75,14 @@ class AllocCounter:
 
     def __exit__(self, *exc: Any) -> None:
         if self.cuda:
-            after = self._stats()
-            self.result = tuple(a - b for a, b in zip(after, self._before))  # type: ignore[assignment]
+            self.result = tuple(a - b for a, b in zip(self._stats(), self._before))  # type: ignore[assignment]
         elif self._mode is not None:
             self._mode.__exit__(*exc)
             self.result = (self._mode.count, self._mode.nbytes, -1)
             self._mode = None
 
 
-def _op_output_counter():
+def _op_output_counter() -> Any:
     """A TorchDispatchMode counting fresh (non-view, non-in-place) tensors returned by aten ops."""
     torch = need_torch()
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -119,35 +110,49 @@ def _op_output_counter():
     return _Counter()
 
 
+def _plain_tensors(obj: Any) -> list[Any]:
+    """Every plain tensor inside ``obj`` (tensor subclasses flattened, tuples, lists and dicts walked)."""
+    torch = need_torch()
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+            names, _ = obj.__tensor_flatten__()
+            return [t for n in names for t in _plain_tensors(getattr(obj, n))]
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _plain_tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _plain_tensors(o)]
+    return []
+
+
+def kv_tensors(cache: Any) -> list[Any]:
+    """The non-empty tensors every layer of a transformers cache holds now (``LAYER_FIELDS``), in layer order."""
+    layers = getattr(cache, "layers", [])
+    return [t for layer in layers for f in LAYER_FIELDS for t in _plain_tensors(getattr(layer, f, None)) if t.numel()]
+
+
+def held_bytes(cache: Any) -> int:
+    """Bytes every layer of a transformers cache holds now (for a QuantizedCache: quantized data, scales, zero
+    points and the residual window), each storage counted once."""
+    return sum({t.data_ptr(): t.nbytes for t in kv_tensors(cache)}.values())
+
+
 class KVWatch:
-    """Which KV tensors of a transformers cache are new objects after a step (exact, by identity)."""
+    """Which of a transformers cache's tensors (``kv_tensors``) are new objects after each step (exact, by
+    identity); ``diff(cache)`` after every step."""
 
     def __init__(self) -> None:
-        self.prev: list[Any] = []
-        self.seen: set[int] = set()
-
-    @staticmethod
-    def tensors(cache: Any) -> list[Any]:
-        out = []
-        for layer in getattr(cache, "layers", []):
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if t is not None and getattr(t, "numel", lambda: 0)():
-                    out.append(t)
-        return out
+        self.prev: list[Any] = []  # the tensors held after the last step (kept: their ids stay unique)
+        self.seen: set[int] = set()  # every data_ptr held so far
 
     def diff(self, cache: Any) -> CacheStep:
-        """Tensors created since the last call, their bytes, fresh data_ptrs among them, and the live bytes."""
-        now = self.tensors(cache)
-        prev_ids = {id(t) for t in self.prev}
-        created = [t for t in now if id(t) not in prev_ids]
-        fresh = 0
-        for t in created:
-            if t.data_ptr() not in self.seen:
-                fresh += 1
-                self.seen.add(t.data_ptr())
+        """The tensors created since the last call, their bytes, those on a storage never held before, and the bytes
+        held now."""
+        now = kv_tensors(cache)
+        held = {id(t) for t in self.prev}
+        created = [t for t in now if id(t) not in held]
+        storages = {t.data_ptr() for t in created}
+        fresh = len(storages - self.seen)
+        self.seen |= storages
         self.prev = now
-        return CacheStep(len(created), sum(t.nbytes for t in created), fresh, sum(t.nbytes for t in now))
-
-
-assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
+        return CacheStep(len(created), sum(t.nbytes for t in created), fresh, held_bytes(cache))

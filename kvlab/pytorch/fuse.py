@@ -1,7 +1,6 @@
 """Fewer, larger kernels for batch-1 decode on PyTorch: ``fuse_modules`` rewrites a Llama-family model in place
 (q/k/v and gate/up as single GEMMs, RMSNorm through ``F.rms_norm``) and can swap in a decode attention that reads
-the static cache where it lies. Same function, same weights; float rounding can differ in the last bits.
-What each choice does to a decode step, recorded on an NVIDIA H200: ``data/h200/README.md``."""
+the static cache where it lies. Same function, same weights; float rounding can differ in the last bits."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
       reduction kernels reading the cache in place (no K/V copies, no library attention call).
 
     Same function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced
-    (counts per kind). ConfigError for another ``attention``. "reduce" is meant to be compiled; which attention is
-    fastest on which model: data/h200/README.md."""
+    (counts per kind). ConfigError for another ``attention``. "reduce" is meant to be compiled."""
     check_choice(attention, ATTENTIONS, "attention=")
     done = {"qkv": 0, "gate_up": 0, "rms_norm": 0, "attention": 0}
     if attention != "sdpa" and getattr(model.hf.config, "_attn_implementation", None) == "sdpa":
@@ -41,7 +39,7 @@ def fuse_modules(model: TorchModel, attention: str = "sdpa") -> dict[str, int]:
     for name, mod in list(model.hf.named_modules()):
         if all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
             owner = FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
-            mod.q_proj, mod.k_proj, mod.v_proj = owner.head(), owner.part(1), owner.part(2)
+            mod.q_proj, mod.k_proj, mod.v_proj = owner.part(0), owner.part(1), owner.part(2)
             done["qkv"] += 1
         if (
             all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
@@ -161,32 +159,19 @@ class FusedLinear(nn.Module):
         super().__init__()
         self.sizes = [lin.out_features for lin in linears]
         self.weight = nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]), requires_grad=False)
-        biases = [lin.bias for lin in linears]
-        self.bias = (
-            None
-            if all(b is None for b in biases)
-            else nn.Parameter(
-                torch.cat(
-                    [
-                        b.detach()
-                        if b is not None
-                        else torch.zeros(n, dtype=self.weight.dtype, device=self.weight.device)
-                        for b, n in zip(biases, self.sizes)
-                    ]
-                ),
-                requires_grad=False,
-            )
-        )
+        w = self.weight
+        biases = [lin.bias.detach() if lin.bias is not None else w.new_zeros(lin.out_features) for lin in linears]
+        has_bias = any(lin.bias is not None for lin in linears)
+        self.bias = nn.Parameter(torch.cat(biases), requires_grad=False) if has_bias else None
         self._input: Any = None
         self._parts: Any = None
 
-    def head(self) -> nn.Module:
-        return Part(self, 0)
-
     def part(self, i: int) -> nn.Module:
+        """The module standing in for the ``i``-th Linear."""
         return Part(self, i)
 
     def compute(self, x: Any, i: int) -> Any:
+        """The ``i``-th Linear's output for ``x``: all of them computed in one GEMM when the first is asked for."""
         if i == 0 or self._input is not x:  # the first projection (or an unexpected order): compute all
             self._input = x
             self._parts = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
@@ -207,6 +192,7 @@ class Part(nn.Module):
             self.fused = owner  # registered once, by the first part
 
     def forward(self, x: Any) -> Any:
+        """What the replaced Linear returned for ``x``."""
         return self.owner[0].compute(x, self.i)
 
 
@@ -219,6 +205,7 @@ class GatedMLP(nn.Module):
         self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
 
     def forward(self, x: Any) -> Any:
+        """What the replaced MLP returned for ``x``."""
         gate, up = F.linear(x, self.gate_up.weight, self.gate_up.bias).split(self.gate_up.sizes, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
@@ -230,5 +217,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = norm.weight, float(norm.variance_epsilon)
 
-    def forward(self, x: Any) -> Any:  # as transformers: normalize in float32, cast, then scale
+    def forward(self, x: Any) -> Any:
+        """As transformers' RMSNorm: normalized in float32, cast back, then scaled."""
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)

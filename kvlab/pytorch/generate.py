@@ -14,7 +14,7 @@ from ..core.labels import CacheSpec, RunLabel
 from ..core.records import CacheStep, StepHook, hook_list, step_record
 from .counters import AllocCounter, KVWatch, TorchStepRecord
 from .models import TorchModel, cache_kwarg, need_torch
-from .quantized import QuantizedWatch, make_quantized, quantized_setting
+from .quantized import make_quantized, quantized_setting
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -56,6 +56,7 @@ def make_cache(
 
 
 def cache_spec(hf_cache: Any) -> CacheSpec:
+    """The kvlab label of a transformers cache: its kind, size and (quantized) variant."""
     if type(hf_cache).__name__ == "QuantizedCache":
         return CacheSpec("quantized", None, getattr(hf_cache, "kvlab_variant", ""))
     if type(hf_cache).__name__ == "StaticCache":
@@ -64,6 +65,7 @@ def cache_spec(hf_cache: Any) -> CacheSpec:
 
 
 def check_capacity(max_cache_len: int, needed: int) -> None:
+    """CapacityError when ``needed`` positions do not fit ``max_cache_len``."""
     if needed > max_cache_len:
         raise CapacityError(
             f"{needed} positions needed (prompt + max_new_tokens - 1) but max_cache_len={max_cache_len}"
@@ -71,50 +73,55 @@ def check_capacity(max_cache_len: int, needed: int) -> None:
 
 
 def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing on the CPU."""
     if device.type == "cuda":
         need_torch().cuda.synchronize(device)
 
 
-def finish_step(
-    records: list,
-    hooks: Sequence[StepHook],
-    model: TorchModel,
-    counter: AllocCounter,
-    tokens: list[int],
-    *,
-    position: int,
-    n: int,
-    token: int,
-    wall: float,
-    run: float,
-    memory: CacheStep,
-    n_new: int,
-    stop_on_eos: bool,
-) -> str | None:
-    """Record one step (wall in ms, run in s), call every hook and keep its token; returns why generation stops
-    now (None: go on). Shared by both PyTorch loops."""
-    requests, nbytes, segments = counter.result
-    rec = step_record(
-        step=len(records),
-        phase="prefill" if position == 0 else "decode",
-        device=model.device.type,
-        position=position,
-        n_tokens=n,
-        token=token,
-        wall_ms=wall,
-        run_ms=run * 1e3,
-        memory=memory,
-        used_cache_bytes=(position + n) * model.bytes_per_token,
-        kind=TorchStepRecord,
-        alloc_requests=requests,
-        alloc_bytes=nbytes,
-        segments=segments,
-    )
-    records.append(rec)
-    for hook in hooks:
-        hook(rec)
-    tokens.append(token)
-    return stop_reason(tokens, n_new, stop_on_eos, model.eos_token_ids)
+class StepLog:
+    """The steps of one PyTorch generation: their records, the hooks each record goes to, the tokens so far and
+    why the generation stops (shared by ``generate`` and ``GraphRunner.generate``)."""
+
+    def __init__(self, model: TorchModel, hooks: Sequence[StepHook], n_new: int, stop_on_eos: bool):
+        self.model, self.hooks, self.n_new, self.stop_on_eos = model, hooks, n_new, stop_on_eos
+        self.records: list[TorchStepRecord] = []
+        self.tokens: list[int] = []
+        self.position = 0  # the cache's length before the next step
+
+    def add(
+        self, n: int, token: int, wall_s: float, run_s: float, memory: CacheStep, counter: AllocCounter
+    ) -> str | None:
+        """One step that fed ``n`` tokens and chose ``token``, recorded and handed to every hook; returns why
+        generation stops now (None: go on)."""
+        requests, nbytes, segments = counter.result
+        rec = step_record(
+            step=len(self.records),
+            phase="prefill" if self.position == 0 else "decode",
+            device=self.model.device.type,
+            position=self.position,
+            n_tokens=n,
+            token=token,
+            wall_ms=wall_s * 1e3,
+            run_ms=run_s * 1e3,
+            memory=memory,
+            used_cache_bytes=(self.position + n) * self.model.bytes_per_token,
+            kind=TorchStepRecord,
+            alloc_requests=requests,
+            alloc_bytes=nbytes,
+            segments=segments,
+        )
+        self.records.append(rec)
+        for hook in self.hooks:
+            hook(rec)
+        self.tokens.append(token)
+        self.position += n
+        return stop_reason(self.tokens, self.n_new, self.stop_on_eos, self.model.eos_token_ids)
+
+    def generation(self, cache: CacheSpec, ids: list[int], stop: str) -> Generation:
+        """The result, labelled like the ONNX Runtime path's."""
+        m = self.model
+        label = RunLabel(m.name, m.dtype_name, m.label, cache)
+        return Generation(label, list(ids), self.tokens, m.decode(self.tokens), stop, self.records)
 
 
 def generate(
@@ -139,7 +146,7 @@ def generate(
     A static cache defaults to exactly prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU
     allocation proxy (``kvlab.pytorch.counters``; slow). Returns a ``Generation`` of ``TorchStepRecord`` s. Raises
     ConfigError for a bad argument, CapacityError when the tokens do not fit the cache."""
-    need_torch()  # fails with its own message where torch is missing, before anything else
+    torch = need_torch()  # fails with its own message where torch is missing, before anything else
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a kvlab.pytorch.TorchModel (kvlab.pytorch.load(...)), got {model!r}")
     n_new = check_new_tokens(max_new_tokens)
@@ -147,56 +154,20 @@ def generate(
     needed = positions_needed(len(ids), n_new)
     hf_cache = make_cache(model, cache, needed, max_cache_len, kv_precision)
     choose = (sampling or Sampling()).chooser()
-    tokens, stop, records = _loop(
-        model, ids, hf_cache, choose, hook_list(on_step), n_new, stop_on_eos, count_cpu_allocs
-    )
-    return generation(model, cache_spec(hf_cache), ids, tokens, stop, records)
-
-
-def _loop(
-    model: TorchModel,
-    ids: list[int],
-    hf_cache: Any,
-    choose: Any,
-    hooks: list[StepHook],
-    n_new: int,
-    stop_on_eos: bool,
-    count_cpu_allocs: bool,
-) -> tuple[list[int], str, list]:
-    """The prefill of ``ids`` and one decode step per token through ``hf_cache``, each recorded and given to the
-    hooks: the new tokens, why the loop stopped and the records."""
-    torch = need_torch()
+    log = StepLog(model, hook_list(on_step), n_new, stop_on_eos)
     kw, dev = cache_kwarg(model.hf), model.device
-    watch = QuantizedWatch() if type(hf_cache).__name__ == "QuantizedCache" else KVWatch()
-    records, tokens = [], []
-    feed = torch.tensor([ids], dtype=torch.long, device=dev)
-    position = 0
+    watch = KVWatch()
+    feed, stop = torch.tensor([ids], dtype=torch.long, device=dev), None
     with torch.inference_mode():
-        while True:
+        while stop is None:
             start = time.perf_counter()
-            n = int(feed.shape[1])
             with AllocCounter(dev, count_cpu_allocs) as counter:
                 logits, run = _forward(model, feed, kw, hf_cache)
             token = choose(logits)
-            stop = finish_step(
-                records,
-                hooks,
-                model,
-                counter,
-                tokens,
-                position=position,
-                n=n,
-                token=token,
-                wall=(time.perf_counter() - start) * 1e3,
-                run=run,
-                memory=watch.diff(hf_cache),
-                n_new=n_new,
-                stop_on_eos=stop_on_eos,
-            )
-            position += n
-            if stop:
-                return tokens, stop, records
+            wall = time.perf_counter() - start
+            stop = log.add(int(feed.shape[1]), token, wall, run, watch.diff(hf_cache), counter)
             feed = torch.tensor([[token]], dtype=torch.long, device=dev)
+    return log.generation(cache_spec(hf_cache), ids, stop)
 
 
 def _forward(model: TorchModel, feed: torch.Tensor, kw: str, hf_cache: Any) -> tuple[Any, float]:
@@ -207,17 +178,3 @@ def _forward(model: TorchModel, feed: torch.Tensor, kw: str, hf_cache: Any) -> t
     sync(model.device)
     run = time.perf_counter() - t0
     return out.logits[0, -1].float().cpu().numpy(), run
-
-
-def generation(
-    model: TorchModel, cache: CacheSpec, ids: list[int], tokens: list[int], stop: str, records: list
-) -> Generation:
-    """The result of a PyTorch generation, labelled like the ONNX Runtime path's."""
-    return Generation(
-        RunLabel(model.name, model.dtype_name, model.label, cache),
-        list(ids),
-        tokens,
-        model.decode(tokens),
-        stop,
-        records,
-    )

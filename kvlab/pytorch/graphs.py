@@ -1,9 +1,12 @@
-"""kvlab's CUDA-graph decode runner over a transformers StaticCache: prefill uncaptured, then one captured decode
-step replayed per token (``mode="capture"``), optionally ``torch.compile``d first (``mode="compile"``);
-``mode="eager"`` runs the same device-side step without a graph (CPU, tests). Records, hooks and sampling follow
-kvlab's contract. A two-stage argmax stays on the device (captured with the step).
+"""kvlab's CUDA-graph decode runner over one transformers StaticCache: the prompt is prefilled uncaptured, then one
+decode step is captured as a CUDA graph and replayed per token (``mode="capture"``), ``torch.compile``d first
+(``"compile"``; on CPU compiled but uncaptured), or run eagerly (``"eager"``: the same device-side step without a
+graph). Records, hooks and sampling follow kvlab's contract.
 
-Recorded on an NVIDIA H200: ``data/h200/README.md``; the lesson: ``notebooks/05_pytorch_cuda_graphs.ipynb``.
+One graph serves every position because the step computes everything from the cache's own device-side counter
+(layer 0's ``cumulative_length``): the position ids, the 4-D attention mask (``arange(max_cache_len) <=
+position``) and the write index. The step's argmax (``two_stage_argmax``) runs inside it and writes the next token
+into the step's input (``tok``) and into ``history``, so greedy decoding replays without a host sync in between.
 """
 
 from __future__ import annotations
@@ -18,33 +21,29 @@ from ..core.errors import CapacityError, ConfigError, DeviceError, check_choice,
 from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..core.records import CacheStep, StepHook, hook_list
-from .counters import AllocCounter, KVWatch
+from .counters import AllocCounter, kv_tensors
 from .fuse import DECODE_ATTENTION, fuse_modules
-from .generate import check_capacity, finish_step, generation, sync
-from .graph_step import CapturedStep, argmax_cols, two_stage_argmax
-from .models import ATTENTION, TorchModel
+from .generate import StepLog, check_capacity, sync
+from .models import ATTENTION, TorchModel, cache_kwarg
 
 MODES = ("eager", "capture", "compile")
-__all__ = ["MODES", "CapturedStep", "GraphRunner", "argmax_cols", "two_stage_argmax"]
 
 
-class GraphRunner(CapturedStep):
-    """Decode over one transformers StaticCache with a captured CUDA graph per step (the step, its buffers and its
-    graph: ``CapturedStep``); this class checks the arguments and runs the loops.
+class GraphRunner:
+    """Decode over one transformers StaticCache of ``max_cache_len`` positions with one captured step.
 
-    - Valid-window writes: every step writes exactly the tokens it is fed at [position, position + n); prefill
+    - Valid-window writes: every step writes exactly the tokens it is fed at [position, position + n); the prefill
       runs uncaptured at its exact length, so no padding ever enters the cache; the mask hides stale slots.
-    - The step feeds its own argmax to the next: ``decode_greedy`` replays N times with no host sync in between;
-      ``generate`` keeps kvlab's contract (records, hooks, sampling) with one replay and one sync per token.
-    - ``reset()`` zeroes the counters (and KV) in place: no reallocation, the graph stays valid across generations.
+    - ``decode_greedy`` replays N times with no host sync in between; ``generate`` keeps kvlab's contract (records,
+      hooks, sampling) with one replay and one sync per token.
+    - ``reset()`` zeroes the counters (and KV) in place: the cache's addresses never change (``kv_ptrs``), so the
+      graph stays valid across generations.
 
-    mode: "capture" (capture the eager step), "compile" (torch.compile the step, fullgraph, then capture it;
-    on CPU the compiled step runs without a graph), "eager" (no graph: the same device-side step, run eagerly).
-    fuse: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused RMSNorm): fewer kernels per step;
-    attention: its decode attention (``ATTENTIONS``; "reduce" pays off only compiled).
-    keep_logits=False: the step keeps only its argmax (greedy only; a little faster).
-
-    Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for ``mode="capture"`` off CUDA.
+    ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused
+    RMSNorm), ``attention`` its decode attention (``fuse.ATTENTIONS``). ``compile_mode``, ``compile_backend``:
+    ``torch.compile``'s. ``keep_logits=False``: the step keeps only its argmax (greedy only). ``warmup``: steps run
+    before the capture. Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for
+    ``mode="capture"`` off CUDA.
     """
 
     def __init__(
@@ -60,12 +59,59 @@ class GraphRunner(CapturedStep):
         keep_logits: bool = True,
         warmup: int = 3,
     ):
+        from transformers import StaticCache
+
         check_runner(model, max_cache_len, mode, attention, fuse)
         self.fused = fuse_modules(model, attention=attention) if fuse else {}
-        super().__init__(model, max_cache_len, mode, compile_mode, compile_backend, keep_logits, warmup)
+        self.model, self.mode, self.max_cache_len, self.keep_logits = model, mode, max_cache_len, keep_logits
+        self.attn = "eager" if model.hf.config._attn_implementation == "eager" else "sdpa"  # the mask's format
+        self.kw = cache_kwarg(model.hf)
+        self._cols = argmax_cols(model.vocab_size)
+        dev = model.device
+        self.cache = StaticCache(config=model.hf.config, max_cache_len=max_cache_len)
+        self.tok = torch.zeros((1, 1), dtype=torch.long, device=dev)  # the decode input, written by the step
+        self.history = torch.zeros(max_cache_len + 1, dtype=torch.long, device=dev)  # token at each position
+        self.logits = torch.zeros(model.vocab_size, dtype=torch.float32, device=dev)  # last step's logits
+        self.slots = torch.arange(max_cache_len, device=dev)  # [L]
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.setup_s = {"compile_warmup_s": 0.0, "capture_s": 0.0}
+        with torch.inference_mode():
+            self._forward(torch.zeros((1, 1), dtype=torch.long, device=dev))  # allocates the cache (lazy init)
+        self._pos = self.cache.layers[0].cumulative_length  # 0-d device tensor: the position counter
+        self.kv_ptrs = [t.data_ptr() for t in self.kv_tensors()]
+        self._step = self._decode_step
+        if mode == "compile":
+            options = {"mode": compile_mode} if compile_backend == "inductor" else {}
+            self._step = torch.compile(
+                self._decode_step, backend=compile_backend, fullgraph=True, dynamic=False, **options
+            )
+        if mode != "eager" and dev.type == "cuda":
+            self._capture(warmup)
+        elif mode == "compile":  # CPU: the compiled step runs without a graph (tests check tracing this way)
+            with torch.inference_mode():
+                self._step()
+        self.reset()
+
+    @property
+    def position(self) -> int:
+        """The cache's length now (a host sync)."""
+        return int(self._pos.item())
+
+    def kv_tensors(self) -> list[torch.Tensor]:
+        """The static cache's key and value tensors (their addresses never change: the graph reads them)."""
+        return kv_tensors(self.cache)
+
+    def reset(self) -> None:
+        """The cache emptied in place; RuntimeError if it was reallocated (the graph would read stale addresses)."""
+        with torch.inference_mode():
+            self.cache.reset()
+            self.history.zero_()
+        if [t.data_ptr() for t in self.kv_tensors()] != self.kv_ptrs:
+            raise RuntimeError("the static cache was reallocated: the captured graph would read stale addresses")
 
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        """reset(), then feed the prompt uncaptured; returns its last logits [V] (float32, on device)."""
+        """``reset()``, then the prompt fed uncaptured; returns its last logits [V] (float32, on the device).
+        ConfigError for an empty prompt, CapacityError for one longer than ``max_cache_len``."""
         n = len(ids)
         if n < 1:
             raise ConfigError("the prompt is empty: give at least one token")
@@ -73,17 +119,25 @@ class GraphRunner(CapturedStep):
             raise CapacityError(f"a prompt of {n} tokens does not fit max_cache_len={self.max_cache_len}")
         self.reset()
         with torch.inference_mode():
-            logits = self._forward(torch.tensor([list(ids)], dtype=torch.long, device=self.model.device))
-        return logits
+            return self._forward(torch.tensor([list(ids)], dtype=torch.long, device=self.model.device))
 
     def start(self, ids: Sequence[int]) -> None:
-        """prefill(ids), then feed its greedy token to the step: each replay from here decodes one more token."""
+        """``prefill(ids)``, then its greedy token fed to the step: each replay from here decodes one more token."""
         first = self.prefill(ids).argmax()
         self.tok.copy_(first.view(1, 1))
         self.history[len(ids)] = first
 
+    def replay(self) -> None:
+        """One decode step: the captured graph (or the step itself), feeding the token the last step chose."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            with torch.inference_mode():
+                self._step()
+
     def decode_greedy(self, ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """The lean loop: start, then replay max_new_tokens - 1 steps with no host sync in between."""
+        """The lean loop: ``start``, then ``max_new_tokens - 1`` replays with no host sync in between; returns the
+        new tokens. CapacityError when they do not fit the cache."""
         n_new = check_new_tokens(max_new_tokens)
         check_capacity(self.max_cache_len, positions_needed(len(ids), n_new))
         self.start(ids)
@@ -103,7 +157,8 @@ class GraphRunner(CapturedStep):
         stop_on_eos: bool = True,
         on_step: StepHook | Iterable[StepHook] | None = None,
     ) -> Generation:
-        """kvlab's contract (records, hooks, sampling) over the graph: one replay and one host sync per token."""
+        """``kvlab.pytorch.generate``'s contract (records, hooks, sampling) over the graph: one replay and one host
+        sync per token. ConfigError for sampling without ``keep_logits``, CapacityError when the tokens do not fit."""
         model, dev = self.model, self.model.device
         n_new = check_new_tokens(max_new_tokens)
         ids = model.encode(prompt, chat=chat)
@@ -112,38 +167,17 @@ class GraphRunner(CapturedStep):
         if sampling.do_sample and not self.keep_logits:
             raise ConfigError("sampling needs the step's logits: build the GraphRunner with keep_logits=True")
         choose = sampling.chooser() if sampling.do_sample else None
-        hooks, records, tokens = hook_list(on_step), [], []
+        log = StepLog(model, hook_list(on_step), n_new, stop_on_eos)
         host_tok = torch.zeros((1, 1), dtype=torch.long, pin_memory=dev.type == "cuda")
-        memory = CacheStep(live_bytes=sum(t.nbytes for t in KVWatch.tensors(self.cache)))
-        position = 0
-        while True:
-            start = time.perf_counter()
-            n = len(ids) if position == 0 else 1
+        memory = CacheStep(live_bytes=sum(t.nbytes for t in self.kv_tensors()))
+        stop = None
+        while stop is None:
+            start, prefill = time.perf_counter(), ids if not log.records else None
             with AllocCounter(dev, cpu_proxy=False) as counter:
-                token, run = self._token_step(ids if position == 0 else None, choose, host_tok)
-            wall = (time.perf_counter() - start) * 1e3
-            stop = finish_step(
-                records,
-                hooks,
-                model,
-                counter,
-                tokens,
-                position=position,
-                n=n,
-                token=token,
-                wall=wall,
-                run=run,
-                memory=memory,
-                n_new=n_new,
-                stop_on_eos=stop_on_eos,
-            )
-            position += n
-            if stop:
-                break
+                token, run = self._token_step(prefill, choose, host_tok)
+            stop = log.add(len(ids) if prefill else 1, token, time.perf_counter() - start, run, memory, counter)
         sync(dev)
-        return generation(
-            model, CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, tokens, stop, records
-        )
+        return log.generation(CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, stop)
 
     def _token_step(
         self, prompt: Sequence[int] | None, choose: Callable[[Any], int] | None, host_tok: torch.Tensor
@@ -151,13 +185,12 @@ class GraphRunner(CapturedStep):
         """One position of ``generate``: the prefill of ``prompt`` or, when it is None, one replay; then the token
         (sampled by ``choose`` from the logits, else greedy: the graph's own argmax after a replay) and the run's
         seconds to its sync. A token chosen on the host is copied into the step's input."""
-        dev = self.model.device
         t0 = time.perf_counter()
         if prompt is not None:
             self.logits.copy_(self.prefill(prompt))
         else:
             self.replay()
-        sync(dev)
+        sync(self.model.device)
         run = time.perf_counter() - t0
         if choose is not None:
             token = choose(self.logits.cpu().numpy())
@@ -169,6 +202,64 @@ class GraphRunner(CapturedStep):
             host_tok[0, 0] = token
             self.tok.copy_(host_tok, non_blocking=True)
         return token, run
+
+    def _mask(self, n: int) -> torch.Tensor:
+        """[1, 1, n, L] attention mask for n tokens fed at the current position (bool for sdpa, additive else)."""
+        rows = self._pos + torch.arange(n, device=self.slots.device)  # [n] absolute positions
+        allowed = (self.slots[None, :] <= rows[:, None])[None, None]  # [1, 1, n, L]
+        if self.attn == "sdpa":
+            return allowed
+        dt = self.model.dtype
+        return torch.zeros((), dtype=dt, device=rows.device).masked_fill(~allowed, torch.finfo(dt).min)
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ids [1, n] at the current position; returns the last logits [V] (float32)."""
+        n = ids.shape[1]
+        layer = self.cache.layers[0]
+        if layer.is_initialized:
+            self._pos = layer.cumulative_length
+        else:  # the very first call allocates the cache at position 0
+            self._pos = torch.zeros((), dtype=torch.long, device=ids.device)
+        position_ids = (self._pos + torch.arange(n, device=ids.device))[None]  # [1, n]
+        out = self.model.hf(
+            input_ids=ids,
+            attention_mask=self._mask(n),
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.kw: self.cache},
+        )
+        return out.logits[0, -1].float()
+
+    def _decode_step(self) -> None:
+        """One decode token: feeds ``tok`` at the position, writes logits, argmax into ``tok`` and ``history``."""
+        pos = self._pos.clone()
+        logits = self._forward(self.tok)  # [V]
+        nxt = two_stage_argmax(logits, self._cols)
+        if self.keep_logits:
+            self.logits.copy_(logits)
+        self.tok.copy_(nxt.view(1, 1))
+        self.history.index_copy_(0, (pos + 1).view(1), nxt.view(1))
+
+    def _capture(self, warmup: int) -> None:
+        """``warmup`` steps (and the compile) on a side stream, then the step captured; ``setup_s`` says how long
+        each part took."""
+        dev = self.model.device
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(max(1, warmup)):
+                self._step()
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
+        self.reset()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self._step()
+        torch.cuda.synchronize(dev)
+        self.setup_s = {"compile_warmup_s": t1 - t0, "capture_s": time.perf_counter() - t1}
 
 
 def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse: bool) -> None:
@@ -194,3 +285,19 @@ def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse
         )
     if attention != "sdpa" and not fuse:
         raise ConfigError(f"attention={attention!r} is one of fuse_modules' rewrites: pass fuse=True with it")
+
+
+def argmax_cols(n: int) -> int:
+    """Row length for the two-stage argmax of n values: the largest divisor of n in [64, 1024], else 0."""
+    return max([c for c in range(64, min(n, 1024) + 1) if n % c == 0] or [0])
+
+
+def two_stage_argmax(x: torch.Tensor, cols: int) -> torch.Tensor:
+    """argmax of a 1-D tensor in two stages (rows of ``cols``, then the rows' maxima): a parallel reduction where
+    torch's argmax reduces a large vocabulary in a single block. Ties resolve to the first index, as argmax does."""
+    n = x.shape[0]
+    if not cols or n % cols or n // cols < 2:
+        return x.argmax()
+    vals, idx = x.view(n // cols, cols).max(dim=1)  # [R], [R]
+    row = vals.argmax()
+    return row * cols + idx.gather(0, row.view(1)).squeeze(0)  # gather: no host sync (capturable)

@@ -70,7 +70,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def need_torch():
+def need_torch() -> Any:
+    """The torch module; ModelError saying how to install it when it is missing."""
     try:
         import torch
     except ImportError as exc:
@@ -115,10 +116,12 @@ class TorchModel:
 
     @property
     def device(self) -> torch.device:
+        """The device its parameters are on."""
         return next(self.hf.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
+        """Its parameters' dtype."""
         return next(self.hf.parameters()).dtype
 
     @property
@@ -131,18 +134,22 @@ class TorchModel:
 
     @property
     def dtype_name(self) -> str:
+        """The dtype's name, e.g. "float32"."""
         return str(self.dtype).replace("torch.", "")
 
     @property
     def config(self) -> Any:
+        """The text decoder's transformers config."""
         return self.hf.config.get_text_config(decoder=True)
 
     @property
     def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1``."""
         return int(self.config.vocab_size)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence ids (its generation config's, else its config's; none when neither names one)."""
         eos = self.hf.generation_config.eos_token_id if self.hf.generation_config else self.config.eos_token_id
         eos = self.config.eos_token_id if eos is None else eos
         return tuple(int(e) for e in ([] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos]))
@@ -175,6 +182,7 @@ class TorchModel:
         )
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens skipped); "" without a tokenizer."""
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -2,16 +2,16 @@
 kept in the model's dtype, older ones quantized group-wise) as a kvlab cache setting.
 
 ``kv_precision`` names what the quantized part holds and which transformers backend makes it (docs/kv-memory.md
-has the measurements behind each line):
+says what each costs and keeps):
 
-- ``"int8"``: HQQ, 8 bits (optimum-quanto's KV layer has no 8-bit mode in transformers 5.24: nbits 2 or 4 only);
+- ``"int8"``: HQQ, 8 bits (optimum-quanto's KV layer offers 2 and 4 bits only);
 - ``"int4"``: optimum-quanto, 4 bits (``"int4-hqq"``: HQQ, 4 bits);
 - ``"int2"``: optimum-quanto, 2 bits;
 - ``"fp8"``: transformers' own float8_e4m3 layer, one scale per tensor, no residual window.
 
-Exact bytes: ``held_bytes`` walks every tensor a layer holds (packed integers, scales, zero points, the residual
-window), so ``kv_bytes_per_token`` is measured, not assumed. Importing this module imports neither torch nor the
-quantization packages."""
+The bytes such a cache holds are counted, not assumed: ``kvlab.pytorch.counters.held_bytes`` walks every tensor a
+layer holds (packed integers, scales, zero points, the residual window). Importing this module imports neither
+torch nor the quantization packages."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ConfigError, ModelError, check_int
-from ..core.records import CacheStep
 
 # kv_precision -> (transformers backend, bits, the package it needs)
 KV_PRECISIONS: dict[str, tuple[str, int | None, str]] = {
@@ -49,10 +48,12 @@ class QuantizedKV:
 
     @property
     def backend(self) -> str:
+        """The transformers quantization backend: "hqq", "quanto" or "fp8"."""
         return KV_PRECISIONS[self.precision][0]
 
     @property
     def bits(self) -> int | None:
+        """Bits per quantized value (None for fp8)."""
         return KV_PRECISIONS[self.precision][1]
 
     @property
@@ -64,6 +65,7 @@ class QuantizedKV:
 
 
 def check_kv_precision(kv_precision: object) -> str:
+    """``kv_precision`` when it is a key of ``KV_PRECISIONS``; ConfigError naming them otherwise."""
     if isinstance(kv_precision, str) and kv_precision in KV_PRECISIONS:
         return kv_precision
     raise ConfigError(
@@ -131,53 +133,3 @@ def make_quantized(model: Any, setting: QuantizedKV) -> Any:
         )
     cache.kvlab_variant = setting.variant  # the label kvlab.pytorch.generate gives its runs
     return cache
-
-
-def _tensors(obj: Any) -> list[Any]:
-    """Every plain tensor inside ``obj`` (tensor subclasses flattened, tuples, lists and dicts walked)."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
-            names, _ = obj.__tensor_flatten__()
-            return [t for n in names for t in _tensors(getattr(obj, n))]
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
-
-
-LAYER_FIELDS = ("keys", "values", "_quantized_keys", "_quantized_values")
-
-
-def layer_tensors(cache: Any) -> list[Any]:
-    return [t for layer in cache.layers for f in LAYER_FIELDS for t in _tensors(getattr(layer, f, None))]
-
-
-def held_bytes(cache: Any) -> int:
-    """Bytes every layer of a transformers cache holds now (quantized data, scales, zero points, residual)."""
-    seen, total = set(), 0
-    for t in layer_tensors(cache):
-        if t.numel() and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
-
-
-class QuantizedWatch:
-    """``KVWatch`` for a QuantizedCache: which held tensors are new objects after a step, and the live bytes
-    (every tensor ``held_bytes`` counts)."""
-
-    def __init__(self) -> None:
-        self.prev: set[int] = set()
-        self.seen: set[int] = set()
-
-    def diff(self, cache: Any) -> CacheStep:
-        now = [t for t in layer_tensors(cache) if t.numel()]
-        created = [t for t in now if id(t) not in self.prev]
-        fresh = sum(1 for t in created if t.data_ptr() not in self.seen)
-        self.seen.update(t.data_ptr() for t in created)
-        self.prev = {id(t) for t in now}
-        return CacheStep(len(created), sum(t.numel() * t.element_size() for t in created), fresh, held_bytes(cache))

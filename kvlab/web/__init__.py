@@ -6,10 +6,11 @@ travel over the Jupyter comm channel, so it works on Binder and JupyterHub).
 Modules, one job each: ``assets`` (the npm files served, their versions), ``job`` (what a page is asked to run,
 checked), ``server`` (serves a job on 127.0.0.1), ``chromium`` (a headless browser, closed once), ``node`` (the
 runner in Node with Dawn), ``results`` (the page's result as kvlab records, labelled), ``run`` (the three
-together), ``bench`` (``kvlab browser-bench``: results.json like ``kvlab bench``), ``widget`` (the notebook
-widget), ``adapter`` (the notebook browser's WebGPU adapter beside the kernel's). The page code is in
-``kvlab/web/js/``. This package sits beside ``kvlab.bench``: it imports the core, ``kvlab.ort`` (to read and check
-models, and for the CPU EP reference) and ``kvlab.lab``; nothing imports it.
+together), ``bench`` (``kvlab browser-bench``'s rows), ``widget`` (the notebook widget), ``adapter`` (the notebook
+browser's WebGPU adapter beside the kernel's). The page code is in ``kvlab/web/js/``.
+
+It may import ``kvlab.core``, ``kvlab.ort`` (to read and check models, and for the CPU EP reference), ``kvlab.lab``
+(the lab's prompt text and figures) and ``kvlab.bench`` (``kvlab bench``'s prompts); only the CLI imports it.
 """
 
 from .job import Job, make_job

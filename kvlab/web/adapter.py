@@ -1,42 +1,25 @@
-"""``BrowserAdapter``: the WebGPU adapter of the browser showing the notebook, beside the kernel's.
-
-The kernel's WebGPU adapter (what ``kvlab doctor`` found: ``kvlab.cli.platform_facts.assess(...)["adapter"]``) and
-the browser's can differ: on Binder or a CPU server the kernel has SwiftShader while the attendee's laptop browser
-has a real GPU. The widget asks the browser for ``navigator.gpu.requestAdapter()`` and its ``GPUAdapter.info``
-(``kvlab/web/js/adapter.mjs``) and shows both in one table.
-
-Contract: ``BrowserAdapter(kernel)`` takes the kernel's adapter dict (or ``None``: no adapter). ``browser`` (a
-synced dict) is empty until a browser front end answers, then holds its name, ``webgpu`` (whether it has
-``navigator.gpu``) and ``adapter`` (vendor, architecture, description, is_fallback, ...) or ``error``.
-``rows()`` and ``side_by_side()`` read both at any time and never raise: without a front end (nbval,
-nbconvert, a terminal) the browser's column says "no browser front end attached"; a browser without WebGPU
-says "this browser has no WebGPU".
-"""
+"""``BrowserAdapter``: the WebGPU adapter of the browser showing the notebook, beside the kernel's. They can differ:
+on Binder or a CPU server the kernel has SwiftShader while the attendee's laptop browser has a real GPU. The widget
+asks the browser for ``navigator.gpu.requestAdapter()`` and its ``GPUAdapter.info`` (``kvlab/web/js/adapter.mjs``)
+and shows both in one table."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import anywidget
 import traitlets
 
+from .results import adapter_kind
 from .widget import bundle
 
 HEADER = ["", "this kernel (kvlab doctor)", "this browser (navigator.gpu)"]
-SOFTWARE = re.compile(r"swiftshader|warp|llvmpipe|lavapipe|microsoft basic render", re.I)
 NO_FRONT_END = "no browser front end attached (or it has not answered yet: run this cell again)"
 CSS = """
 .kvlab-adapters table { border-collapse: collapse; font-family: var(--jp-ui-font-family, sans-serif); }
 .kvlab-adapters th, .kvlab-adapters td { padding: 2px 10px; text-align: left; vertical-align: top; }
 .kvlab-adapters tr:first-child th { border-bottom: 1px solid var(--jp-border-color1, #ccc); }
 """
-
-
-def browser_kind(info: dict[str, Any]) -> str:
-    """'software' for a fallback adapter or a CPU implementation (SwiftShader, WARP, llvmpipe), else 'hardware'."""
-    text = " ".join(str(info.get(k) or "") for k in ("vendor", "architecture", "description"))
-    return "software" if info.get("is_fallback") or SOFTWARE.search(text) else "hardware"
 
 
 def _kernel_column(gpu: dict[str, Any] | None) -> list[str]:
@@ -55,12 +38,17 @@ def _browser_column(browser: dict[str, Any]) -> list[str]:
     if not info:
         return [f"no adapter: {browser.get('error', 'requestAdapter() gave none')}", "-", "-", browser["name"]]
     maker = " ".join(v for v in (info.get("vendor"), info.get("architecture")) if v) or "not reported"
-    kind = browser_kind(info) + (" (fallback adapter)" if info.get("is_fallback") else "")
+    kind = adapter_kind(info) + (" (fallback adapter)" if info.get("is_fallback") else "")
     return [info.get("description") or "not reported", maker, kind, browser["name"]]
 
 
 class BrowserAdapter(anywidget.AnyWidget):
-    """The kernel's and the browser's WebGPU adapters side by side (see the module docstring)."""
+    """The kernel's and the browser's WebGPU adapters side by side. ``kernel``: the kernel's adapter dict (what
+    ``kvlab doctor`` found: ``kvlab.cli.platform_facts.assess(...)["adapter"]``), or None: no adapter. ``browser``
+    (a synced dict) is empty until a browser front end answers, then holds its name, ``webgpu`` (whether it has
+    ``navigator.gpu``) and ``adapter`` (vendor, architecture, description, is_fallback, ...) or ``error``. ``rows()``
+    and ``side_by_side()`` read both at any time and never raise: without a front end (nbval, nbconvert, a
+    terminal) the browser's column says "no browser front end attached"."""
 
     _esm = traitlets.Unicode(bundle(("host.mjs", "adapter.mjs"))).tag(sync=True)
     _css = traitlets.Unicode(CSS).tag(sync=True)

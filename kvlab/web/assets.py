@@ -5,13 +5,9 @@ at run time).
 Contract: ``npm_dir()`` is the folder holding the packages (``$KVLAB_WEB_ASSETS`` or ``kvlab/web/node_modules``);
 ``npm_file(key)`` is the path of one served file by its key in ``NPM_FILES``, or a ``DeviceError`` naming the
 missing file and the command that installs it; ``versions()`` gives each package's installed version (read from
-its own package.json, never assumed); ``kvlab_file(name)`` is one of kvlab's JS files. ``pack(dest)`` copies only
-the files a Dawn-in-Node run needs (for a machine without npm), keeping the node_modules layout.
-
-``package.json`` pins exact versions and overrides two of transformers.js 4.3.2's own dependencies: its
-onnxruntime-web (it asks for 1.31.0-dev.20260914) becomes the 1.30.0 kvlab's page code runs, so both caches run
-on one runtime (labels say "transformers.js 4.3.2 (onnxruntime-web 1.30.0)"); its onnxruntime-node (301 MB, the
-runtime of its Node build, which a browser never loads) becomes onnxruntime-common, a few hundred KB.
+its own package.json, never assumed); ``kvlab_file(name)`` is one of kvlab's JS files; ``dawn_node()`` is Dawn's
+Node binding for this platform. ``package.json`` pins exact versions and overrides transformers.js's own
+onnxruntime-web with the one kvlab's page code runs, so both caches run on one runtime (docs/browser-runner.md).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 from pathlib import Path
 
 from ..core.errors import ConfigError, DeviceError
@@ -36,15 +31,6 @@ NPM_FILES = {
     "transformers": "@huggingface/transformers/dist/transformers.web.min.js",
 }
 PACKAGES = ("onnxruntime-web", "@huggingface/transformers", "webgpu")
-# what `pack` copies for a Dawn-in-Node run on a Linux x86-64 machine (no transformers.js: it needs a browser)
-NODE_FILES = (
-    "onnxruntime-web/package.json",
-    "onnxruntime-web/dist/ort.webgpu.bundle.min.mjs",
-    "onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm",
-    "webgpu/package.json",
-    "webgpu/index.js",
-    "webgpu/dist/linux-x64/dawn.node",
-)
 
 
 def npm_dir() -> Path:
@@ -99,17 +85,3 @@ def dawn_node() -> Path:
     if not path.is_file():
         raise DeviceError(f"Dawn's Node binding {path} is missing: install the npm packages with {INSTALL_HINT}")
     return path
-
-
-def pack(dest: Path) -> list[Path]:
-    """Copy the files a Dawn-in-Node run needs into ``dest`` (a node_modules layout); returns what was copied."""
-    copied = []
-    for rel in NODE_FILES:
-        src = npm_dir() / rel
-        if not src.is_file():
-            raise DeviceError(f"{src} is missing: install the npm packages with {INSTALL_HINT}")
-        target = Path(dest) / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
-        copied.append(target)
-    return copied

@@ -1,17 +1,5 @@
-"""``kvlab browser-bench``: the caches in a browser host at several contexts, written as ``kvlab bench`` writes its
-results (results.json with rows + environment, results.csv, a chart per model), so ``kvlab.lab.recorded`` draws
-them beside the native runs.
-
-Contract: ``browser_bench(models, contexts, ...)`` runs one page per (model, context): a prompt of exactly
-``context`` real-text tokens (``kvlab bench``'s: data/prompts/long.txt), each cache ``new_tokens`` greedy tokens,
-``reps`` measured rounds after a warm-up round, interleaved. One row per (model, context, cache): the median decode
-step (wall_ms) over the rounds (each round's median of its decode steps), min-max and per-round values, the ratio to
-the dynamic cache paired by round, the exact GPU buffer counts per decode step, the first measured round's per-step
-times and counts, its tokens and whether they equal the reference (``reference="cpu"``: kvlab's own CPU EP run of
-the same model and prompt; ``"caches"``: the page's caches against each other). ``result["runs"]`` keeps every run's
-step records. ``on_line`` receives one progress line per finished page. ``KeyboardInterrupt`` stops after releasing
-the page; what finished is lost only for the page that was running.
-"""
+"""``kvlab browser-bench``'s engine: the caches in a browser host at several contexts, as rows shaped like ``kvlab
+bench``'s results (rows + environment), so the same figures draw them beside the native runs."""
 
 from __future__ import annotations
 
@@ -60,8 +48,10 @@ def row_of(
     fitted: bool,
 ) -> dict[str, Any]:
     """One results row for one cache at one context (``runs``: its measured rounds, in order; ``fitted``: a static
-    cache sized for this run, not given a size): where it ran, the cache, its step times against the dynamic
-    cache's, its buffer counts per step, and the first round's tokens and per-step values."""
+    cache sized for this run, not given a size): where it ran, the cache, the median decode step over the rounds
+    (each round's median) with its spread and its ratio to the dynamic cache's paired by round, the exact GPU buffer
+    counts per decode step, whether every round's tokens equal ``reference``, and the first round's tokens and
+    per-step values."""
     g = runs[0]
     spec = g.cache
     equal = all(r.token_ids == reference for r in runs)
@@ -200,9 +190,14 @@ def browser_bench(
     on_line: Callable[[str], None] = print,
     **job_options: Any,
 ) -> dict[str, Any]:
-    """The rows and environment of a browser benchmark (see the module docstring). ``job_options``: the rest of
-    ``make_job``'s keyword arguments (``reps``, default 2 here; ``warmup``, ``dynamic_impl``,
-    ``buffer_cache_mode``)."""
+    """A browser benchmark: one page per (model, context), each a prompt of exactly ``context`` real-text tokens
+    (``kvlab bench``'s), each cache ``new_tokens`` greedy tokens, ``reps`` measured rounds after a warm-up round,
+    interleaved. Every job is checked before the first page starts. Returns {"environment", "plan", "rows", "runs"}:
+    one row per (model, context, cache) (``row_of``), compared with ``reference`` ("cpu": kvlab's own CPU EP run of
+    the same prompt; "caches": the page's caches against each other); ``runs`` keeps every run's step records.
+    ``on_line`` receives one progress line per finished page; a KeyboardInterrupt stops after releasing the page
+    that was running. ``job_options``: the rest of ``make_job``'s keyword arguments (``reps``, default 2 here;
+    ``warmup``, ``dynamic_impl``, ``buffer_cache_mode``)."""
     job_options.setdefault("reps", 2)
     buffer_cache_mode = job_options.get("buffer_cache_mode", "")
     check_choice(reference, REFERENCES, "reference=")

@@ -1,13 +1,4 @@
-"""Headless Chromium with WebGPU, opened on one URL, closed exactly once.
-
-Contract: ``Chromium(url)`` starts the browser in a process group of its own, with a throwaway profile, no
-first-run or background network traffic, and WebGPU enabled; ``adapter="swiftshader"`` asks for Chromium's
-SwiftShader (software) adapter, ``"default"`` for whatever the browser picks (a GPU when its driver works),
-``"auto"`` (the default) for SwiftShader exactly when no hardware Vulkan driver is installed. ``alive()`` says
-whether it still runs; ``close()`` ends the whole group (SIGTERM, then SIGKILL after a grace period) and removes
-the profile, once, also when called again or from ``__exit__`` after a KeyboardInterrupt. ``find_chromium()``
-gives the executable (``$KVLAB_CHROMIUM`` or the usual names) or raises a ``DeviceError`` saying how to get one.
-"""
+"""Headless Chromium with WebGPU, opened on one URL, closed exactly once."""
 
 from __future__ import annotations
 
@@ -50,6 +41,8 @@ def executable_override(var: str) -> str | None:
 
 
 def find_chromium() -> str:
+    """The Chromium executable: ``$KVLAB_CHROMIUM`` or the first of the usual names on PATH; a DeviceError saying
+    how to get one."""
     override = executable_override("KVLAB_CHROMIUM")
     if override:
         return override
@@ -69,20 +62,25 @@ def hardware_vulkan() -> bool:
 
 
 def adapter_flags(adapter: str) -> list[str]:
+    """Chromium's flags for ``adapter`` (one of ``ADAPTERS``): "swiftshader" asks for its SwiftShader (software)
+    adapter, "default" for whatever it picks (a GPU when its driver works), "auto" for SwiftShader exactly when no
+    hardware Vulkan driver is installed. ConfigError for another value."""
     check_choice(adapter, ADAPTERS, "adapter=")
     software = adapter == "swiftshader" or (adapter == "auto" and not hardware_vulkan())
     return ["--use-webgpu-adapter=swiftshader"] if software else []
 
 
 class Chromium:
-    """One headless Chromium process group (see the module docstring)."""
+    """One headless Chromium on ``url``, in a process group of its own, with a throwaway profile, no first-run or
+    background network traffic, and WebGPU enabled on ``adapter`` (``adapter_flags``). DeviceError when it cannot
+    start (nothing left behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole
+    group (SIGTERM, then SIGKILL after a grace period) and removes the profile, once."""
 
     def __init__(self, url: str, *, adapter: str = "auto", executable: str | None = None) -> None:
         flags = adapter_flags(adapter)
         self.executable = executable or find_chromium()
         self.profile = tempfile.mkdtemp(prefix="kvlab-chromium-")
-        self.log_path = Path(self.profile) / "chromium.log"
-        self._log = self.log_path.open("wb")
+        self._log = (Path(self.profile) / "chromium.log").open("wb")
         self._closed = False
         env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
         cmd = [self.executable, *FLAGS, *flags, f"--user-data-dir={self.profile}", url]
@@ -98,18 +96,13 @@ class Chromium:
         except OSError as exc:
             self._cleanup()
             raise DeviceError(f"could not start {self.executable}: {exc}") from exc
-        self.flags = [*FLAGS, *flags]
 
     def alive(self) -> bool:
+        """Whether the browser still runs."""
         return self.process.poll() is None
 
-    def log_tail(self, n: int = 1500) -> str:
-        try:
-            return self.log_path.read_bytes()[-n:].decode(errors="replace")
-        except OSError:
-            return ""
-
     def close(self) -> None:
+        """The process group ended and the profile removed (once; later calls do nothing)."""
         if self._closed:
             return
         self._closed = True

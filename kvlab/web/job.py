@@ -1,13 +1,5 @@
 """What the browser runner is asked to do, checked before any browser starts: a ``Job`` (model, prompt ids, new
-tokens, caches, repetitions) and its JSON form, the one thing the page reads.
-
-Contract: ``make_job`` takes a loaded kvlab ``Model`` (or a name), prompt ids and caches given as kvlab's cache
-names ("dynamic", "static@N", "static" = sized to fit, rounded up to 256 as ``kvlab generate`` does) or
-``CacheSpec``s; every bad value raises a kvlab error naming it and what would be valid, and a model the runner
-cannot drive (fixed-size states, a KV dtype other than float32/float16, presents that cannot share the past's
-buffer for a static cache) is refused with the reason. ``Job.to_json()`` is what the page receives; it lists the
-model's files (the decoder graph and its external data) by name and size, served or sent as bytes.
-"""
+tokens, caches, repetitions) and its JSON form, the one thing the page reads."""
 
 from __future__ import annotations
 
@@ -36,7 +28,9 @@ def _round_up(needed: int, context: int) -> int:
 
 
 def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
-    """A cache name ("dynamic", "static", "static@N") or CacheSpec as a CacheSpec sized and checked for the run."""
+    """A cache name ("dynamic", "static", "static@N") or CacheSpec as a CacheSpec sized and checked for a run of
+    ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256 as ``kvlab generate``
+    does. ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
     if isinstance(spec, CacheSpec):
         kind, size = spec.kind, spec.max_cache_len
     elif isinstance(spec, str) and spec in ("dynamic", "static"):
@@ -61,7 +55,7 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
 
 
 def model_files(model: Model) -> list[Path]:
-    """The decoder graph and the external data files it names, in that order."""
+    """The decoder graph and the external data files it names, in that order; ModelError when one is missing."""
     graph = load_graph(model.onnx_path)
     names = []
     for init in graph.graph.initializer:
@@ -76,7 +70,8 @@ def model_files(model: Model) -> list[Path]:
 
 
 def check_model(model: Model) -> None:
-    """Refuse a model the browser runner cannot drive, saying why."""
+    """ModelError, saying why, for a model the browser runner cannot drive: fixed-size states, or a KV dtype other
+    than float32/float16."""
     info = model.info
     states = [e for e in info.entries if not e.grows]
     if states:
@@ -112,6 +107,8 @@ class Job:
         return {TRANSFORMERS_GRAPH: self.transformers_graph} if self.transformers_graph else {}
 
     def to_json(self) -> dict[str, Any]:
+        """What the page receives: the model's geometry and files (the decoder graph and its external data, by name
+        and size: served or sent as bytes), the prompt, the caches and the options."""
         info = self.model.info
         return {
             "version": 1,
@@ -147,13 +144,9 @@ class Job:
 
 def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
     """The decoder graph (weights still external, in the same files) with every symbolic past-input dimension
-    but batch and length made concrete, and which dimension names were replaced by what.
-
-    transformers.js 4.3.2 makes its first, empty past from the graph's input shapes and sets every symbolic
-    dimension but ``batch_size`` to 0: for a builder graph, whose pasts are ``[batch_size, kv_heads,
-    past_sequence_length, kv_cache_dim]``, that is ``[1, kv_heads, 0, 0]``, and GroupQueryAttention refuses it
-    ("Input 'past_key' dimension 3 should match the packed KV head dimension, got 0 expected 16", measured in
-    Chromium 156 on the toy model). Only this shape metadata changes; nodes and weights are the model's own."""
+    but batch and length made concrete, and which dimension names were replaced by what. transformers.js makes its
+    first, empty past from the graph's input shapes with every other symbolic dimension 0, which GroupQueryAttention
+    refuses (docs/browser-runner.md); only this shape metadata changes, nodes and weights are the model's own."""
     graph = load_graph(model.onnx_path)
     entries = {e.past: e for e in model.info.entries}
     replaced: dict[str, int] = {}
@@ -196,7 +189,9 @@ def make_job(
     dynamic_impl: str = "auto",
     buffer_cache_mode: str = "",
 ) -> Job:
-    """A checked ``Job`` (see the module docstring)."""
+    """A checked ``Job`` for ``model`` (a loaded kvlab ``Model`` or a name): caches as ``parse_cache`` takes them.
+    Every bad value raises a kvlab error naming it and what would be valid; a model the runner cannot drive
+    (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason."""
     model = load(model)
     check_model(model)
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):

@@ -1,13 +1,5 @@
 """The runner in Node with Dawn's bindings (``kvlab/web/js/node_host.mjs``): onnxruntime-web's WebGPU code on a
-machine without a browser. Dawn in Node is not a browser; its results say so (``BrowserHost.kind == "node"``).
-
-Contract: ``run_node(job, timeout, adapter)`` writes the job to a temporary folder, runs ``node`` on it in a
-process group of its own (killed, once, on timeout or KeyboardInterrupt), and returns the page-shaped result
-dict it wrote. ``adapter``: "swiftshader" points the Vulkan loader at SwiftShader, "auto" chooses as kvlab's own
-WebGPU does (``kvlab.ort.runtime.adapters.configure_vulkan``: a hardware driver when installed), "default" leaves the
-environment alone. ``find_node()`` gives the executable (``$KVLAB_NODE`` or ``node`` on PATH) or a
-``DeviceError`` saying how to get one.
-"""
+machine without a browser. Dawn in Node is not a browser; its results say so (``BrowserHost.kind == "node"``)."""
 
 from __future__ import annotations
 
@@ -29,6 +21,7 @@ from .job import Job
 
 
 def find_node() -> str:
+    """The node executable: ``$KVLAB_NODE`` or ``node`` on PATH; a DeviceError saying how to get one."""
     found = executable_override("KVLAB_NODE") or shutil.which("node")
     if not found:
         raise DeviceError("no `node` on PATH: install Node.js >= 18 (Debian/Ubuntu: apt-get install nodejs)")
@@ -36,6 +29,9 @@ def find_node() -> str:
 
 
 def node_env(adapter: str) -> dict[str, str]:
+    """The environment node runs in: "swiftshader" points the Vulkan loader at SwiftShader (DeviceError when it is
+    not installed), "auto" chooses as kvlab's own WebGPU does (a hardware driver when installed), "default" leaves
+    the environment alone."""
     check_choice(adapter, ADAPTERS, "adapter=")
     env = dict(os.environ)
     env.setdefault("XDG_RUNTIME_DIR", "/tmp")
@@ -50,6 +46,9 @@ def node_env(adapter: str) -> dict[str, str]:
 
 
 def run_node(job: Job, timeout: float = 600, adapter: str = "auto") -> dict[str, Any]:
+    """The page-shaped result dict node wrote for ``job`` (``adapter`` as ``node_env`` takes it). node runs in a
+    temporary folder, in a process group of its own, killed once on timeout or KeyboardInterrupt; DeviceError when
+    it ran past ``timeout`` seconds or exited without a result (naming its output's end)."""
     node = find_node()
     npm_file("ort")
     dawn_node()

@@ -1,17 +1,11 @@
 """The page's result as kvlab records: checked field by field, then one ``Generation`` per run, with step records
 every kvlab chart draws and a label that says what produced them (the browser or Node host, the adapter as its
-``GPUAdapter.info`` reports it, onnxruntime-web's version, transformers.js's where it ran the dynamic cache).
-
-Contract: ``read_result(raw, job)`` raises ``DeviceError`` when the page reported an error (its message, one
-line) and when a field is missing or of the wrong kind (naming the field and what was expected); otherwise it
-returns a ``BrowserResult``. Its ``generations`` are ``BrowserGeneration``s (warm-up rounds included, flagged);
-their ``records`` are ``BrowserStepRecord``s: kvlab's ``StepRecord`` columns plus the exact GPU buffer counts of
-``WEB_COLUMNS``. ``rss_bytes`` is 0: a page cannot read its process's memory.
-"""
+``GPUAdapter.info`` reports it, onnxruntime-web's version, transformers.js's where it ran the dynamic cache)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +15,7 @@ from ..core.labels import Adapter, CacheSpec, DeviceLabel, RunLabel
 from ..core.records import COLUMNS, StepRecord
 from .job import Job
 
-# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS
+# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS; the page's name for each in _GPU_KEYS
 WEB_COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_buffers_created": (
         "GPU buffers the device created during the step: every GPUDevice.createBuffer call, counted by wrapping it "
@@ -59,10 +53,14 @@ _GPU_KEYS = {
 _STEP_INTS = ("step", "position", "n_tokens", "token", "cache_tensors_allocated", "cache_bytes_allocated")
 _STEP_INTS += ("new_buffers", "live_cache_bytes")
 IMPLS = ("onnxruntime-web", "transformers.js")
+SOFTWARE = re.compile(r"swiftshader|warp|llvmpipe|lavapipe|microsoft basic render", re.I)  # CPU-made adapters
 
 
 @dataclass
 class BrowserStepRecord(StepRecord):
+    """A step in a page: kvlab's ``StepRecord`` columns (``rss_bytes`` 0: a page cannot read its process's memory)
+    plus the exact GPU buffer counts of ``WEB_COLUMNS``."""
+
     gpu_buffers_created: int
     gpu_buffers_destroyed: int
     gpu_bytes_created: int
@@ -81,7 +79,7 @@ class BrowserHost:
     """What ran the page: a browser, or Node with Dawn's bindings (not a browser)."""
 
     kind: str  # "browser" or "node"
-    name: str  # e.g. "Chromium 156.0.8078.114", "Node 20.20.2 + Dawn (npm webgpu 0.6.2)"
+    name: str  # the browser's brand and version, or "Node <version> + Dawn (npm webgpu <version>)"
     user_agent: str = ""
     headless: bool | None = None
 
@@ -100,7 +98,8 @@ class BrowserGeneration(Generation):
     warmup: bool = False
     release: dict[str, int] | None = None  # what the cache's release destroyed (kvlab's runs)
 
-    def frame(self):
+    def frame(self) -> Any:
+        """``Generation.frame()``, with the host in ``attrs["host"]``."""
         df = super().frame()
         df.attrs["host"] = self.host
         return df
@@ -108,7 +107,7 @@ class BrowserGeneration(Generation):
 
 @dataclass
 class BrowserResult:
-    """Everything one page run reported."""
+    """Everything one page run reported; ``generations`` include the warm-up round's, flagged."""
 
     host: BrowserHost
     adapter: Adapter
@@ -164,6 +163,8 @@ def check_step(step: Any, where: str) -> dict[str, Any]:
 
 
 def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
+    """Run ``index`` of the page, checked against ``job``: its cache, its runner, a token and a step record per new
+    token, the steps' tokens equal to the token list."""
     where = f"runs[{index}]."
     names = [c.name for c in job.caches]
     if _need(run, "cache", str, where) not in names:
@@ -184,21 +185,20 @@ def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
     return run
 
 
+def adapter_kind(info: dict[str, Any]) -> str:
+    """'software' for a fallback adapter or a CPU implementation (SwiftShader, WARP, llvmpipe), else 'hardware'."""
+    text = " ".join(str(info.get(k) or "") for k in ("vendor", "architecture", "description"))
+    return "software" if info.get("is_fallback") or SOFTWARE.search(text) else "hardware"
+
+
 def adapter_label(info: dict[str, Any], host: BrowserHost) -> Adapter:
     """The adapter as its GPUAdapter.info reports it, named with the host that reached it."""
     vendor, arch = str(info.get("vendor", "")), str(info.get("architecture", ""))
     what = f"{vendor} {arch}".strip() or str(info.get("description", "")) or "an unnamed adapter"
-    software = "swiftshader" in (vendor + arch).lower() or bool(info.get("is_fallback"))
     source = "GPUAdapter.info: " + ", ".join(
         f"{k}={info.get(k, '')!r}" for k in ("vendor", "architecture", "device", "description")
     )
-    return Adapter(
-        f"{what} in {host}",
-        "software" if software else "hardware",
-        "webgpu",
-        source,
-        "shader-f16" in info.get("features", []),
-    )
+    return Adapter(f"{what} in {host}", adapter_kind(info), "webgpu", source, "shader-f16" in info.get("features", []))
 
 
 def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
@@ -226,7 +226,9 @@ def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
 
 
 def read_result(raw: Any, job: Job) -> BrowserResult:
-    """The page's result checked and turned into records (see the module docstring)."""
+    """The page's result for ``job``, checked and turned into records. DeviceError when the page reported an error
+    (its message, one line) and when a field is missing or of the wrong kind (naming the field and what was
+    expected)."""
     if isinstance(raw, dict) and "error" in raw:
         raise DeviceError(f"the browser runner failed: {str(raw['error']).strip().splitlines()[0]}")
     if _need(raw, "version", int, "") != 1:

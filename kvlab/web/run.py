@@ -1,11 +1,5 @@
 """Run kvlab's caches on onnxruntime-web's WebGPU from Python: in headless Chromium (served from 127.0.0.1) or in
-Node with Dawn; the notebook widget (``kvlab.web.widget``) runs the same page code in the attendee's own browser.
-
-Contract: ``browser_generate(model, prompt, ...)`` checks everything first (``make_job``), then runs the job in
-the chosen host and returns a ``BrowserResult`` (one ``BrowserGeneration`` per cache and round, step records
-kvlab's charts draw). The browser or node process and the server are closed exactly once, also on error and
-KeyboardInterrupt. ``run_job(job, ...)`` does the same for a job already made.
-"""
+Node with Dawn; the notebook widget (``kvlab.web.widget``) runs the same page code in the attendee's own browser."""
 
 from __future__ import annotations
 
@@ -32,8 +26,10 @@ def run_job(
     timeout: float = 600,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> BrowserResult:
-    """Run ``job`` in headless Chromium ("chromium") or in Node with Dawn ("node"); ``adapter`` as
-    ``kvlab.web.chromium.Chromium`` takes it. ``on_progress`` gets each finished step (Chromium only)."""
+    """``job`` run in headless Chromium ("chromium") or in Node with Dawn ("node"), its result read
+    (``results.read_result``); ``adapter`` as ``chromium.adapter_flags`` takes it. ``on_progress`` gets each
+    finished step (Chromium only). The browser or node process and the server are closed exactly once, also on
+    error and KeyboardInterrupt; DeviceError when the page failed or ran past ``timeout`` seconds."""
     check_choice(host, HOSTS, "host=")
     if host == "node":
         return read_result(run_node(job, timeout, adapter), job)
@@ -61,8 +57,8 @@ def browser_generate(
     """Greedy generations of ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids) with
     each cache, in a browser host. ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it
     runs the model, else onnxruntime-web directly, fresh outputs every step as transformers.js does),
-    "transformers.js" (or an error), "onnxruntime-web". Raises kvlab errors for bad inputs before anything starts.
-    """
+    "transformers.js" (or an error), "onnxruntime-web". Raises kvlab errors for bad inputs before anything starts
+    (``make_job``), then runs as ``run_job``: a ``BrowserResult``, one ``BrowserGeneration`` per cache and round."""
     model = load(model)
     check_flag("chat", chat)
     job = make_job(

@@ -1,13 +1,4 @@
-"""A small HTTP server on 127.0.0.1 that serves one job to the browser runner's page and receives its result.
-
-Contract: ``PageServer(job)`` serves, on a free port of 127.0.0.1 only: ``/`` (the page), ``/kvlab/<file>`` (kvlab's
-JS), ``/npm/<path>`` (only the npm files in ``assets.NPM_FILES``), ``/assets`` (their URLs), ``/job`` (the job's
-JSON) and ``/model/<name>`` (only the job's model files); it takes ``POST /progress`` (one step record, handed to
-``on_progress``) and ``POST /result`` (the page's result). Anything else is a 404. Pages are served cross-origin
-isolated (COOP/COEP), so onnxruntime-web's threaded wasm has SharedArrayBuffer. ``wait_result(timeout, alive)``
-returns the result or raises a ``DeviceError`` (timeout, or ``alive()`` turned false: the browser exited).
-``close()`` stops the server once; the server is a context manager.
-"""
+"""A small HTTP server on 127.0.0.1 that serves one job to the browser runner's page and receives its result."""
 
 from __future__ import annotations
 
@@ -35,7 +26,12 @@ MAX_POST = 64 * 2**20  # a result of thousands of steps is a few MB
 
 
 class PageServer:
-    """Serves one job to one page (see the module docstring)."""
+    """Serves one job to one page, on a free port of 127.0.0.1 only, from the moment it is made: ``/`` (the page),
+    ``/kvlab/<file>`` (kvlab's JS), ``/npm/<path>`` (only the npm files in ``assets.NPM_FILES``), ``/assets`` (their
+    URLs), ``/job`` (the job's JSON) and ``/model/<name>`` (only the job's model files); it takes ``POST /progress``
+    (one step record, handed to ``on_progress``) and ``POST /result`` (the page's result). Anything else is a 404.
+    Pages are served cross-origin isolated (COOP/COEP), so onnxruntime-web's threaded wasm has SharedArrayBuffer.
+    ``close()`` (or leaving the ``with`` block) stops it, once."""
 
     def __init__(self, job: Job, on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.job = job
@@ -54,6 +50,7 @@ class PageServer:
 
     @property
     def url(self) -> str:
+        """The page's URL."""
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}/"
 
@@ -78,6 +75,7 @@ class PageServer:
         return None
 
     def receive(self, path: str, body: dict[str, Any]) -> bool:
+        """A POST of ``body`` to ``path`` taken (True) or not (False: a 404)."""
         if path == "/progress":
             self.last_progress = body
             if self.on_progress is not None:
@@ -90,6 +88,8 @@ class PageServer:
         return False
 
     def wait_result(self, timeout: float, alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+        """The page's result, once it came; DeviceError (naming the last finished step) when ``timeout`` seconds pass
+        first or ``alive()`` turns false (the browser exited)."""
         deadline = time.monotonic() + timeout
         while not self._done.wait(0.25):
             if not alive():
@@ -104,6 +104,7 @@ class PageServer:
         return f" (its last finished step: {p.get('phase')} step {p.get('step')})" if p else " (no step had finished)"
 
     def close(self) -> None:
+        """The server stopped (once; later calls do nothing)."""
         if self._closed:
             return
         self._closed = True

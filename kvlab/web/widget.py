@@ -5,12 +5,6 @@ npm assets (onnxruntime-web's bundle and wasm, transformers.js), the model's fil
 each step and then its result. No side server and no CDN: it works wherever the notebook opens (a laptop,
 Binder, JupyterHub). The front end is ``kvlab/web/js/widget.mjs`` with the runner's modules, bundled into one
 ES module here (``widget_esm``).
-
-Contract: ``BrowserLab(model, prompt, ...)`` checks the job when it is made (kvlab errors for bad values, in the
-cell that made it). Pressing its button runs the job in that browser; when the result arrives the kernel checks
-it (``kvlab.web.results``), runs the same greedy generation on its own CPU EP (``reference=True``) and shows a
-summary; ``result`` is then a ``BrowserResult`` (``None`` before), ``on_result(fn)`` registers a callback, and
-``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown.
 """
 
 from __future__ import annotations
@@ -61,7 +55,12 @@ CSS = """
 
 
 class BrowserLab(anywidget.AnyWidget):
-    """Dynamic vs static KV cache on this browser's WebGPU (see the module docstring)."""
+    """Dynamic vs static KV cache on this browser's WebGPU: ``new_tokens`` greedy tokens after ``prompt`` (default:
+    ``prompt_tokens`` tokens of the lab's text) with each of ``caches``. The job is checked when the widget is made
+    (kvlab errors for bad values, in the cell that made it). Pressing its button runs the job in that browser; when
+    the result arrives the kernel checks it (``kvlab.web.results``), runs the same greedy generation on its own CPU
+    EP (``reference=True``) and shows a summary; ``result`` is then a ``BrowserResult`` (None before), and
+    ``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown."""
 
     _esm = traitlets.Unicode(widget_esm()).tag(sync=True)
     _css = traitlets.Unicode(CSS).tag(sync=True)
@@ -100,6 +99,7 @@ class BrowserLab(anywidget.AnyWidget):
         self.on_msg(self._on_msg)
 
     def on_result(self, fn: Callable[[BrowserResult], None]) -> None:
+        """``fn(result)`` is called with every result from now on, after the kernel checked it."""
         self._callbacks.append(fn)
 
     # -- messages

@@ -18,13 +18,26 @@ function entryBytes(model, entry, length) {
   return entry.kv_heads * length * entry.head_dim * ELEMENT_BYTES[model.dtype];
 }
 
-function cacheBytes(model, length) {
+export function cacheBytes(model, length) {
   return model.entries.reduce((sum, e) => sum + entryBytes(model, e, length), 0);
 }
 
 function emptyPast(ort, model, entry) {
   const data = model.dtype === 'float16' ? new Uint16Array(0) : new Float32Array(0);
   return new ort.Tensor(model.dtype, data, [1, entry.kv_heads, 0, entry.head_dim]);
+}
+
+// how many of the tensors' GPU buffers are not in seen (a WeakSet); adds them to it
+export function countFresh(tensors, seen) {
+  let fresh = 0;
+  for (const t of tensors) {
+    const buffer = t.location === 'gpu-buffer' ? t.gpuBuffer : null;
+    if (buffer && !seen.has(buffer)) {
+      seen.add(buffer);
+      fresh += 1;
+    }
+  }
+  return fresh;
 }
 
 export class StaticKV {
@@ -138,16 +151,8 @@ export class DynamicKV {
     this.presents = fresh;
     this.length += n;
     for (const t of previous ?? []) t.dispose();
-    let newBuffers = 0;
-    for (const t of fresh) {
-      const buffer = t.location === 'gpu-buffer' ? t.gpuBuffer : null;
-      if (buffer && !this.seen.has(buffer)) {
-        this.seen.add(buffer);
-        newBuffers += 1;
-      }
-    }
     const bytes = cacheBytes(this.model, this.length);
-    return { tensors: fresh.length, bytes, new_buffers: newBuffers, live_bytes: bytes };
+    return { tensors: fresh.length, bytes, new_buffers: countFresh(fresh, this.seen), live_bytes: bytes };
   }
 
   release() {

@@ -10,6 +10,8 @@
 // transformers.js: run_ms is performance.now around that run, wall_ms from its start to the next run's start
 // (the last: to generate()'s end), gpu the device's buffer counters over the same span.
 
+import { cacheBytes, countFresh } from './caches.mjs';
+
 export async function loadTransformers(ortUrl, sourceText) {
   const patched = sourceText
     .replaceAll('from"onnxruntime-web/webgpu"', `from"${ortUrl}"`)
@@ -77,14 +79,7 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep }
     // read now: transformers.js disposes these tensors a step later
     const presents = model.entries.map((e) => outputs[e.present]).filter(Boolean);
     span.tensors = presents.length;
-    span.fresh = 0;
-    for (const t of presents) {
-      const buffer = t.location === 'gpu-buffer' ? t.gpuBuffer : null;
-      if (buffer && !seen.has(buffer)) {
-        seen.add(buffer);
-        span.fresh += 1;
-      }
-    }
+    span.fresh = countFresh(presents, seen);
     return outputs;
   };
   try {
@@ -102,25 +97,17 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep }
     const finished = { time: performance.now(), counts: counters.snapshot() };
     const sequence = Array.from(out.data, Number);
     const tokens = sequence.slice(n);
-    return { tokens, steps: stepsOf(spans, finished, tokens, n, model), session };
+    return { tokens, steps: stepsOf(spans, finished, tokens, n, model, counters), session };
   } finally {
     await lm.dispose();
   }
 }
 
-function stepsOf(spans, finished, tokens, n, model) {
-  const bytesPerToken = model.entries.reduce(
-    (sum, e) => sum + e.kv_heads * e.head_dim * (model.dtype === 'float16' ? 2 : 4),
-    0,
-  );
+function stepsOf(spans, finished, tokens, n, model, counters) {
   return spans.map((span, i) => {
     const next = spans[i + 1];
     const end = next ? next.start : finished.time;
-    const after = next ? next.before : finished.counts;
-    const gpu = {};
-    for (const k of Object.keys(span.before)) gpu[k] = after[k] - span.before[k];
-    gpu.live = after.live;
-    gpu.live_bytes = after.live_bytes;
+    const gpu = counters.delta(span.before, next ? next.before : finished.counts);
     const position = i === 0 ? 0 : n + i - 1;
     const length = position + (i === 0 ? n : 1);
     return {
@@ -132,9 +119,9 @@ function stepsOf(spans, finished, tokens, n, model) {
       wall_ms: end - span.start,
       run_ms: span.end - span.start,
       cache_tensors_allocated: span.tensors,
-      cache_bytes_allocated: length * bytesPerToken,
+      cache_bytes_allocated: cacheBytes(model, length),
       new_buffers: span.fresh,
-      live_cache_bytes: length * bytesPerToken,
+      live_cache_bytes: cacheBytes(model, length),
       gpu,
     };
   });
