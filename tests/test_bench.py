@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvlab.bench import memory_bandwidth, weight_bytes_per_token
-from kvlab.lab.recorded import bench_figure as figure
+from kvlab.bench.chart import bench_figure as figure
 from kvlab.ort.runtime.plugin import installed
 from kvlab.presets import RECIPES
 

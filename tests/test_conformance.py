@@ -8,7 +8,7 @@ def test_prefill_conformance_shows_where_the_packages_differ(smollm2):
     """onnxruntime-webgpu 1.27 on SwiftShader: prefill logits are right for query positions 0-3 and wrong from
     position 4 on (measured there: max |diff| 2.6-10 from position 4). The plugin EP (onnxruntime 1.31.1 +
     onnxruntime-ep-webgpu 0.4.0) computes them right at every position. On a hardware adapter 1.27 is right too
-    (data/gpu/check). Four layers of SmolLM2 would be enough, but the real model is used."""
+    (data/correct-on-a-gpu). Four layers of SmolLM2 would be enough, but the real model is used."""
     report = check(
         smollm2, "The capital of France is Paris, and the capital of Italy is", device="webgpu", mode="prefill"
     )

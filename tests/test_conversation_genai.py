@@ -2,7 +2,8 @@
 conversation: every turn's greedy tokens equal. genai 0.18 on the CPU EP gives other tokens when a turn is appended
 right after ``generate_next_token`` (its own from-scratch generation over the same history agrees with kvlab, and
 so does feeding the reply's last token again with the turn: ``rewind_to(len - 1)``, then ``append_tokens([last,
-*turn])``), so the parity runs that way; the timings side by side: ``scripts/conversation_bench.py --genai``."""
+*turn])``), so the parity runs that way; the timings side by side: ``data/conversation/conversation_bench.py
+genai``."""
 
 from __future__ import annotations
 

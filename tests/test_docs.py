@@ -1,8 +1,10 @@
-"""The README stays one screen, its links and the docs' links lead to files that exist, and the docs site builds
-with warnings as errors (a broken cross-reference, a page left out of the toctree or a link to a missing file)."""
+"""The README stays one screen, its links and the docs' links lead to files that exist, every data/ and scripts/
+path the README, the docs and the notebooks name exists, and the docs site builds with warnings as errors (a broken
+cross-reference, a page left out of the toctree or a link to a missing file)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -33,6 +35,39 @@ def relative_links(markdown: str) -> list[str]:
     return paths
 
 
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:data|scripts)/[\w.*|/-]*)")  # data/..., scripts/...: a glob, a|b alternatives
+
+
+def repository_paths(text: str) -> list[str]:
+    """Every path into data/ or scripts/ that ``text`` names (a link, a code span or plain words), as written, without
+    trailing punctuation."""
+    return [m.rstrip(".,:;)") for m in REPO_PATH.findall(text)]
+
+
+def names_something(path: str) -> bool:
+    """Whether a named path exists in the repository: ``*`` as a glob, ``a|b`` within a name as alternatives (each
+    must exist: ``steps-fp32|fp16.json``), a docs toctree's page name with its ``.md`` left off."""
+    alternatives = re.search(r"[A-Za-z0-9]+(?:\|[A-Za-z0-9]+)+", path)
+    if alternatives:
+        return all(names_something(path.replace(alternatives.group(0), a)) for a in alternatives.group(0).split("|"))
+    if "*" in path:
+        return any(ROOT.glob(path))
+    return (ROOT / path).exists() or (ROOT / f"{path}.md").exists()
+
+
+def cited_texts() -> list[tuple[str, str]]:
+    """(where, text) of the README, every docs page, and every notebook cell's source and text outputs."""
+    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in markdown_files()]
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+            texts = ["".join(cell["source"])]
+            for o in cell.get("outputs", []):
+                t = o.get("text") or o.get("data", {}).get("text/plain", "")
+                texts.append("".join(t) if isinstance(t, list) else t)
+            out += [(f"{nb.name} cell {i}", t) for t in texts]
+    return out
+
+
 def markdown_files() -> list[Path]:
     return [README, *sorted(DOCS.glob("*.md"))]
 
@@ -49,6 +84,22 @@ def test_every_relative_link_points_to_a_file_that_exists(markdown):
     links = relative_links(markdown.read_text())
     missing = [link for link in links if not (markdown.parent / link).exists()]
     assert not missing, f"{markdown.relative_to(ROOT)} links to paths that do not exist: {missing}"
+
+
+def test_every_data_and_scripts_path_named_in_the_docs_and_notebooks_exists():
+    missing = sorted({(where, path) for where, text in cited_texts() for path in repository_paths(text)
+                      if not names_something(path)})  # fmt: skip
+    assert not missing, f"paths into data/ or scripts/ that do not exist: {missing}"
+
+
+def test_the_path_check_reads_paths_globs_and_alternatives():
+    text = "see data/prompts/long.txt, `data/where-a-cpu-step-goes/ops_*.csv` and (scripts/setup.py). mydata/x"
+    paths = ["data/prompts/long.txt", "data/where-a-cpu-step-goes/ops_*.csv", "scripts/setup.py"]
+    assert repository_paths(text) == paths and all(names_something(p) for p in paths)
+    assert names_something("data/prompt-lookup/h200/steps-fp32|fp16-phi4-kv-webgpu.json")
+    assert names_something("data/README")  # a docs toctree entry: the page's name
+    assert not names_something("data/gpu/stairs/results.json") and not names_something("data/prompts/none_*.txt")
+    assert not names_something("data/prompt-lookup/h200/steps-fp32|fp8-phi4-kv-webgpu.json")
 
 
 def test_the_link_check_sees_links_and_skips_code():

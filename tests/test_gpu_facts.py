@@ -1,12 +1,13 @@
 """What kvlab works out about a GPU machine without running on one: why a Vulkan driver cannot start, and the
-WebGPU buffer pool's churn predicted from its bucket table. (Measured on a real GPU: data/gpu/.)"""
+WebGPU buffer pool's churn predicted from its bucket table; and the recorded experiments on real GPUs read, through
+``kvlab.lab.recorded``, as their READMEs say."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from kvlab.core.buckets import BUCKETS, MiB, bucket_of, predict_churn
+from kvlab.lab import recorded
 from kvlab.ort.runtime.adapters import driver_problems
 
 
@@ -64,15 +65,10 @@ def test_the_fresh_buffer_cost_is_fitted_where_every_buffer_is_fresh():
 
 
 def test_the_recorded_staircase_is_predicted_from_the_bucket_table_within_a_few_ms():
-    """The H200 sweep (data/gpu/stairs): a per-buffer cost fitted on the pool-disabled runs, times the fresh
+    """The H200 sweep (staircase-on-webgpu): a per-buffer cost fitted on the pool-disabled runs, times the fresh
     buffers the bucket table predicts, plus the static step, follows the measured bucket-mode dynamic step
     (the non-monotonic curve) within 3 ms from 1088 to 8000 tokens (it misses 960: 4.3 vs 7.0 ms)."""
-    from pathlib import Path
-
-    from kvlab.lab import recorded
-
-    result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/stairs/results.json").read_text())
-    fig = recorded.staircase(result)
+    fig = recorded.load("staircase-on-webgpu").figure()
     predicted = next(t for t in fig.data if t.name == "dynamic, pool bucket: predicted")
     measured = next(t for t in fig.data if t.name == "dynamic, pool bucket")
     gaps = {int(x): abs(p - m) for x, p, m in zip(predicted.x, predicted.y, measured.y)}
@@ -80,85 +76,68 @@ def test_the_recorded_staircase_is_predicted_from_the_bucket_table_within_a_few_
 
 
 def test_the_recorded_capture_runs_read_as_the_readme_says():
-    """data/gpu/capture (H200, phi4-kv fp16, 1k-8k): on the plugin EP capture shortens kvlab's step (paired ratio
+    """graph-capture (H200, phi4-kv fp16, 1k-8k): on the plugin EP capture shortens kvlab's step (paired ratio
     0.85-0.95) and kvlab's captured step is within 5% of genai's; on onnxruntime-webgpu 1.27 capture is slower for
     both loops; tokens identical everywhere. The chart draws one line per loop and package."""
-    from pathlib import Path
-
-    from kvlab.lab import recorded
-
-    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "capture"
-    results = {p: json.loads((data / p / "results.json").read_text()) for p in ("builtin", "plugin")}
-    tables = {p: recorded.capture_table(r) for p, r in results.items()}
-    assert [r["context"] for r in tables["plugin"]] == [1024, 2048, 4096, 8192]
-    for r in tables["plugin"]:
+    capture = recorded.load("graph-capture")
+    tables = {p: capture.draw("table", f"h200-{p}/results.json") for p in ("onnxruntime-webgpu", "plugin-ep")}
+    assert [r["context"] for r in tables["plugin-ep"]] == [1024, 2048, 4096, 8192]
+    for r in tables["plugin-ep"]:
         assert 0.85 < r["graph / static (paired)"] < 0.95 and 0.95 < r["kvlab graph / genai graph (paired)"] < 1.05, r
         assert r["loop CPU ms: static + graph"] < r["loop CPU ms: static"] and r["tokens equal"], r
-    for r in tables["builtin"]:
+    for r in tables["onnxruntime-webgpu"]:
         assert r["graph / static (paired)"] > 1.1 and r["genai graph / genai (paired)"] > 1.1 and r["tokens equal"], r
-    assert len(recorded.capture_figure(list(results.values())).data) == 4
+    assert len(capture.figure().data) == 4
 
 
 def test_the_recorded_buffer_cache_modes_read_as_their_readme_says():
-    """data/gpu/matrix (H200, every buffer cache mode with genai): the static cache allocates nothing in any mode;
-    in `simple` a dynamic cache costs at most 1.4x a static one, in `lazyRelease` and `disabled` over 4x at the
+    """buffer-cache-modes (H200, every buffer cache mode with genai): the static cache allocates nothing in any
+    mode; in `simple` a dynamic cache costs at most 1.4x a static one, in `lazyRelease` and `disabled` over 4x at the
     longest context; kv-heavy's bucket-mode ratio falls from 4,096 to 8,000 tokens (the 32 MiB bucket); every row
     has genai's step beside kvlab's, with equal tokens. A re-measured row replaces the first one."""
-    from pathlib import Path
-
-    from kvlab.lab import recorded
-
-    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "matrix"
-    first = [json.loads(p.read_text()) for p in sorted(data.glob("[a-z]*/*/results.json")) if p.parts[-3] != "again"]
-    again = [json.loads(p.read_text()) for p in sorted((data / "again").glob("*/*/results.json"))]
-    rows = recorded.modes_table(first)
+    modes = recorded.load("buffer-cache-modes")
+    rows = modes.draw("table", again=False)
     assert {(r["model"], r["mode"]) for r in rows} == {
-        ("kv-heavy", m) for m in ("bucket", "simple", "lazyRelease", "disabled")
-    } | {("phi4-kv-fp16", m) for m in ("simple", "lazyRelease", "disabled")} | {("smollm2-shape", "bucket")}
+        (model, m) for model in ("kv-heavy", "smollm2-shape") for m in ("bucket", "simple", "lazyRelease", "disabled")
+    } | {("phi4-kv-fp16", m) for m in ("bucket", "simple", "lazyRelease", "disabled")} | {("phi4-kv", "bucket")}
     for r in rows:
         assert r["tokens equal"] and r["genai ms"] and r["static new buffers per step"] == 0, r
         assert r["dynamic tensors per step"] in (24, 60, 64), r
         if r["mode"] == "simple":
             assert r["dynamic / static"] < 1.4, r
     longest = {(r["model"], r["mode"]): r for r in rows}  # sorted by context: the last one wins
-    for model in ("kv-heavy", "phi4-kv-fp16"):
+    for model in ("kv-heavy", "phi4-kv-fp16", "smollm2-shape"):
         for mode in ("lazyRelease", "disabled"):
             assert longest[(model, mode)]["dynamic / static"] > 4, longest[(model, mode)]
     bucket = {r["context"]: r["dynamic / static"] for r in rows if (r["model"], r["mode"]) == ("kv-heavy", "bucket")}
     assert bucket[8000] < bucket[4096] / 2, bucket
-    both = recorded.modes_table(first + again)
+    both = modes.draw("table")
     redo = next(r for r in both if (r["model"], r["mode"], r["context"]) == ("phi4-kv-fp16", "lazyRelease", 4096))
     assert redo["rounds"] == 3 and len(both) == len(rows)
-    assert len(recorded.modes_figure(first + again).data) > 2 * len({(r["model"], r["mode"]) for r in rows})
+    assert len(modes.figure().data) > 2 * len({(r["model"], r["mode"]) for r in rows})
 
 
 def test_the_recorded_long_trace_shows_a_flat_static_cache():
-    """data/gpu/check/trace_phi4-kv_fp16.json (H200, 1,000 fp16 decode steps from 1,024 tokens): after its first
+    """long-run-memory (H200, 1,000 fp16 decode steps from 1,024 tokens): after its first
     decode step the static cache's GPU memory never changes and it allocates no tensor; the dynamic cache allocates
     64 every step and ends above the static cache. The chart draws both, per step."""
-    from pathlib import Path
-
-    from kvlab.lab import recorded
-
-    trace = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/check/trace_phi4-kv_fp16.json").read_text())
+    long_run = recorded.load("long-run-memory")
+    trace = long_run.read("trace_phi4-kv_fp16.json")
     static, dynamic = trace["runs"]["static"], trace["runs"]["dynamic"]
     after_first = [b for s, b in zip(static["gpu_memory"]["steps"], static["gpu_memory"]["bytes"]) if s >= 1]
     assert len(after_first) == 1000 and len(set(after_first)) == 1
     assert static["tensors_allocated_per_step"] == 0 and dynamic["tensors_allocated_per_step"] == 64
     assert dynamic["gpu_memory"]["bytes"][-1] > static["gpu_memory"]["bytes"][-1] and trace["tokens_equal"]
-    fig = recorded.trace_figure(trace)
+    fig = long_run.figure()
     assert [len(t.x) for t in fig.data] == [1000, 1000, 1000, 1000]
 
 
 def test_the_recorded_kv_shared_run_reads_as_its_readme_says():
-    """data/gpu/kvshared (H200, onnxruntime-webgpu 1.27.0, kv-shared-toy): the hardware adapter, capture refused by
+    """kv-shared-capture (H200, onnxruntime-webgpu 1.27.0, kv-shared-toy): the hardware adapter, capture refused by
     name before it runs (so no captured/uncaptured ratio), the uncaptured WebGPU step and the CPU EP's figures as
     the README's table gives them, tokens identical on the CPU EP, and 23 tests passed there."""
-    from pathlib import Path
-
-    data = Path(__file__).resolve().parents[1] / "data" / "gpu" / "kvshared"
-    run = json.loads((data / "kvshared_ratio.json").read_text())
-    doctor = json.loads((data / "doctor.json").read_text())
+    data = recorded.load("kv-shared-capture")
+    run, doctor = data.read("onnxruntime-webgpu/kvshared_ratio.json"), data.read("onnxruntime-webgpu/doctor.json")
     assert doctor["adapter"]["kind"] == "hardware" and doctor["adapter"]["description"] == "NVIDIA H200"
     assert run["versions"]["onnxruntime-webgpu"] == "1.27.0" and run["versions"]["onnxruntime-ep-webgpu"] == "missing"
     assert "captured_over_static" not in run and "fails under capture" in run["capture_refused"]
@@ -169,21 +148,20 @@ def test_the_recorded_kv_shared_run_reads_as_its_readme_says():
         0.34,
         0.46,
     )
-    assert "23 passed" in (data / "tests.log").read_text(errors="replace")
-    readme = (data / "README.md").read_text()
+    assert "23 passed" in data.read("onnxruntime-webgpu/tests.log")
+    readme = data.read("README.md")
     assert "| 4.28 ms (" in readme and "| 0.34 ms / 0.46 ms, tokens identical" in readme
 
 
 def test_the_recorded_h200_conversation_reads_as_its_readme_says():
-    """data/conversation/h200-phi4-kv (H200, phi4-kv fp32 on WebGPU, genai's append_tokens beside it): 8 turns up to
+    """conversation, h200-phi4-kv (H200, phi4-kv fp32 on WebGPU, genai's append_tokens beside it): 8 turns up to
     3,936 positions of history; tokens equal in every row, kvlab's and genai's; each 32-token message fed 33
     positions and reused the rest; the kept cache's time within 2% of genai's; kept / re-prefill falling from 0.91 to
     0.27, every ratio as the README's table gives it (three decimals)."""
     import re
-    from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "conversation" / "h200-phi4-kv"
-    result = json.loads((folder / "results.json").read_text())
+    conversation = recorded.load("conversation")
+    result = conversation.read("h200-phi4-kv/results.json")
     rows = result["rows"]
     assert result["model"] == "phi4-kv" and result["cache"] == "static@4216" and len(rows) == 8
     assert result["environment"]["backend_version"] == "1.27.0" and result["environment"]["commit"] == "6a13740"
@@ -196,7 +174,7 @@ def test_the_recorded_h200_conversation_reads_as_its_readme_says():
     ratios = [round(r["ratio"], 3) for r in rows]
     assert ratios == sorted(ratios, reverse=True) and ratios[0] == 0.91 and ratios[-1] == 0.273
     table = re.findall(
-        r"^\| (\d) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", (folder / "README.md").read_text(), re.M
+        r"^\| (\d) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", conversation.read("README.md"), re.M
     )
     assert [(int(t), float(k), float(f), float(q)) for t, k, f, q in table] == [
         (r["turn"], round(r["reuse_ttft_ms"], 1), round(r["reprefill_ttft_ms"], 1), round(r["ratio"], 3)) for r in rows
@@ -204,18 +182,19 @@ def test_the_recorded_h200_conversation_reads_as_its_readme_says():
 
 
 def test_the_recorded_plugin_ep_runs_read_as_their_readmes_say():
-    """data/gpu/defaults/ (every row's tokens equal genai's, the static cache makes no buffer a step), kvshared/plugin/
-    (capture runs token-identical and halves the step) and kvprecision/ (on the hardware adapter the EP asks for
+    """kvlab-vs-genai-on-a-gpu's defaults (every row's tokens equal genai's, the static cache makes no buffer a step),
+    kv-shared-capture on the plugin EP (capture runs token-identical and halves the step) and packed-kv-on-webgpu (on
+    the hardware adapter the EP asks for
     unpacked KV at int8 and int4 on every model, and runs the model's precision)."""
-    gpu = Path(__file__).resolve().parents[1] / "data" / "gpu"
+    defaults = recorded.load("kvlab-vs-genai-on-a-gpu").read("defaults-h200.json")["recordings"]
     for name in ("phi4-kv-fp16", "phi4-kv-int4", "smollm2-shape-fp32"):
-        rows = json.loads((gpu / "defaults" / f"{name}.json").read_text())["rows"]
+        rows = defaults[name]["rows"]
         assert rows and all(r["tokens_equal"] for r in rows) and all(r["adapter_kind"] == "hardware" for r in rows)
         assert all(r["new_buffers_per_step"] == 0 for r in rows if r["cache_kind"] == "static")
-    ratio = json.loads((gpu / "kvshared" / "plugin" / "kvshared_ratio.json").read_text())
+    ratio = recorded.load("kv-shared-capture").read("plugin-ep/kvshared_ratio.json")
     assert ratio["tokens_identical"] and 0.4 < ratio["captured_over_static"] < 0.55
     assert ratio["versions"]["onnxruntime-ep-webgpu"] == "0.4.0"
-    probe = json.loads((gpu / "kvprecision" / "probe_h200.json").read_text())
+    probe = recorded.load("packed-kv-on-webgpu").read("probe_h200.json")
     assert "NVIDIA H200" in probe["device"]
     for model in ("toy-fp32", "kv-heavy-fp32", "phi4-kv-fp32"):
         assert len(probe[f"{model}-None"]["tokens"]) == 16
@@ -224,12 +203,12 @@ def test_the_recorded_plugin_ep_runs_read_as_their_readmes_say():
 
 
 def _memory_rows() -> tuple[dict, list[dict]]:
-    result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/memory/results.json").read_text())
+    result = recorded.load("memory-on-a-gpu").results
     return result, [row for res in result["fresh_process"] for row in res["rows"]]
 
 
 def test_the_recorded_static_cache_memory_is_its_kv_rounded_up_to_the_pool_buckets():
-    """data/gpu/memory (H200, phi4-kv fp32/fp16, one process per row): kvlab's exact KV bytes are what its graph
+    """memory-on-a-gpu (H200, phi4-kv fp32/fp16, one process per row): kvlab's exact KV bytes are what its graph
     and its config predict, and the process's GPU memory (NVML) grows, when the static cache allocates, by its 64
     tensors each rounded up to the WebGPU pool's bucket (within 12%, or 16 MiB): 1.3x to 2.0x the exact
     bytes, 8 GiB for 4 GiB of KV at 16k tokens in fp32. The dynamic cache's decode peak is at least 1.8x the
@@ -271,7 +250,7 @@ def test_the_recorded_static_cache_memory_is_its_kv_rounded_up_to_the_pool_bucke
 
 
 def test_the_recorded_architectures_keep_what_their_layers_keep():
-    """data/gpu/memory, one process per preset: every preset's bytes per token from its config equal its graph's;
+    """memory-on-a-gpu, one process per preset: every preset's bytes per token from its config equal its graph's;
     the exact static cache is bytes per token x positions plus two copies of each fixed state; the toys' static KV
     (16 MiB at most) moves NVML by at most 16 MiB as it is allocated (the driver's steps of 8 MiB), often not at
     all. Sliding layers keep every position on onnxruntime-webgpu 1.27 (sliding-toy and mistral-toy as many bytes
@@ -312,15 +291,15 @@ def test_the_recorded_architectures_keep_what_their_layers_keep():
 
 
 def test_the_recorded_h200_prompt_lookup_reads_as_its_readme_says():
-    """data/conversation/h200-lookup (H200, phi4-kv on onnxruntime-webgpu 1.27.0): prompt lookup takes fewer steps
+    """prompt-lookup (H200, phi4-kv on onnxruntime-webgpu 1.27.0): prompt lookup takes fewer steps
     but is slower (x0.23-0.67), because a step of 2 or 5 tokens grows with the past (0.035 ms a position in fp32,
     0.017 in fp16) while a one-token step stays within 9-15 ms to 16k tokens; fp32 tokens equal one token a step,
     fp16 ones do not (recorded, with where they part). Every figure as the README's table gives it."""
     import re
     import statistics
 
-    folder = Path(__file__).resolve().parents[1] / "data" / "conversation" / "h200-lookup"
-    readme = (folder / "README.md").read_text()
+    lookup = recorded.load("prompt-lookup")
+    readme = lookup.read("README.md")
     table = {
         (m[0], m[1]): m[2:]
         for m in re.findall(
@@ -331,7 +310,7 @@ def test_the_recorded_h200_prompt_lookup_reads_as_its_readme_says():
     }
     for (prompt, precision), (steps, verify, accepted, lookup_ms) in table.items():
         name = ("repeat3" if "x 3" in prompt else "compare") + f"-{precision}-phi4-kv-webgpu.json"
-        r = json.loads((folder / name).read_text())
+        r = lookup.read(f"h200/{name}")
         assert r["device"] == "webgpu" and r["adapter"] == "NVIDIA H200" and r["steps_plain"] == r["new_tokens"] == 96
         assert (r["steps_lookup"], r["verify_steps"], r["accepted"]) == (int(steps), int(verify), int(accepted))
         assert round(statistics.median(r["lookup_ms"])) == int(lookup_ms.replace(",", ""))
@@ -340,7 +319,7 @@ def test_the_recorded_h200_prompt_lookup_reads_as_its_readme_says():
         assert r["tokens_equal"] is (precision == "fp32") and sum(r["accepted_per_step"]) == r["accepted"], name
     assert len(table) == 4
     for precision, slope in (("fp32", 0.0354), ("fp16", 0.0167)):
-        rows = json.loads((folder / f"steps-{precision}-phi4-kv-webgpu.json").read_text())["rows"]
+        rows = lookup.read(f"h200/steps-{precision}-phi4-kv-webgpu.json")["rows"]
         assert [r["context"] for r in rows] == [256, 1024, 4096, 16384]
         assert all(9 < r["step_ms_1"] < 15 for r in rows)
         assert all(abs(r["step_ms_5"] - r["step_ms_2"]) < 0.02 * r["step_ms_2"] for r in rows)

@@ -21,7 +21,7 @@ from kvlab.pytorch import graphs as tg  # noqa: E402
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
     not CUDA,
-    reason="CUDA graph capture needs a CUDA GPU; this machine has none (the recorded H200 results are in data/h200)",
+    reason="CUDA graph capture needs a CUDA GPU; this machine has none (recorded on one: data/pytorch-cuda-graphs)",
 )
 PROMPT = list(range(3, 40))  # 37 token ids, valid in every vocabulary here
 

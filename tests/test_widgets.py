@@ -3,6 +3,7 @@ clicks do (real generations on the CPU EP; WebGPU context switching in a subproc
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pandas as pd
@@ -190,7 +191,7 @@ def test_cpu_runs_get_no_bucket_lines_and_differing_devices_go_to_the_legend(toy
     assert "onnxruntime" in plots.latency(a).layout.title.text  # the runtime that produced a live run
 
 
-def test_sweep_labels_recorded_results_with_their_environment():
+def test_sweep_labels_recorded_results_with_their_environment(tmp_path):
     variants = lambda c: [("dynamic", None, False), ("static", 4160, False), ("static", c + 5, True)]  # noqa: E731
     result = {
         "environment": {
@@ -224,7 +225,11 @@ def test_sweep_labels_recorded_results_with_their_environment():
             for kind, n, fitted in variants(c)
         ],
     }
-    fig = recorded.sweep(recorded=result, recorded_model="kv-heavy", recorded_device="webgpu")
+    buys = recorded.load("what-a-static-cache-buys")  # its figure.py draws a recording made like this one
+    (tmp_path / "figure.py").write_text(buys.read("figure.py"))
+    (tmp_path / "results.json").write_text(json.dumps(result))
+    rec = recorded.Recording("made-up", tmp_path)
+    fig = rec.draw("sweep", file="results.json", recorded_model="kv-heavy", recorded_device="webgpu")
     assert all("(recorded)" in t.name and t.line.dash == "dot" for t in fig.data)
     assert sorted(t.name for t in fig.data) == [
         "dynamic bucket (recorded)",
@@ -236,7 +241,7 @@ def test_sweep_labels_recorded_results_with_their_environment():
     assert "RECORDED, not live: kv-heavy (float32) on webgpu [SwiftShader (software)]" in title and "abc1234" in title
     assert sorted(s.x0 for s in fig.layout.shapes) == [1024, 2048]
     with pytest.raises(ValueError, match="no rows for model 'toy'"):
-        recorded.sweep(recorded=result, recorded_model="toy", recorded_device="webgpu")
+        rec.draw("sweep", file="results.json", recorded_model="toy", recorded_device="webgpu")
 
 
 def test_token_diff_highlights_the_first_divergence():
@@ -315,13 +320,9 @@ def test_the_buffer_watch_sees_a_static_cache_write_in_place_and_a_dynamic_one_n
 
 
 def test_the_recorded_staircase_draws_both_pool_modes_with_the_predicted_churn():
-    import json
-    from pathlib import Path
-
     from kvlab.core.buckets import predict_churn
 
-    result = json.loads((Path(__file__).resolve().parents[1] / "data/gpu/stairs/results.json").read_text())
-    fig = recorded.staircase(result)
+    fig = recorded.load("staircase-on-webgpu").figure()
     names = [t.name for t in fig.data]
     assert {
         "dynamic, pool bucket",
@@ -375,22 +376,18 @@ def test_runs_from_a_browser_join_the_dashboards_chart_and_table(toy):
 
 
 def test_the_recorded_gain_and_the_staircase_at_a_glance_read_their_rows():
-    import json
-    from pathlib import Path
-
-    data = Path(__file__).resolve().parents[1] / "data"
-    phi4 = json.loads((data / "gpu/phi4-kv/results.json").read_text())
-    gains = dict(recorded.gain_rows(phi4, precision="fp32"))
+    buys = recorded.load("what-a-static-cache-buys")
+    gains = dict(buys.draw("gains", "phi4-kv-webgpu", precision="fp32"))
     assert sorted(gains) == [1024, 2048, 4096, 8192, 16384] and gains[1024] == pytest.approx(43.9 / 9.9, rel=0.01)
-    stairs = json.loads((data / "gpu/stairs/results.json").read_text())
-    glance = recorded.staircase_glance(stairs)
+    glance = recorded.load("staircase-on-webgpu").draw("glance")
     assert [t.name for t in glance.data] == [
         "dynamic cache (recorded)",
         "static cache (recorded)",
         "dynamic, predicted from the bucket table",
     ]
-    fig = recorded.static_gain([("phi4-kv, H200", phi4, {"precision": "fp32"})], note="n")
+    fig = buys.figure(curves=[("phi4-kv, H200", "phi4-kv-webgpu", {"precision": "fp32"})], note="n")
     assert fig.data[0].name == "phi4-kv, H200 (recorded)" and fig.layout.yaxis.ticktext[0] == "1x"
+    assert len(buys.figure().data) == 3  # the three recorded machines
 
 
 def test_a_png_that_fails_to_render_is_tried_again_then_left_out(monkeypatch):

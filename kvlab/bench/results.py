@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ..core.paths import write_atomic
-from ..lab.recorded import bench_figure
 from ..lab.style import PNG_ATTEMPTS
 from ..ort import open_device, opened
 from ..ort.runtime import memory
 from ..ort.runtime.device import backend, describe
+from .chart import bench_figure
 from .variants import GENAI, GENAI_GRAPH, KVLAB, MATMULS_ONLY, SMALL_PAGES
 
 
@@ -81,7 +81,7 @@ def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
     write_atomic(files[1], table.getvalue())
     if charts and importlib.util.find_spec("plotly") is None:
         print(
-            "kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.lab.recorded."
+            "kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.bench.chart."
             "bench_figure` draws them later)"
         )
         charts = False

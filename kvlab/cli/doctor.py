@@ -125,10 +125,11 @@ def doctor(as_json: bool = False) -> int:
         f"  advice:   the caches' difference shows live here with {adv['model']} {adv['precision']} on "
         f"{adv['device']} at {'-'.join(map(str, adv['contexts']))} tokens of context"
     )
-    print(
-        f"            (recorded on {rec['machine']}: {rec['model']} at {rec['context']:,} tokens, dynamic "
-        f"{rec['dynamic_ms']} ms vs static {rec['static_ms']} ms a step; {rec['source']})"
-    )
+    if rec:  # none outside a checkout: the recorded experiments live in its data/
+        print(
+            f"            (recorded on {rec['machine']}: {rec['model']} at {rec['context']:,} tokens, dynamic "
+            f"{rec['dynamic_ms']} ms vs static {rec['static_ms']} ms a step; data/{rec['question']}/{rec['file']})"
+        )
     print(f"            why: {adv['why']}")
     for device, run in r["runs"].items():
         if run["ok"]:

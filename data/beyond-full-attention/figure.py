@@ -1,0 +1,39 @@
+"""Does a static cache still pay where layers keep less than every position (sliding windows, linear attention,
+convolutions)? The five toy presets beyond full attention on an NVIDIA H200's WebGPU, each cache's decode step
+(``kvlab bench``).
+
+    python data/beyond-full-attention/figure.py   # writes figure.png beside it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvlab.bench.chart import paired
+from kvlab.lab import recorded
+from kvlab.lab.style import finish, go, title
+
+
+def figure(rec: Any) -> Any:
+    """Per preset and context, the static cache's step over the dynamic cache's (paired; below 1 the static one is
+    shorter)."""
+    rows = rec.results["rows"]
+    by = {(r["model"], r["context"], r["cache_kind"]): r for r in rows if r["runner"] == "kvlab"}
+    fig = go().Figure()
+    for context in sorted({r["context"] for r in rows}):
+        models = sorted({m for m, c, _ in by if c == context})
+        ratios = [paired(by.get((m, context, "static")), by.get((m, context, "dynamic"))) for m in models]
+        fig.add_bar(x=models, y=ratios, name=f"{context:,} tokens", text=[f"x{r:.2f}" for r in ratios])
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    t = title(
+        "Beyond full attention: static over dynamic decode step, recorded",
+        f"WebGPU on {rows[0]['adapter']} · {rows[0]['new_tokens']} new tokens · paired rounds",
+        "below 1: the static cache's step is shorter",
+    )
+    finish(fig, t, barmode="group", yaxis_title="static / dynamic (paired)")
+    return fig
+
+
+if __name__ == "__main__":  # python data/<question>/figure.py: figure.png beside it
+    recorded.load(Path(__file__).parent.name).figure().write_image(Path(__file__).with_name("figure.png"), width=1000)
