@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.errors import ConfigError
 from ..ort import Model, close_device, load, open_device
-from ..ort.decode.kvprecision import check_kv_precision, check_runs_here
+from ..ort.decode.caches.kv_precision import check_kv_precision, check_runs_here
 from ..ort.runtime.backend import DEVICES
 from ..ort.runtime.gpu_memory import GpuMemory
 from .machine import cpu_times, memory_bandwidth

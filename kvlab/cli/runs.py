@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from ..core.cache_layout import check_max_cache_len
 from ..core.errors import ConfigError
 from ..core.generation import Generation, Sampling, positions_needed
 from ..core.labels import read_back_text
-from ..core.layout import check_max_cache_len
 from ..ort import generate, load, make_cache, open_device
-from ..ort.decode.capture import CapturedStaticCache
+from ..ort.decode.caches.captured import CapturedStaticCache
 from ..presets import BUILTIN_NAMES
 from .args import open_cpu
 

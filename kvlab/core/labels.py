@@ -15,7 +15,7 @@ from .devices import DEFAULT_VALIDATION
 class Adapter:
     """What executes a device's kernels."""
 
-    name: str  # e.g. "SwiftShader Device (Subzero)", "NVIDIA H200", or the CPU model
+    name: str  # the adapter's own name (e.g. "SwiftShader Device (Subzero)"), or the CPU model
     kind: str  # "hardware" or "software" (a CPU-emulated GPU counts as software)
     api: str  # "vulkan", "metal", "d3d12", "cpu" or "cuda"
     source: str = ""  # how it was found (the Vulkan driver manifest, ...)

@@ -1,5 +1,5 @@
 """KV cache memory per cache layout, drawn: the exact bytes each architecture's cache needs against the context,
-computed from its layout (``kvlab.core.layout``), with measured points beside. It reads layouts, not records; it
+computed from its layout (``kvlab.core.cache_layout``), with measured points beside. It reads layouts, not records; it
 never runs a model. ``kvlab.lab.plots`` re-exports ``memory_by_layout``."""
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 the two caches (and the static one with its decode step captured as a WebGPU graph), the step and the generation
 loop."""
 
-from .decode.cache_kinds import make_cache
-from .decode.caches import DynamicCache, StaticCache
-from .decode.capture import CapturedStaticCache
+from .decode.caches.captured import CapturedStaticCache
+from .decode.caches.dynamic import DynamicCache
+from .decode.caches.kinds import make_cache
+from .decode.caches.ring import RingStaticCache
+from .decode.caches.static import StaticCache
 from .decode.conversation import Conversation
 from .decode.generate import generate
 from .decode.stepper import Stepper
-from .decode.window import RingStaticCache
 from .models.loading import Model, ModelInfo, load
 from .runtime.device import Device, close_device, open_device, opened
 

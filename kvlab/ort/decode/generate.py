@@ -24,7 +24,8 @@ from ...core.labels import RunLabel
 from ...core.records import StepHook, StepRecord, hook_list
 from ..models.loading import Model, load
 from ..runtime.device import Device, open_device
-from .caches import DynamicCache, OrtCache
+from .caches.dynamic import DynamicCache
+from .caches.ort_cache import OrtCache
 from .greedy import AUTO, reduction_for, reduction_of, tokens_per_read_for
 from .stepper import Stepper
 

@@ -34,7 +34,7 @@ ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",
 
 # the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
 # number of ones in the attention mask (ReduceSum, ReduceMax) instead of the mask's length (Shape), so the mask can
-# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.decode.capture)
+# be one fixed [1, max_cache_len] buffer, zero padded and updated in place (kvlab.ort.decode.caches.captured)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 
 

@@ -1,6 +1,6 @@
 """Build-time rewrites of a mobius Gemma 4 graph for WebGPU graph capture (``kvlab.load("kv-shared-toy",
 graph_capture=True)``): the nodes ONNX Runtime places on the CPU EP, which a captured graph cannot hold
-(``kvlab.ort.decode.capture``), rewritten into ops both packages run on WebGPU. In the style of
+(``kvlab.ort.decode.caches.captured``), rewritten into ops both packages run on WebGPU. In the style of
 ``kvlab.ort.models.rewrites``: each changes only the nodes it names, is exact, returns one line per change (recorded
 in ``kvlab_recipe.json``) and raises ModelError for a graph it cannot rewrite exactly.
 

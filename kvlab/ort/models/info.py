@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
+from ...core.cache_layout import CacheEntry, CacheLayout, FullAttention, LayerSpec
 
 
 @dataclass(frozen=True)

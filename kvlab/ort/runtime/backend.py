@@ -24,9 +24,9 @@ class Backend:
     version = ""
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
     # whether its WebGPU EP runs a fixed-size state bound as both input and output of one run (StaticCache's
-    # states="in-place"); where it does not, kvlab.ort.decode.caches.WEBGPU_IN_PLACE says why
+    # states="in-place"); where it does not, kvlab.ort.decode.caches.static.WEBGPU_IN_PLACE says why
     webgpu_states_in_place = False
-    # whether its WebGPU GroupQueryAttention packs KV (kvCacheQuantizationBits: kvlab.ort.decode.kvprecision)
+    # whether its WebGPU GroupQueryAttention packs KV (kvCacheQuantizationBits: kvlab.ort.decode.caches.kv_precision)
     kv_quantization = False
     # how a step binds a host array as an input, with as few calls as the package allows (it runs every step):
     # (make, host): ``make(array, host)`` is a C-level OrtValue over the array, for ``bind_ortvalue_input``
