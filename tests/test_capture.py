@@ -52,7 +52,7 @@ def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
         assert dev.live_tensors == base + toy.info.layout.tensors + 5  # KV buffers + 2 ids, 2 masks, logits
         assert (cache.captures, cache.replays) == (2, NEW - 3)  # prefill uncaptured, 1st and 2nd decode capture
     assert g.token_ids == _static_tokens(toy)
-    assert str(g.cache) == "static@64 graph" and g.cache.variant == "graph"
+    assert str(g.label.cache) == "static@64 graph" and g.label.cache.variant == "graph"
     assert not g.label.token_on_device  # a captured cache chooses its tokens on the host
     decode = [r for r in g.records if r.phase == "decode"]
     assert all(r.cache_tensors_allocated == 0 and r.new_buffers == 0 for r in decode[1:])

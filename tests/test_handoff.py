@@ -33,7 +33,7 @@ def test_handoff_tokens_equal_an_all_cpu_run(name, n_prompt, new, kind):
     expected = per_token * (512 if kind == "static" else n_prompt)  # whole static buffers vs exact presents
     assert hand.copy_bytes == expected and hand.n_tokens == n_prompt and hand.token == -1
     assert list(f.position[2:]) == list(range(n_prompt, n_prompt + new - 1))
-    assert g.prefill_device.name == "cpu" and g.device.name == "webgpu"
+    assert g.label.prefill_device.name == "cpu" and g.label.device.name == "webgpu"
 
 
 def test_handoff_on_smollm2(smollm2, long_prompt):

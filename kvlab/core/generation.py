@@ -118,12 +118,6 @@ class Generation:
     stop_reason: str  # "eos" or "max_new_tokens"
     records: list[StepRecord] = field(default_factory=list)
 
-    model = property(lambda self: self.label.model)
-    dtype = property(lambda self: self.label.dtype)
-    device = property(lambda self: self.label.device)
-    cache = property(lambda self: self.label.cache)
-    prefill_device = property(lambda self: self.label.prefill_device)
-
     def frame(self):
         """Per-step records as a pandas DataFrame (columns: kvlab.COLUMNS and a backend's own), with the run's
         ``label`` in ``frame.attrs``."""

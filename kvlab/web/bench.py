@@ -63,7 +63,7 @@ def row_of(
     cache sized for this run, not given a size): where it ran, the cache, its step times against the dynamic
     cache's, its buffer counts per step, and the first round's tokens and per-step values."""
     g = runs[0]
-    spec = g.cache
+    spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
     return {
         **_where(model, context, result, buffer_cache_mode),
