@@ -37,10 +37,7 @@ class LayerKind:
 @dataclass(frozen=True)
 class FullAttention(LayerKind):
     grows = True
-
-    @property
-    def name(self) -> str:
-        return "full attention"
+    name = "full attention"
 
     def attended(self, length: int) -> int:
         return length
@@ -67,18 +64,14 @@ class SlidingWindow(LayerKind):
 class LinearAttention(LayerKind):
     """Linear attention (Qwen3.5's gated delta rule): a conv state and a recurrent state, both of fixed size."""
 
-    @property
-    def name(self) -> str:
-        return "linear attention (recurrent state)"
+    name = "linear attention (recurrent state)"
 
 
 @dataclass(frozen=True)
 class ConvState(LayerKind):
     """A short causal convolution (LFM2): the last inputs it needs, of fixed size."""
 
-    @property
-    def name(self) -> str:
-        return "conv state"
+    name = "conv state"
 
 
 @dataclass(frozen=True)

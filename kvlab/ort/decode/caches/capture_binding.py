@@ -147,27 +147,6 @@ class CaptureBinding(Binding):
         self.run_options = run_options(session.device.backend.ort, owner.graph_ids[parity])
         self.runs = 0  # successful runs: the first one captured the graph, every later one replayed it
 
-    @property
-    def read_back(self) -> bool:
-        """Whether this run reads back the presents' buffer identities: as the cache's in-place proof asks for the
-        capturing run and the first replay, never after (a replay runs the recorded command buffers on the buffers
-        bound at the capture, which nothing can rebind: its answer is known)."""
-        return self._read_back and self.runs < 2
-
-    @read_back.setter
-    def read_back(self, due: bool) -> None:
-        self._read_back = due
-
-    @property
-    def spot_check(self) -> str:
-        """The one present a run reads back otherwise (the proof's spot check): likewise none after the first
-        replay."""
-        return self._spot_check if self.runs < 2 else ""
-
-    @spot_check.setter
-    def spot_check(self, name: str) -> None:
-        self._spot_check = name
-
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
         """The ids (a host [1, 1] array, or the device tensor that holds them) or the mask (a host [1, n] array,
         zero padded here); DeviceError for another input, ConfigError for another shape."""
@@ -230,7 +209,11 @@ class CaptureBinding(Binding):
 
     def run(self) -> RunResult:
         """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
-        what the next step reads."""
+        what the next step reads. The presents' buffers are read back as the cache's in-place proof asks at the
+        capture and the first replay, never after: a replay runs the recorded command buffers on the buffers bound
+        at the capture, which nothing can rebind, so its answer is known."""
+        if self.runs >= 2:
+            self.read_back, self.spot_check = False, ""
         b, p, due, self._due = self._buffers, self.parity, self._due, []
         if self._graph_writes[NEXT]:
             b.token[1 - p] = None
