@@ -483,6 +483,7 @@ class Allocations:
         return self.taken
 
     def settle(self) -> None:
+        """The step that took them is final."""
         self.taken = []
 
     def rollback(self) -> None:
@@ -490,6 +491,7 @@ class Allocations:
         self.pending, self.taken = self.taken, []
 
     def clear(self) -> None:
+        """The cache released everything: nothing pending, and the live bytes counted again at the next step."""
         self.pending, self.taken, self._steady = [], [], None
 
     def report(self, made: list[Any]) -> CacheStep:

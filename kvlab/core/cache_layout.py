@@ -27,6 +27,7 @@ class LayerKind:
 
     @property
     def name(self) -> str:
+        """The kind in words, for reports ("full attention", "sliding window (512)", ...)."""
         raise NotImplementedError
 
     def attended(self, length: int) -> int:
@@ -36,10 +37,13 @@ class LayerKind:
 
 @dataclass(frozen=True)
 class FullAttention(LayerKind):
+    """Attention over every position: keys and values that grow by one position per token."""
+
     grows = True
     name = "full attention"
 
     def attended(self, length: int) -> int:
+        """Every position."""
         return length
 
 
@@ -54,9 +58,11 @@ class SlidingWindow(LayerKind):
 
     @property
     def name(self) -> str:
+        """ "sliding window (N)"."""
         return f"sliding window ({self.window})"
 
     def attended(self, length: int) -> int:
+        """The last ``window`` positions."""
         return min(length, self.window)
 
 
@@ -84,9 +90,11 @@ class SharedKV(LayerKind):
 
     @property
     def name(self) -> str:
+        """ "KV of layer N (window W)" or "(full)"."""
         return f"KV of layer {self.source} ({f'window {self.window}' if self.window else 'full'})"
 
     def attended(self, length: int) -> int:
+        """The source layer's positions this layer's window reads."""
         return min(length, self.window) if self.window else length
 
 
@@ -108,6 +116,7 @@ class CacheEntry:
 
     @property
     def grows(self) -> bool:
+        """Whether the entry gets one position longer per token (keys and values)."""
         return self.role in GROWING_ROLES
 
     def shape(self, length: int) -> tuple[int, ...]:
@@ -115,10 +124,12 @@ class CacheEntry:
         return self.dims[:2] + (length,) + self.dims[3:] if self.grows else self.dims
 
     def nbytes(self, length: int) -> int:
+        """Bytes of the tensor holding ``length`` positions."""
         return int(np.prod(self.shape(length), dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes one more position adds (0 for a state)."""
         return self.nbytes(1) if self.grows else 0
 
 
@@ -132,13 +143,16 @@ class LayerSpec:
 
     @property
     def fixed_bytes(self) -> int:
+        """Bytes of the layer's states (one copy each), whatever the length."""
         return sum(e.nbytes(0) for e in self.entries if not e.grows)
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes one more position adds to the layer."""
         return sum(e.bytes_per_token for e in self.entries)
 
     def nbytes(self, length: int) -> int:
+        """Bytes the layer keeps at a sequence of ``length``."""
         return self.fixed_bytes + length * self.bytes_per_token
 
 
@@ -155,6 +169,7 @@ class LayerMemory:
 
     @property
     def total_bytes(self) -> int:
+        """Fixed and growing bytes together."""
         return self.fixed_bytes + self.growing_bytes
 
 
@@ -167,10 +182,12 @@ class CacheLayout:
 
     @cached_property
     def entries(self) -> tuple[CacheEntry, ...]:
+        """Every entry, layer by layer."""
         return tuple(e for layer in self.layers for e in layer.entries)
 
     @property
     def tensors(self) -> int:
+        """How many entries (a cache holds a tensor for each; a StaticCache two for a swapped state)."""
         return len(self.entries)
 
     @cached_property
@@ -190,6 +207,7 @@ class CacheLayout:
 
     @property
     def dtype(self) -> np.dtype:
+        """The entries' dtype (the first one's; float32 for a layout without entries)."""
         return np.dtype(self.entries[0].dtype) if self.entries else np.dtype(np.float32)
 
     @cached_property

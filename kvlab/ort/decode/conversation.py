@@ -100,6 +100,7 @@ class Conversation:
 
     @property
     def turns(self) -> list[Turn]:
+        """The turns so far, in order."""
         return list(self.history.turns)
 
     @property

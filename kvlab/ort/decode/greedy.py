@@ -355,6 +355,7 @@ class DeviceToken:
         return self.tensors[(self.current + ahead) % len(self.tensors)]
 
     def bind_outputs(self, binding: Any, ahead: int = 1) -> None:
+        """Bind the step's token output to the tensor ``ahead`` places along the ring."""
         binding.output(NEXT, self.target(ahead))
 
     def read(self, steps: int = 1) -> list[int]:
@@ -370,5 +371,6 @@ class DeviceToken:
         self.token = None
 
     def release(self) -> None:
+        """Release the ring's tensors."""
         release_all(self.tensors)
         self.tensors, self.token = [], None

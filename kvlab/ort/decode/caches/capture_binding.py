@@ -53,9 +53,11 @@ class StepBuffers:
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
+        """ids (two), mask (two), logits."""
         return (*self.ids, *self.mask, self.logits)
 
     def release(self) -> None:
+        """Release every buffer."""
         release_all(list(self.tensors))
 
 
@@ -80,6 +82,8 @@ class CapturedBindings(Bindings):
     def get(
         self, session: Session, n_new: int, slots: list[Slot], stepping: list[Slot], length: int
     ) -> tuple[Binding, dict[str, int], tuple[str, ...]]:
+        """As ``Bindings.get``: a one-token step's pinned binding (the pair of step buffers it reads: captured at its
+        first run, replayed after), made once per session; any other step's plain binding, run uncaptured."""
         if n_new != 1:  # the prefill (or any multi-token step): uncaptured, on the same session
             b, expected, names = super().get(session, n_new, slots, stepping, length)
             if b.run_options is None:
@@ -205,6 +209,7 @@ class CaptureBinding(Binding):
         self._due.append(name)
 
     def output_new(self, name: str) -> None:
+        """Refused: DeviceError (a captured step's outputs are fixed device tensors)."""
         raise DeviceError(f"a captured step allocates nothing: {name!r} must be a fixed device tensor")
 
     def run(self) -> RunResult:

@@ -129,6 +129,7 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def spec(self) -> CacheSpec:
+        """ "static@N graph" (with "+checked/N" for a ``check_every``)."""
         checked = f"+checked/{self.check_every}" if self.check_every is not None else ""
         return CacheSpec(self.kind, self.max_cache_len, VARIANT + checked)
 

@@ -41,9 +41,11 @@ class RuntimeState(Slot):
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
+        """The present the last step returned (none before the first step)."""
         return (self.present,) if self.present is not None else ()
 
     def bytes(self, length: int) -> tuple[int, int]:
+        """A state's bytes are fixed; keys and values grow with ``length``."""
         e = self.entry
         return (0, e.nbytes(length)) if e.grows else (e.nbytes(0), 0)
 
@@ -55,6 +57,7 @@ class RuntimeState(Slot):
         return {}
 
     def check(self, result: RunResult, length: int) -> str:
+        """The new present's shape against ``expected(length)``."""
         got, want = result.new[self.entry.present].shape, self.expected(length)
         return "" if got == want else f"present {self.entry.present} came back with shape {got}, expected {want}"
 
@@ -68,11 +71,13 @@ class RuntimeState(Slot):
         return [self.present]
 
     def settle(self) -> None:
+        """Release the past the commit replaced."""
         if self.previous is not None:
             self.previous.release()
             self.previous = None
 
     def rollback(self) -> None:
+        """Release the new present; the past it replaced is held again."""
         if self.present is not None:
             self.present.release()
         self.present, self.previous = self.previous, None
@@ -90,9 +95,11 @@ class RuntimeState(Slot):
         return made, held.nbytes
 
     def reset(self) -> None:
+        """Release the present: the next step reads zeros (a new sequence)."""
         self.release()
 
     def release(self) -> None:
+        """Release the present and any past not settled yet."""
         release_all([t for t in (self.present, self.previous) if t is not None])
         self.present = self.previous = None
 
@@ -148,7 +155,9 @@ class DynamicCache(OrtCache):
 
     @property
     def spec(self) -> CacheSpec:
+        """ "dynamic" (with "kv-int8" / "kv-int4" for packed KV)."""
         return CacheSpec(self.kind, variant=self._kv_variant())
 
     def empty_like(self) -> DynamicCache:
+        """A new DynamicCache at the same KV precision."""
         return DynamicCache(self.kv_precision)

@@ -52,12 +52,15 @@ class RingKV(FixedKV):
         return min(length, self.capacity)
 
     def bytes(self, length: int) -> tuple[int, int]:
-        return self.entry.nbytes(self.capacity), 0  # fixed: the window, whatever the length
+        """Fixed: the window, whatever the length."""
+        return self.entry.nbytes(self.capacity), 0
 
     def can_crop(self, length: int, n: int) -> bool:
+        """To 0, or anywhere while nothing was evicted (``length`` within the window)."""
         return n == 0 or length <= self.capacity
 
     def crop(self, length: int, n: int) -> Crop:
+        """Nothing to move where it can crop; else a CacheStateError naming the positions evicted."""
         if self.can_crop(length, n):
             return Crop()  # nothing evicted yet (rows [0, n) hold positions [0, n)), or a fresh start
         e, first = self.entry, length - self.capacity  # the oldest position held
@@ -70,6 +73,7 @@ class RingKV(FixedKV):
         )
 
     def receive(self, src: Slot) -> tuple[list[Any], int]:
+        """Refused: CacheStateError."""
         raise CacheStateError("a ring buffer takes no handoff")  # RingStaticCache refuses first, naming why
 
 
@@ -96,6 +100,7 @@ class RingStaticCache(StaticCache):
 
     @property
     def spec(self) -> CacheSpec:
+        """ "static@N ring" (and a StaticCache's variants)."""
         return CacheSpec(self.kind, self.max_cache_len, "+".join(filter(None, [VARIANT, super().spec.variant])))
 
     @property
@@ -117,6 +122,7 @@ class RingStaticCache(StaticCache):
         return info.layout.report(self.max_cache_len, self.state_copies, "RingStaticCache", windows)
 
     def empty_like(self) -> RingStaticCache:
+        """A new RingStaticCache of the same size (a ring takes no handoff: ``receive`` refuses)."""
         return RingStaticCache(self.max_cache_len, self.check_every, self.states)
 
     def session(self, device: Device, model: Any, reduction: str = "") -> Session:

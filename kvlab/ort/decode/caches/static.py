@@ -48,9 +48,11 @@ class FixedKV(Slot):
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
+        """The buffer, once allocated."""
         return (self.buffer,) if self.buffer is not None else ()
 
     def bytes(self, length: int) -> tuple[int, int]:
+        """The whole buffer, whatever the length."""
         return 0, self.entry.nbytes(self.capacity)
 
     def allocate(self) -> list[DeviceTensor]:
@@ -70,6 +72,7 @@ class FixedKV(Slot):
         return [], self.buffer.nbytes
 
     def release(self) -> None:
+        """Release the buffer."""
         if self.buffer is not None:
             self.buffer.release()
             self.buffer = None
@@ -120,6 +123,7 @@ class StaticCache(OrtCache):
 
     @property
     def spec(self) -> CacheSpec:
+        """ "static@N", with its variants: "checked/N", "states-in-place", "kv-int8" / "kv-int4"."""
         variant = f"checked/{self.check_every}" if self.check_every is not None else ""
         if self.states != "swap":
             variant = "+".join(filter(None, [variant, f"states-{self.states}"]))
@@ -127,6 +131,7 @@ class StaticCache(OrtCache):
 
     @property
     def capacity(self) -> int:
+        """``max_cache_len``."""
         return self.max_cache_len
 
     @property
@@ -154,6 +159,7 @@ class StaticCache(OrtCache):
             )
 
     def empty_like(self) -> StaticCache:
+        """A new StaticCache of the same size, states mode and KV precision (a handoff copies whole buffers)."""
         return StaticCache(self.max_cache_len, self.check_every, self.states, self.kv_precision)
 
     def _attach(self, info: Any, device: Device) -> None:
@@ -195,6 +201,7 @@ class SwappedState(Slot):
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
+        """Every buffer of the state."""
         return tuple(self.buffers)
 
     @property
@@ -203,37 +210,46 @@ class SwappedState(Slot):
         return self.buffers[self.current]
 
     def bytes(self, length: int) -> tuple[int, int]:
+        """Fixed: every copy of the state."""
         return self.copies * self.entry.nbytes(0), 0
 
     def allocate(self) -> list[DeviceTensor]:
+        """``copies`` zeroed buffers of the state's shape."""
         self.buffers = zeros_all(self.device, [(self.entry.dims, self.entry.dtype)] * self.copies)
         return list(self.buffers)
 
     def binding_key(self, length: int) -> Hashable:
+        """Which buffer is read, and whether zeros are (a sequence's first step)."""
         return length == 0, self.current
 
     def bind(self, binding: Binding, length: int) -> dict[str, int]:
+        """The held buffer (zeros at a sequence's start) as the past; the next buffer as the present, in place."""
         e, written = self.entry, self.buffers[(self.current + 1) % self.copies]
         binding.input(e.past, np.zeros(e.dims, e.dtype) if length == 0 else self.holding)
         binding.output(e.present, written)
         return {e.present: written.data_ptr}
 
     def commit(self, result: RunResult) -> list[DeviceTensor]:
-        self.current = (self.current + 1) % self.copies  # the buffer just written holds the state now
+        """The buffer just written holds the state now."""
+        self.current = (self.current + 1) % self.copies
         return []
 
     def rollback(self) -> None:
-        self.current = (self.current - 1) % self.copies  # the buffer the undone step read was left untouched
+        """Back to the buffer the undone step read (with two copies, left untouched)."""
+        self.current = (self.current - 1) % self.copies
 
     def receive(self, src: Any) -> tuple[list[DeviceTensor], int]:
+        """A copy of the state ``src`` holds, into the first buffer."""
         self.current = 0  # before the copy: a failure leaves seq_length 0, and the first step reads zeros
         copy_tensor(src.holding, self.buffers[0])
         return [], self.buffers[0].nbytes
 
     def reset(self) -> None:
+        """The next step reads zeros (the buffers stay)."""
         self.current = 0
 
     def release(self) -> None:
+        """Release every buffer."""
         release_all(self.buffers)
         self.buffers, self.current = [], 0
 
