@@ -52,7 +52,7 @@ class FixedKV(Slot):
         return (self.buffer,) if self.buffer is not None else ()
 
     def bytes(self, length: int) -> tuple[int, int]:
-        """The whole buffer, whatever the length."""
+        """The whole buffer, as KV bytes, whatever the length."""
         return 0, self.entry.nbytes(self.capacity)
 
     def allocate(self) -> list[DeviceTensor]:
