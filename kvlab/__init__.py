@@ -48,10 +48,12 @@ _HOMES = {
         "KvlabError ModelError PromptLookup Recorder Sampling StepRecord Turn"
     ),
     "kvlab.core.cache": "Cache",
-    "kvlab.ort": (
-        "CapturedStaticCache Conversation DynamicCache Model ModelInfo RingStaticCache StaticCache Stepper "
-        "close_device generate load make_cache open_device"
-    ),
+    "kvlab.ort.decode.caches.static": "StaticCache",  # the static cache, top to bottom: read this file first
+    "kvlab.ort.decode.caches.dynamic": "DynamicCache",
+    "kvlab.ort.decode.caches.captured": "CapturedStaticCache",
+    "kvlab.ort.decode.caches.ring": "RingStaticCache",
+    "kvlab.ort.decode.caches.kinds": "make_cache",
+    "kvlab.ort": "Conversation Model ModelInfo Stepper close_device generate load open_device",
 }
 _LOADED_BEFORE = ("core", "presets", "ort")
 _WHERE = {name: module for module, names in _HOMES.items() for name in names.split()}
@@ -128,17 +130,9 @@ if TYPE_CHECKING:  # what static tools see: the eager imports
         Turn,
     )
     from .core.cache import Cache
-    from .ort import (
-        CapturedStaticCache,
-        Conversation,
-        DynamicCache,
-        Model,
-        ModelInfo,
-        StaticCache,
-        Stepper,
-        close_device,
-        generate,
-        load,
-        make_cache,
-        open_device,
-    )
+    from .ort import Conversation, Model, ModelInfo, Stepper, close_device, generate, load, open_device
+    from .ort.decode.caches.captured import CapturedStaticCache
+    from .ort.decode.caches.dynamic import DynamicCache
+    from .ort.decode.caches.kinds import make_cache
+    from .ort.decode.caches.ring import RingStaticCache
+    from .ort.decode.caches.static import StaticCache

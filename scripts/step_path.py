@@ -31,7 +31,7 @@ def traced_step(cache_kind: str, device: str) -> tuple[Entered, Entered]:
     model = load("toy")
     entered: Entered = {}
     to_commit: Entered = {}
-    commit = (str(Path(PACKAGE) / "core" / "steps.py"), "commit")
+    commit = (str(Path(PACKAGE) / "core" / "cache.py"), "commit")
 
     def tracer(frame, event, arg):
         code = frame.f_code

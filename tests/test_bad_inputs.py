@@ -125,9 +125,9 @@ def disposed(e: Env) -> None:
     generate(e.toy, [1, 2], cache=cache, max_new_tokens=1)
 
 
-def step(ids: Any, needed: int = 8, **kw: Any) -> Callable[[Env], Any]:
+def step(ids: Any, positions: int = 8, **kw: Any) -> Callable[[Env], Any]:
     def run(e: Env) -> None:
-        with DynamicCache() as cache, Stepper(e.toy, cache, "cpu", needed) as s:
+        with DynamicCache() as cache, Stepper(e.toy, cache, "cpu", positions) as s:
             s.step([1, 2])
             s.step(ids, **kw)
 
@@ -433,7 +433,7 @@ CASES = [
         "Stepper.step past the positions it was opened for",
         "ConfigError",
         "exceeds the 3 positions this stepper was opened for",
-        step([3, 4], needed=3),
+        step([3, 4], positions=3),
     ),
     Case(
         "prompt",
@@ -444,9 +444,9 @@ CASES = [
     ),
     Case(
         "prompt",
-        "Stepper(model, cache, device, needed=0)",
+        "Stepper(model, cache, device, positions=0)",
         "ConfigError",
-        "needed=0 must be a positive int",
+        "positions=0 must be a positive int",
         lambda e: Stepper(e.toy, DynamicCache(), "cpu", 0),
     ),
     # caches

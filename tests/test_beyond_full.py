@@ -16,7 +16,7 @@ from conftest import run_python
 
 import kvlab
 from kvlab import CacheStateError, ConfigError, DynamicCache, ModelError, StaticCache, Stepper, generate, open_device
-from kvlab.core.layout import ConvState, FullAttention, LinearAttention, SlidingWindow
+from kvlab.core.cache_layout import ConvState, FullAttention, LinearAttention, SlidingWindow
 from kvlab.ort.checks.faults import Injected, fault, raising_hook
 from kvlab.ort.checks.references import hf_checkpoint, transformers_greedy
 from kvlab.ort.runtime.device import backend
@@ -358,8 +358,8 @@ def test_in_place_is_checked_for_states_too(models):
         s.step(PROMPT[:4])
         b = cache.binding(s.session, 1)
         state_outputs = [e.present for e in model.info.entries if not e.grows]
-        assert set(state_outputs) <= set(cache._expected)  # every state present is checked
-        assert all(cache._expected[n] == b.bound_outputs[n] for n in cache._expected)
+        assert set(state_outputs) <= set(cache.proof.expected)  # every state present is checked
+        assert all(cache.proof.expected[n] == b.bound_outputs[n] for n in cache.proof.expected)
     with pytest.raises(ConfigError, match=r"states='sideways' is not valid; choose one of \('swap', 'in-place'\)"):
         StaticCache(64, states="sideways")
 

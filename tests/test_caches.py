@@ -304,3 +304,72 @@ def test_static_refuses_a_model_without_gqa(tmp_path):
 def test_batch_size_above_one_is_refused(toy):
     with pytest.raises(ConfigError, match="batch size 2 is not supported"):
         generate(toy, np.array([[1, 2], [3, 4]]), cache=StaticCache(8), max_new_tokens=1)
+
+
+def test_a_cache_is_composed_not_a_chain():
+    """A StaticCache is at most three classes deep before ``object``; its in-place proof, its allocation accounting
+    and its bindings are objects it holds and calls, not classes it inherits from."""
+    from kvlab.core.cache import Allocations, Bindings, InPlaceProof
+
+    assert len(StaticCache.__mro__) - 1 <= 3, StaticCache.__mro__
+    cache = StaticCache(64)
+    for part, kind in ((cache.proof, InPlaceProof), (cache.allocations, Allocations), (cache.bindings, Bindings)):
+        assert isinstance(part, kind) and kind not in StaticCache.__mro__
+
+
+@pytest.mark.parametrize(
+    ("kind", "point"),
+    [(k, p) for k in CACHES for p in ("run", "after-run", "commit", "hook")] + [("static", "in-place")],
+)
+def test_a_failed_step_leaves_the_same_buffers_and_length(toy, kind, point):
+    """Fault injection (labelled, kvlab.ort.checks.faults): a step that fails at its run, after it, at the commit,
+    at the in-place check (a static cache's) or in a hook (after the commit: rolled back) leaves the cache holding
+    the very same tensors (by identity) and length, and no tensor more or less on the device; the retried step
+    goes on."""
+    from kvlab.ort.checks.faults import Injected, fault, raising_hook
+
+    dev = open_device("cpu")
+    with CACHES[kind]() as c:
+        failing_hook = raising_hook(2) if point == "hook" else None
+        with Stepper(toy, c, dev, 8, [failing_hook] if failing_hook else ()) as s:
+            _, first = s.step([1, 2, 3])
+            held, live = [t.data_ptr for t in c.tensors], dev.live_tensors
+            with pytest.raises((Injected, InPlaceError)):
+                if point == "hook":
+                    s.step([first.token])
+                else:
+                    with fault(point):
+                        s.step([first.token])
+            assert c.seq_length == 3 and [t.data_ptr for t in c.tensors] == held and dev.live_tensors == live
+            if point != "hook":  # the hook fails once; a retry from the same state goes on
+                s.step([first.token])
+                assert c.seq_length == 4
+
+
+def test_the_in_place_proof_reads_back_as_check_every_says(toy, monkeypatch):
+    """``check_every=None``: every present at a binding's first run (a static cache's one binding serves the prefill
+    and every decode step), then one a run, in turn; ``check_every=2``: every present at every second run, none
+    between. ConfigError for a bad value, and the label's words."""
+    from kvlab.core.cache import check_every_text
+
+    seen: list[tuple[bool, str]] = []
+    real_run = Binding.run
+
+    def observed(self):
+        seen.append((self.read_back, self.spot_check))
+        return real_run(self)
+
+    monkeypatch.setattr(Binding, "run", observed)
+    presents = [e.present for e in toy.info.entries]
+    with StaticCache(64) as c:
+        generate(toy, [1, 2, 3], cache=c, max_new_tokens=5, stop_on_eos=False)
+    assert [r for r, _ in seen] == [True, False, False, False, False]
+    assert [name for _, name in seen] == ["", *(presents[i % len(presents)] for i in range(1, 5))]
+    seen.clear()
+    with StaticCache(64, check_every=2) as c:
+        generate(toy, [1, 2, 3], cache=c, max_new_tokens=5, stop_on_eos=False)
+    assert [r for r, _ in seen] == [True, False, True, False, True]
+    with pytest.raises(ConfigError, match=r"check_every=0 must be a positive int \(1: check every step\)"):
+        StaticCache(64, check_every=0)
+    assert check_every_text(None) == "presents checked in place one a step"
+    assert check_every_text(2) == "every present checked every 2 steps"

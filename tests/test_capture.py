@@ -1,5 +1,5 @@
-"""WebGPU graph capture of the decode step (kvlab.ort.decode.capture), on the real runtime of this environment (the
-built-in EP of onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): tokens equal the uncaptured
+"""WebGPU graph capture of the decode step (kvlab.ort.decode.caches.captured), on the real runtime of this environment
+(the built-in EP of onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): tokens equal the uncaptured
 StaticCache's, one capture per cache across generations (counted from ONNX Runtime's own log), the graph and
 every tensor released on dispose, and the refusals, each naming its cause."""
 
@@ -17,7 +17,7 @@ from conftest import run_python
 import kvlab
 from kvlab import CacheStateError, DeviceError, ModelError, StaticCache, generate, open_device
 from kvlab.ort.checks import faults
-from kvlab.ort.decode.capture import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
+from kvlab.ort.decode.caches.captured import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
 from kvlab.ort.runtime.device import backend
 from kvlab.ort.runtime.plugin import PluginWebGpu
 
@@ -52,7 +52,7 @@ def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
         assert dev.live_tensors == base + toy.info.layout.tensors + 5  # KV buffers + 2 ids, 2 masks, logits
         assert (cache.captures, cache.replays) == (2, NEW - 3)  # prefill uncaptured, 1st and 2nd decode capture
     assert g.token_ids == _static_tokens(toy)
-    assert str(g.cache) == "static@64 graph" and g.cache.variant == "graph"
+    assert str(g.label.cache) == "static@64 graph" and g.label.cache.variant == "graph"
     assert not g.label.token_on_device  # a captured cache chooses its tokens on the host
     decode = [r for r in g.records if r.phase == "decode"]
     assert all(r.cache_tensors_allocated == 0 and r.new_buffers == 0 for r in decode[1:])
@@ -64,7 +64,7 @@ def test_a_cpu_prefill_hands_off_to_the_captured_cache(toy, toy_graph):
     with StaticCache(64) as cache:
         cpu = generate(toy, long_prompt, cache=cache, device="cpu", max_new_tokens=NEW, stop_on_eos=False)
     with CapturedStaticCache(64) as cache:
-        assert type(cache.twin()) is StaticCache
+        assert type(cache.empty_like()) is StaticCache
         g = generate(
             toy_graph,
             long_prompt,
@@ -85,7 +85,7 @@ def test_reset_and_reuse_replay_without_recapture(toy_graph):
     r = run_python(
         f"""
 import kvlab
-from kvlab.ort.decode.capture import CapturedStaticCache
+from kvlab.ort.decode.caches.captured import CapturedStaticCache
 m = kvlab.load('toy', graph_capture=True)
 cache = CapturedStaticCache(64)
 a = kvlab.generate(m, {PROMPT}, cache=cache, device='webgpu', max_new_tokens={NEW}, stop_on_eos=False)
@@ -119,7 +119,7 @@ def test_replays_after_the_first_skip_the_read_back(toy_graph, monkeypatch):
     """The presents' buffer identities are read back at the prefill, and at each graph's capture and first replay,
     then no more (a replay runs the recorded buffers), also in a second generation on the same graphs; the tokens
     are those of a cache that checks every step. The real runs are observed, not altered."""
-    from kvlab.ort.decode.capture import CaptureBinding
+    from kvlab.ort.decode.caches.capture_binding import CaptureBinding
 
     read: list[bool] = []
     real_run = CaptureBinding.run
@@ -142,13 +142,13 @@ def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
     base = dev.live_tensors
     cache = CapturedStaticCache(64)
     generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
-    session = cache._session
+    session = cache.session(dev, toy_graph)  # the capturing session, the device's own (the one the steps ran on)
     assert session is not None and dev.live_tensors == base + 9  # 4 KV buffers, 5 step buffers
     capturing = weakref.ref(session.ort)
     if isinstance(backend(), PluginWebGpu):
         assert set(cache.graph_ids) <= set(session.ort._captured_graph_bindings)
     cache.dispose()
-    assert dev.live_tensors == base and cache.feed_tensors == () and cache.tensors == ()
+    assert dev.live_tensors == base and cache.step_tensors == () and cache.tensors == ()
     if isinstance(backend(), PluginWebGpu):  # released on its own; the session stays for the next cache
         assert not set(cache.graph_ids) & set(session.ort._captured_graph_bindings)
     else:  # 1.27 cannot release one graph: the capturing session, which owns it, is let go
@@ -401,7 +401,7 @@ def test_a_captured_step_writes_from_the_host_only_what_the_graph_did_not(toy_gr
     only ids it chose itself that the pair read does not hold already (none with the token on the device). Tokens
     equal the uncaptured static cache's in two generations through one cache. The writes are observed, not
     altered."""
-    from kvlab.ort.decode.captured_step import CaptureBinding
+    from kvlab.ort.decode.caches.capture_binding import CaptureBinding
 
     writes: list[tuple[int, ...]] = []
     real_write = CaptureBinding._write

@@ -260,7 +260,7 @@ def test_where_multi_token_steps_are_wrong_lookup_runs_one_token_a_step_and_says
     if not _chunk("webgpu"):
         pytest.skip("multi-token steps are right with this package and adapter: prompt lookup runs there")
     from kvlab import PromptLookup
-    from kvlab.ort.decode.lookup import NOT_EXACT
+    from kvlab.ort.decode.conversation import NOT_EXACT
 
     with Conversation(toy, cache=StaticCache(256), device="webgpu") as conv:
         turn = conv.say(TURNS[0], max_new_tokens=NEW, lookup=PromptLookup(k=4))

@@ -9,7 +9,7 @@ import pytest
 import kvlab
 from kvlab import Conversation, DynamicCache, PromptLookup, StaticCache
 from kvlab.core.lookup import propose, verify
-from kvlab.ort.decode.lookup import NO_CROP
+from kvlab.ort.decode.conversation import NO_CROP
 
 REPEATING = [5, 6, 7, 8, 9, 10, 11] * 5  # the turn's input repeats: drafts are found from the first step on
 TURNS = [REPEATING, [7, 300, 301, *REPEATING[:10]]]

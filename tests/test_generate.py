@@ -58,7 +58,8 @@ def test_toy_on_webgpu_both_caches_identical(toy):
         a = generate(toy, ids, cache=s, device="webgpu", max_new_tokens=12, stop_on_eos=False)
         b = generate(toy, ids, cache=d, device="webgpu", max_new_tokens=12, stop_on_eos=False)
     assert a.token_ids == b.token_ids
-    assert a.device.name == "webgpu" and ("SwiftShader" in a.device.adapter.name or a.device.adapter.kind == "hardware")
+    assert a.label.device.name == "webgpu"
+    assert "SwiftShader" in a.label.device.adapter.name or a.label.device.adapter.kind == "hardware"
 
 
 def test_records_have_every_documented_column(smol_runs):

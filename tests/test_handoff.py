@@ -33,7 +33,7 @@ def test_handoff_tokens_equal_an_all_cpu_run(name, n_prompt, new, kind):
     expected = per_token * (512 if kind == "static" else n_prompt)  # whole static buffers vs exact presents
     assert hand.copy_bytes == expected and hand.n_tokens == n_prompt and hand.token == -1
     assert list(f.position[2:]) == list(range(n_prompt, n_prompt + new - 1))
-    assert g.prefill_device.name == "cpu" and g.device.name == "webgpu"
+    assert g.label.prefill_device.name == "cpu" and g.label.device.name == "webgpu"
 
 
 def test_handoff_on_smollm2(smollm2, long_prompt):
@@ -100,11 +100,11 @@ def test_a_device_without_the_copy_path(toy, monkeypatch):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_failed_copy_leaves_the_device_cache_empty_and_reusable(toy, kind, monkeypatch):
     """Fault injection (labelled): the third tensor copy fails (as a device loss would)."""
-    import kvlab.ort.decode.slots as caches
+    from kvlab.ort.decode.caches import dynamic, static
 
     gpu = open_device("webgpu")
     before = gpu.live_tensors
-    real, calls = caches.copy_tensor, {"n": 0}
+    real, calls = static.copy_tensor, {"n": 0}
 
     def flaky(src, dst):
         calls["n"] += 1
@@ -112,12 +112,14 @@ def test_a_failed_copy_leaves_the_device_cache_empty_and_reusable(toy, kind, mon
             raise RuntimeError("injected: copy failed")
         real(src, dst)
 
-    monkeypatch.setattr(caches, "copy_tensor", flaky)
+    for slots in (static, dynamic):  # the slots' own copies (FixedKV's, GrowingKV's)
+        monkeypatch.setattr(slots, "copy_tensor", flaky)
     c = KINDS[kind]()
     with pytest.raises(RuntimeError, match="injected"):
         generate(toy, [5, 6, 7, 8], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=3)
     assert c.seq_length == 0 and c.live_bytes == (c.max_cache_len * toy.info.bytes_per_token if kind == "static" else 0)
-    monkeypatch.setattr(caches, "copy_tensor", real)
+    for slots in (static, dynamic):
+        monkeypatch.setattr(slots, "copy_tensor", real)
     ref = generate(toy, [5, 6, 7, 8], device="cpu", max_new_tokens=3, stop_on_eos=False)
     g = generate(toy, [5, 6, 7, 8], cache=c, device="webgpu", prefill_device="cpu", max_new_tokens=3, stop_on_eos=False)
     assert g.token_ids == ref.token_ids

@@ -14,7 +14,7 @@ import pytest
 
 import kvlab
 from kvlab import CapacityError, ConfigError, DynamicCache, ModelError, StaticCache, generate, open_device
-from kvlab.core.layout import FullAttention, SharedKV, SlidingWindow
+from kvlab.core.cache_layout import FullAttention, SharedKV, SlidingWindow
 from kvlab.ort.checks.references import transformers_greedy
 from kvlab.ort.models import mobius
 from kvlab.presets.recipes import TinyKVShared
@@ -262,7 +262,7 @@ def test_graph_capture_is_refused_naming_the_constant_of_shape_nodes(model):
     EP; onnxruntime-ep-webgpu 0.4.0 only the two ConstantOfShape nodes): the capturing session is refused before
     anything is captured, naming the nodes and the package."""
     from kvlab import DeviceError
-    from kvlab.ort.decode.capture import CapturedStaticCache
+    from kvlab.ort.decode.caches.captured import CapturedStaticCache
 
     with CapturedStaticCache(16) as cache, pytest.raises(DeviceError) as refused:
         generate(model, SHORT, cache=cache, device="webgpu", prefill_device="cpu", max_new_tokens=2)

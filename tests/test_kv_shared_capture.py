@@ -1,5 +1,5 @@
-"""Graph capture of kv-shared-toy (kvlab.ort.models.mobius.for_capture, kvlab.ort.decode.shared), on the real runtime
-of this environment (onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): the capture build's
+"""Graph capture of kv-shared-toy (kvlab.ort.models.mobius.for_capture, kvlab.ort.decode.caches.shared_kv), on the
+real runtime of this environment (onnxruntime-webgpu 1.27 in .venv, the plugin EP in .venv-plugin): the capture build's
 rewrites, every node of it on WebGPU, and CapturedStaticCache on it: token-identical to the uncaptured StaticCache
 where the package captures a layer with no keys of its own, refused before capture by name where it fails (the
 failure itself shown on one node)."""
@@ -14,8 +14,9 @@ from test_kv_shared import SHORT, SHORT_NEW, _one_gqa, gqa_feeds
 
 import kvlab
 from kvlab import DeviceError, StaticCache, generate, open_device
-from kvlab.ort.decode.capture import CAPTURE_OPTIONS, CapturedStaticCache, run_options
-from kvlab.ort.decode.shared import shared_capture_problem
+from kvlab.ort.decode.caches.capture_binding import run_options
+from kvlab.ort.decode.caches.captured import CAPTURE_OPTIONS, CapturedStaticCache
+from kvlab.ort.decode.caches.shared_kv import shared_capture_problem
 from kvlab.ort.runtime.device import backend
 from kvlab.ort.runtime.session import release_all, zeros_all
 

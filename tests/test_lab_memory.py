@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvlab.core.layout import CacheEntry, CacheLayout, FullAttention, LayerSpec, LinearAttention, SlidingWindow
+from kvlab.core.cache_layout import CacheEntry, CacheLayout, FullAttention, LayerSpec, LinearAttention, SlidingWindow
 from kvlab.lab.memory import (
     GiB,
     Line,

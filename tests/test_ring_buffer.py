@@ -13,7 +13,7 @@ import pytest
 
 import kvlab
 from kvlab import CacheStateError, ConfigError, StaticCache, generate, open_device
-from kvlab.core.layout import SlidingWindow
+from kvlab.core.cache_layout import SlidingWindow
 from kvlab.ort import RingStaticCache
 from kvlab.ort.checks.faults import Injected, raising_hook
 from kvlab.ort.checks.references import transformers_greedy

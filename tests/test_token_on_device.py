@@ -118,7 +118,7 @@ def test_refusals(toy):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device="yes")
     with pytest.raises(ConfigError, match="sampling .do_sample=True. needs the logits on the host"):
         generate(toy, PROMPT, max_new_tokens=2, token_on_device=True, sampling=Sampling(do_sample=True, seed=0))
-    from kvlab.ort.decode.window import RingStaticCache
+    from kvlab.ort.decode.caches.ring import RingStaticCache
 
     with pytest.raises(ConfigError, match="a RingStaticCache runs a session of its own"):
         Stepper(toy, RingStaticCache(64), open_device("cpu"), 64, token_on_device=True)
@@ -271,9 +271,9 @@ def test_an_unknown_reduction_is_named(toy):
 
 
 def test_auto_on_a_captured_cache_keeps_the_token_on_the_device_where_one_argmax_pays(monkeypatch):
-    """Under capture the graph writes the greedy token into the next step's ids (``kvlab.ort.decode.captured_step``):
-    "auto" takes "single" where ``auto_reduction`` says "single", the host where it says "rows" (a captured step's
-    ids stay int64), and an explicit "rows" is refused by name. The adapter's answer is faked at the boundary
+    """Under capture the graph writes the greedy token into the next step's ids (``caches.capture_binding``): "auto"
+    takes "single" where ``auto_reduction`` says "single", the host where it says "rows" (a captured step's ids stay
+    int64), and an explicit "rows" is refused by name. The adapter's answer is faked at the boundary
     (SwiftShader is a software adapter, where "auto" chooses the host); the runs are real."""
     import kvlab.ort.decode.greedy as greedy
     from kvlab.ort import CapturedStaticCache

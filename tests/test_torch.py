@@ -54,7 +54,7 @@ def test_import_pulls_neither_onnxruntime_nor_tokenizers():
 
 def test_generation_and_records_keep_kvlabs_contract(ttoy, toy_dynamic):
     g = toy_dynamic
-    assert isinstance(g, kvlab.Generation) and g.cache == CacheSpec("dynamic") and g.device.name == "cpu"
+    assert isinstance(g, kvlab.Generation) and g.label.cache == CacheSpec("dynamic") and g.label.device.name == "cpu"
     assert len(g.token_ids) == 16 and g.stop_reason == "max_new_tokens" and g.prompt_ids == PROMPT
     f = g.frame()
     assert list(f.columns) == [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS]
@@ -73,13 +73,13 @@ def test_static_cache_gives_identical_tokens_and_allocates_once(ttoy, toy_dynami
     s = tb.generate(ttoy, PROMPT, cache="static", max_new_tokens=16, stop_on_eos=False)
     assert (s.frame().alloc_requests == -1).all()  # the CPU proxy is opt-in
     assert s.token_ids == toy_dynamic.token_ids
-    assert s.cache == CacheSpec("static", len(PROMPT) + 15)
+    assert s.label.cache == CacheSpec("static", len(PROMPT) + 15)
     f = s.frame()
     assert f.cache_tensors_allocated.iloc[0] == 2 * ttoy.config.num_hidden_layers
     assert (f.cache_tensors_allocated.iloc[1:] == 0).all() and (f.new_buffers.iloc[1:] == 0).all()
     assert f.live_cache_bytes.nunique() == 1  # the whole buffer, from the first step on
     k = tb.generate(ttoy, PROMPT, cache=kvlab.StaticCache(max_cache_len=64), max_new_tokens=16, stop_on_eos=False)
-    assert k.token_ids == toy_dynamic.token_ids and k.cache == CacheSpec("static", 64)
+    assert k.token_ids == toy_dynamic.token_ids and k.label.cache == CacheSpec("static", 64)
     d = tb.generate(ttoy, PROMPT, cache=kvlab.DynamicCache(), max_new_tokens=4, stop_on_eos=False)
     assert d.token_ids == toy_dynamic.token_ids[:4]
 
@@ -101,7 +101,7 @@ def test_graph_runner_step_matches_eager_and_survives_reset(ttoy, toy_dynamic):
     ptrs = list(runner.kv_ptrs)
     assert runner.decode_greedy(PROMPT, 16) == toy_dynamic.token_ids
     g = runner.generate(PROMPT, max_new_tokens=16, stop_on_eos=False)  # second generation, same buffers
-    assert g.token_ids == toy_dynamic.token_ids and g.cache == CacheSpec("static", 64, "graph-eager")
+    assert g.token_ids == toy_dynamic.token_ids and g.label.cache == CacheSpec("static", 64, "graph-eager")
     assert [t.data_ptr() for t in runner.kv_tensors()] == ptrs
     f = g.frame()
     assert list(f.columns) == [*kvlab.COLUMNS, *tb.ALLOC_COLUMNS] and (f.cache_tensors_allocated == 0).all()

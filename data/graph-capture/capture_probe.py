@@ -37,7 +37,8 @@ import numpy as np
 import kvlab
 from kvlab.bench.lockstep import prompt_ids
 from kvlab.core.devices import BUFFER_CACHE_MODES
-from kvlab.ort.decode import capture, captured_step
+from kvlab.ort.decode.caches import capture_binding
+from kvlab.ort.decode.caches import captured as capture
 from kvlab.ort.runtime import builtin, session
 from kvlab.ort.runtime.options import VALIDATION_MODES
 
@@ -178,13 +179,13 @@ def main() -> None:
     if a.readback == "session":
         builtin.BuiltinWebGpu.copy = session_copy(builtin.BuiltinWebGpu.copy)
     if a.no_sync:
-        captured_step.run_options = no_sync(captured_step.run_options)
+        capture_binding.run_options = no_sync(capture_binding.run_options)
     if a.one_graph and (a.token != "host" or a.graph != "own"):
         p.error("--one-graph needs --graph own --token host (the host writes ids and mask into the pair read)")
     if a.graph == "own":
         capture.captured_graph = own_graph(capture.captured_graph)
     if a.one_graph:
-        captured_step.CaptureBinding.run = one_pair(captured_step.CaptureBinding.run)
+        capture_binding.CaptureBinding.run = one_pair(capture_binding.CaptureBinding.run)
     builtin.BuiltinWebGpu.copy = timed("copy", builtin.BuiltinWebGpu.copy)
     session.Binding._run = timed("run", session.Binding._run)
     ep = {"validation_mode": a.validation_mode, "buffer_cache_mode": a.buffer_cache_mode, "profile": a.profile}
@@ -210,7 +211,7 @@ def main() -> None:
         c0 = time.thread_time()
         g = kvlab.generate(model, ids, max_new_tokens=a.new_tokens, **run)
         loop_cpu = time.thread_time() - c0
-        traces = [cache._session.ort.end_profiling()] if a.profile and captured else []  # before dispose
+        traces = [cache.bindings._session.ort.end_profiling()] if a.profile and captured else []  # before dispose
     steps = [r for r in g.records if r.phase == "decode"][4:]
     n = len(steps)
     spans = {k: v[-n:] for k, v in SPANS.items()}  # the decode steps' calls (one run, one copy or none each)

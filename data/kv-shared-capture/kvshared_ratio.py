@@ -15,7 +15,7 @@ import numpy as np
 
 import kvlab
 from kvlab import DeviceError, StaticCache, generate
-from kvlab.ort.decode.capture import CapturedStaticCache
+from kvlab.ort.decode.caches.captured import CapturedStaticCache
 from kvlab.ort.runtime.backend import versions
 
 PROMPT, NEW = [7, 81, 190, 33], 12  # 16 positions: the window

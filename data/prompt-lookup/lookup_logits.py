@@ -5,7 +5,7 @@ against the one-token step's logits at the same position, up to and at the first
         --k 4 --ngram 3 --out OUT.json]
 
 Two greedy replies to the same prompt (data/prompts/long.txt, ``--repeat`` times) on one StaticCache each: one token
-a step, keeping every step's logits; and prompt lookup as kvlab.ort.decode.lookup runs it (drafts from
+a step, keeping every step's logits; and prompt lookup as kvlab.ort.decode.conversation runs it (drafts from
 kvlab.core.lookup.propose, one multi-token step, verify, crop), keeping every row of every step. A token of the
 lookup reply was chosen from a row of a step of ``width`` tokens; while both replies agree up to it, that row and the
 one-token step's logits predict the same position from the same tokens. Per such token: max |diff| over the

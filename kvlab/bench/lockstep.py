@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from ..core.cache import check_every_of, check_every_text
 from ..core.errors import ConfigError, check_choice, check_flag, check_int
 from ..core.generation import positions_needed
 from ..core.labels import read_back_text
 from ..ort import CapturedStaticCache, Model, StaticCache, load, open_device
-from ..ort.decode.caches import check_every_of, read_back
-from ..ort.decode.capture import CAPTURED_REDUCTIONS
+from ..ort.decode.caches.captured import CAPTURED_REDUCTIONS
 from ..ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
 from ..ort.runtime.options import webgpu_options
 from .load import check_load, competing
@@ -229,7 +229,7 @@ def summary(r: dict[str, Any]) -> str:
     token += read_back_text(r.get("tokens_per_read", 0))
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
-    names = {"kvlab": f"kvlab's {cache} ({read_back(r['check_every'])}, {token})", "genai": peer}
+    names = {"kvlab": f"kvlab's {cache} ({check_every_text(r['check_every'])}, {token})", "genai": peer}
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"

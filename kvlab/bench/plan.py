@@ -19,7 +19,7 @@ import numpy as np
 from ..core.devices import DEVICES
 from ..core.errors import ConfigError
 from ..ort import Model, close_device, load, open_device
-from ..ort.decode.kvprecision import check_kv_precision, check_runs_here
+from ..ort.decode.caches.kv_precision import check_kv_precision, check_runs_here
 from ..ort.runtime.gpu_memory import GpuMemory
 from .machine import cpu_times, memory_bandwidth
 from .variants import KVLAB, MATMULS_ONLY, Run, Variant

@@ -48,7 +48,7 @@ def trace(
         f = g.frame()
         dec = f[f.phase == "decode"]
         runs[kind] = {
-            "cache": str(g.cache),
+            "cache": str(g.label.cache),
             "decode_ms": decode_median(g.records),
             "decode_ms_first_100": float(np.median(dec.wall_ms[:100])),
             "decode_ms_last_100": float(np.median(dec.wall_ms[-100:])),

@@ -284,7 +284,7 @@ def variants(
         # the prefill side is the cache's twin (a captured cache's: a plain static one); packed KV exists on its
         # own device only, so those caches prefill there
         if s.prefill is not None and not v.packed_kv:
-            kept.append(prefill_on(s.prefill, model, s.ids, make().twin()))
+            kept.append(prefill_on(s.prefill, model, s.ids, make().empty_like()))
             out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
                 m, pre, make, s.device, s.new, hooks, tok
             )

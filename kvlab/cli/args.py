@@ -44,7 +44,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
         choices=("model", "int8", "int4"),
         default="model",
         help="KV held in the model's dtype (default) or packed int8 / int4 (the WebGPU plugin EP only: "
-        "kvlab.ort.decode.kvprecision; elsewhere refused, naming what runs it)",
+        "kvlab.ort.decode.caches.kv_precision; elsewhere refused, naming what runs it)",
     )
     p.add_argument(
         "--graph-capture",

@@ -9,11 +9,11 @@ import io
 import json
 
 from .. import bench
+from ..core.cache import check_every_text
 from ..core.devices import DEVICES
 from ..core.errors import ConfigError
 from ..core.paths import write_atomic
 from ..ort import load
-from ..ort.decode.caches import read_back
 from ..ort.decode.greedy import AUTO
 from ..presets import check_precision
 from .args import applies_only_with, cpu_options, ints, open_cpu
@@ -245,7 +245,7 @@ def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> i
     )
     print(
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {args.device}; static cache "
-        f"({read_back(check_every)}{token}), "
+        f"({check_every_text(check_every)}{token}), "
         f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
         "first)"
     )

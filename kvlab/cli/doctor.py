@@ -26,7 +26,7 @@ def _tiny_run(device: str) -> dict[str, Any]:
         g = generate(model, [1, 2, 3, 4], cache=cache, device=device, max_new_tokens=4, stop_on_eos=False)
     return {
         "ok": True,
-        "device": str(g.device),
+        "device": str(g.label.device),
         "tokens": g.token_ids,
         "seconds": round(time.perf_counter() - start, 2),
         "decode_ms": round(g.decode_ms(), 2),

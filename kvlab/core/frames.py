@@ -36,7 +36,9 @@ class Recorder:
         self.records.append(record)
 
     def frame(self):
+        """The records kept so far as a pandas DataFrame (``COLUMNS``)."""
         return frame(self.records)
 
     def clear(self) -> None:
+        """Forget the records kept."""
         self.records.clear()

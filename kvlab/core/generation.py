@@ -45,6 +45,7 @@ class Sampling:
             check_int(self.seed, "seed", 0, note=" (or None)")
 
     def check_vocabulary(self, vocab_size: int) -> None:
+        """ConfigError when ``top_k`` exceeds a vocabulary of ``vocab_size`` tokens."""
         if self.top_k > vocab_size:
             raise ConfigError(
                 f"top_k={self.top_k} is larger than the vocabulary ({vocab_size} tokens); use at most "
@@ -74,6 +75,7 @@ class Sampling:
 
 
 def _real(value: Any) -> bool:
+    """Whether ``value`` is a real number (Python's or numpy's), not a bool."""
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
 
 
@@ -104,6 +106,7 @@ def attach_partial(exc: BaseException, partial: Generation) -> None:
 
 
 def greedy(logits: np.ndarray) -> int:
+    """The greedy token: the index of the largest logit (the lowest index on a tie)."""
     return int(logits.argmax())
 
 
@@ -118,12 +121,6 @@ class Generation:
     stop_reason: str  # "eos" or "max_new_tokens"
     records: list[StepRecord] = field(default_factory=list)
 
-    model = property(lambda self: self.label.model)
-    dtype = property(lambda self: self.label.dtype)
-    device = property(lambda self: self.label.device)
-    cache = property(lambda self: self.label.cache)
-    prefill_device = property(lambda self: self.label.prefill_device)
-
     def frame(self):
         """Per-step records as a pandas DataFrame (columns: kvlab.COLUMNS and a backend's own), with the run's
         ``label`` in ``frame.attrs``."""
@@ -131,6 +128,7 @@ class Generation:
         return frame(self.records, columns, label=self.label)
 
     def to_dict(self) -> dict[str, Any]:
+        """The generation as plain data (its label and records as dicts)."""
         return asdict(self)
 
     def decode_ms(self) -> float:

@@ -83,6 +83,7 @@ class OneAtATime:
 
     @property
     def held(self) -> bool:
+        """Whether a thread holds it now."""
         return self._lock.locked()
 
     @property
@@ -91,6 +92,7 @@ class OneAtATime:
         return self.owner == threading.get_ident()
 
     def hold(self, refusal: Callable[[], BaseException]) -> _Held:
+        """A context manager that holds it for its block, or raises ``refusal()`` when another thread holds it."""
         return _Held(self, refusal)
 
 
@@ -133,6 +135,7 @@ class OneBlock:
         self.state = OPEN
 
     def close(self) -> None:
+        """The block ended: every later call is refused."""
         self.state = CLOSED
 
     def call(self, what: str) -> _Held:

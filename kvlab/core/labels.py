@@ -15,7 +15,7 @@ from .devices import DEFAULT_VALIDATION
 class Adapter:
     """What executes a device's kernels."""
 
-    name: str  # e.g. "SwiftShader Device (Subzero)", "NVIDIA H200", or the CPU model
+    name: str  # the adapter's own name (e.g. "SwiftShader Device (Subzero)"), or the CPU model
     kind: str  # "hardware" or "software" (a CPU-emulated GPU counts as software)
     api: str  # "vulkan", "metal", "d3d12", "cpu" or "cuda"
     source: str = ""  # how it was found (the Vulkan driver manifest, ...)
@@ -59,6 +59,7 @@ class CacheSpec:
 
     @property
     def name(self) -> str:
+        """ "kind@size variant", e.g. "static@512 graph"."""
         size = f"@{self.max_cache_len}" if self.max_cache_len is not None else ""
         return f"{self.kind}{size}" + (f" {self.variant}" if self.variant else "")
 
@@ -87,6 +88,7 @@ def read_back_text(tokens_per_read: int) -> str:
 
 
 def cpu_adapter() -> Adapter:
+    """This machine's CPU as an adapter: its model name (from /proc/cpuinfo where there is one) and cores."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

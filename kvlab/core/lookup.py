@@ -8,12 +8,12 @@ step yields those and the model's next token, so greedy tokens are the same as o
 keeps only their positions (the backend crops the rest).
 
 A multi-token step's logits are not bit-equal to a one-token step's: the runtime attends with another kernel, which
-rounds differently (on an NVIDIA H200 in fp16: up to 0.090 apart, median 0.075, where fp32 stays under 1e-5:
-data/conversation/h200-lookup/). Where the model's choice is a near-tie, the two can choose differently, and lookup
-would leave plain greedy's tokens. So a verification row decides only where its choice leads the runner-up by at
-least ``margin``; at the first row that does not, the step stops, and that position is left to the next step, fed
-alone (the kernel plain greedy runs). The default margin follows the logits' precision (``MARGINS``): more than
-twice the largest difference measured, so a difference of that size cannot turn a decided row.
+rounds differently (far more in fp16 than in fp32: data/prompt-lookup/). Where the model's choice is a near-tie, the
+two can choose differently, and lookup would leave plain greedy's tokens. So a verification row decides only where
+its choice leads the runner-up by at least ``margin``; at the first row that does not, the step stops, and that
+position is left to the next step, fed alone (the kernel plain greedy runs). The default margin follows the logits'
+precision (``MARGINS``): more than twice the largest difference recorded, so a difference of that size cannot turn
+a decided row.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .errors import ConfigError, check_int
 
-# the default margin per logits dtype (see the module docstring): over 2 x the largest multi-token vs one-token
-# difference measured (fp16 0.090, fp32 < 1e-5 on an NVIDIA H200, data/conversation/h200-lookup/)
+# the default margin per logits dtype (see the module docstring): over twice the largest multi-token vs one-token
+# difference recorded (data/prompt-lookup/)
 MARGINS = {"float16": 0.25, "float32": 1e-4}
 
 

@@ -4,109 +4,98 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-# column -> (meaning, "exact" | "proxy" | "label")
-COLUMNS: dict[str, tuple[str, str]] = {
-    "step": ("0 for the prefill (and the handoff that moves it), then 1, 2, ... per decode step", "exact"),
-    "phase": (
-        "'prefill', 'handoff' (the prefill's KV copied to the decode device), 'decode', or 'verify' (a decode step "
-        "that also checks tokens proposed by prompt lookup)",
-        "label",
-    ),
-    "device": ("device that ran the step ('cpu', 'webgpu' or 'cuda'; for a handoff, the one copied to)", "label"),
-    "copied_from": ("for a handoff, the device the KV was copied from; '' otherwise", "label"),
-    "position": ("cache length before the step: the position of the first token fed", "exact"),
-    "n_tokens": ("tokens fed in this step", "exact"),
-    "token": (
-        "the token chosen from this step's logits (-1 for a handoff, and for a verify step that left its next "
-        "position to a one-token step: a near-tie within prompt lookup's margin)",
-        "exact",
-    ),
-    "wall_ms": (
-        "wall time of the whole step (binding, run, cache commit, sampling); for steps read back together "
-        "(read_with > 0), their burst's wall time, reading back included, divided by the steps it ran",
-        "exact",
-    ),
-    "run_ms": (
-        "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
-        "host inputs to the device); for steps read back together, their burst's runs divided by its steps",
-        "exact",
-    ),
-    "overhead_ms": ("wall_ms - run_ms: Python's own time in the step", "exact"),
-    "cache_tensors_allocated": (
-        "KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
-        "one-time lazy allocation (static); 0 means every present was written in place",
-        "exact",
-    ),
-    "cache_bytes_allocated": (
-        "bytes of those tensors as requested (the WebGPU pool rounds up to its buckets)",
-        "exact",
-    ),
-    "new_buffers": (
-        "of those, buffers whose identity (data_ptr) this cache had never seen: identity-based; a "
-        "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers",
-        "proxy",
-    ),
-    "live_cache_bytes": ("bytes of KV tensors alive after the step (as requested)", "exact"),
-    "used_cache_bytes": ("bytes the tokens held need: cache length x bytes per token", "exact"),
-    "copy_bytes": ("bytes copied between devices in this step (handoff only)", "exact"),
-    "rss_bytes": (
-        "process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
-        "includes everything else the process holds",
-        "proxy",
-    ),
-    "turn": ("the conversation turn the step belongs to (1, 2, ...); 0 outside a conversation", "exact"),
-    "reused": (
-        "on a conversation turn's first step: cache positions kept from before the turn and not fed again; 0 on "
-        "every other step",
-        "exact",
-    ),
-    "prefilled": ("positions a prefill step fed (its n_tokens); 0 on decode, verify and handoff steps", "exact"),
-    "drafted": ("tokens prompt lookup proposed and this step verified (0 without lookup)", "exact"),
-    "accepted": (
-        "of those, the tokens the model's own greedy choice confirmed, kept in the cache; the step also yields the "
-        "model's next token after them (unless its token is -1)",
-        "exact",
-    ),
-    "read_with": (
-        "decode steps whose greedy tokens stayed on the device and were read back to the host together, this one "
-        "among them (Stepper.decode); 0 for a step read back on its own",
-        "exact",
-    ),
-}
+
+def column(meaning: str, kind: str, default: Any = MISSING) -> Any:
+    """A ``StepRecord`` field with its doc: what it means, and whether it is "exact", a "proxy" or a "label" (read
+    back as ``COLUMNS``). One with a ``default`` is keyword-only (the columns a conversation and prompt lookup
+    fill)."""
+    doc = {"meaning": meaning, "kind": kind}
+    return field(metadata=doc) if default is MISSING else field(default=default, kw_only=True, metadata=doc)
 
 
 @dataclass
 class StepRecord:
-    step: int
-    phase: str
-    device: str
-    copied_from: str
-    position: int
-    n_tokens: int
-    token: int
-    wall_ms: float
-    run_ms: float
-    overhead_ms: float
-    cache_tensors_allocated: int
-    cache_bytes_allocated: int
-    new_buffers: int
-    live_cache_bytes: int
-    used_cache_bytes: int
-    copy_bytes: int
-    rss_bytes: int
-    # the columns a conversation and prompt lookup fill (keyword-only, 0 by default: every other loop leaves them)
-    turn: int = field(default=0, kw_only=True)
-    reused: int = field(default=0, kw_only=True)
-    prefilled: int = field(default=0, kw_only=True)
-    drafted: int = field(default=0, kw_only=True)
-    accepted: int = field(default=0, kw_only=True)
-    read_with: int = field(default=0, kw_only=True)
+    """One step: a row of ``Generation.frame()``. Each field says what it means and how exact it is."""
+
+    step: int = column("0 for the prefill (and the handoff that moves it), then 1, 2, ... per decode step", "exact")
+    phase: str = column(
+        "'prefill', 'handoff' (the prefill's KV copied to the decode device), 'decode', or 'verify' (a decode step "
+        "that also checks tokens proposed by prompt lookup)",
+        "label",
+    )
+    device: str = column(
+        "device that ran the step ('cpu', 'webgpu' or 'cuda'; for a handoff, the one copied to)", "label"
+    )
+    copied_from: str = column("for a handoff, the device the KV was copied from; '' otherwise", "label")
+    position: int = column("cache length before the step: the position of the first token fed", "exact")
+    n_tokens: int = column("tokens fed in this step", "exact")
+    token: int = column(
+        "the token chosen from this step's logits (-1 for a handoff, and for a verify step that left its next "
+        "position to a one-token step: a near-tie within prompt lookup's margin)",
+        "exact",
+    )
+    wall_ms: float = column(
+        "wall time of the whole step (binding, run, cache commit, sampling); for steps read back together "
+        "(read_with > 0), their burst's wall time, reading back included, divided by the steps it ran",
+        "exact",
+    )
+    run_ms: float = column(
+        "wall time inside the runtime: its run, and its binding of the step's inputs (where it copies "
+        "host inputs to the device); for steps read back together, their burst's runs divided by its steps",
+        "exact",
+    )
+    overhead_ms: float = column("wall_ms - run_ms: Python's own time in the step", "exact")
+    cache_tensors_allocated: int = column(
+        "KV tensors created this step: by the runtime (dynamic presents) or by kvlab's "
+        "one-time lazy allocation (static); 0 means every present was written in place",
+        "exact",
+    )
+    cache_bytes_allocated: int = column(
+        "bytes of those tensors as requested (the WebGPU pool rounds up to its buckets)", "exact"
+    )
+    new_buffers: int = column(
+        "of those, buffers whose identity (data_ptr) this cache had never seen: identity-based; a "
+        "destroyed buffer's handle can be reused, so this is a lower bound on fresh buffers",
+        "proxy",
+    )
+    live_cache_bytes: int = column("bytes of KV tensors alive after the step (as requested)", "exact")
+    used_cache_bytes: int = column("bytes the tokens held need: cache length x bytes per token", "exact")
+    copy_bytes: int = column("bytes copied between devices in this step (handoff only)", "exact")
+    rss_bytes: int = column(
+        "process resident memory after the step (on SwiftShader, GPU memory is host memory too); "
+        "includes everything else the process holds",
+        "proxy",
+    )
+    turn: int = column("the conversation turn the step belongs to (1, 2, ...); 0 outside a conversation", "exact", 0)
+    reused: int = column(
+        "on a conversation turn's first step: cache positions kept from before the turn and not fed again; 0 on "
+        "every other step",
+        "exact",
+        0,
+    )
+    prefilled: int = column(
+        "positions a prefill step fed (its n_tokens); 0 on decode, verify and handoff steps", "exact", 0
+    )
+    drafted: int = column("tokens prompt lookup proposed and this step verified (0 without lookup)", "exact", 0)
+    accepted: int = column(
+        "of those, the tokens the model's own greedy choice confirmed, kept in the cache; the step also yields the "
+        "model's next token after them (unless its token is -1)",
+        "exact",
+        0,
+    )
+    read_with: int = column(
+        "decode steps whose greedy tokens stayed on the device and were read back to the host together, this one "
+        "among them (Stepper.decode); 0 for a step read back on its own",
+        "exact",
+        0,
+    )
 
 
-assert [f.name for f in fields(StepRecord)] == list(COLUMNS), "COLUMNS must document every StepRecord field"
+# column -> (meaning, "exact" | "proxy" | "label")
+COLUMNS: dict[str, tuple[str, str]] = {f.name: (f.metadata["meaning"], f.metadata["kind"]) for f in fields(StepRecord)}
 
 StepHook = Callable[[StepRecord], None]
 

@@ -1,26 +1,11 @@
 """The slot protocol: what a cache does with one entry of the model's layout (one past input / present output pair,
-``kvlab.core.layout.CacheEntry``), step by step.
+``kvlab.core.cache_layout.CacheEntry``), step by step.
 
-A cache is a list of slots, one per entry, and the lifecycle they share (``kvlab.core.cache.Cache``); a cache kind
-is the choice of a slot per entry. A new behaviour per layer (a rewind, a ring buffer, quantized KV, KV shared with
-another layer) is a new kind of slot, not a branch in every cache. The cache calls its slots in this order (the
-ONNX Runtime backend's slots: ``kvlab.ort.decode.slots``):
-
-- ``allocate()``, at the cache's first use: every buffer the slot owns (the cache releases the slots allocated
-  before one that fails: all or nothing);
-- per step: ``binding_key(length)`` (equal keys: the binding made for the last one runs again; a slot whose
-  outputs the runtime allocates anew every run says ``fresh_bindings`` instead, and its cache binds afresh),
-  ``bind(binding, length)``: bind the past input and the present output of a step that starts at ``length``, and
-  return the outputs bound in place with the buffer identity each must come back in; after the run,
-  ``check(result, length)``: what is wrong with what the runtime returned ("" when nothing; no side effects), and
-  ``commit(result)``: take the step's outputs, returning the tensors the runtime made for it; then ``settle()``
-  (release what the commit replaced) or ``rollback()`` (undo the commit);
-- ``crop(length, n)``: the rewind from ``length`` to the first ``n`` positions, made ready (whatever can fail, a
-  fresh tensor or a named refusal, fails here) as a ``Crop`` the cache applies to every slot at once;
-- ``receive(src)``: copy the same entry from a slot on another device (a handoff); ``reset()`` forgets the
-  sequence and keeps the buffers; ``release()`` frees every buffer.
-
-A cache's slots together, and what is done to all of them at once, are ``kvlab.core.steps``.
+A cache (``kvlab.core.cache.Cache``) is a list of slots, one per entry; a cache kind is the choice of a slot per
+entry. A new behaviour per layer (a rewind, a ring buffer, quantized KV) is a new kind of slot, not a branch in
+every cache. The cache calls its slots in this order: ``allocate`` at its first use; per step ``binding_key``,
+``bind``, then after the run ``check`` and ``commit``, then ``settle`` or ``rollback``; outside a step ``crop``,
+``receive``, ``reset`` and ``release``. The slots on ONNX Runtime: ``kvlab.ort.decode.caches``.
 """
 
 from __future__ import annotations
@@ -29,8 +14,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache_layout import CacheEntry
 from .errors import CacheStateError
-from .layout import CacheEntry
 
 
 def _nothing() -> None:
@@ -39,7 +24,7 @@ def _nothing() -> None:
 
 @dataclass
 class Crop:
-    """A slot's rewind, made ready: ``apply()`` makes it (it cannot fail); ``made``: the fresh tensors it installs,
+    """A slot's rewind, made ready: ``apply()`` makes it and cannot fail; ``made``: the fresh tensors it installs,
     released by the cache when another slot's crop fails."""
 
     apply: Callable[[], None] = _nothing
@@ -47,10 +32,10 @@ class Crop:
 
 
 class Slot:
-    """One entry of a cache (see the module docstring). ``steps`` False: the slot's binding, commit, settle and
-    rollback never change anything (a fixed buffer written in place), so the cache skips them every step.
-    ``undoable`` False: a run that fails after it started leaves the slot changed (a state rewritten in place).
-    ``fresh_bindings`` True: the runtime allocates the slot's output anew every run, so no binding runs twice."""
+    """One entry of a cache. ``steps`` False: binding, commit, settle and rollback never change anything (a fixed
+    buffer written in place), so the cache skips the slot every step. ``undoable`` False: a run that fails after
+    it started leaves the slot changed (a state rewritten in place). ``fresh_bindings`` True: the runtime allocates
+    the slot's output anew every run, so no binding runs twice. The defaults below do nothing."""
 
     steps = True
     undoable = True
@@ -61,7 +46,7 @@ class Slot:
 
     @property
     def tensors(self) -> tuple[Any, ...]:
-        """The tensors holding the entry now."""
+        """The tensors holding the entry now (empty before ``allocate`` and after ``release``)."""
         raise NotImplementedError
 
     def bytes(self, length: int) -> tuple[int, int]:
@@ -70,50 +55,60 @@ class Slot:
         raise NotImplementedError
 
     def allocate(self) -> list[Any]:
-        """Allocate what the slot owns for good; returns the tensors made."""
+        """Allocate what the slot owns for good; returns the tensors made (the cache releases them when a later
+        slot's allocation fails)."""
         return []
 
     def binding_key(self, length: int) -> Hashable:
+        """What the slot's binding depends on at a step from ``length``: equal keys run the last binding again."""
         return ()
 
     def bind(self, binding: Any, length: int) -> Mapping[str, int]:
+        """Bind the past input and the present output of a step that starts at ``length``; returns the outputs
+        bound in place, each with the buffer identity it must come back in."""
         raise NotImplementedError
 
     def check(self, result: Any, length: int) -> str:
+        """What is wrong with what the run returned for this entry at the new ``length`` ("" when nothing). No
+        side effects."""
         return ""
 
     def commit(self, result: Any) -> list[Any]:
+        """Take the step's output (it cannot fail); returns the tensors the runtime made for the entry."""
         return []
 
     def settle(self) -> None:
-        pass
+        """The committed step is final: release what the commit replaced."""
 
     def rollback(self) -> None:
-        pass
+        """Undo the last commit: the entry as before that step (where ``undoable``)."""
 
     def crop(self, length: int, n: int) -> Crop:
-        raise NotImplementedError
+        """The rewind from ``length`` to the first ``n`` positions, made ready: whatever can fail (a fresh tensor,
+        a CacheStateError naming why) fails here, and nothing changes until the cache applies it. By default: a
+        state refuses unless ``n`` is 0, where it starts over (``reset``); a buffer that holds positions in place
+        keeps them (``reset`` does nothing to it: later steps write the rest again)."""
+        if not self.can_crop(length, n):
+            e = self.entry
+            raise CacheStateError(
+                f"cannot crop to {n} of {length} positions: layer {e.layer}'s {e.role} state ({e.past!r}) sums up "
+                "every position it has seen and cannot be rewound; that needs a snapshot of the state at position "
+                f"{n} (crop(0) or reset() starts over)"
+            )
+        return Crop(self.reset)
 
     def can_crop(self, length: int, n: int) -> bool:
-        """Whether ``crop(length, n)`` would succeed (a slot of per-position contents rewinds; a state does not)."""
-        return True
+        """Whether ``crop(length, n)`` would succeed: a slot of per-position contents rewinds, a state only starts
+        over (``n`` 0). No side effects."""
+        return self.entry.grows or not n
 
     def receive(self, src: Slot) -> tuple[list[Any], int]:
         """Copy ``src``'s contents (the same entry, on another device); returns the tensors made and the bytes
-        copied."""
+        copied. On failure the cache forgets the sequence (what was copied is never read)."""
         raise NotImplementedError
 
     def reset(self) -> None:
-        pass
+        """Forget the sequence; the buffers stay."""
 
     def release(self) -> None:
-        pass
-
-    def refuse_crop(self, length: int, n: int) -> CacheStateError:
-        """The named refusal of a slot whose contents sum up every position (a state): no rewind without a snapshot."""
-        e = self.entry
-        return CacheStateError(
-            f"cannot crop to {n} of {length} positions: layer {e.layer}'s {e.role} state ({e.past!r}) sums up every "
-            "position it has seen and cannot be rewound; that needs a snapshot of the state at position "
-            f"{n} (crop(0) or reset() starts over)"
-        )
+        """Free every buffer (idempotent); ``allocate`` may follow."""

@@ -10,7 +10,7 @@ from typing import Any
 from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.generation import positions_needed
 from ..core.records import StepRecord
-from ..ort.decode.cache_kinds import CACHE_KINDS
+from ..ort.decode.caches.kinds import CACHE_KINDS
 
 # the CSS class of each setting widget, in the order of ``Controls.inputs``: "kvlab-" + this
 CSS_CLASSES = ("model", "cache-type", "max-cache-len", "prompt-tokens", "new-tokens", "device", "buffer-cache-mode")

@@ -2,7 +2,7 @@
 at a length under a KV precision and a sliding-window policy, how many tokens fit a budget, and the figures and the
 widget that show them (notebooks 07 and 10).
 
-Every number here is arithmetic on a ``kvlab.core.layout.CacheLayout`` (the layout kvlab reads from a model's
+Every figure here is arithmetic on a ``kvlab.core.cache_layout.CacheLayout`` (the layout kvlab reads from a model's
 graph: its ``report`` is the exact count a cache allocates on ONNX Runtime) or on a config; nothing here runs a
 model. The quantized formats' bytes per value are those of transformers' QuantizedCache as
 ``kvlab.pytorch.quantized`` runs it (groups of 64 values, each with a float32 scale and zero point; fp8 one scale
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.cache_layout import CacheLayout, SlidingWindow
 from ..core.errors import ConfigError, check_choice, check_int
-from ..core.layout import CacheLayout, SlidingWindow
 from .style import finish, go, title, unit
 
 GiB = 2**30

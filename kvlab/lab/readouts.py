@@ -65,7 +65,7 @@ class Readouts:
         self.status.value = (
             f"<span style='color:#2ca02c'>run #{number} done</span> (after an untimed warm-up "
             f"the first time these settings ran): {len(g.token_ids)} tokens, "
-            f"median decode step {g.decode_ms():.1f} ms on {html.escape(str(g.device))}; cache disposed "
+            f"median decode step {g.decode_ms():.1f} ms on {html.escape(str(g.label.device))}; cache disposed "
             f"({dev.live_tensors - before} tensors left on {dev.name})."
         )
 

@@ -26,7 +26,7 @@ from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.errors import CapacityError, ConfigError, DeviceError, KvlabError, check_choice
 from ..core.generation import Generation, positions_needed
 from ..ort import Device, Model, close_device, generate, load, make_cache, open_device, opened
-from ..ort.decode.cache_kinds import CACHE_KINDS
+from ..ort.decode.caches.kinds import CACHE_KINDS
 from ..presets import BUILTIN_NAMES
 from .controls import Controls, Settings
 from .liveplot import LivePlot

@@ -3,13 +3,14 @@ caches (the static one also with its decode step captured as a WebGPU graph), th
 rooms, each importing only the ones before it: ``models`` <- ``runtime`` <- ``decode`` <- ``checks``. This facade
 names the public API; no room imports it."""
 
-from .decode.cache_kinds import make_cache
-from .decode.caches import DynamicCache, StaticCache
-from .decode.capture import CapturedStaticCache
+from .decode.caches.captured import CapturedStaticCache
+from .decode.caches.dynamic import DynamicCache
+from .decode.caches.kinds import make_cache
+from .decode.caches.ring import RingStaticCache
+from .decode.caches.static import StaticCache
 from .decode.conversation import Conversation
 from .decode.generate import generate
 from .decode.stepper import Stepper
-from .decode.window import RingStaticCache
 from .models.info import ModelInfo
 from .models.model import Model, load
 from .runtime.device import Device, close_device, open_device, opened

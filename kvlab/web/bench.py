@@ -53,7 +53,7 @@ def row_of(
     counts per decode step, whether every round's tokens equal ``reference``, and the first round's tokens and
     per-step values."""
     g = runs[0]
-    spec = g.cache
+    spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
     return {
         **_where(model, context, result, buffer_cache_mode),

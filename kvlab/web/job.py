@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.cache_layout import check_max_cache_len
 from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
-from ..core.layout import check_max_cache_len
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
 

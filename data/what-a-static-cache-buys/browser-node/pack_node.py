@@ -1,5 +1,5 @@
-"""``python data/what-a-static-cache-buys/browser-node/pack_node.py OUT.tar.xz [NODE]``: the browser runner's Node host in one archive, for a
-recording machine without npm or Node: the ``node`` executable found here (or NODE) and the npm files a Dawn-in-Node
+"""``python data/what-a-static-cache-buys/browser-node/pack_node.py OUT.tar.xz [NODE]``: the browser runner's Node
+host in one archive, for a recording machine without npm or Node: the ``node`` executable found here (or NODE) and the npm files a Dawn-in-Node
 run needs on Linux x86-64 (onnxruntime-web's WebGPU bundle and wasm, Dawn's Node binding), xz-compressed, in a
 node_modules layout. Prints each member's size (and the archive's, compressed).
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...core.errors import check_choice
 from ...core.labels import DeviceLabel
-from ..decode.caches import DynamicCache
+from ..decode.caches.dynamic import DynamicCache
 from ..decode.stepper import Stepper
 from ..models.model import Model, load
 from ..runtime.device import open_device

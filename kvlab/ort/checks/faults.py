@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...core.errors import check_choice, check_int
-from ..decode.caches import DynamicCache, StaticCache
+from ..decode.caches.dynamic import DynamicCache
+from ..decode.caches.static import StaticCache
 from ..runtime.builtin import HELPER_LABEL
 from ..runtime.device import Device, backend
 from ..runtime.session import Binding, DeviceTensor, RunResult

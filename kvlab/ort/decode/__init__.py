@@ -1,3 +1,8 @@
-"""The decode room: one step and the loop around it. The slots (``slots``) a cache is made of, the caches
-(``caches``, ``capture``), the greedy token kept on the device (``greedy``), one step (``stepper``) and the
-generation loop (``generate``). Imports the runtime and models rooms."""
+"""The decode room: the caches (``caches/``: one file per cache kind, the static one first) and the machinery that
+steps them: one step (``stepper``), greedy steps read back in bursts (``burst``), the greedy token kept on the device
+(``greedy``), the generation loop (``generate``) and a chat that keeps its cache between turns, with prompt lookup
+(``conversation``).
+
+Imports: ``kvlab.core`` and the rooms below it in ``kvlab.ort`` (``runtime``, ``models``); never ``checks`` or the
+``kvlab.ort`` facade.
+"""

@@ -1,11 +1,16 @@
 """``Conversation``: a chat that keeps its cache between turns on ONNX Runtime. Each turn opens a ``Stepper`` that
 keeps the sequence the cache holds (``keep=True``) and prefills only the positions it lacks; the history, the plan
 of a turn and its capacity check are backend-neutral (``kvlab.core.conversation``).
+
+Prompt lookup (``lookup_steps``; the drafts and their verification: ``kvlab.core.lookup``): each decode step of a
+greedy turn feeds the last token and the drafts found in the conversation in one multi-token step, then crops the
+cache to the positions the model confirmed. Meant for a StaticCache, whose crop only moves its length; a
+DynamicCache crops by copying its kept positions (correct, and slower).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -14,13 +19,22 @@ from ...core.conversation import History, Turn, TurnPlan, chat_delta, plan_turn
 from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag, check_int
 from ...core.generation import attach_partial, check_new_tokens, check_sampling, stop_reason
 from ...core.labels import RunLabel
-from ...core.lookup import PromptLookup
+from ...core.lookup import PromptLookup, propose, verify
 from ...core.records import StepHook, StepRecord, hook_list
 from ..models.model import Model, load
 from ..runtime.device import Device, open_device
-from .caches import DynamicCache, OrtCache
-from .lookup import NO_CROP, NOT_EXACT, lookup_steps
+from .caches.dynamic import DynamicCache
+from .caches.ort_cache import OrtCache
 from .stepper import Stepper
+
+NOT_EXACT = (
+    "this package's multi-token steps are wrong on this device (onnxruntime-webgpu 1.27 on a software adapter: "
+    "kvlab.ort.runtime.builtin), so drafts cannot be verified in one step: the turn ran one token a step"
+)
+NO_CROP = (
+    "the model's layers keep states (conv, recurrent), which cannot be cropped back after rejected drafts: the turn "
+    "ran one token a step"
+)
 
 
 class Conversation:
@@ -86,6 +100,7 @@ class Conversation:
 
     @property
     def turns(self) -> list[Turn]:
+        """The turns so far, in order."""
         return list(self.history.turns)
 
     @property
@@ -134,10 +149,10 @@ class Conversation:
             prefill_chunk = check_new_tokens(prefill_chunk, "prefill_chunk")
         else:
             prefill_chunk = default_prefill_chunk(self.device)
-        new_ids, user = _input(self, message)
+        new_ids, user = self._input(message)
         plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
         text = message if isinstance(message, str) else None
-        turn = _run(self, plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
+        turn = self._steps(plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
         self.history.add(turn, user)
         return turn
 
@@ -165,24 +180,109 @@ class Conversation:
         if self._closed:
             raise CacheStateError("this conversation was closed; start a new kvlab.Conversation")
 
+    def _input(self, message: Any) -> tuple[list[int], str]:
+        """The turn's token ids, and its user message's text; ConfigError (ModelError: no chat template) for a
+        message that cannot be fed."""
+        m = self.model
+        if isinstance(message, str):
+            if m.chat_template is None:
+                raise ModelError(f"model {m.name} has no chat template; say the turn as token ids (model.encode(text))")
+            last = self.history.ids[-1:] if self.history.turns else []
+            closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
+            text = chat_delta(m.apply_chat_template, self.history.messages, message, closed)
+            try:
+                return m.tokenizer.encode(text, add_special_tokens=False).ids, message
+            except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
+                raise ConfigError(
+                    f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text"
+                ) from exc
+        if isinstance(message, (list, tuple, np.ndarray)) and len(message):
+            ids = m.check_ids(message).tolist()
+            return ids, m.decode(ids)
+        raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
 
-def _input(conv: Conversation, message: Any) -> tuple[list[int], str]:
-    """The turn's token ids, and its user message's text."""
-    m = conv.model
-    if isinstance(message, str):
-        if m.chat_template is None:
-            raise ModelError(f"model {m.name} has no chat template; say the turn as token ids (model.encode(text))")
-        last = conv.history.ids[-1:] if conv.history.turns else []
-        closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
-        text = chat_delta(m.apply_chat_template, conv.history.messages, message, closed)
+    def _steps(
+        self,
+        plan: TurnPlan,
+        new_ids: list[int],
+        message: str | None,
+        new_tokens: int,
+        choose: Any,
+        eos: bool,
+        lookup: PromptLookup | None,
+        chunk: int | None,
+    ) -> Turn:
+        """The turn's steps on a stepper that keeps the cache's sequence; on any failure the cache goes back
+        (``_restore``) and the error carries the tokens made (``exc.partial``)."""
+        records: list[StepRecord] = []
+        tokens: list[int] = []
+        prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
+        why = ""
+        if lookup is not None and self.model.info.layout.states:
+            why = NO_CROP
+        elif lookup is not None and default_prefill_chunk(self.device):
+            why = NOT_EXACT
+
+        def stop() -> str | None:
+            return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)
+
+        def turn(reason: str) -> Turn:
+            m = self.model
+            return Turn(
+                RunLabel(m.name, m.info.dtype_name, self.device.label, self.cache.spec),
+                prompt,
+                list(tokens),
+                m.decode(tokens),
+                reason,
+                list(records),
+                index=index,
+                start=len(self.history.ids),
+                message=message,
+                reused=plan.reused,
+                prefilled=len(plan.feed),
+                drafted=sum(r.drafted for r in records),
+                accepted=sum(r.accepted for r in records),
+                lookup=why,
+            )
+
+        stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
         try:
-            return m.tokenizer.encode(text, add_special_tokens=False).ids, message
-        except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
-            raise ConfigError(f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text") from exc
-    if isinstance(message, (list, tuple, np.ndarray)) and len(message):
-        ids = m.check_ids(message).tolist()
-        return ids, m.decode(ids)
-    raise ConfigError(f"message must be text or a non-empty list of token ids, got {message!r:.60}")
+            with stepper:
+                try:
+                    if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
+                        self.cache.crop(0)
+                    for i in range(0, len(plan.feed), chunk or len(plan.feed)):
+                        part, reused = plan.feed[i : i + (chunk or len(plan.feed))], 0 if i else plan.reused
+                        _, rec = stepper.step(part, choose, "none", phase="prefill", turn=index, reused=reused)
+                    tokens.append(rec.token)
+                    if lookup is not None and not why:
+                        lookup_steps(stepper, prompt, tokens, new_tokens, stop, lookup, {"turn": index})
+                    while not stop():
+                        _, rec = stepper.step(np.array(tokens[-1:], np.int64), choose, "none", turn=index)
+                        tokens.append(rec.token)
+                except BaseException:
+                    self._restore(plan.reused)
+                    raise
+        except BaseException as exc:
+            if tokens:
+                attach_partial(exc, turn("error"))
+            raise
+        finally:
+            self._epoch = self.cache.epoch
+        return turn(stop() or "")
+
+    def _restore(self, held: int) -> None:
+        """The cache back at ``held`` positions after a failed turn; a state cache whose states a failed step may
+        have overwritten, or one a crop fails on, empties."""
+        cache, states = self.cache, self.model.info.layout.states
+        undone = all(s.undoable for s in cache.slots) or not states
+        if cache.seq_length == held and not cache.lost and undone:
+            return
+        try:
+            cache.crop(0 if states else held)
+        except Exception:  # noqa: BLE001 - the turn's own error propagates; an empty cache is always reachable
+            cache.settle()  # a step stopped between its commit and its settle is final: now it can be cropped
+            cache.crop(0)
 
 
 def default_prefill_chunk(device: Device) -> int | None:
@@ -191,101 +291,37 @@ def default_prefill_chunk(device: Device) -> int | None:
     return None if device.backend.multi_token_exact(device.name, device.adapter.kind) else 1
 
 
-def _run(
-    self,
-    plan: TurnPlan,
-    new_ids: list[int],
-    message: str | None,
-    new_tokens: int,
-    choose: Any,
-    eos: bool,
-    lookup: Any,
-    chunk: int | None,
-) -> Turn:
-    """The turn's steps on a stepper that keeps the cache's sequence; on any failure, the cache goes back."""
-    records: list[StepRecord] = []
-    tokens: list[int] = []
-    prompt, index = [*self.history.ids, *new_ids], len(self.history.turns) + 1
-    why = ""
-    if lookup is not None and self.model.info.layout.states:
-        why = NO_CROP
-    elif lookup is not None and default_prefill_chunk(self.device):
-        why = NOT_EXACT
-
-    def stop() -> str | None:
-        return stop_reason(tokens, new_tokens, eos, self.model.info.eos_token_ids)
-
-    def turn(reason: str) -> Turn:
-        return _turn(self, plan, prompt, tokens, records, reason, index, message, why)
-
-    stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
-    try:
-        with stepper:
-            try:
-                if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
-                    self.cache.crop(0)
-                for i in range(0, len(plan.feed), chunk or len(plan.feed)):
-                    part, reused = plan.feed[i : i + (chunk or len(plan.feed))], 0 if i else plan.reused
-                    _, rec = stepper.step(part, choose, "none", phase="prefill", turn=index, reused=reused)
-                tokens.append(rec.token)
-                if lookup is not None and not why:
-                    lookup_steps(stepper, prompt, tokens, new_tokens, stop, lookup, {"turn": index})
-                while not stop():
-                    _, rec = stepper.step(np.array(tokens[-1:], np.int64), choose, "none", turn=index)
-                    tokens.append(rec.token)
-            except BaseException:
-                _restore(self, plan.reused)
-                raise
-    except BaseException as exc:
-        if tokens:
-            attach_partial(exc, turn("error"))
-        raise
-    finally:
-        self._epoch = self.cache.epoch
-    return turn(stop() or "")
-
-
-def _restore(self: Conversation, held: int) -> None:
-    """The cache back at ``held`` positions after a failed turn; a state cache whose states a failed step may have
-    overwritten, or one a crop fails on, empties."""
-    cache, states = self.cache, self.model.info.layout.states
-    undone = all(s.undoable for s in cache.slots) or not states
-    if cache.seq_length == held and not cache.lost and undone:
-        return
-    try:
-        cache.crop(0 if states else held)
-    except Exception:  # noqa: BLE001 - the turn's own error propagates; an empty cache is always reachable
-        cache.settle()  # a step stopped between its commit and its settle is final: now it can be cropped
-        cache.crop(0)
-
-
-def _turn(
-    self,
-    plan: TurnPlan,
+def lookup_steps(
+    stepper: Stepper,
     prompt: list[int],
     tokens: list[int],
-    records: list[StepRecord],
-    reason: str,
-    index: int,
-    message: str | None,
-    why: str,
-) -> Turn:
-    m, c = self.model, self.cache
-    label = RunLabel(m.name, m.info.dtype_name, self.device.label, c.spec)
-    drafted, accepted = sum(r.drafted for r in records), sum(r.accepted for r in records)
-    return Turn(
-        label,
-        prompt,
-        list(tokens),
-        m.decode(tokens),
-        reason,
-        list(records),
-        index=index,
-        start=len(self.history.ids),
-        message=message,
-        reused=plan.reused,
-        prefilled=len(plan.feed),
-        drafted=drafted,
-        accepted=accepted,
-        lookup=why,
-    )
+    new_tokens: int,
+    stop: Callable[[], Any],
+    lookup: PromptLookup,
+    columns: dict[str, Any],
+) -> None:
+    """Greedy decode steps after a prefill of ``prompt`` (its token: ``tokens[0]``) until ``stop()`` names a
+    reason: each proposes up to ``lookup.k`` drafts (never past ``new_tokens``), verifies them in one step
+    (phase "verify"; a step without drafts is a plain decode step), appends the accepted drafts and the model's next
+    token to ``tokens``, and crops the cache to the positions those need. A verify step whose next token is within
+    the lookup's margin (token -1: ``kvlab.core.lookup.verify``) leaves that position to the next step, fed alone."""
+    cache, eos = stepper.cache, stepper.model.info.eos_token_ids
+    margin, alone = lookup.margin_for(stepper.model.info.logits_dtype), False
+    while not stop():
+        room = new_tokens - len(tokens) - 1  # the step yields its accepted drafts and one token more
+        drafts = [] if alone else propose([*prompt, *tokens], min(lookup.k, room), lookup.ngram, eos)
+        if not drafts:
+            _, rec = stepper.step(np.array(tokens[-1:], np.int64), None, "none", **columns)
+            tokens.append(rec.token)
+            alone = False
+            continue
+
+        def pick(logits: np.ndarray, drafts: list[int] = drafts) -> tuple[int, dict[str, int]]:
+            accepted, token = verify(logits, drafts, margin)
+            return token, {"accepted": accepted}
+
+        fed = np.array([tokens[-1], *drafts], np.int64)
+        _, rec = stepper.step(fed, None, "none", pick=pick, phase="verify", drafted=len(drafts), **columns)
+        alone = rec.token < 0  # a near-tie: the next step decides that position with one token
+        tokens += [*drafts[: rec.accepted], *([] if alone else [rec.token])]
+        cache.crop(len(prompt) + len(tokens) - 1)  # the last token is fed by the next step

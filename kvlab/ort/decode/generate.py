@@ -24,7 +24,8 @@ from ...core.labels import RunLabel
 from ...core.records import StepHook, StepRecord, hook_list
 from ..models.model import Model, load
 from ..runtime.device import Device, open_device
-from .caches import DynamicCache, OrtCache
+from .caches.dynamic import DynamicCache
+from .caches.ort_cache import OrtCache
 from .greedy import AUTO, reduction_for, reduction_of, tokens_per_read_for
 from .stepper import Stepper
 
@@ -122,6 +123,7 @@ class _Run:
         return frozenset(self.model.info.eos_token_ids) if self.stop_on_eos else frozenset()
 
     def generation(self, stop: str) -> Generation:
+        """The ``Generation`` so far, labelled, stopped for ``stop``."""
         m, pre, r = self.model, self.pre.device.label if self.pre else None, self.reduction
         label = RunLabel(
             m.name, m.info.dtype_name, self.device.label, self.cache.spec, pre, bool(r), r, self.tokens_per_read

@@ -2,13 +2,13 @@
 
 A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
 that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
-(``data/gpu/phases/``). Here the model's graph also outputs the greedy token (an ArgMax over the last position's
-logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token never travels
-to the device. The host reads the tokens back when it needs them, after every step or after a burst of steps
-(``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next step
-while the GPU still runs the last one. The graph with that output is written beside the model's (``greedy_graph``;
-the weights are the model's own file, not copied). ``auto_reduction`` says where it pays, from what was measured
-(``AUTO_MAX_VOCAB``): ``generate`` uses it by default, read back every ``TOKENS_PER_READ`` steps.
+(data/inside-a-decode-step/). Here the model's graph also outputs the greedy token (an ArgMax over the last
+position's logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token
+never travels to the device. The host reads the tokens back when it needs them, after every step or after a burst
+of steps (``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next
+step while the GPU still runs the last one. The graph with that output is written beside the model's (``greedy_graph``;
+the weights are the model's own file, not copied). ``auto_reduction`` says where it pays (``AUTO_MAX_VOCAB``):
+``generate`` uses it by default, read back every ``TOKENS_PER_READ`` steps.
 """
 
 from __future__ import annotations
@@ -29,22 +29,19 @@ NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
 SUFFIXES = {r: f".kvlab-next-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
 AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
-# The largest vocabulary at which one ArgMax ("single") was measured fastest: x0.91-0.96 of onnxruntime-genai's step
-# at 1,024 on an NVIDIA H200's WebGPU, where "rows" gave x1.01-1.03 and the host path x1.02-1.04. At 49,152 "rows"
-# was the one faster than genai's step (x0.992-0.998; the host path x1.02-1.05, "blocks" x1.04-1.06, "single"
-# x1.24-1.28): data/gpu/argmax/, data/gpu/argmax/rows/.
+# "auto" on a hardware WebGPU adapter: one ArgMax ("single") up to this vocabulary, the "rows" reduction above it,
+# whichever was the faster step (data/token-on-the-device/)
 AUTO_MAX_VOCAB = 1024
-# How many greedy steps "auto" runs before reading their tokens back (``Stepper.decode``): on an NVIDIA H100's
-# WebGPU (phi4-kv int4, 1,024-2,048 tokens) reading back every 4 steps made a token x0.74 of onnxruntime-genai's
-# step, every 16 x0.64-0.75, against x0.93-1.02 read back every step (docs/benchmarks.md). A notebook streams the
-# tokens in bursts of this many (tens of milliseconds).
+# greedy steps "auto" runs before reading their tokens back (``Stepper.decode``): reading back every few steps lets
+# the host prepare the next steps while the GPU runs (data/token-on-the-device/); a notebook streams the tokens in
+# bursts of this many
 TOKENS_PER_READ = 8
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
-    """What ``token_on_device="auto"`` runs, where it was measured to pay (data/token-on-the-device/): on the CPU EP
-    and on a hardware WebGPU adapter for a vocabulary of at most ``AUTO_MAX_VOCAB``, "single" (one ArgMax); on a
-    hardware adapter above it, "rows"; "" (the host path) on a software WebGPU adapter, where it was not."""
+    """What ``token_on_device="auto"`` runs (``AUTO_MAX_VOCAB``; data/token-on-the-device/): "single" (one ArgMax)
+    on the CPU EP and on a hardware WebGPU adapter for a vocabulary of at most ``AUTO_MAX_VOCAB``, "rows" on a
+    hardware adapter above it, "" (the token chosen on the host) on a software WebGPU adapter."""
     if device_name == "cpu":
         return "single"
     if device_name != "webgpu" or adapter_kind != "hardware":
@@ -358,6 +355,7 @@ class DeviceToken:
         return self.tensors[(self.current + ahead) % len(self.tensors)]
 
     def bind_outputs(self, binding: Any, ahead: int = 1) -> None:
+        """Bind the step's token output to the tensor ``ahead`` places along the ring."""
         binding.output(NEXT, self.target(ahead))
 
     def read(self, steps: int = 1) -> list[int]:
@@ -373,5 +371,6 @@ class DeviceToken:
         self.token = None
 
     def release(self) -> None:
+        """Release the ring's tensors."""
         release_all(self.tensors)
         self.tensors, self.token = [], None

@@ -19,71 +19,38 @@ from typing import Any
 
 import numpy as np
 
-from ...core.cache import Cache
 from ...core.errors import ConfigError, check_choice, check_flag, check_int
 from ...core.generation import greedy
 from ...core.guards import OneBlock, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
 from ..models.model import Model, load
 from ..runtime.device import Device, open_device
-from ..runtime.session import Binding, RunResult, Session
+from ..runtime.session import Binding, RunResult
 from .burst import decode
-from .caches import OrtCache
+from .caches.ort_cache import OrtCache
 from .greedy import DeviceToken, ids_dtype, non_finite, not_a_token, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
 
 
-def run_one(
-    stepper: Any, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0
-) -> tuple[RunResult, CacheStep]:
-    """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0, the
-    tensor that many places along the device token's ring), run it, commit the cache. Raises what the binding, the
-    run and the commit raise; the cache has not advanced then, and what the run made is released."""
-    info = stepper.model.info
-    b: Binding = stepper.cache.binding(stepper.session, n)
-    b.input(info.input_names["input_ids"], ids)
-    b.input(info.input_names["attention_mask"], stepper._mask[:, : position + n])
-    if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
-        b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
-    if ahead:
-        stepper._device_token.bind_outputs(b, ahead)
-    else:
-        b.output(info.logits_name, logits)
-    try:
-        result = b.run()
-        memory = stepper.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
-    finally:
-        b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
-    return result, memory
-
-
-def report(stepper: Any, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
-    """The step's record, handed to every hook of the stepper (in order; one that raises fails the step)."""
-    mine = {"step": stepper.steps, "device": stepper.device.name, "used_cache_bytes": stepper.cache.used_bytes}
-    record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
-    for hook in stepper.hooks:
-        hook(record)
-    return record
-
-
 class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its ``with`` block
-    (``with Stepper(model, cache, device, needed) as s:``), for at most ``needed`` positions, from an empty sequence
-    (``keep=True``: from the one the cache holds, counted in ``needed``; a conversation's next turn).
+    (``with Stepper(model, cache, device, positions) as s:``), for at most ``positions`` positions, from an empty
+    sequence (``keep=True``: from the one the cache holds, counted in ``positions``; a conversation's next turn).
 
     ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
     logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
     feed it to the next step from the device; ``decode`` runs such steps in bursts of up to ``tokens_per_read``,
     their tokens read back together (``kvlab.ort.decode.burst``). ``hooks`` get every step's record. Raises
-    ConfigError for a bad argument, and what the cache's ``use`` raises (CapacityError, CacheStateError)."""
+    ConfigError for a bad argument, what opening the cache's session raises, and, on entering the block, what the
+    cache's ``use`` raises (CapacityError, CacheStateError)."""
 
     def __init__(
         self,
         model: Model | str,
-        cache: Cache,
+        cache: OrtCache,
         device: Device | str,
-        needed: int,
+        positions: int,
         hooks: Sequence[StepHook] = (),
         token_on_device: bool | str = False,
         keep: bool = False,
@@ -95,21 +62,18 @@ class Stepper:
         reduction = reduction_of(token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         self.token_on_device, self.greedy_reduction = bool(reduction), reduction
-        self._device_token: DeviceToken | None = None  # while open, with token_on_device
-        self._ids_dtype = ids_dtype(reduction)  # the session's input ids: int64, or int32 (the "rows" graph)
-        self.session = step_session(model, cache, device, reduction)
-        self.positions = check_int(needed, "needed", 1, note=" (the positions this stepper may fill)")
+        self.session = cache.session(device, model, reduction)
+        self.positions = check_int(positions, "positions", 1, note=" (the positions this stepper may fill)")
         self.tokens_per_read = check_int(
             tokens_per_read, "tokens_per_read", 1, note=" (decode steps read back together)"
         )
+        self.steps = 0
+        self._device_token: DeviceToken | None = None  # while open, with token_on_device
+        self._ids_dtype = ids_dtype(reduction)  # the session's input ids: int64, or int32 (the "rows" graph)
         self._mask = np.ones((1, 0), np.int64)  # made when the block opens, once the positions are known to fit
         self._decode_logits = np.empty((1, 1, model.info.vocab_size), model.info.logits_dtype)
         self._cache_held: Any = None  # the cache's use, while open
         self._block = OneBlock("Stepper", "`with Stepper(...) as s:`")  # entered once, one step at a time
-        self.steps = 0
-
-    needed = property(lambda self: self.positions, doc="``positions``, by the name of the argument.")
-    _run, _record = run_one, report  # one forward pass and its record, shared with a burst's steps
 
     def __enter__(self) -> Stepper:
         with self._block.opening():
@@ -189,12 +153,6 @@ class Stepper:
                 self._device_token.forget()
             return out, record
 
-    def _input_ids(self, tokens: np.ndarray, on_device: bool) -> Any:
-        """The step's input ids: the device tensor the last step wrote where it holds ``tokens`` (``on_device``),
-        else ``tokens`` [1, n] in the session's id type."""
-        held = self._device_token.holding(tokens) if on_device else None
-        return held if held is not None else tokens.reshape(1, -1).astype(self._ids_dtype, copy=False)
-
     def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
         """Up to ``n`` greedy decode steps after ``token``, the token kept on the device and read back in bursts of
         up to ``tokens_per_read`` steps; stops after the first token of ``until``. Returns the kept steps' records
@@ -202,36 +160,63 @@ class Stepper:
         with self._block.call("decode"):
             return decode(self, token, n, until)
 
-    def receive(self, src: Cache) -> StepRecord:
-        """Take over the sequence another stepper's cache holds (a prefill on another device): a 'handoff' step."""
+    def receive(self, src: OrtCache) -> StepRecord:
+        """Take over the sequence another cache holds (a prefill on another device): a 'handoff' step, step 0,
+        whose record the hooks get; the next step is the first decode step. Raises what ``cache.receive`` raises
+        (this cache is then empty) and what a hook raises."""
         with self._block.call("receive"):
-            return _handoff(self, src)
+            start = time.perf_counter()
+            memory, copied = self.cache.receive(src)
+            if self._device_token is not None:
+                self._device_token.forget()
+            self.steps = 0  # the handoff is step 0, with the prefill it carries over
+            handoff = {"phase": "handoff", "copied_from": src.device.name, "copy_bytes": copied}
+            wall_ms = (time.perf_counter() - start) * 1e3
+            record = self._record(memory, wall_ms, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
+            self.steps = 1
+            return record
 
+    def _run(self, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0) -> tuple[RunResult, CacheStep]:
+        """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0,
+        the tensor that many places along the device token's ring), run it, commit the cache. Raises what the
+        binding, the run and the commit raise; the cache has not advanced then, and what the run made is
+        released."""
+        info = self.model.info
+        b: Binding = self.cache.binding(self.session, n)
+        b.input(info.input_names["input_ids"], ids)
+        b.input(info.input_names["attention_mask"], self._mask[:, : position + n])
+        if "position_ids" in info.input_names:  # exports whose attention does not derive positions from the mask
+            b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
+        if ahead:
+            self._device_token.bind_outputs(b, ahead)
+        else:
+            b.output(info.logits_name, logits)
+        try:
+            result = b.run()
+            memory = self.cache.commit(result, n)  # raises (and does not advance) if the run misbehaved
+        finally:
+            b.release_unowned()  # whatever the cache did not take: everything, when the commit failed
+        return result, memory
 
-def _handoff(stepper: Stepper, src: Cache) -> StepRecord:
-    start = time.perf_counter()
-    memory, copied = stepper.cache.receive(src)
-    if stepper._device_token is not None:
-        stepper._device_token.forget()
-    stepper.steps = 0  # the handoff is step 0, with the prefill it carries over
-    handoff = {"phase": "handoff", "copied_from": src.device.name, "copy_bytes": copied}
-    wall_ms = (time.perf_counter() - start) * 1e3
-    record = stepper._record(memory, wall_ms, 0.0, **handoff, position=0, n_tokens=src.seq_length, token=-1)
-    stepper.steps = 1  # the next step is the first decode step
-    return record
+    def _record(self, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
+        """The step's record, handed to every hook (in order; one that raises fails the step)."""
+        mine = {"step": self.steps, "device": self.device.name, "used_cache_bytes": self.cache.used_bytes}
+        record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
+        for hook in self.hooks:
+            hook(record)
+        return record
 
-
-def step_session(model: Model, cache: OrtCache, device: Device, reduction: str) -> Session:
-    """The session the steps run on: the cache's, or, for the greedy token on the device, the cache's session of a
-    graph that also writes it (``OrtCache.token_session``)."""
-    return cache.token_session(device, model, reduction) if reduction else cache.session(device, model)
+    def _input_ids(self, tokens: np.ndarray, on_device: bool) -> Any:
+        """The step's input ids: the device tensor the last step wrote where it holds ``tokens`` (``on_device``),
+        else ``tokens`` [1, n] in the session's id type."""
+        held = self._device_token.holding(tokens) if on_device else None
+        return held if held is not None else tokens.reshape(1, -1).astype(self._ids_dtype, copy=False)
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
     """ModelError when the logits a token is chosen from hold NaN or Inf (greedy and sampled tokens alike would be
-    meaningless), naming the step, the last position and how many values; the step then fails and is undone. One
-    pass over the vocabulary on the host path; with the token on the device the graph checks them and writes a
-    token outside the vocabulary instead (``kvlab.ort.decode.greedy.not_a_token``, raised by ``non_finite``)."""
+    meaningless), naming the step, the last position and how many values; the step then fails and is undone. With
+    the token on the device the graph checks them instead (``kvlab.ort.decode.greedy.not_a_token``)."""
     finite = np.isfinite(logits)
     if not finite.all():
         nan = int(np.isnan(logits).sum())

@@ -33,7 +33,7 @@ VERSIONS = {TinyArch: 1, TinyKVShared: 2}  # TinyKVShared 2: the graph-capture b
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
 # the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
 # number of ones in the attention mask instead of the mask's length, so the mask can be one fixed [1, max_cache_len]
-# buffer, zero padded and updated in place (kvlab.ort.decode.capture)
+# buffer, zero padded and updated in place (kvlab.ort.decode.caches.captured)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 DONE = "kvlab_recipe.json"  # written last: its presence marks a finished build
 

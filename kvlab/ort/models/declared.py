@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...core.cache_layout import STATE_ROLES
 from ...core.errors import ModelError
-from ...core.layout import STATE_ROLES
 
 _WITH_ENCODER = ("whisper", "t5", "bart", "marian", "encoder")
 BUILDER_HINT = "python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e webgpu"

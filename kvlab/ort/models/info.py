@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ...core.cache_layout import CacheEntry, CacheLayout
 from ...core.errors import ModelError
-from ...core.layout import CacheEntry, CacheLayout
 from ...presets import BUILTIN_NAMES
 from . import mobius
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ModelError
-from ...core.layout import (
+from ...core.cache_layout import (
     GROWING_ROLES,
     CacheEntry,
     CacheLayout,
@@ -33,6 +32,7 @@ from ...core.layout import (
     SharedKV,
     SlidingWindow,
 )
+from ...core.errors import ModelError
 from .graph import ONNX_DTYPES, attr, elem_type, producers, uses
 
 

@@ -168,8 +168,8 @@ def load(
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
     cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
     the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
-    "<name>-graph"; see kvlab.ort.decode.capture). Raises ConfigError for a bad argument, ModelError for a directory
-    kvlab cannot use or a build that fails."""
+    "<name>-graph"; see kvlab.ort.decode.caches.captured). Raises ConfigError for a bad argument, ModelError for a
+    directory kvlab cannot use or a build that fails."""
     check_flag("progress", progress)
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")

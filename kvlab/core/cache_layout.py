@@ -1,11 +1,11 @@
-"""The shape of a decoder's cache and what a static cache of it reserves, known before anything is allocated.
+"""The shape of a decoder's cache, and what a static cache of it reserves, known before anything is allocated.
 
 A decoder keeps, between steps, one tensor per past input / present output pair of its graph (a ``CacheEntry``).
 Each layer (a ``LayerSpec``) is of one kind (``LayerKind``): full attention and sliding-window attention keep
 keys and values that grow by one position per token; linear attention keeps a conv state and a recurrent state,
 a short-convolution layer a conv state, both of fixed size; a layer whose KV is shared with another keeps nothing
-of its own. ``CacheLayout`` is the whole model's, as data: the caches allocate, bind and check entry by entry,
-and memory reports are computed from it per layer.
+of its own. ``CacheLayout`` is the whole model's, as data: the caches allocate, bind and check entry by entry, and
+memory reports are computed from it per layer.
 """
 
 from __future__ import annotations
@@ -18,34 +18,6 @@ import numpy as np
 from .errors import check_int
 
 
-@dataclass(frozen=True)
-class KVLayout:
-    """The shape of a decoder's KV cache: one key and one value tensor [1, kv_heads, length, head_dim] per layer."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: np.dtype
-
-    @property
-    def tensors(self) -> int:
-        return 2 * self.num_layers
-
-    @property
-    def bytes_per_token(self) -> int:
-        """KV bytes one token occupies across all layers (keys and values)."""
-        return self.tensors * self.num_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
-
-    def tensor_shape(self, length: int) -> tuple[int, int, int, int]:
-        return (1, self.num_kv_heads, length, self.head_dim)
-
-    def __str__(self) -> str:
-        return (
-            f"{self.num_layers} layers x (K, V) of {self.num_kv_heads} heads x {self.head_dim}, "
-            f"{np.dtype(self.dtype).name}"
-        )
-
-
 # -- layer kinds: what one decoder layer keeps between steps (one small class each)
 @dataclass(frozen=True)
 class LayerKind:
@@ -55,6 +27,7 @@ class LayerKind:
 
     @property
     def name(self) -> str:
+        """The kind in words, for reports ("full attention", "sliding window (512)", ...)."""
         raise NotImplementedError
 
     def attended(self, length: int) -> int:
@@ -64,13 +37,13 @@ class LayerKind:
 
 @dataclass(frozen=True)
 class FullAttention(LayerKind):
-    grows = True
+    """Attention over every position: keys and values that grow by one position per token."""
 
-    @property
-    def name(self) -> str:
-        return "full attention"
+    grows = True
+    name = "full attention"
 
     def attended(self, length: int) -> int:
+        """Every position."""
         return length
 
 
@@ -78,17 +51,18 @@ class FullAttention(LayerKind):
 class SlidingWindow(LayerKind):
     """Attention over the last ``window`` positions. In a Dynamic or StaticCache its KV buffer holds every position
     (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored), so it grows like full
-    attention; ``attended`` is what a ring buffer keeps (``kvlab.ort.decode.window.RingStaticCache``, where the
-    runtime evicts inside the op)."""
+    attention; ``attended`` is what a ring buffer keeps (``kvlab.ort.decode.caches.ring``)."""
 
     window: int
     grows = True
 
     @property
     def name(self) -> str:
+        """ "sliding window (N)"."""
         return f"sliding window ({self.window})"
 
     def attended(self, length: int) -> int:
+        """The last ``window`` positions."""
         return min(length, self.window)
 
 
@@ -96,33 +70,31 @@ class SlidingWindow(LayerKind):
 class LinearAttention(LayerKind):
     """Linear attention (Qwen3.5's gated delta rule): a conv state and a recurrent state, both of fixed size."""
 
-    @property
-    def name(self) -> str:
-        return "linear attention (recurrent state)"
+    name = "linear attention (recurrent state)"
 
 
 @dataclass(frozen=True)
 class ConvState(LayerKind):
     """A short causal convolution (LFM2): the last inputs it needs, of fixed size."""
 
-    @property
-    def name(self) -> str:
-        return "conv state"
+    name = "conv state"
 
 
 @dataclass(frozen=True)
 class SharedKV(LayerKind):
     """Attention over the keys and values of layer ``source`` (Gemma 4's KV-shared layers): the layer has no past
-    input or present output of its own, so it keeps nothing (0 bytes); ``window`` is its sliding window (0: full)."""
+    input or present output of its own, so it keeps nothing; ``window`` is its sliding window (0: full)."""
 
     source: int
     window: int = 0
 
     @property
     def name(self) -> str:
+        """ "KV of layer N (window W)" or "(full)"."""
         return f"KV of layer {self.source} ({f'window {self.window}' if self.window else 'full'})"
 
     def attended(self, length: int) -> int:
+        """The source layer's positions this layer's window reads."""
         return min(length, self.window) if self.window else length
 
 
@@ -144,18 +116,20 @@ class CacheEntry:
 
     @property
     def grows(self) -> bool:
+        """Whether the entry gets one position longer per token (keys and values)."""
         return self.role in GROWING_ROLES
 
     def shape(self, length: int) -> tuple[int, ...]:
-        if not self.grows:
-            return self.dims
-        return self.dims[:2] + (length,) + self.dims[3:]
+        """The tensor's shape holding ``length`` positions (a state's whatever the length)."""
+        return self.dims[:2] + (length,) + self.dims[3:] if self.grows else self.dims
 
     def nbytes(self, length: int) -> int:
+        """Bytes of the tensor holding ``length`` positions."""
         return int(np.prod(self.shape(length), dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes one more position adds (0 for a state)."""
         return self.nbytes(1) if self.grows else 0
 
 
@@ -169,19 +143,23 @@ class LayerSpec:
 
     @property
     def fixed_bytes(self) -> int:
+        """Bytes of the layer's states (one copy each), whatever the length."""
         return sum(e.nbytes(0) for e in self.entries if not e.grows)
 
     @property
     def bytes_per_token(self) -> int:
+        """Bytes one more position adds to the layer."""
         return sum(e.bytes_per_token for e in self.entries)
 
     def nbytes(self, length: int) -> int:
+        """Bytes the layer keeps at a sequence of ``length``."""
         return self.fixed_bytes + length * self.bytes_per_token
 
 
 @dataclass(frozen=True)
 class LayerMemory:
-    """One layer's bytes in a memory report: fixed (states, whatever the length) and growing (KV at the length)."""
+    """One layer's bytes in a memory report: fixed (states, ring buffers: whatever the length) and growing (KV at
+    the report's length)."""
 
     layer: int
     kind: str
@@ -191,6 +169,7 @@ class LayerMemory:
 
     @property
     def total_bytes(self) -> int:
+        """Fixed and growing bytes together."""
         return self.fixed_bytes + self.growing_bytes
 
 
@@ -203,18 +182,17 @@ class CacheLayout:
 
     @cached_property
     def entries(self) -> tuple[CacheEntry, ...]:
+        """Every entry, layer by layer."""
         return tuple(e for layer in self.layers for e in layer.entries)
 
     @property
     def tensors(self) -> int:
+        """How many entries (a cache holds a tensor for each; a StaticCache two for a swapped state)."""
         return len(self.entries)
 
     @cached_property
-    def growing(self) -> tuple[CacheEntry, ...]:
-        return tuple(e for e in self.entries if e.grows)
-
-    @cached_property
     def states(self) -> tuple[CacheEntry, ...]:
+        """The fixed-size entries (conv, recurrent)."""
         return tuple(e for e in self.entries if not e.grows)
 
     @cached_property
@@ -229,6 +207,7 @@ class CacheLayout:
 
     @property
     def dtype(self) -> np.dtype:
+        """The entries' dtype (the first one's; float32 for a layout without entries)."""
         return np.dtype(self.entries[0].dtype) if self.entries else np.dtype(np.float32)
 
     @cached_property
@@ -239,33 +218,35 @@ class CacheLayout:
             and len({(e.dims, np.dtype(e.dtype)) for e in self.entries}) == 1
         )
 
-    def tensor_shape(self, length: int) -> tuple[int, ...]:
-        """The shape of the first growing entry (every entry's, when ``uniform``)."""
-        return self.growing[0].shape(length) if self.growing else ()
-
-    def memory(self, length: int, state_copies: int = 1) -> tuple[LayerMemory, ...]:
+    def memory(
+        self, length: int, state_copies: int = 1, windows: dict[int, int] | None = None
+    ) -> tuple[LayerMemory, ...]:
         """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each
-        state (a StaticCache that swaps two buffers per state holds 2)."""
-        return tuple(
-            LayerMemory(
-                layer.index,
-                layer.kind.name,
-                state_copies * layer.fixed_bytes,
-                length * layer.bytes_per_token,
-                sum(1 if e.grows else state_copies for e in layer.entries),
-            )
-            for layer in self.layers
-        )
+        state (a StaticCache that swaps two buffers per state holds 2); a layer of ``windows`` ({layer: window})
+        holds its KV in a ring buffer of its window: fixed bytes."""
+        windows = windows or {}
+        rows = []
+        for layer in self.layers:
+            ring = sum(e.nbytes(windows[layer.index]) for e in layer.entries) if layer.index in windows else 0
+            growing = 0 if layer.index in windows else length * layer.bytes_per_token
+            kind = f"{layer.kind.name}, ring buffer" if layer.index in windows else layer.kind.name
+            tensors = sum(1 if e.grows else state_copies for e in layer.entries)
+            rows.append(LayerMemory(layer.index, kind, ring + state_copies * layer.fixed_bytes, growing, tensors))
+        return tuple(rows)
 
-    def report(self, length: int, state_copies: int = 1, kind: str = "StaticCache") -> MemoryReport:
-        rows = self.memory(length, state_copies)
+    def report(
+        self, length: int, state_copies: int = 1, kind: str = "StaticCache", windows: dict[int, int] | None = None
+    ) -> MemoryReport:
+        """What a cache ``kind`` of ``length`` positions reserves, per layer (``memory``)."""
+        rows = self.memory(length, state_copies, windows)
+        growing = [e for e in self.entries if e.grows]
         fixed = sum(r.fixed_bytes for r in rows)
         return MemoryReport(
             length,
-            self.bytes_per_token,
+            sum(layer.bytes_per_token for layer in self.layers if layer.index not in (windows or {})),
             fixed + sum(r.growing_bytes for r in rows),
             sum(r.tensors for r in rows),
-            self.tensor_shape(length),
+            growing[0].shape(length) if growing else (),
             fixed_bytes=fixed,
             layers=rows,
             kind=kind,
@@ -287,15 +268,14 @@ class CacheLayout:
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """What a cache will reserve, known before anything is allocated; per layer (``layers``) for a model whose
-    layers are not all the same full attention."""
+    """What a cache will reserve, known before anything is allocated, per layer (``layers``)."""
 
     max_cache_len: int
-    bytes_per_token: int
+    bytes_per_token: int  # of the layers that grow
     total_bytes: int
     tensors: int
-    tensor_shape: tuple[int, ...]
-    fixed_bytes: int = 0  # of total_bytes: the fixed-size states (every copy held)
+    tensor_shape: tuple[int, ...]  # the first growing entry's (every entry's, when ``uniform``)
+    fixed_bytes: int = 0  # of total_bytes: the fixed-size states and ring buffers (every copy held)
     layers: tuple[LayerMemory, ...] = field(default=())
     kind: str = "StaticCache"
     uniform: bool = True  # every layer full attention of one KV shape: one line says it all
@@ -314,7 +294,7 @@ class MemoryReport:
         )
 
     def table(self) -> list[dict[str, object]]:
-        """One row per layer: kind, fixed bytes, growing bytes, tensors (for a DataFrame)."""
+        """One row per layer: kind, fixed bytes, growing bytes, total bytes, tensors (for a DataFrame)."""
         return [
             {
                 "layer": r.layer,

@@ -3,21 +3,22 @@ a recorded run carries (its precision, states and ring-buffer variants included)
 
 from __future__ import annotations
 
-from ...core.cache import Cache
-from ...core.errors import ConfigError, check_choice
-from ...core.labels import CacheSpec
-from .caches import DynamicCache, StaticCache
-from .kvprecision import KV_PRECISIONS
-from .window import RingStaticCache
+from ....core.cache import Cache
+from ....core.errors import ConfigError, check_choice
+from ....core.labels import CacheSpec
+from .dynamic import DynamicCache
+from .kv_precision import KV_PRECISIONS
+from .ring import RingStaticCache
+from .static import StaticCache
 
-CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}
+CACHE_KINDS = {"dynamic": DynamicCache, "static": StaticCache}  # the kinds by name
 
 
 def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_precision: str | None = None) -> Cache:
-    """A cache by kind ("dynamic" or "static"; static needs max_cache_len, which a dynamic cache, having no size,
-    does not use: a lab can pass one size for either kind) or by its ``CacheSpec`` (its
-    ``kv-int8`` / ``kv-int4`` variant included, and ``ring``: a ``RingStaticCache``), at ``kv_precision``; ConfigError
-    for another kind or a static cache without a size."""
+    """A new cache by kind ("dynamic" or "static"; static needs ``max_cache_len``, which a dynamic cache, having no
+    size, ignores: a lab can pass one size for either kind) or by the ``CacheSpec`` a recorded run carries (its
+    ``kv-int8`` / ``kv-int4``, ``states-in-place`` and ``ring`` variants included), at ``kv_precision``. ConfigError
+    for another kind, or a static cache without a size."""
     states, ring = "swap", False
     if isinstance(spec, CacheSpec):
         states = "in-place" if spec.kind == "static" and "states-in-place" in spec.variant else states

@@ -1,16 +1,15 @@
-"""WebGPU graph capture of the decode step: ``CapturedStaticCache(max_cache_len)``, a StaticCache whose one-token
-steps run as captured graphs, recorded at the first two of them and replayed at every later one, so the host no
-longer walks the graph, chooses kernels or allocates per step.
+"""``CapturedStaticCache(max_cache_len)``: a StaticCache whose one-token steps run as captured WebGPU graphs, recorded
+at the first two of them and replayed at every later one, so the host no longer walks the graph, chooses kernels or
+allocates per step.
 
 What capture needs, and how this cache gives it:
 
 - Fixed shapes and buffers: every input and output of the captured run is a device tensor allocated once and
   written in place: ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
-  valid positions), two of each (``kvlab.ort.decode.captured_step``: a step reads one pair and its graph writes the
-  next mask, and with the token on the device the next ids, into the other: one graph per pair), the KV buffers
-  (bound as past and present, as in ``StaticCache``) and the logits [1, 1, vocab]. No host value is ever bound
-  under capture (one package refuses it, the other replays wrong tokens: ``kvlab.ort.runtime.builtin``,
-  ``kvlab.ort.runtime.plugin``); the host reads the logits, or the 8-byte token, back after each run.
+  valid positions), two of each (``capture_binding``: a step reads one pair and its graph writes the next mask, and
+  with the token on the device the next ids, into the other: one graph per pair), the KV buffers (bound as past and
+  present, as in ``StaticCache``) and the logits [1, 1, vocab]. No host value is ever bound under capture; the host
+  reads the logits, or the 8-byte token, back after each run.
 - A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
   (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
   mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
@@ -29,22 +28,18 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ...core.errors import ConfigError, DeviceError, ModelError
-from ...core.guards import atomic
-from ...core.labels import CacheSpec
-from ..models.graph import load_graph, uses
-from ..runtime.session import Binding, DeviceTensor, Session
-from .caches import StaticCache
-from .capture_graph import captured_graph
-from .captured_step import GRAPH_ID_KEY, CaptureBinding, CapturedToken, StepBuffers, run_options
-from .greedy import AUTO, reduction_for
-from .shared import shared_capture_problem
-
-__all__ = ["CapturedStaticCache", "CaptureBinding", "GRAPH_ID_KEY", "run_options", "capture_problem"]
+from ....core.errors import ConfigError, DeviceError, ModelError
+from ....core.guards import atomic
+from ....core.labels import CacheSpec
+from ...models.graph import load_graph, uses
+from ...runtime.session import DeviceTensor, Session
+from .capture_binding import CapturedBindings, CapturedToken
+from .replay_graph import captured_graph
+from .shared_kv import shared_capture_problem
+from .static import StaticCache
 
 CAPTURE_OPTIONS = {"enableGraphCapture": "1"}  # the session option (both packages)
 DIAGNOSIS_OPTIONS = {"enableInt64": "1"}  # without capture, the int64 mask Cast that capture moves to WebGPU
-SKIP = -1  # the graph id that runs a step uncaptured
 CAPTURED_REDUCTIONS = ("single", "blocks")  # the greedy graphs whose token is the model's int64 ids
 VARIANT = "graph"  # CacheSpec.variant: static@N graph
 NOT_CAPTURABLE = "cannot use the graph capture feature"  # ONNX Runtime's refusal at session creation (both)
@@ -87,11 +82,10 @@ def capture_problem(info: Any) -> str:
 
 
 def open_capture_session(device: Any, model: Any, reduction: str = "") -> Session:
-    """The capturing session of ``model``'s captured graph (``kvlab.ort.decode.capture_graph.captured_graph``) on
-    ``device`` (cached by the device). Where ONNX Runtime refuses to capture it, the same graph without the next
-    mask (which the host then writes every step: a package may lack a WebGPU kernel for one of the ops that shift
-    it, at the model's opset; none measured so far); where it refuses that too, a DeviceError naming the nodes it
-    placed on the CPU EP (the diagnosis session is not kept)."""
+    """The capturing session of ``model``'s captured graph (``replay_graph.captured_graph``) on ``device`` (cached
+    by the device). Where ONNX Runtime refuses to capture it, the same graph without the next mask (which the host
+    then writes every step: a package may lack a WebGPU kernel for one of the ops that shift it); where it refuses
+    that too, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis session is not kept)."""
     label = f"model {model.name}, graph capture" + (f", greedy token on the device ({reduction})" if reduction else "")
     graphs = dict.fromkeys(captured_graph(model, reduction, shift_mask=s) for s in (True, False))
     for path in graphs:
@@ -119,25 +113,23 @@ def open_capture_session(device: Any, model: Any, reduction: str = "") -> Sessio
 
 class CapturedStaticCache(StaticCache):
     """A StaticCache whose one-token steps run as captured WebGPU graphs (see the module docstring), two of them, one
-    per pair of step buffers (``kvlab.ort.decode.captured_step``): the first two decode steps capture, every later
-    one replays. Prefill and other multi-token steps run uncaptured on the same session. With the greedy token on
-    the device (``Stepper(token_on_device="single" | "blocks")``), a decode step copies nothing from the host. Greedy
-    tokens equal a plain StaticCache's. Raises DeviceError on a device other than WebGPU (or when ONNX Runtime
-    refuses to capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
+    per pair of step buffers (``capture_binding``): the first two decode steps capture, every later one replays.
+    Prefill and other multi-token steps run uncaptured on the same session. With the greedy token on the device
+    (``Stepper(token_on_device="single" | "blocks")``), a decode step copies nothing from the host. Greedy tokens
+    equal a plain StaticCache's. Raises DeviceError on a device other than WebGPU (or when ONNX Runtime refuses to
+    capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
 
+    reductions = CAPTURED_REDUCTIONS
     burst_reads = False  # a captured step copies its token to the host with each replay
 
     def __init__(self, max_cache_len: int, check_every: int | None = None):
         super().__init__(max_cache_len, check_every)
         self.graph_ids = (next(_GRAPH_IDS), next(_GRAPH_IDS))
-        self._buffers: StepBuffers | None = None  # the step's ids, mask and logits: fixed device tensors
-        self._captures: tuple[CaptureBinding, CaptureBinding] | None = None  # one per pair of step buffers
-        self._session: Session | None = None  # the capturing session the graphs belong to
-
-    graph_id = property(lambda self: self.graph_ids[0], doc="The first of ``graph_ids``.")
+        self.bindings = CapturedBindings(self.graph_ids)
 
     @property
     def spec(self) -> CacheSpec:
+        """ "static@N graph" (with "+checked/N" for a ``check_every``)."""
         checked = f"+checked/{self.check_every}" if self.check_every is not None else ""
         return CacheSpec(self.kind, self.max_cache_len, VARIANT + checked)
 
@@ -145,12 +137,12 @@ class CapturedStaticCache(StaticCache):
     def captures(self) -> int:
         """Graphs captured by this cache: 0 before its first decode step, 1 after it, 2 from the second on (until
         disposed)."""
-        return sum(b.runs > 0 for b in self._captures or ())
+        return sum(b.runs > 0 for b in self.bindings.captures or ())
 
     @property
     def replays(self) -> int:
         """Decode steps that replayed a captured graph (every one-token step after the two capturing ones)."""
-        return sum(max(0, b.runs - 1) for b in self._captures or ())
+        return sum(max(0, b.runs - 1) for b in self.bindings.captures or ())
 
     @property
     def host_writes(self) -> int:
@@ -158,22 +150,28 @@ class CapturedStaticCache(StaticCache):
         each copy). Per generation: the first decode step's two, then, with the token chosen on the host, one a step
         where the ids buffer read does not hold that token already; with the token on the device, none (and the
         mask every step where the package cannot shift it on the device: ``open_capture_session``)."""
-        return self._buffers.host_writes if self._buffers is not None else 0
+        buffers = self.bindings.buffers
+        return buffers.host_writes if buffers is not None else 0
 
     @property
     def step_tensors(self) -> tuple[DeviceTensor, ...]:
         """The fixed device tensors of the captured step besides the KV buffers: ids and mask (two each), logits."""
-        return self._buffers.tensors if self._buffers is not None else ()
-
-    feed_tensors = step_tensors  # the name it had first
+        buffers = self.bindings.buffers
+        return buffers.tensors if buffers is not None else ()
 
     def empty_like(self) -> StaticCache:
         """The other side of a handoff (e.g. a CPU prefill): a plain StaticCache of the same size."""
         return StaticCache(self.max_cache_len, self.check_every)
 
     def session(self, device: Any, model: Any, reduction: str = "") -> Session:
-        """The capturing session of the model's captured graph, with the greedy token of ``reduction`` ("": none;
-        checked first: device, then model; DeviceError, ModelError)."""
+        """The capturing session of the model's captured graph, with the greedy token of ``reduction`` ("": none).
+        Checked first: the reduction (ConfigError for one outside ``CAPTURED_REDUCTIONS``: "rows" makes the ids
+        int32), the device, then the model (DeviceError, ModelError)."""
+        if reduction and reduction not in CAPTURED_REDUCTIONS:
+            raise ConfigError(
+                f"a captured step keeps the greedy token on the device with reduction "
+                f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))}, not {reduction!r} (its ids are int32)"
+            )
         if device.name != "webgpu":
             raise DeviceError(
                 f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
@@ -188,24 +186,9 @@ class CapturedStaticCache(StaticCache):
             raise DeviceError(f"graph capture refused for model {model.name}: {problem}")
         return session
 
-    def token_session(self, device: Any, model: Any, reduction: str) -> Session:
-        """The capturing session whose graph also writes the greedy token into the next step's ids: reductions
-        ``CAPTURED_REDUCTIONS`` (the model's int64 ids; "rows" makes them int32). ConfigError for another."""
-        if reduction not in CAPTURED_REDUCTIONS:
-            raise ConfigError(
-                f"a captured step keeps the greedy token on the device with reduction "
-                f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))}, not {reduction!r} (its ids are int32)"
-            )
-        return self.session(device, model, reduction)
-
-    @classmethod
-    def auto_reduction(cls, vocab_size: int, device: Any) -> str:
-        """The token on the device where one ArgMax was measured to pay uncaptured ("single"), else the host."""
-        chosen = reduction_for(AUTO, vocab_size, device)
-        return chosen if chosen == "single" else ""
-
     def device_token(self, device: Any, dtype: Any, size: int = 2) -> CapturedToken:
-        return CapturedToken(self._buffers)
+        """The greedy token in the step's own ids buffers (``capture_binding.CapturedToken``)."""
+        return CapturedToken(self.bindings.buffers)
 
     def _attach(self, info: Any, device: Any) -> None:
         if device.name != "webgpu":
@@ -221,42 +204,9 @@ class CapturedStaticCache(StaticCache):
         super()._allocate()
         if had:
             return
-        info = self._info
         try:
-            self._buffers = StepBuffers(self._device, self.max_cache_len, info.vocab_size, info.logits_dtype)
+            self.bindings.allocate(self._device, self._info, self.max_cache_len)
         except BaseException:
             with atomic():
-                StaticCache._release_all(self)
+                self._release_all()
             raise
-
-    def _bind(self, session: Session, n_new: int) -> tuple[Binding, dict[str, int], tuple[str, ...]]:
-        if n_new != 1:  # the prefill (or any multi-token step): uncaptured, on the same session
-            b, expected, names = super()._bind(session, n_new)
-            if b.run_options is None:
-                b.run_options = run_options(session.device.backend.ort, SKIP)
-            return b, expected, names
-        if self._captures is None or self._session is not session:
-            if self._captures is not None:  # another session (the device was reopened): the old graphs go
-                self._release_graph()
-            self._captures = (CaptureBinding(session, self, 0), CaptureBinding(session, self, 1))
-            self._session = session
-        capture = self._captures[self._buffers.parity]
-        return capture, capture.expected, capture.spot_names
-
-    def _release_graph(self) -> None:
-        captures, session = self._captures or (), self._session
-        self._captures = self._session = None
-        ran = [b for b in captures if b.runs]
-        if session is None or not ran:
-            return
-        if not all(session.device.backend.release_graph(session.ort, self.graph_ids[b.parity]) for b in ran):
-            # the package cannot release one graph: the capturing session owns it, so the device lets go of that
-            # session (freed once nothing else holds it: a later capture cache opens a new one)
-            session.device.drop(session)
-
-    def _release_all(self) -> None:
-        self._release_graph()
-        if self._buffers is not None:
-            self._buffers.release()
-            self._buffers = None
-        super()._release_all()

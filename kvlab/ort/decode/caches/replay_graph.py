@@ -1,16 +1,16 @@
-"""The graph a captured decode step replays (``kvlab.ort.decode.capture``): the model's, plus the outputs that let a
-step need nothing from the host: ``NEXT_MASK``, the next step's attention mask, and, with the greedy token on the
-device, ``NEXT``, the next step's input ids (``kvlab.ort.decode.greedy``). Both go to the device buffers the next
-step reads (``kvlab.ort.decode.captured_step``); nothing is bound to host memory under capture."""
+"""The graph a captured decode step replays (``kvlab.ort.decode.caches.captured``): the model's, plus the outputs
+that let a step need nothing from the host: ``NEXT_MASK``, the next step's attention mask, and, with the greedy
+token on the device, ``NEXT``, the next step's input ids (``kvlab.ort.decode.greedy``). Both go to the device
+buffers the next step reads (``capture_binding``); nothing is bound to host memory under capture."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import check_choice
-from ..models.graph import derived_graph
-from .greedy import REDUCTIONS, greedy_nodes
+from ....core.errors import check_choice
+from ...models.graph import derived_graph
+from ..greedy import REDUCTIONS, greedy_nodes
 
 NEXT_MASK = "kvlab_next_mask"  # a captured step's next attention mask: one more one (``next_mask``)
 SUFFIX = ".kvlab-captured"  # the file's name: model.kvlab-captured[-reduction][-host-mask].onnx
@@ -39,9 +39,9 @@ def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> 
 def next_mask(g: Any, mask: str) -> None:
     """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) with its last position dropped and a one
     put in front, i.e. one more one: what the next one-token step reads. In float32, cast back to the mask's type:
-    WebGPU slices float32 on both packages at every opset tried, where int32 or int64 shifts land on the CPU EP
-    somewhere (1.27's int32 Slice; both packages' Pad at opset 24, the mobius graphs'). The output goes to the other
-    pair of step buffers, never to the mask this step reads, so no node order matters."""
+    WebGPU slices float32 on both packages, where an int32 or int64 shift lands on the CPU EP in one of them (an
+    int32 Slice, or a Pad at opset 24). The output goes to the other pair of step buffers, never to the mask this
+    step reads, so no node order matters."""
     from onnx import TensorProto, helper
 
     g.initializer.extend(

@@ -1,11 +1,13 @@
-"""The buffers and the binding of one captured decode step (``kvlab.ort.decode.capture``).
+"""The bindings of a captured cache (``kvlab.ort.decode.caches.captured``) and the fixed buffers they pin.
 
-A captured graph replays on the buffers bound when it was captured, so the step's inputs live in fixed device
-tensors, in two pairs read and written in turn (``StepBuffers``): the step that reads ``ids[p]`` and ``mask[p]``
-writes the next token (``NEXT``, where the graph chooses it) and the next mask (``NEXT_MASK``) into ``ids[1 - p]``
-and ``mask[1 - p]``, so a decode step needs no copy from the host at all. Each pair has its own captured graph
-(``CaptureBinding``, one per ``p``). Writing into the buffers a step reads would not do: a package may run the
-capturing step twice (the plugin EP 0.4.0 does), and a step must be retryable after it failed.
+A captured graph replays on the buffers bound when it was captured, so a one-token step's inputs live in fixed
+device tensors, in two pairs read and written in turn (``StepBuffers``): the step that reads ``ids[p]`` and
+``mask[p]`` writes the next token (``NEXT``, where the graph chooses it) and the next mask (``NEXT_MASK``) into
+``ids[1 - p]`` and ``mask[1 - p]``, so a decode step needs no copy from the host at all. Each pair has its own
+captured graph (``CaptureBinding``, one per ``p``). Writing into the buffers a step reads would not do: a package
+may run the capturing step twice, and a step must be retryable after it failed. ``CapturedBindings`` is the
+cache's bindings collaborator: the two pinned bindings for one-token steps, a plain binding, run uncaptured, for
+the others.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ConfigError, DeviceError
-from ..runtime.session import Binding, DeviceTensor, RunResult, Session, release_all, zeros_all
-from .capture_graph import NEXT_MASK
-from .greedy import NEXT
+from ....core.cache import Bindings
+from ....core.errors import ConfigError, DeviceError
+from ....core.slots import Slot
+from ...runtime.session import Binding, DeviceTensor, RunResult, Session, release_all, zeros_all
+from ..greedy import NEXT
+from .replay_graph import NEXT_MASK
 
-GRAPH_ID_KEY = "gpu_graph_id"  # the run option naming a captured graph; "-1" runs without capture
+GRAPH_ID_KEY = "gpu_graph_id"  # the run option naming a captured graph
+SKIP = -1  # the graph id that runs a step uncaptured
 
 
 def run_options(ort: Any, graph_id: int) -> Any:
-    """ONNX Runtime RunOptions naming the captured graph ``graph_id`` (-1: run uncaptured)."""
+    """ONNX Runtime RunOptions naming the captured graph ``graph_id`` (``SKIP``: run uncaptured)."""
     ro = ort.RunOptions()
     ro.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
     return ro
@@ -48,21 +53,79 @@ class StepBuffers:
 
     @property
     def tensors(self) -> tuple[DeviceTensor, ...]:
+        """ids (two), mask (two), logits."""
         return (*self.ids, *self.mask, self.logits)
 
     def release(self) -> None:
+        """Release every buffer."""
         release_all(list(self.tensors))
 
 
-class CaptureBinding(Binding):
-    """The pinned binding of the captured step that reads pair ``parity`` of the cache's ``StepBuffers``: every
-    input and output a fixed device tensor. ``input`` writes a host value into the pair read only where it does not
-    hold it already; ``output`` of the logits (or of ``NEXT``) to a host array copies them there after the run (the
-    copy waits for the GPU, so it is timed with the run, as an uncaptured run's copy of its logits is)."""
+class CapturedBindings(Bindings):
+    """A captured cache's bindings: a one-token step runs one of two ``CaptureBinding`` s (one per pair of step
+    buffers, captured at its first run and replayed after); any other step a plain binding, run uncaptured. It owns
+    the step buffers (``allocate``) and the graphs (released by ``clear``)."""
 
-    def __init__(self, session: Session, cache: Any, parity: int):
+    def __init__(self, graph_ids: tuple[int, int]):
+        super().__init__()
+        self.graph_ids = graph_ids
+        self.buffers: StepBuffers | None = None
+        self.captures: tuple[CaptureBinding, ...] | None = None  # one per pair of step buffers
+        self._info: Any = None  # the model served
+        self._session: Session | None = None  # the capturing session the graphs belong to
+
+    def allocate(self, device: Any, info: Any, max_cache_len: int) -> None:
+        """The step buffers for the model ``info`` describes (raises what the allocation raises, holding none)."""
+        self._info = info
+        self.buffers = StepBuffers(device, max_cache_len, info.vocab_size, info.logits_dtype)
+
+    def get(
+        self, session: Session, n_new: int, slots: list[Slot], stepping: list[Slot], length: int
+    ) -> tuple[Binding, dict[str, int], tuple[str, ...]]:
+        """As ``Bindings.get``: a one-token step's pinned binding (the pair of step buffers it reads: captured at its
+        first run, replayed after), made once per session; any other step's plain binding, run uncaptured."""
+        if n_new != 1:  # the prefill (or any multi-token step): uncaptured, on the same session
+            b, expected, names = super().get(session, n_new, slots, stepping, length)
+            if b.run_options is None:
+                b.run_options = run_options(session.device.backend.ort, SKIP)
+            return b, expected, names
+        if self.captures is None or self._session is not session:  # another session: the old graphs go
+            self._release_graphs()
+            self.captures = tuple(CaptureBinding(session, self, slots, length, parity) for parity in (0, 1))
+            self._session = session
+        capture = self.captures[self.buffers.parity]
+        return capture, capture.expected, capture.spot_names
+
+    def clear(self) -> None:
+        """The graphs and the step buffers released, and every plain binding forgotten."""
+        self._release_graphs()
+        if self.buffers is not None:
+            self.buffers.release()
+            self.buffers = None
+        super().clear()
+
+    def _release_graphs(self) -> None:
+        """Release the captured graphs; where the package cannot release one graph, the device lets go of the
+        capturing session that owns them (freed once nothing else holds it)."""
+        captures, session = self.captures or (), self._session
+        self.captures = self._session = None
+        ran = [b for b in captures if b.runs]
+        released = session is None or all(
+            session.device.backend.release_graph(session.ort, self.graph_ids[b.parity]) for b in ran
+        )
+        if not released:
+            session.device.drop(session)
+
+
+class CaptureBinding(Binding):
+    """The pinned binding of the captured step that reads pair ``parity`` of the step buffers: every input and
+    output a fixed device tensor. ``input`` writes a host value into the pair read only where it does not hold it
+    already; ``output`` of the logits (or of ``NEXT``) to a host array copies them there after the run (the copy
+    waits for the GPU, so it is timed with the run, as an uncaptured run's copy of its logits is)."""
+
+    def __init__(self, session: Session, owner: CapturedBindings, slots: list[Slot], length: int, parity: int):
         super().__init__(session)
-        info, buffers = cache._info, cache._buffers
+        info, buffers = owner._info, owner.buffers
         self.parity, self._buffers = parity, buffers
         self._ids_name, self._mask_name = info.input_names["input_ids"], info.input_names["attention_mask"]
         self._sources = {info.logits_name: buffers.logits}  # outputs a host array may receive, after the run
@@ -74,8 +137,8 @@ class CaptureBinding(Binding):
         self._due: list[str] = []  # the host copies this run makes
         self._pinning = True  # while the buffers are bound for good (below): input and output bind as usual
         self.expected: dict[str, int] = {}  # the KV outputs written in place, and their buffers
-        for slot in cache.slots:
-            self.expected.update(slot.bind(self, cache.seq_length))
+        for slot in slots:
+            self.expected.update(slot.bind(self, length))
         self.spot_names = tuple(self.expected)  # the in-place outputs a spot check reads in turn
         super().input(self._ids_name, buffers.ids[parity])
         super().input(self._mask_name, buffers.mask[parity])
@@ -85,32 +148,12 @@ class CaptureBinding(Binding):
         if self._graph_writes[NEXT_MASK]:
             super().output(NEXT_MASK, buffers.mask[1 - parity])
         self._pinning = False
-        self.run_options = run_options(session.device.backend.ort, cache.graph_ids[parity])
+        self.run_options = run_options(session.device.backend.ort, owner.graph_ids[parity])
         self.runs = 0  # successful runs: the first one captured the graph, every later one replayed it
 
-    @property
-    def read_back(self) -> bool:
-        """Whether this run reads back the presents' buffer identities: as the cache's ``check_every`` has it for
-        the capturing run and the first replay, never after: a replay runs the recorded command buffers on the
-        buffers bound at the capture, which nothing can rebind, so its answer is known (about 0.1-0.2 ms a step
-        saved on an NVIDIA H200 machine: data/gpu/capture/read-back/)."""
-        return self._read_back and self.runs < 2
-
-    @read_back.setter
-    def read_back(self, due: bool) -> None:
-        self._read_back = due
-
-    @property
-    def spot_check(self) -> str:
-        """The one present a run reads back otherwise (the cache's spot check): likewise none after the first
-        replay."""
-        return self._spot_check if self.runs < 2 else ""
-
-    @spot_check.setter
-    def spot_check(self, name: str) -> None:
-        self._spot_check = name
-
     def input(self, name: str, value: np.ndarray | DeviceTensor) -> None:
+        """The ids (a host [1, 1] array, or the device tensor that holds them) or the mask (a host [1, n] array,
+        zero padded here); DeviceError for another input, ConfigError for another shape."""
         if self._pinning:
             super().input(name, value)
             return
@@ -148,6 +191,8 @@ class CaptureBinding(Binding):
         self._buffers.host_writes += 1
 
     def output(self, name: str, target: DeviceTensor | np.ndarray) -> None:
+        """A host array to copy the logits (or ``NEXT``) into after the run; DeviceError for another output or a
+        device tensor, ConfigError for an array of another shape or type."""
         if self._pinning:
             super().output(name, target)
             return
@@ -164,17 +209,22 @@ class CaptureBinding(Binding):
         self._due.append(name)
 
     def output_new(self, name: str) -> None:
+        """Refused: DeviceError (a captured step's outputs are fixed device tensors)."""
         raise DeviceError(f"a captured step allocates nothing: {name!r} must be a fixed device tensor")
 
     def run(self) -> RunResult:
         """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
-        what the next step reads."""
+        what the next step reads. The presents' buffers are read back as the cache's in-place proof asks at the
+        capture and the first replay, never after: a replay runs the recorded command buffers on the buffers bound
+        at the capture, which nothing can rebind, so its answer is known."""
+        if self.runs >= 2:
+            self.read_back, self.spot_check = False, ""
         b, p, due, self._due = self._buffers, self.parity, self._due, []
         if self._graph_writes[NEXT]:
             b.token[1 - p] = None
         if self._graph_writes[NEXT_MASK]:
             b.ones[1 - p] = None
-        result = super().run()  # then the presents' identities, as the cache's check asks
+        result = super().run()  # then the presents' identities, as the cache's proof asks
         start = time.perf_counter()
         for name in dict.fromkeys(due):
             self._backend.copy(self._sources[name].ortvalue(), self._to_host[name][1][1])
@@ -205,12 +255,18 @@ class CapturedToken:
         return b.ids[b.parity] if tokens.shape[0] == 1 and b.token[b.parity] == int(tokens[0]) else None
 
     def bind_outputs(self, binding: Binding, ahead: int = 1) -> None:
+        """The host copy of the token the step writes."""
         binding.output(NEXT, self.host)
 
     def read(self, steps: int = 1) -> list[int]:
+        """The token the last step wrote (one step per read)."""
         return [int(self.host[0, 0])]
 
     def advance(self, steps: int = 1, token: int | None = None) -> None:
         """Nothing to do: the buffers say which token each holds."""
 
-    forget = release = advance
+    def forget(self) -> None:
+        """Nothing to do: the buffers say which token each holds."""
+
+    def release(self) -> None:
+        """Nothing to release: the buffers are the cache's."""
