@@ -1,11 +1,10 @@
-"""``python data/what-a-static-cache-buys/browser-node/pack_node.py OUT.tar.xz [NODE]``: the browser runner's Node
-host in one archive, for a recording machine without npm or Node: the ``node`` executable found here (or NODE) and the npm files a Dawn-in-Node
-run needs on Linux x86-64 (onnxruntime-web's WebGPU bundle and wasm, Dawn's Node binding), xz-compressed, in a
-node_modules layout. Prints each member's size (and the archive's, compressed).
+"""``python data/what-a-static-cache-buys/browser-node/pack_node.py OUT.tar.xz [NODE]``: the browser runner's Node host
+in one archive, for a recording machine without npm or Node: the ``node`` executable found here (or NODE) and the npm
+files a Dawn-in-Node run needs on Linux x86-64 (onnxruntime-web's WebGPU bundle and wasm, Dawn's Node binding), xz-
+compressed, in a node_modules layout. Prints each member's size (and the archive's, compressed).
 
-Extract it with ``python3 -m tarfile -e OUT.tar.xz DIR``, then run kvlab with
-``KVLAB_NODE=DIR/bin/node KVLAB_WEB_ASSETS=DIR/node_modules`` (scripts/record_gpu.sh's browser phase does).
-"""
+Extract it with ``python3 -m tarfile -e OUT.tar.xz DIR``, then run kvlab with ``KVLAB_NODE=DIR/bin/node
+KVLAB_WEB_ASSETS=DIR/node_modules`` (scripts/record_gpu.sh's browser phase does)."""
 
 from __future__ import annotations
 
