@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import kvlab
-from kvlab.bench.lockstep import prompt_ids
+from kvlab.bench.plan import prompt_ids
 from kvlab.core.devices import BUFFER_CACHE_MODES
 from kvlab.ort.decode import capture, captured_step
 from kvlab.ort.runtime import builtin, session

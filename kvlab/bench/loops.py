@@ -1,4 +1,4 @@
-"""The two decode loops ``kvlab profile --lockstep`` takes in turns (``kvlab.bench.lockstep``): kvlab's static cache
+"""The two decode loops ``kvlab profile lockstep`` takes in turns (``kvlab.bench.lockstep``): kvlab's static cache
 stepped as ``generate`` steps it, and onnxruntime-genai's generator. Each ``step()`` decodes one token and keeps its
 wall time and the calling thread's CPU time."""
 

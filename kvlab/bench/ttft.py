@@ -1,4 +1,4 @@
-"""A conversation's time to first token, reused against re-prefilled: ``kvlab chat --bench``.
+"""A conversation's time to first token, reused against re-prefilled: ``kvlab chat-bench``.
 
 Per turn, a message of ``turn_tokens`` real-text tokens builds the history (its reply: ``new_tokens`` greedy
 tokens); then the measured message (``probe`` tokens, or the turn itself when ``probe`` is 0) is said in
@@ -199,5 +199,5 @@ def write(result: dict[str, Any], out: Path) -> Path:
     from ..core.paths import write_atomic
     from .results import environment
 
-    result["environment"] = environment({"note": "not measured by kvlab chat --bench"})
+    result["environment"] = environment({"note": "not measured by kvlab chat-bench"})
     return write_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")
