@@ -7,7 +7,7 @@ other loop's block taken right before or after it (the order swapped every pair,
 whatever slows the machine for a while slows both sides of a pair. The first quarter of each block is left out of
 the pair's ratio: the first step after a switch carries the other loop's state on the shared device. With blocks of
 one step every step is such a first step, so single-step turns misplace time between the loops even though two
-loops of the same kind read x1.00: ``block=1`` is for that check, not for comparing kvlab with genai
+loops of the same kind read alike: ``block=1`` is for that check, not for comparing kvlab with genai
 (docs/benchmarks.md has the measurements).
 
 Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two caches)

@@ -47,7 +47,7 @@ class Plan:
     # where each device's rows prefill, once per cache kind, handed off to every run (None: each run prefills on
     # its own device). WebGPU: on the CPU (fast on a software adapter, and right where a WebGPU prefill is not)
     prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
-    gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
+    gpu_memory: bool = True  # WebGPU where NVML reports: one more, untimed run per variant reading it every step
     check_every: list[int | None] = field(default_factory=lambda: [None])  # static caches: read back every present
     #                                     every k steps (None: the cache's default, a spot check a step)
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages

@@ -1,5 +1,6 @@
 """``kvlab trace``: one long generation per cache on one device, every step recorded, with the GPU memory the
-process holds after each step (NVML, on NVIDIA; exact driver accounting) beside kvlab's exact tensor counts."""
+process holds after each step (NVML, where the driver has it; exact driver accounting) beside kvlab's exact tensor
+counts."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ class _Genai:
 
     def say(self, ids: list[int], new: int) -> tuple[list[int], float]:
         seq = [int(t) for t in self.gen.get_sequence(0)]
-        if seq:  # the reply's last token again with the turn: genai 0.18 diverges otherwise
+        if seq:  # the reply's last token again with the turn (docs/conversation.md says why)
             self.gen.rewind_to(len(seq) - 1)
             ids = [seq[-1], *ids]
         start = time.perf_counter()

@@ -46,6 +46,7 @@ class Variant:
 
     @property
     def name(self) -> str:
+        """The row's label: the cache's name (or the runner's), and how the token is chosen where on the device."""
         name = str(self.cache) if self.cache is not None else self.runner
         return f"{name} token-on-device ({self.token_on_device})" if self.token_on_device else name
 

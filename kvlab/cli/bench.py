@@ -24,7 +24,7 @@ PLAN = {
     "kv_precisions": lambda text: text.split(","),  # packed KV twins (the WebGPU plugin EP)
     "small_pages_twin": on_off,  # CPU: the fitted static cache again from weights in 4 KiB pages
     "matmuls_only": on_off,  # CPU: the model's matrix products alone
-    "gpu_memory": on_off,  # WebGPU on NVIDIA: an untimed run reading NVML at every step
+    "gpu_memory": on_off,  # WebGPU where NVML reports: an untimed run reading it at every step
 }
 
 

@@ -25,6 +25,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Print ``message`` as one line naming the command and exit 2."""
         where = "" if self.prog == "kvlab" else self.prog.removeprefix("kvlab ") + ": "
         self.exit(2, f"kvlab: error: {where}{message} (see {self.prog} --help)\n")
 
