@@ -769,10 +769,10 @@ CASES = [
     # the command line (in-process; one line on stderr)
     Case(
         "CLI",
-        "kvlab bench --plan prefill_on=tpu",
+        "kvlab bench --set prefill_on=tpu",
         "exit 2",
-        "--plan 'prefill_on=tpu': 'tpu' is not a valid prefill_on",
-        lambda e: e.cli("bench", "--plan", "prefill_on=tpu", "--models", "toy"),
+        "--set 'prefill_on=tpu': 'tpu' is not a valid prefill_on",
+        lambda e: e.cli("bench", "--set", "prefill_on=tpu", "--models", "toy"),
     ),
     Case(
         "CLI",
@@ -1264,10 +1264,10 @@ CASES = [
     ),
     Case(
         "CLI",
-        "kvlab browser-bench --timeout nan",
+        "kvlab browser-bench --set timeout=nan",
         "exit 2",
         "nan must be > 0",
-        cli("browser-bench", "--timeout", "nan"),
+        cli("browser-bench", "--set", "timeout=nan"),
     ),
     Case(
         "CLI", "kvlab browser-bench --contexts 0", "exit 2", "0 must be >= 1", cli("browser-bench", "--contexts", "0")

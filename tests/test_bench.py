@@ -286,7 +286,7 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
             "64",
             "--reps",
             "1",
-            "--plan",
+            "--set",
             "static_lens=1",
             "--no-charts",
             "--out",

@@ -316,7 +316,7 @@ def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message)
 
 
 def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
-    """kvlab bench --plan graph_capture=on: static vs static + graph vs genai plain and captured, with the process's and
+    """kvlab bench --set graph_capture=on: static vs static + graph vs genai plain and captured, with the process's and
     the loop thread's CPU time per step, from paired runs."""
     import json
 
@@ -332,11 +332,11 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
         "5",
         "--reps",
         "2",
-        "--plan",
+        "--set",
         "graph_capture=on",
-        "--genai-on",
-        "webgpu",
-        "--plan",
+        "--set",
+        "genai=webgpu",
+        "--set",
         "static_lens=64",
         "--no-charts",
         "--out",

@@ -35,9 +35,10 @@ BAD = [
     (["compare", "--model", "toy", "--max-new-tokens", "-5"], "compare: argument --max-new-tokens: -5 must be >= 1"),
     (["bench", "--reps", "0"], "argument --reps: 0 must be >= 1"),
     (["bench", "--models", "smollm2:int3"], "precision 'int3' is not valid"),
-    (["bench", "--plan", "static_lens=64,0"], "--plan 'static_lens=64,0'"),
-    (["bench", "--plan", "colour=blue"], "KEY one of static_lens, check_every"),
-    (["bench", "--genai-on", "tpu"], "--genai-on 'tpu' is not valid"),
+    (["bench", "--set", "static_lens=64,0"], "--set 'static_lens=64,0'"),
+    (["bench", "--set", "colour=blue"], "KEY one of precisions, genai, static_lens"),
+    (["bench", "--set", "genai=tpu"], "genai 'tpu' is not valid"),
+    (["profile", "lockstep", "--set", "block=0"], "--set 'block=0': 0 must be >= 1"),
     (["bench", "--device-option", "validation_mode=basic"], "kvlab bench opens WebGPU in its default validation"),
     (["profile"], "the following arguments are required: MODE"),
     (["profile", "ops", "--context", "0"], "argument --context: 0 must be >= 1"),
@@ -51,7 +52,7 @@ BAD = [
     (["chat", "--model", "/no/such/model", "--turn", "hi"], "'/no/such/model' is neither a built-in name"),
     (["browser-bench", "--new-tokens", "0"], "argument --new-tokens: 0 must be >= 1"),
     (["browser-bench", "--cache", "paged"], "cache 'paged' is not valid"),
-    (["browser-bench", "--timeout", "nan"], "argument --timeout: nan must be > 0"),
+    (["browser-bench", "--set", "timeout=nan"], "--set 'timeout=nan': nan must be > 0"),
     (["doctor", "--verbose"], "unrecognized arguments: --verbose"),
 ]
 

@@ -98,15 +98,15 @@ def test_a_hardware_adapter_is_refused_as_measured_on_the_h200():
 
 
 def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(toy, tmp_path):
-    """``kvlab bench --plan kv_precisions=int8`` (or int8,int4): on the plugin EP each cache runs again with its KV
+    """``kvlab bench --set kv_precisions=int8`` (or int8,int4): on the plugin EP each cache runs again with its KV
     packed, beside its twin in the same paired rounds, and the report gives its step against the twin's (tokens
     reported, not required equal: packed KV is lossy); elsewhere one line, exit 2, before anything runs. In a process
     of its own, as a user runs it (the bench opens WebGPU in the buffer cache mode it measures)."""
     import json
 
     argv = ["bench", "--models", "toy", "--devices", "webgpu", "--contexts", "16", "--new-tokens", "4", "--reps", "1"]
-    argv += ["--plan", "static_lens=1", "--genai-on", "none", "--plan", "token_on_device=off"]
-    argv += ["--plan", "kv_precisions=int8", "--no-charts"]
+    argv += ["--set", "static_lens=1", "--set", "genai=none", "--set", "token_on_device=off"]
+    argv += ["--set", "kv_precisions=int8", "--no-charts"]
     r = subprocess.run([sys.executable, "-m", "kvlab", *argv, "--out", str(tmp_path)], capture_output=True, text=True)
     if not installed():
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr

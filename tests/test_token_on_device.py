@@ -126,7 +126,7 @@ def test_refusals(toy):
 
 
 def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
-    """``kvlab bench --plan token_on_device=on``: each static cache runs again with the token kept on the device, in the
+    """``kvlab bench --set token_on_device=on``: each static cache runs again with the token kept on the device, in the
     same paired rounds, with the same tokens."""
     from kvlab.bench import Plan, report, run_plan
 

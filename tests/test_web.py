@@ -309,7 +309,7 @@ def test_chromium_choice_and_flags(monkeypatch, tmp_path):
         (["--contexts", "0"], "0 must be >= 1"),
         (["--cache", "static@0"], "cache 'static@0' is not valid"),
         (["--host", "safari"], "invalid choice: 'safari'"),
-        (["--timeout", "-1"], "-1.0 must be > 0"),
+        (["--set", "timeout=-1"], "--set 'timeout=-1': -1.0 must be > 0"),
     ],
 )
 def test_cli_bad_flags_are_one_line_exit_2(flags, says):

@@ -11,11 +11,14 @@ from ..core.errors import ConfigError
 from ..ort import load, open_device
 from ..ort.checks.conformance import check
 from ..ort.runtime.backend import DEVICES
+from ..presets import check_precision
 from . import flags
 
-# --plan KEY=VALUE: the fields of kvlab.bench.Plan a command line sets, and how each value is read
+# --set KEY=VALUE: the fields of kvlab.bench.Plan beyond the flags, and how each value is read
 on_off = flags.ON_OFF.__getitem__
 PLAN = {
+    "precisions": lambda text: [check_precision(p) for p in text.split(",")],  # crossed with untagged models
+    "genai": lambda text: {d: d in ([] if text == "none" else flags.devices_of(text, "genai")) for d in DEVICES},
     "static_lens": flags.positive_ints,  # static cache sizes beside the one that fits
     "check_every": flags.positive_ints,  # static caches that read back every present's buffer every k steps
     "token_on_device": lambda text: dict.fromkeys(DEVICES, on_off(text)),  # the token-on-device twins
@@ -37,16 +40,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.device_options(b)
     b.add_argument("--contexts", type=flags.positive_ints, help="comma-separated prompt lengths (every device)")
     flags.counts(b, new_tokens=(None, "new tokens per run (every device)"), reps=(None, "paired rounds"))
-    b.add_argument(
-        "--genai-on", help="comma-separated devices with the onnxruntime-genai peer row, or none (default cpu)"
-    )
-    b.add_argument(
-        "--plan",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a field of kvlab.bench.Plan: " + ", ".join(PLAN) + " (lists comma-separated, switches on|off)",
-    )
+    flags.settings(b, "kvlab.bench.Plan (genai: the devices with the genai row, or none)", PLAN)
     flags.out(b, "artifacts/bench", "output folder (default artifacts/bench)", folder=True)
     b.add_argument("--no-charts", action="store_true", help="write no charts")
     b.set_defaults(run=bench_command)
@@ -78,10 +72,7 @@ def plan_of(args: argparse.Namespace) -> bench.Plan:
         plan.new_tokens = dict.fromkeys(DEVICES, args.new_tokens)
     if args.reps is not None:
         plan.reps = args.reps
-    if args.genai_on:
-        on = [] if args.genai_on == "none" else flags.devices_of(args.genai_on, "--genai-on")
-        plan.genai = {d: d in on for d in DEVICES}
-    for key, value in flags.key_values(args.plan, "--plan", PLAN).items():
+    for key, value in flags.key_values(args.set, "--set", PLAN).items():
         setattr(plan, key, value)
     options = flags.device_options_of(args)
     if "validation_mode" in options:

@@ -23,6 +23,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+# --set KEY=VALUE: browser_bench's keywords beyond the flags, and how each value is read
+SETTINGS = {
+    "timeout": positive_float,  # seconds per page (default 600)
+    "warmup": flags.ON_OFF.__getitem__,  # a round before the measured ones (default on)
+    "reference": str,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
+    "dynamic_impl": str,  # who runs the dynamic cache: transformers.js where it can (auto), or onnxruntime-web
+    "buffer_cache_mode": str,  # the page's WebGPU storage buffer cache mode
+}
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     """The ``browser-bench`` subcommand."""
     p = sub.add_parser(
@@ -40,7 +50,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="swiftshader, the host's default, or auto: SwiftShader when no hardware Vulkan driver is installed",
     )
-    p.add_argument("--timeout", type=positive_float, default=600, help="seconds per page (default 600)")
+    flags.settings(p, "kvlab.web.bench.browser_bench", SETTINGS)
     flags.out(p, "artifacts/browser-bench", "output folder (default artifacts/browser-bench)", folder=True)
     p.add_argument("--no-charts", action="store_true", help="write no charts")
     p.set_defaults(run=run)
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         reps=args.reps,
         host=args.host,
         adapter=args.adapter,
-        timeout=args.timeout,
+        **flags.key_values(args.set, "--set", SETTINGS),
     )
     env = result["environment"]
     print(f"host: {env['host']}; adapter: {env['adapter']}; onnxruntime-web {env['backend_version']}")

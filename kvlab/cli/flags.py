@@ -132,7 +132,11 @@ def key_values(items: list[str], flag: str, keys: dict[str, Any]) -> dict[str, A
             raise ConfigError(f"{flag} {key} is given twice")
         try:
             out[key] = keys[key](value)
-        except (KeyError, ValueError, argparse.ArgumentTypeError):
+        except ConfigError:
+            raise  # it names the value and what is valid
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"{flag} {item!r}: {exc}") from None
+        except (KeyError, ValueError):
             raise ConfigError(f"{flag} {item!r}: {value!r} is not a valid {key}") from None
     return out
 
@@ -204,6 +208,18 @@ def token_on_device(p: argparse.ArgumentParser) -> None:
 def caches(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
     """``--cache LIST``: which caches run (``cache_names``)."""
     p.add_argument("--cache", type=cache_names, metavar="LIST", help=what + f" (default {default})")
+
+
+def settings(p: argparse.ArgumentParser, call: str, keys: dict[str, Any]) -> None:
+    """``--set KEY=VALUE`` (repeatable): a keyword of ``call``, the Python call the command makes, beyond its flags;
+    read with ``key_values(args.set, "--set", keys)``."""
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a keyword of {call}: {', '.join(keys)} (lists comma-separated, switches on|off)",
+    )
 
 
 def counts(p: argparse.ArgumentParser, **defaults: tuple[int | None, str]) -> None:

@@ -17,6 +17,16 @@ from ..ort import load
 from ..ort.decode.caches import read_back
 from . import flags
 
+# --set KEY=VALUE of lockstep: its keywords beyond the flags, and how each value is read
+LOCKSTEP = {
+    "block": flags.positive_int,  # steps each loop takes per turn (default 32)
+    "sides": lambda text: tuple(text.split(",")),  # the two loops (default kvlab,genai)
+    "check_every": flags.positive_int,  # the static cache reads back all its presents every k steps
+    "tokens_per_read": flags.positive_int,  # kvlab's greedy steps read back together
+    "buffer_cache_mode": str,  # WebGPU: the storage buffer cache mode both loops run in
+    "validation_mode": str,  # WebGPU: the validation mode both loops run in
+}
+
 # the modes: name -> (help, what --out writes, whether it pairs kvlab with genai)
 MODES = {
     "ops": ("by ONNX operator type (ONNX Runtime's own profiler)", "also write the rows as CSV", False),
@@ -50,6 +60,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="both captured: kvlab's CapturedStaticCache, genai with enableGraphCapture (WebGPU)",
     )
+    flags.settings(modes.choices["lockstep"], "kvlab.bench.lockstep.lockstep", LOCKSTEP)
 
 
 def _common(p: argparse.ArgumentParser, out: str) -> None:
@@ -163,6 +174,7 @@ def lockstep_command(args: argparse.Namespace) -> int:
         args.rounds,
         token_on_device=flags.WHERE[args.token_on_device],
         graph_capture=args.graph_capture,
+        **flags.key_values(args.set, "--set", LOCKSTEP),
     )
     print(summary(r))
     if args.out:
