@@ -203,7 +203,7 @@ def summary(r: dict[str, Any]) -> str:
     """The result in a few lines, with its label."""
     a, b = r["sides"]
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
-    token += read_back_text(r.get("tokens_per_read", 0))
+    token += read_back_text(r["tokens_per_read"])
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
     names = {"kvlab": f"kvlab's {cache} ({read_back(r['check_every'])}, {token})", "genai": peer}
@@ -213,26 +213,18 @@ def summary(r: dict[str, Any]) -> str:
     return (
         f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
         f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
-        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms{_cpu(r, a, b)}; tokens equal: "
-        f"{r['tokens_equal']}\n"
+        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms (the calling thread's CPU time: "
+        f"{a} {r['first_cpu_ms']:.3f} ms, {b} {r['second_cpu_ms']:.3f} ms); tokens equal: {r['tokens_equal']}\n"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
         f"{r['runtime']}{_mode(r)}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
     )
 
 
-def _cpu(r: dict[str, Any], a: str, b: str) -> str:
-    """ " (calling thread's CPU: ...)" where the result has it (older results do not)."""
-    if "first_cpu_ms" not in r:
-        return ""
-    return f" (the calling thread's CPU time: {a} {r['first_cpu_ms']:.3f} ms, {b} {r['second_cpu_ms']:.3f} ms)"
-
-
 def _mode(r: dict[str, Any]) -> str:
-    """ ", buffer cache mode M" for WebGPU's mode, where the result names one (older results do not), and the
-    validation modes of both loops, where it names kvlab's."""
-    mode = f", buffer cache mode {r['buffer_cache_mode']}" if r.get("buffer_cache_mode") else ""
-    if r.get("validation_mode"):
-        genai = r.get("genai_options", {}).get("validationMode", "its config's")
+    """ ", buffer cache mode M, validation mode V (genai: W)" where kvlab's device has WebGPU modes."""
+    mode = f", buffer cache mode {r['buffer_cache_mode']}" if r["buffer_cache_mode"] else ""
+    if r["validation_mode"]:
+        genai = r["genai_options"].get("validationMode", "its config's")
         mode += f", validation mode {r['validation_mode']} (genai: {genai})"
     return mode
