@@ -32,6 +32,7 @@ BAD = [
     (["generate", "--model", "toy", "--sample", "temperature=1e-320"], "temperature=1e-320 is below"),
     (["generate", "--model", "toy", "--device-option", "threads=2", "--device-option", "threads=1"], "given twice"),
     (["generate", "--model", "toy:int3"], "precision 'int3' is not valid"),
+    (["generate", "--cache", "static@"], "cache 'static@' is not valid"),
     (["compare", "--model", "toy", "--max-new-tokens", "-5"], "compare: argument --max-new-tokens: -5 must be >= 1"),
     (["bench", "--reps", "0"], "argument --reps: 0 must be >= 1"),
     (["bench", "--models", "smollm2:int3"], "precision 'int3' is not valid"),

@@ -27,9 +27,9 @@ def positive_float(text: str) -> float:
 SETTINGS = {
     "timeout": positive_float,  # seconds per page (default 600)
     "warmup": flags.ON_OFF.__getitem__,  # a round before the measured ones (default on)
-    "reference": str,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
-    "dynamic_impl": str,  # who runs the dynamic cache: transformers.js where it can (auto), or onnxruntime-web
-    "buffer_cache_mode": str,  # the page's WebGPU storage buffer cache mode
+    "reference": flags.nonempty,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
+    "dynamic_impl": flags.nonempty,  # who runs the dynamic cache: transformers.js where it can (auto), or ort-web
+    "buffer_cache_mode": flags.nonempty,  # the page's WebGPU storage buffer cache mode
 }
 
 

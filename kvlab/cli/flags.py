@@ -15,14 +15,22 @@ from ..ort.decode.greedy import AUTO, REDUCTIONS
 from ..ort.runtime.backend import DEVICES
 from ..presets import BUILTIN_NAMES, PRECISIONS
 
+
+def nonempty(text: str) -> str:
+    """``text`` when it is not empty; else ValueError."""
+    if not text:
+        raise ValueError("empty")
+    return text
+
+
 # --device-option KEY=VALUE: open_device's keyword arguments, and how each value is read
 ON_OFF = {"on": True, "off": False}
 DEVICE_OPTIONS = {
     "threads": int,  # the CPU EP's intra-op threads
     "spinning": ON_OFF.__getitem__,  # whether its idle pool threads spin
     "huge_pages": ON_OFF.__getitem__,  # its sessions' weights in 2 MiB pages
-    "buffer_cache_mode": lambda text: text or int(text),  # WebGPU's storage buffer cache mode (not empty)
-    "validation_mode": lambda text: text or int(text),  # WebGPU's validation mode (not empty)
+    "buffer_cache_mode": nonempty,  # WebGPU's storage buffer cache mode
+    "validation_mode": nonempty,  # WebGPU's validation mode
 }
 SAMPLING = {"temperature": float, "top_k": int, "top_p": float, "seed": int}  # --sample KEY=VALUE: Sampling's
 WHERE = {"auto": AUTO, "on": True, "off": False, **{r: r for r in REDUCTIONS}}  # --token-on-device WHERE
@@ -59,12 +67,9 @@ def cache_names(text: str) -> list[tuple[str, int | None]]:
     static cache whose decode step is a captured WebGPU graph), graph@N."""
     out = []
     for name in text.split(","):
-        kind, _, size = name.partition("@")
-        if (
-            kind not in ("dynamic", "static", "graph")
-            or (size and not (size.isascii() and size.isdigit()))
-            or (size and (kind == "dynamic" or int(size) < 1))
-        ):
+        kind, at, size = name.partition("@")
+        sized = size.isascii() and size.isdigit() and int(size) > 0 and kind != "dynamic"
+        if kind not in ("dynamic", "static", "graph") or (at and not sized):
             raise argparse.ArgumentTypeError(
                 f"cache {name!r} is not valid; choose dynamic, static, static@N, graph or graph@N"
             )

@@ -23,8 +23,8 @@ LOCKSTEP = {
     "sides": lambda text: tuple(text.split(",")),  # the two loops (default kvlab,genai)
     "check_every": flags.positive_int,  # the static cache reads back all its presents every k steps
     "tokens_per_read": flags.positive_int,  # kvlab's greedy steps read back together
-    "buffer_cache_mode": str,  # WebGPU: the storage buffer cache mode both loops run in
-    "validation_mode": str,  # WebGPU: the validation mode both loops run in
+    "buffer_cache_mode": flags.nonempty,  # WebGPU: the storage buffer cache mode both loops run in
+    "validation_mode": flags.nonempty,  # WebGPU: the validation mode both loops run in
 }
 
 # the modes: name -> (help, what --out writes, whether it pairs kvlab with genai)
