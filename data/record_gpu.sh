@@ -89,27 +89,28 @@ check)
   step tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_caches.py tests/test_handoff.py \
     tests/test_precisions.py tests/test_runtime.py -k "webgpu or float16 or handoff" -m "not slow"
   step conformance_fp32 200 kv conformance --models toy,kv-heavy,smollm2-shape,phi4-kv --out "$out/conformance_fp32.json"
-  step conformance_f16 200 kv conformance --models toy,phi4-kv --precisions fp16,int4 --out "$out/conformance_f16.json"
+  step conformance_f16 200 kv conformance --models toy:fp16,toy:int4,phi4-kv:fp16,phi4-kv:int4 --out "$out/conformance_f16.json"
   for p in fp32 fp16 int4; do
-    step "compare_phi4-kv_$p" 120 kv compare --model phi4-kv --precision $p --device webgpu --prompt-file \
+    step "compare_phi4-kv_$p" 120 kv compare --model phi4-kv:$p --device webgpu --prompt-file \
       data/prompts/long.txt --max-new-tokens 64 --ignore-eos --json
   done
-  step trace 300 kv trace --model phi4-kv --precision fp16 --device webgpu --context 1024 --steps 1000 \
+  step trace 300 kv trace --model phi4-kv:fp16 --device webgpu --context 1024 --steps 1000 \
     --out "$out/trace_phi4-kv_fp16.json"
   ;;
 bench)
   step build 300 build $(for m in ${MODELS//,/ }; do for p in ${PRECISIONS:-fp32,fp16}; do printf "%s:%s " $m $p; done; done)
-  step bench 540 kv bench --models "$MODELS" --precisions "${PRECISIONS:-fp32,fp16}" --devices webgpu \
-    --contexts "$CONTEXTS" --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --genai-on webgpu --prefill-on webgpu \
-    --max-cache-lens 1 --out "$out/bench"
+  step bench 540 kv bench --models "$MODELS" --set precisions="${PRECISIONS:-fp32,fp16}" --devices webgpu \
+    --contexts "$CONTEXTS" --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --set genai=webgpu --set prefill_on=webgpu \
+    --set static_lens=1 --out "$out/bench"
   ;;
 stairs)
   step build 300 build kv-heavy:fp32 phi4-kv:int4
   step stairs 330 kv bench --models kv-heavy --devices webgpu --contexts "${STAIRS:-960,1088,1984,2112,3008,3136,4032,4160,6144,8000}" \
-    --new-tokens 16 --reps 2 --buffer-cache-modes bucket,disabled --prefill-on webgpu --max-cache-lens 1 --no-genai \
+    --new-tokens 16 --reps 2 --device-option buffer_cache_mode=bucket,disabled --set prefill_on=webgpu \
+    --set static_lens=1 --set genai=none \
     --out "$out/stairs"
-  step seed 240 kv bench --models phi4-kv --precisions int4 --devices webgpu --contexts 2048,4096 --new-tokens 256 \
-    --reps 1 --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 --out "$out/seed"
+  step seed 240 kv bench --models phi4-kv:int4 --devices webgpu --contexts 2048,4096 --new-tokens 256 \
+    --reps 1 --set genai=webgpu --set prefill_on=webgpu --set static_lens=1 --out "$out/seed"
   ;;
 capture)
   CAP=${CAPTURE_PRECISIONS:-fp16}
@@ -118,16 +119,16 @@ capture)
   step build 420 builds toy:fp32:graph $(for p in ${CAP//,/ }; do printf "$M:%s $M:%s:graph " $p $p; done) ${EXTRA_BUILDS:-}
   step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_capture.py tests/test_plugin.py \
     -k "not optimum and not whole_suite"
-  step capture 500 kv bench --models "$M" --precisions "$CAP" --devices webgpu --contexts "${CAPTURE_CONTEXTS:-1024,2048,4096,8192}" \
-    --new-tokens "${NEW:-32}" --reps "${REPS:-3}" --genai-on webgpu --prefill-on webgpu --max-cache-lens 1 \
-    --graph-capture --no-charts --out "$out/capture"
+  step capture 500 kv bench --models "$M" --set precisions="$CAP" --devices webgpu --contexts "${CAPTURE_CONTEXTS:-1024,2048,4096,8192}" \
+    --new-tokens "${NEW:-32}" --reps "${REPS:-3}" --set genai=webgpu --set prefill_on=webgpu --set static_lens=1 \
+    --set graph_capture=on --no-charts --out "$out/capture"
   ;;
 beyond)
   PRESETS=${PRESETS:-sliding-toy,gemma2-toy,mistral-toy,conv-toy,hybrid-toy}
   step build 300 builds $(for m in ${PRESETS//,/ }; do printf "%s:fp32 " $m; done)
   step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_beyond_full.py -k "webgpu"
   step beyond 400 kv bench --models "$PRESETS" --devices webgpu --contexts "${BEYOND_CONTEXTS:-1024,8192}" \
-    --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --no-genai --prefill-on webgpu --max-cache-lens 1 --no-charts \
+    --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --set genai=none --set prefill_on=webgpu --set static_lens=1 --no-charts \
     --out "$out/beyond"
   ;;
 kvshared)  # the window of the KV-shared sliding layer is 16: WebGPU runs only sequences within it (kvlab refuses more)
@@ -140,25 +141,25 @@ kvshared)  # the window of the KV-shared sliding layer is 16: WebGPU runs only s
 phases)
   step build 200 builds phi4-kv:fp32 phi4-kv:fp16
   for p in ${PRECISIONS:-fp32 fp16}; do for c in ${PHASE_CONTEXTS:-1024 4096 16384}; do
-    [ -n "${PHASE_TOKEN_ONLY:-}" ] || step "phases_${p}_$c" 200 kv profile --phases --model phi4-kv --precision "$p" \
-      --device webgpu --context "$c" --new-tokens 32 --rounds 3 --no-token-on-device \
-      --json "$out/phases_${p}_$c.json"
-    step "phases_${p}_${c}_token" 200 kv profile --phases --model phi4-kv --precision "$p" --device webgpu \
-      --context "$c" --new-tokens 32 --rounds 3 --token-on-device --json "$out/phases_${p}_${c}_token.json"
+    [ -n "${PHASE_TOKEN_ONLY:-}" ] || step "phases_${p}_$c" 200 kv profile phases --model "phi4-kv:$p" \
+      --device webgpu --context "$c" --new-tokens 32 --rounds 3 --token-on-device off \
+      --out "$out/phases_${p}_$c.json"
+    step "phases_${p}_${c}_token" 200 kv profile phases --model "phi4-kv:$p" --device webgpu \
+      --context "$c" --new-tokens 32 --rounds 3 --token-on-device --out "$out/phases_${p}_${c}_token.json"
   done; done
   bench_contexts=${PHASE_BENCH-1024,2048,4096,8192}  # PHASE_BENCH= (empty): the profiles only
-  [ -z "$bench_contexts" ] || step bench 400 kv bench --models phi4-kv --precisions "${BENCH_PRECISIONS:-fp32,fp16}" \
-    --devices webgpu --contexts "$bench_contexts" --new-tokens 32 --reps "${REPS:-3}" --genai-on webgpu \
-    --prefill-on webgpu --max-cache-lens 1 --token-on-device --no-charts --out "$out/bench"
+  [ -z "$bench_contexts" ] || step bench 400 kv bench --models phi4-kv --set precisions="${BENCH_PRECISIONS:-fp32,fp16}" \
+    --devices webgpu --contexts "$bench_contexts" --new-tokens 32 --reps "${REPS:-3}" --set genai=webgpu \
+    --set prefill_on=webgpu --set static_lens=1 --set token_on_device=on --no-charts --out "$out/bench"
   ;;
 argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax, the two-stage argmax in blocks
   step build 200 builds smollm2-shape:fp32 phi4-kv:fp16
   for m in ${ARGMAX_MODELS:-smollm2-shape:fp32 phi4-kv:fp16}; do for c in ${ARGMAX_CONTEXTS:-1024 4096 8000}; do
     name=${m%%:*}; p=${m##*:}
     for r in host single blocks; do
-      flags=(--token-on-device --greedy-reduction "$r"); [ "$r" = host ] && flags=(--no-token-on-device)
-      step "argmax_${name}_${p}_${c}_$r" 120 kv profile --phases --model "$name" --precision "$p" --device webgpu \
-        --context "$c" --new-tokens 32 --rounds 3 "${flags[@]}" --json "$out/argmax_${name}_${p}_${c}_$r.json"
+      flags=(--token-on-device "$r"); [ "$r" = host ] && flags=(--token-on-device off)
+      step "argmax_${name}_${p}_${c}_$r" 120 kv profile phases --model "$name:$p" --device webgpu \
+        --context "$c" --new-tokens 32 --rounds 3 "${flags[@]}" --out "$out/argmax_${name}_${p}_${c}_$r.json"
     done
   done; done
   ;;
@@ -172,17 +173,17 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
   for c in $cells; do
     IFS=: read -r m p ctx rest <<<"$c"; flags=()
     for x in ${rest//:/ }; do case $x in
-      graph) flags+=(--graph-capture) ;; host) flags+=(--no-token-on-device) ;;
-      check=*) flags+=(--check-every "${x#check=}") ;; block=*) flags+=(--block "${x#block=}") ;;
-      sides=*) flags+=(--sides "${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
-      mode=*) flags+=(--buffer-cache-mode "${x#mode=}") ;; valid=*) flags+=(--validation-mode "${x#valid=}") ;;
-      per=*) flags+=(--tokens-per-read "${x#per=}") ;;
+      graph) flags+=(--graph-capture) ;; host) flags+=(--token-on-device off) ;;
+      check=*) flags+=(--set "check_every=${x#check=}") ;; block=*) flags+=(--set "block=${x#block=}") ;;
+      sides=*) flags+=(--set "sides=${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
+      mode=*) flags+=(--set "buffer_cache_mode=${x#mode=}") ;; valid=*) flags+=(--set "validation_mode=${x#valid=}") ;;
+      per=*) flags+=(--set "tokens_per_read=${x#per=}") ;;
     esac; done
     base="lockstep_${c//[:=+]/_}"; name=$base; n=1  # a cell named twice runs twice: ..._2 for the second
     while [[ -e "$out/$name.log" ]]; do n=$((n + 1)); name="${base}_$n"; done
-    step "$name" "${LOCKSTEP_LIMIT:-150}" kv profile --lockstep --model "$m" --precision "$p" \
+    step "$name" "${LOCKSTEP_LIMIT:-150}" kv profile lockstep --model "$m:$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \
-      --json "$out/$name.json"
+      --out "$out/$name.json"
   done
   ;;
 probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
@@ -202,8 +203,8 @@ probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
     ALONE=${ALONE-genai,genai kvlab,kvlab}
   fi
   for sides in ${ALONE:-}; do
-    step "alone_${sides/,/_}" 120 kv profile --lockstep --graph-capture --sides "$sides" "${args[@]}" --device webgpu \
-      --new-tokens 96 --rounds 1 --json "$out/alone_${sides/,/_}.json"
+    step "alone_${sides/,/_}" 120 kv profile lockstep --graph-capture --set "sides=$sides" --model "$m:$p" \
+      --context "$c" --device webgpu --new-tokens 96 --rounds 1 --out "$out/alone_${sides/,/_}.json"
   done
   ;;
 matrix)  # the rest of the bench matrix: kv-heavy with the genai row in every mode, phi4-kv fp16 in the modes
@@ -212,13 +213,13 @@ matrix)  # the rest of the bench matrix: kv-heavy with the genai row in every mo
   gpu_bench() {  # gpu_bench NAME MODEL MODE CONTEXTS [more bench flags]
     local name=$1 model=$2 mode=$3 contexts=$4; shift 4
     step "$name" "${MATRIX_LIMIT:-100}" kv bench --models "$model" --devices webgpu --contexts "$contexts" \
-      --new-tokens 16 --reps 1 --buffer-cache-modes "$mode" --genai-on webgpu --prefill-on webgpu \
-      --max-cache-lens 1 --no-charts --out "$out/$mode/$model" "$@"; }
+      --new-tokens 16 --reps 1 --device-option "buffer_cache_mode=$mode" --set genai=webgpu --set prefill_on=webgpu \
+      --set static_lens=1 --no-charts --out "$out/$mode/$model" "$@"; }
   for mode in bucket simple lazyRelease disabled; do
     gpu_bench "matrix_kv-heavy_$mode" kv-heavy "$mode" "${KV_CONTEXTS:-256,1024,4096,8000}"
   done
   for mode in simple lazyRelease disabled; do
-    gpu_bench "matrix_phi4-kv_$mode" phi4-kv "$mode" "${PHI_CONTEXTS:-1024,4096,16384}" --precisions fp16
+    gpu_bench "matrix_phi4-kv_$mode" phi4-kv "$mode" "${PHI_CONTEXTS:-1024,4096,16384}" --set precisions=fp16
   done
   gpu_bench matrix_smollm2-shape_bucket smollm2-shape bucket "${SMOL_CONTEXTS:-256,1024,4096,8000}"
   ;;
@@ -232,9 +233,9 @@ browser)  # the seed's staircase in onnxruntime-web's own WebGPU code: Dawn in N
   BP=${BROWSER_PRECISIONS:-int4,fp16}
   step build 300 builds $(for p in ${BP//,/ }; do printf "phi4-kv:%s " $p; done)
   for p in ${BP//,/ }; do
-    step "browser_phi4-kv_$p" "${BROWSER_LIMIT:-240}" kv browser-bench --host node --adapter auto --models phi4-kv \
-      --precision "$p" --contexts "${BROWSER_CONTEXTS:-1024,2048,4096,8192}" --new-tokens "${NEW:-16}" \
-      --reps "${REPS:-2}" --reference caches --no-charts --out "$out/browser/phi4-kv-$p"
+    step "browser_phi4-kv_$p" "${BROWSER_LIMIT:-240}" kv browser-bench --host node --adapter auto \
+      --models "phi4-kv:$p" --contexts "${BROWSER_CONTEXTS:-1024,2048,4096,8192}" --new-tokens "${NEW:-16}" \
+      --reps "${REPS:-2}" --set reference=caches --no-charts --out "$out/browser/phi4-kv-$p"
   done
   ;;
 colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine without a registry allows: a virtual
@@ -267,8 +268,8 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
   step doctor_icd_by_hand 300 env VK_ICD_FILENAMES=/tmp/nvidia_icd_by_hand.json python3 -m kvlab doctor
   step build 400 builds smollm2-shape:fp32 phi4-kv:fp32
   step main_job 300 kv compare --model smollm2-shape --device cpu --prompt-file data/prompts/long.txt --max-new-tokens 64
-  step advice 400 kv bench --models phi4-kv --devices webgpu --contexts 2048,4096 --new-tokens 16 --reps 1 --no-genai \
-    --prefill-on webgpu --max-cache-lens 1 --no-charts --out "$out/advice"
+  step advice 400 kv bench --models phi4-kv --devices webgpu --contexts 2048,4096 --new-tokens 16 --reps 1 \
+    --set genai=none --set prefill_on=webgpu --set static_lens=1 --no-charts --out "$out/advice"
   ;;
 *) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, capture, beyond, kvshared, phases, argmax, lockstep, bar, probe, matrix, browser, colab)" >&2
    exit 2 ;;

@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +98,25 @@ def ctrl_c_as_in_a_terminal() -> None:
     """``preexec_fn`` of a child a test sends Ctrl-C (SIGINT) to: SIGINT at its default there, as a terminal gives
     it, also when this run inherited it ignored (a job started in the background by a shell without job control)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def busy_cores(n: int) -> Iterator[None]:
+    """``n`` processes spinning on arithmetic for the block, each running before it starts, killed and reaped after
+    it (what a machine whose cores other work keeps busy looks like to kvlab)."""
+    spin = "import sys; print('ready', flush=True)\nwhile True: pass"
+    procs = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True))
+        for p in procs:
+            p.stdout.readline()
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

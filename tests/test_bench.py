@@ -106,7 +106,7 @@ def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
     assert abs(parts - ops["(run)"]["ms_per_step"]) < 1e-6 and ops["(run)"]["share"] == 1.0
     assert ort.opened("cpu") is None and "profile" not in ort.open_device("cpu").ep_options
     proc = subprocess.run(
-        [KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "2"],
+        [KVLAB, "profile", "ops", "--model", "toy", "--context", "16", "--new-tokens", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -114,7 +114,7 @@ def test_op_profile_breaks_a_decode_step_down_by_operator(tmp_path, toy):
     assert proc.returncode == 2 and "new_tokens=2 must be an int >= 3" in proc.stderr
     out = tmp_path / "ops.csv"
     proc = subprocess.run(
-        [KVLAB, "profile", "--model", "toy", "--context", "16", "--new-tokens", "4", "--csv", str(out)],
+        [KVLAB, "profile", "ops", "--model", "toy", "--context", "16", "--new-tokens", "4", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -182,7 +182,7 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
 
 
 def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
-    """``kvlab profile --phases`` on the real toy session and onnxruntime-genai: the phases timed inside a step
+    """``kvlab profile phases`` on the real toy session and onnxruntime-genai: the phases timed inside a step
     and the rest add up to the step's wall time, the step and the loop add up to the token-to-token time, genai's
     tokens equal kvlab's, and the ratios are paired by round. The runtime's copies of host inputs are counted as
     the runtime's (the record's run_ms), not as Python's own time."""
@@ -190,7 +190,7 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
 
     r = bench.step_phases(toy, "cpu", context=24, new_tokens=6, rounds=2, token_on_device=False)
     rows = {row["phase"]: row["ms_per_step"] for row in r["rows"]}
-    assert list(rows) == list(bench.anatomy.PHASES)
+    assert list(rows) == list(bench.phases.PHASES)
     assert r["tokens_equal_genai"] and r["kvlab_tokens_repeat"]
     assert rows["ort run"] > 0 and rows["read back"] > 0 and rows["runtime binds inputs"] > 0
     assert len(r["step_ratios"]) == 2 and r["step_ratio"] == float(np.median(r["step_ratios"]))
@@ -200,7 +200,7 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     # token time (medians of sums are not sums of medians, so the per-step values are what is checked)
     assert len(r["per_step_ms"]) >= 2 * 3
     for step in r["per_step_ms"]:
-        assert all(step[p] > -1e-6 for p in bench.anatomy.PHASES), step
+        assert all(step[p] > -1e-6 for p in bench.phases.PHASES), step
         assert step["wall"] + step["between steps"] == pytest.approx(step["token to token"]), step
         assert step["python"] <= step["wall"], step
     out = tmp_path / "phases.json"
@@ -208,7 +208,7 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
         [
             KVLAB,
             "profile",
-            "--phases",
+            "phases",
             "--model",
             "toy",
             "--context",
@@ -217,8 +217,7 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
             "4",
             "--rounds",
             "1",
-            "--no-genai",
-            "--json",
+            "--out",
             str(out),
         ],
         capture_output=True,
@@ -232,9 +231,9 @@ def test_step_phases_account_for_a_whole_decode_step(tmp_path, toy):
     # the label names the model as built and its weights, not only the KV cache's precision
     assert f"({toy.name}: {toy.info.weights} weights, {saved['precision']} KV cache, on cpu;" in proc.stdout
     proc = subprocess.run(
-        [KVLAB, "profile", "--phases", "--model", "toy", "--rounds", "0"], capture_output=True, text=True, timeout=300
+        [KVLAB, "profile", "phases", "--model", "toy", "--rounds", "0"], capture_output=True, text=True, timeout=300
     )
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "rounds=0 must be a positive int" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "argument --rounds: 0 must be >= 1" in proc.stderr
 
 
 def test_a_context_past_a_models_length_is_refused_before_anything_runs(toy):
@@ -287,8 +286,8 @@ def test_a_stopped_bench_keeps_the_contexts_it_finished(tmp_path, ctrl_c):
             "64",
             "--reps",
             "1",
-            "--max-cache-lens",
-            "1",
+            "--set",
+            "static_lens=1",
             "--no-charts",
             "--out",
             str(out),
@@ -336,3 +335,22 @@ def test_a_finished_bench_says_it_is_complete(tmp_path):
         log=lambda _: None,
     )
     assert result["complete"] is True and {r["context"] for r in result["rows"]} == {16}
+
+
+def test_a_target_tagged_with_a_precision_runs_in_that_precision_only(tmp_path):
+    """``--models smollm2:int4`` (a Plan target ``("smollm2:int4", device)``) runs int4 alone; an untagged target
+    runs in each of the plan's precisions; a directory keeps its name whole, a colon in it included."""
+    from kvlab import ConfigError
+    from kvlab.bench import Plan
+
+    odd = str(tmp_path / "a:b")
+    plan = Plan(targets=[("smollm2:int4", "cpu"), ("toy", "webgpu"), (odd, "cpu")], precisions=["fp32", "fp16"])
+    assert plan.runs() == [
+        ("smollm2", "int4", "cpu"),
+        ("toy", "fp32", "webgpu"),
+        ("toy", "fp16", "webgpu"),
+        (odd, "fp32", "cpu"),
+        (odd, "fp16", "cpu"),
+    ]
+    with pytest.raises(ConfigError, match="precision 'int3' is not valid"):
+        Plan(targets=[("toy:int3", "cpu")]).runs()

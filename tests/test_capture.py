@@ -287,29 +287,27 @@ def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
         "compare",
         "--device",
         "webgpu",
-        "--graph-capture",
-        "--prompt",
+        "--cache",
+        "dynamic,static@64,graph@64",
         "abc",
         "--max-new-tokens",
         "6",
         "--ignore-eos",
-        "--max-cache-len",
-        "64",
         "--json",
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    assert list(out["runs"]) == ["dynamic", "static", "static graph"] and out["identical"] is True
-    assert out["runs"]["static graph"]["label"]["cache"]["variant"] == "graph"
-    assert out["runs"]["static graph"]["summary"]["tensors_per_step"] == 0
+    assert list(out["runs"]) == ["dynamic", "static@64", "graph@64"] and out["identical"] is True
+    assert out["runs"]["graph@64"]["label"]["cache"]["variant"] == "graph"
+    assert out["runs"]["graph@64"]["summary"]["tensors_per_step"] == 0
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "--graph-capture"], "--graph-capture records WebGPU command buffers; it needs --device webgpu"),
-        (["generate", "--graph-capture", "--device", "webgpu", "--cache", "dynamic"], "needs --cache static"),
-        (["compare", "--graph-capture", "--device", "cpu"], "needs --device webgpu, not cpu"),
+        (["generate", "--cache", "graph"], "--cache graph replays a captured WebGPU graph; it needs --device webgpu"),
+        (["generate", "--cache", "graph", "--device", "webgpu", "--kv-precision", "int8"], "holds the model's KV"),
+        (["compare", "--cache", "dynamic,static,graph", "--device", "cpu"], "needs --device webgpu, not cpu"),
     ],
 )
 def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message):
@@ -318,7 +316,7 @@ def test_graph_capture_flags_that_cannot_work_are_one_line_errors(args, message)
 
 
 def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
-    """kvlab bench --graph-capture: static vs static + graph vs genai plain and captured, with the process's and
+    """kvlab bench --set graph_capture=on: static vs static + graph vs genai plain and captured, with the process's and
     the loop thread's CPU time per step, from paired runs."""
     import json
 
@@ -334,11 +332,12 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
         "5",
         "--reps",
         "2",
-        "--graph-capture",
-        "--genai-on",
-        "webgpu",
-        "--max-cache-lens",
-        "64",
+        "--set",
+        "graph_capture=on",
+        "--set",
+        "genai=webgpu",
+        "--set",
+        "static_lens=64",
         "--no-charts",
         "--out",
         str(tmp_path),

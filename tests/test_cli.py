@@ -26,7 +26,6 @@ def test_compare_json_smollm2_cpu():
         "--device",
         "cpu",
         "--chat",
-        "--prompt",
         "What is the capital of France?",
         "--max-new-tokens",
         "20",
@@ -89,10 +88,7 @@ def test_generate_and_python_dash_m():
             "--model",
             "toy",
             "--cache",
-            "static",
-            "--max-cache-len",
-            "64",
-            "--prompt",
+            "static@64",
             "hi",
             "--max-new-tokens",
             "4",
@@ -105,24 +101,24 @@ def test_generate_and_python_dash_m():
     )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert list(out["runs"]) == ["static"] and len(out["runs"]["static"]["token_ids"]) == 4
+    assert list(out["runs"]) == ["static@64"] and len(out["runs"]["static@64"]["token_ids"]) == 4
     assert out["max_cache_len"] == 64
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "--model", "toy", "--max-cache-len", "0"], "max_cache_len=0 must be a positive int"),
+        (["generate", "--model", "toy", "--cache", "static@0"], "cache 'static@0' is not valid"),
         (
-            ["generate", "--model", "toy", "--max-cache-len", "3", "--prompt", "far too long a prompt"],
+            ["generate", "--model", "toy", "--cache", "static@3", "far too long a prompt"],
             "positions are needed but max_cache_len is 3",
         ),
         (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
-        (["generate", "--model", "toy", "--prompt", ""], "the prompt is empty"),
+        (["generate", "--model", "toy", ""], "the prompt is empty"),
         (["generate", "--model", "toy", "--sample", "--token-on-device"], "sampling (do_sample=True) needs the logits"),
-        (["generate", "--model", "toy", "--cache", "dynamic", "--max-cache-len", "8"], "applies to --cache static"),
+        (["generate", "--model", "toy", "--cache", "dynamic@8"], "cache 'dynamic@8' is not valid"),
         (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
-        (["generate", "--model", "toy", "--max-cache-len", "99999"], "larger than model toy's context length 4096"),
+        (["generate", "--model", "toy", "--cache", "static@99999"], "larger than model toy's context length 4096"),
     ],
 )
 def test_errors_exit_nonzero_with_message_on_stderr(args, message):
@@ -134,8 +130,8 @@ def test_errors_exit_nonzero_with_message_on_stderr(args, message):
 def test_argparse_rejects_unknown_choices():
     r = kvlab("generate", "--device", "tpu")
     assert r.returncode == 2 and "invalid choice: 'tpu'" in r.stderr
-    r = kvlab("generate", "--buffer-cache-mode", "huge", "--device", "webgpu")
-    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr
+    r = kvlab("generate", "--device-option", "buffer_cache_mode=huge", "--device", "webgpu")
+    assert r.returncode == 2 and "buffer cache mode 'huge' is not valid" in r.stderr
 
 
 def test_doctor_json():

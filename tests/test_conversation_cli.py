@@ -1,6 +1,6 @@
 """``kvlab chat``: a scripted or piped conversation prints each turn with the positions it reused and prefilled and
 its time to first token; ``/back`` takes a turn back; a turn that does not fit, or a bad flag, is one line on stderr
-and exit 2, with the turns before it printed; Ctrl-C exits 130. ``kvlab chat --bench`` writes results.json with its
+and exit 2, with the turns before it printed; Ctrl-C exits 130. ``kvlab chat-bench`` writes results.json with its
 environment and a row per turn (reused against re-prefilled). All on the toy model, on the CPU EP."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_stdin_lines_and_back(capsys, monkeypatch):
 
 
 def test_a_turn_that_does_not_fit_is_one_line_and_exit_2(capsys):
-    rc = main([*TOY, "--max-cache-len", "60", "--turn", "a short one", "--turn", "x " * 80, "--turn", "never"])
+    rc = main([*TOY, "--cache", "static@60", "--turn", "a short one", "--turn", "x " * 80, "--turn", "never"])
     out, err = capsys.readouterr()
     assert rc == 2 and len(_turns(out)) == 1
     assert err.count("\n") == 1 and err.startswith("kvlab: error: chat: turn 2: turn 2 does not fit")
@@ -59,16 +59,21 @@ def test_a_turn_that_does_not_fit_is_one_line_and_exit_2(capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--max-new-tokens", "0", "--turn", "hi"],
-        ["--max-cache-len", "0", "--turn", "hi"],
-        ["--lookup", "0", "--turn", "hi"],
-        ["--bench", "--turns", "0"],
+        ["chat", "--max-new-tokens", "0", "--turn", "hi"],
+        ["chat", "--cache", "static@0", "--turn", "hi"],
+        ["chat", "--cache", "dynamic,static", "--turn", "hi"],
+        ["chat", "--lookup", "0", "--turn", "hi"],
+        ["chat-bench", "--turns", "0"],
+        ["chat-bench", "--probe", "-2"],
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(capsys, argv):
-    assert main(["chat", "--model", "toy", *argv]) == 2
+    try:
+        rc = main([*argv, "--model", "toy"])
+    except SystemExit as stop:  # argparse's own checks exit from inside the parser
+        rc = stop.code
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("kvlab: error: chat: "), err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"kvlab: error: {argv[0]}: "), err
 
 
 def test_a_bad_flag_is_one_line_and_exit_2(capsys):
@@ -85,7 +90,7 @@ def test_lookup_reports_drafts(capsys):
 
 
 def test_bench_writes_rows_with_their_environment(tmp_path, capsys):
-    argv = ["chat", "--bench", "--model", "toy", "--turns", "2", "--turn-tokens", "24", "--probe", "6"]
+    argv = ["chat-bench", "--model", "toy", "--turns", "2", "--turn-tokens", "24", "--probe", "6"]
     assert main([*argv, "--new-tokens", "4", "--reps", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "results.json").read_text())
     assert {"versions", "backend_package", "cpu", "commit", "date"} <= set(result["environment"])

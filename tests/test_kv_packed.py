@@ -69,7 +69,7 @@ def test_packed_kv_runs_on_the_plugin_ep(toy, kind):
 def test_compare_kv_precision_runs_where_kv_is_packed_and_is_refused_in_one_line_elsewhere():
     """``kvlab compare --kv-precision int8``: both caches packed on the plugin EP (tokens equal between them); on
     the CPU EP (either package) exit 2 with one line naming the runtime."""
-    base = [sys.executable, "-m", "kvlab", "compare", "--model", "toy", "--prompt", "hi", "--max-new-tokens", "4"]
+    base = [sys.executable, "-m", "kvlab", "compare", "--model", "toy", "hi", "--max-new-tokens", "4"]
     cpu = subprocess.run([*base, "--device", "cpu", "--kv-precision", "int8"], capture_output=True, text=True)
     assert cpu.returncode == 2 and cpu.stderr.count("\n") == 1, cpu.stderr
     assert "kv_precision='int8') cannot run on cpu with" in cpu.stderr
@@ -100,14 +100,15 @@ def test_a_hardware_adapter_is_refused_as_measured_on_the_h200():
 
 
 def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(toy, tmp_path):
-    """``kvlab bench --kv-precision int8`` (or int8,int4): on the plugin EP each cache runs again with its KV packed,
-    beside its twin in the same paired rounds, and the report gives its step against the twin's (tokens reported, not
-    required equal: packed KV is lossy); elsewhere one line, exit 2, before anything runs. In a process of its own,
-    as a user runs it (the bench opens WebGPU in the buffer cache mode it measures)."""
+    """``kvlab bench --set kv_precisions=int8`` (or int8,int4): on the plugin EP each cache runs again with its KV
+    packed, beside its twin in the same paired rounds, and the report gives its step against the twin's (tokens
+    reported, not required equal: packed KV is lossy); elsewhere one line, exit 2, before anything runs. In a process
+    of its own, as a user runs it (the bench opens WebGPU in the buffer cache mode it measures)."""
     import json
 
     argv = ["bench", "--models", "toy", "--devices", "webgpu", "--contexts", "16", "--new-tokens", "4", "--reps", "1"]
-    argv += ["--max-cache-lens", "1", "--no-genai", "--no-token-on-device", "--kv-precision", "int8", "--no-charts"]
+    argv += ["--set", "static_lens=1", "--set", "genai=none", "--set", "token_on_device=off"]
+    argv += ["--set", "kv_precisions=int8", "--no-charts"]
     r = subprocess.run([sys.executable, "-m", "kvlab", *argv, "--out", str(tmp_path)], capture_output=True, text=True)
     if not installed():
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr

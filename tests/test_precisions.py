@@ -103,7 +103,7 @@ def test_precisions_that_cannot_run_are_named(precision, message):
 def test_a_directory_keeps_its_own_precision(toy):
     with pytest.raises(ConfigError, match=r"precision='int4' applies to built-in models"):
         kvlab.load(toy.info.path, precision="int4")
-    r = subprocess.run([KVLAB, "generate", "--model", "toy", "--precision", "bf16"], capture_output=True, text=True)
+    r = subprocess.run([KVLAB, "generate", "--model", "toy:bf16"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith("kvlab: error: precision 'bf16' cannot run here")
 

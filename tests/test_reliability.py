@@ -218,7 +218,7 @@ def test_the_command_line_turns_ctrl_c_and_defects_into_one_line(capsys, device,
     dev = open_device(device)
     baseline = dev.live_tensors
     with fault("commit", at_call=3, error=error):
-        rc = main(["compare", "--device", device, "--prompt", "hi", "--max-new-tokens", "6"])
+        rc = main(["compare", "--device", device, "hi", "--max-new-tokens", "6"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == code and len(err) == 1 and err[0].startswith(line), err
     assert dev.live_tensors == baseline

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run_python
+from conftest import busy_cores, run_python
 
 from kvlab import ConfigError, DeviceError, open_device
 from kvlab.core.devices import BUFFER_CACHE_MODES
@@ -71,10 +71,11 @@ print(s.intra_op_num_threads, s.get_session_config_entry('session.intra_op.allow
 def test_the_cpu_default_uses_every_core_and_spins_only_on_a_quiet_machine(toy):
     """kvlab's CPU EP default: a thread per physical core psutil counts (ONNX Runtime's own count); the threads spin
     only where most cores were idle when the device opened, measured then (real processes keep the cores busy for
-    the second run); the label says which setting ran and why; the bench's "ort" setting is ONNX Runtime's own."""
+    the second run); the label says which setting ran and why; ONNX Runtime's own setting is a thread per physical
+    core, spinning."""
     import psutil
 
-    from kvlab.bench.load import check_setting, competing
+    from kvlab.ort.runtime.options import ort_defaults
 
     code = """
 import kvlab
@@ -84,14 +85,13 @@ print(d.ep_options['threads'], s.intra_op_num_threads, d.ep_options['spinning'])
 print(d.label.settings)
 """
     physical = min(psutil.cpu_count(logical=False) or os.cpu_count(), len(os.sched_getaffinity(0)))
-    with competing(2 * len(os.sched_getaffinity(0))):
+    with busy_cores(2 * len(os.sched_getaffinity(0))):
         busy = run_python(code)
     assert busy.returncode == 0, busy.stderr
     numbers, why = busy.stdout.splitlines()
     assert numbers.split() == [str(physical), str(physical), "0"]
     assert why.startswith(f"{physical} threads, not spinning: ") and why.endswith("when the device opened (busy)")
-    assert check_setting("ort") == {"threads": physical, "spinning": True}
-    assert check_setting("default") == {}
+    assert ort_defaults() == {"threads": physical, "spinning": True}
 
 
 def test_the_spinning_rule_reads_the_idle_cores():

@@ -126,7 +126,7 @@ def test_refusals(toy):
 
 
 def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
-    """``kvlab bench --token-on-device``: each static cache runs again with the token kept on the device, in the
+    """``kvlab bench --set token_on_device=on``: each static cache runs again with the token kept on the device, in the
     same paired rounds, with the same tokens."""
     from kvlab.bench import Plan, report, run_plan
 
@@ -168,7 +168,7 @@ def test_a_greedy_graph_that_cannot_be_written_is_a_model_error(toy, tmp_path):
 
 
 def test_step_phases_default_to_what_generate_runs(toy):
-    """``kvlab profile --phases`` without a token flag measures generate()'s default (``token_on_device="auto"``):
+    """``kvlab profile phases`` without a token flag measures generate()'s default (``token_on_device="auto"``):
     the reduction auto picks for this vocabulary on this adapter, named in the result (the host path, "", on the
     CPU EP and on a software adapter)."""
     from kvlab import bench
@@ -181,7 +181,7 @@ def test_step_phases_default_to_what_generate_runs(toy):
 
 
 def test_step_phases_with_the_token_on_device(toy):
-    """``kvlab profile --phases --token-on-device``: kvlab's rounds keep the token on the device (real sessions,
+    """``kvlab profile phases --token-on-device``: kvlab's rounds keep the token on the device (real sessions,
     SwiftShader) and repeat their tokens, which equal the host path's."""
     from kvlab import bench
 

@@ -44,7 +44,7 @@ def test_backend_reexports_the_graph_runner():
 
 def test_import_pulls_neither_onnxruntime_nor_tokenizers():
     out = run_python(
-        "import sys, kvlab.pytorch, kvlab.bench.pytorch; "
+        "import sys, kvlab.pytorch; "
         "print(sorted(m for m in ('onnxruntime', 'onnxruntime_genai', 'tokenizers', 'torch') "
         "if m in sys.modules))"
     )
@@ -189,26 +189,6 @@ def test_smollm2_torch_matches_ort_static_cache(smollm2):
     run = tg.GraphRunner(model, 64, mode="eager").decode_greedy(ort.prompt_ids, 12)
     assert dyn.token_ids == sta.token_ids == run == ort.token_ids
     assert "Paris" in dyn.text
-
-
-def test_bench_runs_on_cpu(tmp_path):
-    from kvlab.bench import pytorch as torch_bench
-
-    res = torch_bench.run_config("tiny", "float32", 16, 6, ["eager-dynamic", "graph-eager"], "cpu", repeats=1)
-    r = res["results"]
-    assert r["graph-eager"]["tokens"] == r["eager-dynamic"]["tokens"] and r["graph-eager"]["tokens_equal_eager_dynamic"]
-    assert len(r["eager-dynamic"]["top2_margin"]["first_20"]) == 6
-    assert r["graph-eager"]["teacher_forced"] == {
-        "steps": 6,
-        "agree": 6,
-        "differ_at": [],
-        "eager_top2_margin_at_differ": [],
-    }
-    import json
-
-    (tmp_path / "tiny_float32.json").write_text(json.dumps(res))
-    assert "| tiny_float32 | graph-eager |" in torch_bench.summarize(tmp_path)
-    assert "| 6/6 |" in torch_bench.summarize(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -307,9 +307,9 @@ def test_chromium_choice_and_flags(monkeypatch, tmp_path):
     [
         (["--contexts", "1k"], "argument --contexts: '1k': '1k' is not an int"),
         (["--contexts", "0"], "0 must be >= 1"),
-        (["--caches", "static@0"], "cache 'static@0' is not valid"),
+        (["--cache", "static@0"], "cache 'static@0' is not valid"),
         (["--host", "safari"], "invalid choice: 'safari'"),
-        (["--timeout", "-1"], "-1.0 must be > 0"),
+        (["--set", "timeout=-1"], "--set 'timeout=-1': -1.0 must be > 0"),
     ],
 )
 def test_cli_bad_flags_are_one_line_exit_2(flags, says):

@@ -4,7 +4,7 @@ with ``Conversation.say(prefill_chunk=c)`` for each chunk size c, against a from
     python3 data/conversation/chunked_ttft.py [--model phi4-kv --device webgpu --histories 1984,3936
         --chunks 0,1,2,3,4,6,8,11,16,17 --reps 3 --out OUT.json]
 
-Chunk 0: one step (the default on a hardware adapter). The history is real text (kvlab.bench.conversation's turns,
+Chunk 0: one step (the default on a hardware adapter). The history is real text (kvlab.bench.ttft's turns,
 8 reply tokens each) grown to each length; each measured message is taken back (``rewind_turn``). Rows: the median
 time to first token per chunk, the median step time by the positions a step fed, the first token (equal across
 chunks?), and the re-prefill's time.
@@ -18,7 +18,7 @@ import statistics
 
 import kvlab
 from kvlab import Conversation, StaticCache, generate
-from kvlab.bench.conversation import text_ids, ttft_ms
+from kvlab.bench.ttft import text_ids, ttft_ms
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
                             if r.phase == "prefill":
                                 steps.setdefault(r.n_tokens, []).append(r.wall_ms)
             fresh = []
-            for _ in range(2):  # as kvlab.bench.conversation does: a conversation on a second cache, all fed
+            for _ in range(2):  # as kvlab.bench.ttft does: a conversation on a second cache, all fed
                 with Conversation(model, cache=scratch, device=args.device) as again:
                     fresh.append(again.say(prompt, 1, stop_on_eos=False))
             row = {

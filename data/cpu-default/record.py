@@ -14,8 +14,9 @@ import json
 import platform
 from pathlib import Path
 
+from competing import competing
+
 import kvlab
-from kvlab.bench.load import competing
 from kvlab.bench.outside import per_token_vs_genai, summary
 from kvlab.ort.runtime.backend import versions
 from kvlab.ort.runtime.device import private_device

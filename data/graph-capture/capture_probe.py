@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import kvlab
-from kvlab.bench.lockstep import prompt_ids
+from kvlab.bench.plan import prompt_ids
 from kvlab.core.devices import BUFFER_CACHE_MODES
 from kvlab.ort.decode.caches import capture_binding
 from kvlab.ort.decode.caches import captured as capture

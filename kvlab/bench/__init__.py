@@ -1,10 +1,17 @@
-"""``kvlab bench`` and ``kvlab profile``: paired, interleaved decode benchmarks of the caches with
-onnxruntime-genai as a peer and the machine's memory bandwidth as the roofline; a decode step by ONNX operator.
-``python -m kvlab.bench.pytorch``: the PyTorch paths (eager caches, CUDA graphs) on one device."""
+"""Measurements a user runs from the package: ``kvlab bench``'s paired, interleaved decode sweep of the caches with
+onnxruntime-genai as a peer and the machine's memory bandwidth as the roofline (``plan``, ``sweep``, ``variants``,
+``machine``, ``weights``, ``results``); ``kvlab profile``'s modes: a decode step by ONNX operator (``profile``), by
+phase (``phases``), kvlab's and genai's loops in turns (``lockstep``, ``loops``); ``kvlab trace`` (``trace``);
+``kvlab chat-bench`` (``ttft``); the CI guard's loop timed from outside (``outside``); and the quantized-KV quality
+table (``kv_quality``, ``python -m kvlab.bench.kv_quality``).
 
-from .anatomy import step_phases
+Imports: ``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.pytorch`` (``kv_quality``) and
+``kvlab.lab.recorded`` (``results``: the charts); never ``kvlab.cli`` or ``kvlab.web``, which import it. Recordings'
+own experiments live beside their results in ``data/<question>/``."""
+
 from .machine import memory_bandwidth, roofline_ms
-from .plan import Plan
+from .phases import step_phases
+from .plan import Plan, prompt_ids
 from .profile import op_profile
 from .results import report, write
 from .sweep import Interrupted, run_plan
@@ -16,6 +23,7 @@ __all__ = [
     "matmuls_only_model",
     "memory_bandwidth",
     "op_profile",
+    "prompt_ids",
     "report",
     "roofline_ms",
     "run_matmuls_only",

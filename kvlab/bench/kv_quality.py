@@ -47,6 +47,7 @@ ROW_FIELDS = (
 
 
 def real_text() -> str:
+    """The text the table is measured on (``TEXT_SOURCE``), as this interpreter ships it."""
     from pydoc_data.topics import topics
 
     return topics["specialnames"]
@@ -78,6 +79,8 @@ class Scorer:
         self.kl_sum = self.kl_max = self.nll = 0.0
 
     def add(self, ref: np.ndarray, got: np.ndarray, targets: np.ndarray) -> None:
+        """Add one chunk: the reference's and this precision's log-probabilities [positions, vocab] and the tokens
+        that came next."""
         kl = (np.exp(ref) * (ref - got)).sum(-1)
         self.kl_sum += float(kl.sum())
         self.kl_max = max(self.kl_max, float(kl.max()))
@@ -86,6 +89,7 @@ class Scorer:
         self.n += len(targets)
 
     def figures(self) -> dict[str, float]:
+        """Top-1 agreement, mean and max KL, and perplexity over every position added."""
         return {
             "top1_agreement": self.agree / self.n,
             "kl_mean": self.kl_sum / self.n,
@@ -215,6 +219,7 @@ def run(
 
 
 def table(result: dict[str, Any]) -> str:
+    """``run``'s rows as an aligned text table."""
     cols = ("B/token", 9), ("predicted", 9), ("top1", 7), ("KL mean", 9), ("KL max", 8), ("ppl", 8), ("diverge", 7)
     lines = [f"{'kv_precision':<12} " + " ".join(f"{c:>{w}}" for c, w in cols)]
     for r in result["rows"]:
@@ -227,6 +232,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m kvlab.bench.kv_quality``: print the table (and write kv-quality.json with ``--out``); returns 0."""
     p = argparse.ArgumentParser(prog="python -m kvlab.bench.kv_quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="directory for kv-quality.json (printed only when absent)")
     p.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help=f"of {', '.join(KV_PRECISIONS)}")

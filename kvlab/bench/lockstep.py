@@ -1,34 +1,29 @@
-"""``kvlab profile --lockstep``: kvlab's static-cache decode loop and onnxruntime-genai's, taken in turns, a block of
+"""``kvlab profile lockstep``: kvlab's static-cache decode loop and onnxruntime-genai's, taken in turns, a block of
 steps each, in one process.
 
-Why: on a GPU, whole runs of either loop can sit at one speed or another for reasons outside both loops (measured on
-an NVIDIA H200: runs of 4.4 or 6.5-8.3 ms a step, switching between runs). A ratio paired by round then compares two
-runs that may sit at different speeds. Here each block of one loop's steps is paired with the other loop's block
-taken right before or after it (the order swapped every pair, so neither always goes first): whatever slows the
-machine for a while slows both sides of a pair. The first quarter of each block is left out of the pair's ratio:
-the first step after a switch carries the other loop's state on the shared device (measured on the H200 at 16,384
-tokens: kvlab's first step of a block 12.5 ms, its others 15.1; genai's first 21.0, its others 16.1). With blocks of
-one step every step is such a first step, so single-step turns misplace time between the loops (there x0.63 against
-x0.94 in blocks of 32) even though two loops of the same kind read x1.00: ``block=1`` is for that check, not for
-comparing kvlab with genai.
+Why: on a GPU, whole runs of either loop can sit at one speed or another for reasons outside both loops, so a ratio
+paired by round may compare two runs at different speeds. Here each block of one loop's steps is paired with the
+other loop's block taken right before or after it (the order swapped every pair, so neither always goes first):
+whatever slows the machine for a while slows both sides of a pair. The first quarter of each block is left out of
+the pair's ratio: the first step after a switch carries the other loop's state on the shared device. With blocks of
+one step every step is such a first step, so single-step turns misplace time between the loops even though two
+loops of the same kind read alike: ``block=1`` is for that check, not for comparing kvlab with genai
+(docs/benchmarks.md has the measurements).
 
-Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two
-caches) or "genai" against "genai" (two generators) checks that the pairing itself favours neither side (x1.00).
-Under a competing load (``under_load``) every round runs quiet and loaded, and each loop's slowdown is compared with
-the other's.
+Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two caches)
+or "genai" against "genai" (two generators) checks that the pairing itself favours neither side.
 
 Each loop runs as it does alone (``kvlab.bench.loops``): kvlab's steps are ``generate()``'s (``Stepper.step`` on the
 last token, the token chosen as ``token_on_device`` says, "auto" by default; with the token on the device, bursts of
 ``tokens_per_read`` steps read back together, ``Stepper.decode``), genai's are ``generate_next_token`` and
 ``get_next_tokens``. Each step is timed from the call to the token in hand (``time.perf_counter``: exact wall time of
-the call; a burst's steps share its time). Each
-round starts both from their own prefill of the same prompt on the same device (not timed); the tokens are compared.
+the call; a burst's steps share its time). Each round starts both from their own prefill of the same prompt on the
+same device (not timed); the tokens are compared.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -41,7 +36,6 @@ from ..ort import CapturedStaticCache, Model, StaticCache, load, open_device
 from ..ort.decode.caches.captured import CAPTURED_REDUCTIONS
 from ..ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
 from ..ort.runtime.options import webgpu_options
-from .load import check_load, competing
 from .loops import GenaiLoop, KvlabLoop
 from .plan import prompt_ids
 from .variants import GenaiPeer
@@ -49,43 +43,27 @@ from .variants import GenaiPeer
 SIDES = ("kvlab", "genai")
 
 
-def lockstep(
+def prepare(
     model: Model | str,
     device: str = "webgpu",
     precision: str | None = None,
     context: int = 1024,
     new_tokens: int = 128,
-    rounds: int = 3,
     token_on_device: bool | str = AUTO,
     graph_capture: bool = False,
     check_every: int | None = None,
     block: int = 32,
     sides: tuple[str, str] = SIDES,
-    under_load: int | None = None,
     buffer_cache_mode: str | None = None,
     validation_mode: str | None = None,
     tokens_per_read: int | str = AUTO,
-) -> dict[str, Any]:
-    """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
-    onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` steps each
-    in turn. ``precision``: as ``load`` takes it, for a model given by name. ``graph_capture`` (WebGPU): both captured
-    (kvlab's ``CapturedStaticCache`` on the built-in model built for capture, genai with ``enableGraphCapture``; the
-    token on the host, as ``generate`` chooses for a captured cache). ``check_every``: the static cache's (how often it
-    reads back its presents' buffer identities). Returns the block pairs' ratios (first side / second side, each a
-    median of its block's steps after the first quarter): their median, quartiles and share below 1, each round's
-    median, both sides' median steps, every step's time, whether the tokens are equal, and what ran (model, device,
-    adapter, runtime). ``under_load`` N (1 to 4 per logical CPU): every round also runs with N CPU-bound processes
-    competing for the cores (``kvlab.bench.load.competing``; quiet first in even rounds, loaded first in odd ones); the
-    result then describes the quiet rounds and adds ``under_load``: the loaded rounds' pairs, and per round each side's
-    loaded over quiet time per token and the first side's slowdown over the second's (below 1: the first slows down
-    less); blocks are summarized by means in both conditions then (``_loaded_rounds`` says why). ``buffer_cache_mode``,
-    ``validation_mode`` (WebGPU): both loops run in them (kvlab's device opened with them, DeviceError when it is open
-    with others; genai's sessions given them); unset, each its own default (genai: its genai_config.json's).
-    ``tokens_per_read``: kvlab's, as ``generate`` takes it. ConfigError for a bad setting."""
-    _check(device, (context, new_tokens, rounds, block), token_on_device, graph_capture, sides)
+) -> tuple[dict[str, Any], Callable[..., dict[str, Any]]]:
+    """The two loops of ``lockstep`` set up (the arguments as it takes them): (what runs and its settings, a function
+    running one round, ``stat`` summarizing each block's steps, the median by default, into that round's pairs). The
+    device and genai's model open here; each round makes fresh loops and disposes of them. ConfigError for a bad
+    setting."""
+    _check(device, (context, new_tokens, block), token_on_device, graph_capture, sides)
     check_every_of(check_every)
-    if under_load is not None:
-        check_load(under_load, "under_load")
     model = load(model, precision=precision, graph_capture=graph_capture)
     dev = open_device(device, buffer_cache_mode=buffer_cache_mode, validation_mode=validation_mode)
     make = CapturedStaticCache if graph_capture else StaticCache
@@ -103,10 +81,37 @@ def lockstep(
     def one(stat: Callable[..., Any] = np.median) -> dict[str, Any]:
         return _round(side(sides[0]), side(sides[1]), new_tokens - 1, block, stat)
 
-    settings = {"context": context, "new_tokens": new_tokens, "rounds": rounds, "sides": list(sides), "block": block}
+    settings = {"context": context, "new_tokens": new_tokens, "sides": list(sides), "block": block}
     settings |= {"left_out_per_block": block // 4, "graph_capture": graph_capture, "check_every": check_every}
-    paired = _paired([one() for _ in range(rounds)]) if under_load is None else _loaded_rounds(one, rounds, under_load)
-    return {**_what_ran(model, dev, reduction, peer), "tokens_per_read": per_read, **settings, **paired}
+    return {**_what_ran(model, dev, reduction, peer), "tokens_per_read": per_read, **settings}, one
+
+
+def lockstep(
+    model: Model | str,
+    device: str = "webgpu",
+    precision: str | None = None,
+    context: int = 1024,
+    new_tokens: int = 128,
+    rounds: int = 3,
+    **settings: Any,
+) -> dict[str, Any]:
+    """``rounds`` rounds of two decode loops (``sides``, each "kvlab" or "genai"; default kvlab's static cache and
+    onnxruntime-genai) generating ``new_tokens`` tokens after the same ``context`` prompt tokens, ``block`` (32)
+    steps each in turn. ``precision``: as ``load`` takes it, for a model given by name. ``settings`` (``prepare``'s):
+    ``graph_capture`` (WebGPU): both captured (kvlab's ``CapturedStaticCache`` on the built-in model built for
+    capture, genai with ``enableGraphCapture``; the token on the host, as ``generate`` chooses for a captured cache);
+    ``check_every``: the static cache's (how often it reads back its presents' buffer identities);
+    ``buffer_cache_mode``, ``validation_mode`` (WebGPU): both loops run in them (kvlab's device opened with them,
+    DeviceError when it is open with others; genai's sessions given them), unset each its own default (genai: its
+    genai_config.json's); ``token_on_device``, ``tokens_per_read``: kvlab's, as ``generate`` takes them.
+
+    Returns the block pairs' ratios (first side / second side, each a median of its block's steps after the first
+    quarter): their median, quartiles and share below 1, each round's median, both sides' median steps, every
+    step's time, whether the tokens are equal, and what ran (model, device, adapter, runtime). ConfigError for a bad
+    setting."""
+    check_int(rounds, "rounds", 1)
+    what, one = prepare(model, device, precision, context, new_tokens, **settings)
+    return {**what, "rounds": rounds, **pair_rounds([one() for _ in range(rounds)])}
 
 
 def _reduction(make: type[StaticCache], token_on_device: bool | str, model: Model, dev: Any) -> str:
@@ -144,7 +149,7 @@ def _what_ran(model: Model, dev: Any, reduction: str, peer: GenaiPeer | None) ->
 def _check(
     device: str, counts: tuple[int, ...], token_on_device: bool | str, graph_capture: bool, sides: tuple[str, str]
 ) -> None:
-    for name, value, least in zip(("context", "new_tokens", "rounds", "block"), counts, (1, 3, 1, 1)):
+    for name, value, least in zip(("context", "new_tokens", "block"), counts, (1, 3, 1)):
         check_int(value, name, least)
     check_flag("graph_capture", graph_capture)
     if not isinstance(sides, (tuple, list)) or len(sides) != 2:
@@ -172,35 +177,7 @@ def _round(
     return {"ratios": np.array(ratios), **times, "tokens_equal": a.tokens == b.tokens}
 
 
-def _loaded_rounds(one: Callable[[], dict[str, Any]], rounds: int, n: int) -> dict[str, Any]:
-    """``rounds`` rounds quiet and as many with ``n`` competing processes, the order alternating: the quiet pairs,
-    and ``under_load`` (see ``lockstep``). Loaded, a step takes one of two times (its process has a core, or shares
-    one with a competitor: measured on 2 cores, 44 or 82 ms where quiet is 42), and a median jumps between them, so
-    both conditions are summarized by means: the time per token, which follows the share of the cores a loop got."""
-    quiet, loaded = [], []
-    for r in range(rounds):
-        for busy in (False, True) if r % 2 == 0 else (True, False):
-            with competing(n) if busy else nullcontext():
-                (loaded if busy else quiet).append(one(np.mean))
-    slowdown = {
-        side: [float(np.mean(hot[key]) / np.mean(calm[key])) for calm, hot in zip(quiet, loaded)]
-        for side, key in (("first", "a_ms"), ("second", "b_ms"))
-    }
-    relative = [a / b for a, b in zip(slowdown["first"], slowdown["second"])]
-    return {
-        **_paired(quiet),
-        "under_load": {
-            "processes": n,
-            "first_slowdown": float(np.median(slowdown["first"])),
-            "second_slowdown": float(np.median(slowdown["second"])),
-            "relative_slowdown": float(np.median(relative)),  # below 1: the first side slows down less
-            "rounds": {**slowdown, "relative": relative},
-            **_paired(loaded),
-        },
-    }
-
-
-def _paired(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def pair_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The pairs of every round together: the ratios' median, quartiles and share below 1; per round its median
     ratio and both median steps; every step's time, and its calling thread's CPU time."""
     ratios = np.concatenate([r["ratios"] for r in rounds])
@@ -226,48 +203,28 @@ def summary(r: dict[str, Any]) -> str:
     """The result in a few lines, with its label."""
     a, b = r["sides"]
     token = f"the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else "the token on the host"
-    token += read_back_text(r.get("tokens_per_read", 0))
+    token += read_back_text(r["tokens_per_read"])
     cache = "captured static cache" if r["graph_capture"] else "static cache"
     peer = f"genai {r['genai_version']}" + (" captured" if r["graph_capture"] else "")
     names = {"kvlab": f"kvlab's {cache} ({check_every_text(r['check_every'])}, {token})", "genai": peer}
     q1, q3 = r["ratio_quartiles"]
     rounds = ", ".join(f"x{m:.3f}" for m in r["round_medians"])
     unit = "step pairs" if r["block"] == 1 else f"pairs of {r['block']}-step blocks"
-    loaded = _loaded_line(r["under_load"], a, b) if "under_load" in r else ""
     return (
         f"{a}/{b}, {r['pairs']} {unit} taken in turns: x{r['ratio_median']:.3f} (quartiles x{q1:.3f}-x{q3:.3f}; "
         f"{a} faster in {100 * r['below_one']:.0f}% of pairs); per round {rounds}\n"
-        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms{_cpu(r, a, b)}; tokens equal: "
-        f"{r['tokens_equal']}\n"
-        f"{loaded}"
+        f"{a} step {r['first_step_ms']:.3f} ms, {b} step {r['second_step_ms']:.3f} ms (the calling thread's CPU time: "
+        f"{a} {r['first_cpu_ms']:.3f} ms, {b} {r['second_cpu_ms']:.3f} ms); tokens equal: {r['tokens_equal']}\n"
         f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {r['device']} ({r['adapter']}, "
         f"{r['runtime']}{_mode(r)}); {' against '.join(names[s] for s in dict.fromkeys(r['sides']))}; context "
         f"{r['context']}, {r['new_tokens']} new tokens x {r['rounds']} rounds)"
     )
 
 
-def _cpu(r: dict[str, Any], a: str, b: str) -> str:
-    """ " (calling thread's CPU: ...)" where the result has it (older results do not)."""
-    if "first_cpu_ms" not in r:
-        return ""
-    return f" (the calling thread's CPU time: {a} {r['first_cpu_ms']:.3f} ms, {b} {r['second_cpu_ms']:.3f} ms)"
-
-
 def _mode(r: dict[str, Any]) -> str:
-    """ ", buffer cache mode M" for WebGPU's mode, where the result names one (older results do not), and the
-    validation modes of both loops, where it names kvlab's."""
-    mode = f", buffer cache mode {r['buffer_cache_mode']}" if r.get("buffer_cache_mode") else ""
-    if r.get("validation_mode"):
-        genai = r.get("genai_options", {}).get("validationMode", "its config's")
+    """ ", buffer cache mode M, validation mode V (genai: W)" where kvlab's device has WebGPU modes."""
+    mode = f", buffer cache mode {r['buffer_cache_mode']}" if r["buffer_cache_mode"] else ""
+    if r["validation_mode"]:
+        genai = r["genai_options"].get("validationMode", "its config's")
         mode += f", validation mode {r['validation_mode']} (genai: {genai})"
     return mode
-
-
-def _loaded_line(busy: dict[str, Any], a: str, b: str) -> str:
-    """The summary's line about the loaded rounds (sides ``a`` and ``b``)."""
-    rounds = ", ".join(f"x{x:.3f}" for x in busy["rounds"]["relative"])
-    return (
-        f"with {busy['processes']} competing processes: {a} x{busy['first_slowdown']:.3f} of its quiet time per token, "
-        f"{b} x{busy['second_slowdown']:.3f}; {a}'s slowdown over {b}'s x{busy['relative_slowdown']:.3f} (rounds "
-        f"{rounds}); {a}/{b} loaded x{busy['ratio_median']:.3f}\n"
-    )

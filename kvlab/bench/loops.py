@@ -1,4 +1,4 @@
-"""The two decode loops ``kvlab profile --lockstep`` takes in turns (``kvlab.bench.lockstep``): kvlab's static cache
+"""The two decode loops ``kvlab profile lockstep`` takes in turns (``kvlab.bench.lockstep``): kvlab's static cache
 stepped as ``generate`` steps it, and onnxruntime-genai's generator. Each ``step()`` decodes one token and keeps its
 wall time and the calling thread's CPU time."""
 
@@ -27,6 +27,7 @@ class Loop:
         self.cpu_ms: list[float] = []
 
     def step(self) -> None:
+        """One decode step, timed: its token, wall time and CPU time appended."""
         self._timed(lambda: [self._advance()])
 
     def _timed(self, advance: Callable[[], list[int]]) -> None:
@@ -77,6 +78,7 @@ class KvlabLoop(Loop):
         return self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")[1].token
 
     def steps(self, n: int) -> None:
+        """``n`` decode steps: one at a time, or in bursts of ``per_read`` read back together."""
         if self.per_read <= 1:
             super().steps(n)
             return

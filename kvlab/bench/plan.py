@@ -21,17 +21,19 @@ from ..core.errors import ConfigError
 from ..ort import Model, close_device, load, open_device
 from ..ort.decode.caches.kv_precision import check_kv_precision, check_runs_here
 from ..ort.runtime.gpu_memory import GpuMemory
+from ..presets import BUILTIN_NAMES, check_precision
 from .machine import cpu_times, memory_bandwidth
 from .variants import KVLAB, MATMULS_ONLY, Run, Variant
 
 
 @dataclass
 class Plan:
-    """What to sweep. The defaults are the reference run for this class of machine (see data/README.md); ``quick``
-    is a small smoke run. Devices are "cpu" and "webgpu"; per-device fields are keyed by them."""
+    """What to sweep: ``targets`` are (model, device) pairs, a model a built-in name (tagged ``name:precision`` to
+    run in that precision only), or a directory; ``quick`` is a small smoke run. Devices are "cpu" and "webgpu";
+    per-device fields are keyed by them."""
 
     targets: list[tuple[str, str]] = field(default_factory=lambda: [("smollm2", "cpu"), ("kv-heavy", "webgpu")])
-    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # crossed with the targets
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])  # crossed with the untagged targets
     contexts: dict[str, list[int]] = field(
         default_factory=lambda: {"cpu": [256, 1024, 3072], "webgpu": [256, 1024, 2048, 3072, 4096]}
     )
@@ -45,7 +47,7 @@ class Plan:
     # where each device's rows prefill, once per cache kind, handed off to every run (None: each run prefills on
     # its own device). WebGPU: on the CPU (fast on a software adapter, and right where a WebGPU prefill is not)
     prefill_on: dict[str, str | None] = field(default_factory=lambda: {"cpu": None, "webgpu": "cpu"})
-    gpu_memory: bool = True  # WebGPU on NVIDIA: one more, untimed run per variant reading NVML at every step
+    gpu_memory: bool = True  # WebGPU where NVML reports: one more, untimed run per variant reading it every step
     check_every: list[int | None] = field(default_factory=lambda: [None])  # static caches: read back every present
     #                                     every k steps (None: the cache's default, a spot check a step)
     small_pages_twin: bool = True  # CPU: the fitted static cache again on a device whose weights stay in 4 KiB pages
@@ -65,8 +67,18 @@ class Plan:
         if isinstance(self.token_on_device, bool):  # token_on_device=True/False: on every device or none
             self.token_on_device = dict.fromkeys(DEVICES, self.token_on_device)
 
+    def runs(self) -> list[tuple[str, str, str]]:
+        """Every (model, precision, device) the plan runs, in order: a tagged target in its precision, an untagged
+        one in each of ``precisions``. ConfigError for a tag that is not a precision."""
+        out = []
+        for model, device in self.targets:
+            name, precision = untag(model)
+            out += [(name, p, device) for p in ([precision] if precision else self.precisions)]
+        return out
+
     @classmethod
     def quick(cls) -> Plan:
+        """A small smoke run: the toy model on the CPU EP and WebGPU, two contexts, two rounds."""
         return cls(
             targets=[("toy", "cpu"), ("toy", "webgpu")],
             contexts={"cpu": [64, 256], "webgpu": [64, 256]},
@@ -75,6 +87,14 @@ class Plan:
             reps=2,
             small_pages_twin=False,
         )
+
+
+def untag(model: str) -> tuple[str, str | None]:
+    """``model`` as (name, precision): "smollm2:int4" -> ("smollm2", "int4"); a name or directory without a
+    built-in name before its last ":" -> (model, None). ConfigError for a built-in name tagged with a precision that
+    is not one."""
+    name, colon, tag = model.rpartition(":")
+    return (name, check_precision(tag)) if colon and name in BUILTIN_NAMES else (model, None)
 
 
 @dataclass
@@ -177,7 +197,7 @@ def load_checked(plan: Plan) -> dict[tuple[str, str], Model]:
     """Every model of the plan by (name, precision), loaded once, with every context checked to fit it (with its
     new tokens) before anything runs, so a bad context never discards the rows measured before it (ConfigError)."""
     models: dict[tuple[str, str], Model] = {}
-    for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
+    for name, precision, device in plan.runs():
         if (name, precision) not in models:
             models[name, precision] = load(name, precision=precision)
         model, new = models[name, precision], plan.new_tokens[device]

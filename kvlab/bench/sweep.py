@@ -44,7 +44,7 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
     sweep = _Sweep(plan, log, bandwidth)
     try:
         with tempfile.TemporaryDirectory(prefix="kvlab-bench-") as tmp:
-            for (name, device), precision in ((t, p) for t in plan.targets for p in plan.precisions):
+            for name, precision, device in plan.runs():
                 model = models[name, precision]
                 target = _Target(model, name, precision, device, weight_bytes_per_token(model))
                 if device == "webgpu":

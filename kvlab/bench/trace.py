@@ -1,6 +1,6 @@
 """``kvlab trace``: one long generation per cache on one device, every step recorded, with the GPU memory the
-process holds after each step (NVML, on NVIDIA; exact driver accounting) beside kvlab's exact tensor counts; and
-``kvlab conformance``: is a device's arithmetic the CPU EP's, model by model, prefill and decode."""
+process holds after each step (NVML, where the driver has it; exact driver accounting) beside kvlab's exact tensor
+counts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import numpy as np
 from ..core.frames import decode_median
 from ..core.paths import write_atomic
 from ..ort import DynamicCache, Model, StaticCache, generate, open_device
-from ..ort.checks.conformance import check
 from ..ort.runtime.device import describe
 from ..ort.runtime.gpu_memory import GpuMemory
 from .plan import prompt_ids
@@ -28,7 +27,10 @@ def trace(
     caches: tuple[str, ...] = ("dynamic", "static"),
     prefill_device: str | None = None,
 ) -> dict[str, Any]:
-    """``steps`` decode steps after a ``context``-token prompt, once per cache kind: records and GPU memory."""
+    """``steps`` decode steps after ``context`` tokens of real text, once per cache kind (each disposed of after its
+    run): per kind its step medians, tensor and buffer counts, the GPU memory the process held after every step
+    (NVML; empty elsewhere), every record and the tokens; whether the kinds' tokens are equal, and what ran.
+    ``prefill_device``: prefill there and hand off (``generate``'s). ConfigError for a bad count."""
     ids = prompt_ids(model, context)
     runs = {}
     for kind in caches:
@@ -69,29 +71,6 @@ def trace(
         "environment": {**describe(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")},
         "runs": runs,
     }
-
-
-def conformance(models: list[Model], device: str = "webgpu", prompt_tokens: int = 48) -> list[dict[str, Any]]:
-    """Prefill and decode logits of ``device`` against the CPU EP, per model, on the same real-text prompt."""
-    rows = []
-    for model in models:
-        ids = prompt_ids(model, prompt_tokens)
-        for mode in ("prefill", "decode"):
-            r = check(model, ids, device=device, reference="cpu", mode=mode)
-            rows.append(
-                {
-                    "model": model.name,
-                    "precision": model.info.precision,
-                    "mode": mode,
-                    "device": str(r.device),
-                    "atol": r.atol,
-                    "max_abs_diff": float(r.max_abs_diff.max()),
-                    "first_divergence": r.first_divergence,
-                    "argmax_differs": int((~r.argmax_equal).sum()),
-                    "positions": int(r.argmax_equal.size),
-                }
-            )
-    return rows
 
 
 def write_json(data: Any, path: Path) -> Path:

@@ -46,6 +46,7 @@ class Variant:
 
     @property
     def name(self) -> str:
+        """The row's label: the cache's name (or the runner's), and how the token is chosen where on the device."""
         name = str(self.cache) if self.cache is not None else self.runner
         return f"{name} token-on-device ({self.token_on_device})" if self.token_on_device else name
 
@@ -132,7 +133,7 @@ def run_kvlab(
 ) -> Run:
     """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after).
     Each step's token is read back on its own (``tokens_per_read=1``): a step's figures (its CPU time, its Python
-    time) are its own; ``kvlab profile --lockstep`` measures the steps read back in bursts."""
+    time) are its own; ``kvlab profile lockstep`` measures the steps read back in bursts."""
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(
@@ -243,7 +244,7 @@ class Setting:
     #                             run prefills on its own device)
     graph_model: Model | None = None  # the model built for capture: kvlab's captured static caches run it
     genai_graph: GenaiPeer | None = None  # genai with graph capture, on that model
-    kv_precisions: tuple[str, ...] = ()  # each cache again with its KV packed so (the plugin EP: kvprecision.py)
+    kv_precisions: tuple[str, ...] = ()  # each cache again with its KV packed so (caches/kv_precision.py)
 
 
 def variants(

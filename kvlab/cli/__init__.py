@@ -1,9 +1,10 @@
-"""The ``kvlab`` command: doctor, generate, compare, bench, profile, trace, conformance, browser-bench, chat.
+"""The ``kvlab`` command: doctor, generate (compare), chat, chat-bench, bench, profile ops|phases|lockstep, trace,
+conformance, browser-bench.
 
 Every failure is one line on stderr, never a traceback. The exit statuses (``kvlab.cli.exits``):
 
 - 0: done.
-- 1: the command ran and what it checks failed (``kvlab doctor`` found problems, ``kvlab chat --bench``'s tokens
+- 1: the command ran and what it checks failed (``kvlab doctor`` found problems, ``kvlab chat-bench``'s tokens
   differ; stdout says which), or a defect: ``kvlab: internal error: ...``, with where it was raised and a request
   to report it (``KVLAB_TRACEBACK=1`` shows its traceback). 1 is also Python's own status for an uncaught error.
 - 2: a user error: a bad flag (argparse's, ``kvlab: error: ...`` with the subcommand and ``--help``), and every
@@ -11,7 +12,7 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   ``kvlab: error: ...``. DeviceError too, though it may come from the machine rather than the flags (no WebGPU
   adapter, an execution provider that refuses the graph): its fix is the user's all the same (another
   ``--device``, a driver, ``kvlab doctor``'s advice), and one status for "kvlab refused" keeps scripts simple; the
-  line says which. An output path kvlab cannot write is found before anything is measured (``check_outputs``).
+  line says which. An output path kvlab cannot write is found before anything is measured (``commands.command``).
 - 130 (128 + SIGINT): Ctrl-C, at any point from the moment the ``kvlab`` package is imported (the subcommands' imports
   load inside ``main``): ``kvlab: interrupted ...``. SIGTERM (``timeout``, a job scheduler) stops a command as
   Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished.
@@ -19,6 +20,11 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   quietly, nothing on stderr. The status a Unix tool killed by SIGPIPE has in a shell, so ``set -o pipefail``
   sees ``kvlab ... | head -1`` as it sees ``yes | head -1``; without pipefail the pipeline's status is
   ``head``'s. (``--help`` may exit 0 instead: argparse ignores a failed write of its text.)
+
+The room: the parser and its flag groups (``commands``, ``flags``), one module per command (``generate``, ``chat``,
+``bench``, ``profile``, ``browser``, ``doctor``) and doctor's platform logic (``platform_facts``). The commands import
+every package below them (``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.bench``, ``kvlab.web``,
+``kvlab.lab``); nothing in kvlab imports this room but ``kvlab.__main__``.
 
 This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s own ``__init__``, whose
 names load lazily), so that ``main`` handles Ctrl-C before the subcommands load. Under ``python -m kvlab`` the

@@ -1,89 +1,93 @@
-"""``kvlab bench``, ``kvlab profile``, ``kvlab trace`` and ``kvlab conformance``: each turns its arguments into a
-call of ``kvlab.bench``, prints what it measured and returns the exit status."""
+"""``kvlab bench``, ``kvlab trace`` and ``kvlab conformance``: each turns its flags into a call of ``kvlab.bench`` (or
+of ``kvlab.ort.checks``), prints what it measured and returns the exit status."""
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
+from typing import Any
 
 from .. import bench
-from ..core.cache import check_every_text
 from ..core.devices import DEVICES
 from ..core.errors import ConfigError
-from ..core.paths import write_atomic
-from ..ort import load
-from ..ort.decode.greedy import AUTO
+from ..ort import load, open_device
+from ..ort.checks.conformance import check
 from ..presets import check_precision
-from .args import applies_only_with, cpu_options, ints, open_cpu
+from . import flags
+
+# --set KEY=VALUE: the fields of kvlab.bench.Plan beyond the flags, and how each value is read
+on_off = flags.ON_OFF.__getitem__
+PLAN = {
+    "precisions": lambda text: [check_precision(p) for p in text.split(",")],  # crossed with untagged models
+    "genai": lambda text: {d: d in ([] if text == "none" else flags.devices_of(text, "genai")) for d in DEVICES},
+    "static_lens": flags.positive_ints,  # static cache sizes beside the one that fits
+    "check_every": flags.positive_ints,  # static caches that read back every present's buffer every k steps
+    "token_on_device": lambda text: dict.fromkeys(DEVICES, on_off(text)),  # the token-on-device twins
+    "graph_capture": on_off,  # WebGPU: the captured static caches (and genai captured)
+    "prefill_on": lambda text: {"cpu": None, "webgpu": {"cpu": "cpu", "webgpu": None}[text]},  # WebGPU rows'
+    "kv_precisions": lambda text: text.split(","),  # packed KV twins (the WebGPU plugin EP)
+    "small_pages_twin": on_off,  # CPU: the fitted static cache again from weights in 4 KiB pages
+    "matmuls_only": on_off,  # CPU: the model's matrix products alone
+    "gpu_memory": on_off,  # WebGPU where NVML reports: an untimed run reading it at every step
+}
 
 
-def check_devices(text: str, flag: str) -> list[str]:
-    devices = text.split(",")
-    bad = [d for d in devices if d not in DEVICES]
-    if bad:
-        raise ConfigError(f"{flag} {bad[0]!r} is not valid; choose from {DEVICES}")
-    return devices
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``bench``, ``trace`` and ``conformance`` subcommands."""
+    b = sub.add_parser("bench", help="paired decode benchmarks: caches, onnxruntime-genai, memory roofline")
+    b.add_argument("--quick", action="store_true", help="a small smoke run (toy model, CPU and WebGPU)")
+    flags.model(b, default=None, several=True)
+    flags.device(b, several=True)
+    flags.device_options(b)
+    b.add_argument("--contexts", type=flags.positive_ints, help="comma-separated prompt lengths (every device)")
+    flags.counts(b, new_tokens=(None, "new tokens per run (every device)"), reps=(None, "paired rounds"))
+    flags.settings(b, "kvlab.bench.Plan (genai: the devices with the genai row, or none)", PLAN)
+    flags.out(b, "artifacts/bench", "output folder (default artifacts/bench)", folder=True)
+    b.add_argument("--no-charts", action="store_true", help="write no charts")
+    b.set_defaults(run=bench_command)
+
+    tr = sub.add_parser("trace", help="one long generation per cache, every step recorded, with the GPU memory held")
+    flags.model(tr)
+    flags.device(tr, default="webgpu")
+    flags.counts(tr, context=(1024, "prompt tokens before the traced steps"), steps=(1000, "decode steps per cache"))
+    flags.out(tr, "artifacts/trace.json", "the JSON file (default artifacts/trace.json)")
+    tr.set_defaults(run=trace_command)
+
+    co = sub.add_parser("conformance", help="a device's prefill and decode logits against the CPU EP, per model")
+    flags.model(co, several=True)
+    flags.device(co, default="webgpu")
+    flags.counts(co, context=(48, "prompt tokens of real text"))
+    flags.out(co, None, "also write the rows as JSON")
+    co.set_defaults(run=conformance_command)
 
 
-def under_load_command(args: argparse.Namespace) -> int:
-    """``kvlab bench --under-load N``: kvlab.bench.load's rows for one model on the CPU EP, written to --out."""
-    from ..bench import load as competing_load
-
-    competing_load.check_load(args.under_load, "--under-load")
-    models = (args.models or "smollm2").split(",")
-    if len(models) != 1 or check_devices(args.devices or "cpu", "--devices") != ["cpu"]:
-        raise ConfigError(
-            f"--under-load runs one model on the CPU EP; got --models {args.models!r} --devices {args.devices!r}"
-        )
-    load(models[0])  # a bad name is refused here (ModelError), not inside a child process
-    contexts = ints(args.contexts or "1024", "--contexts")
-    new = ints(str(args.new_tokens or 16), "--new-tokens")[0]
-    rounds = ints(str(args.reps or 3), "--reps")[0]
-    settings = (args.load_settings or "default,ort").split(",")
-    rows = competing_load.run(models[0], contexts, new, rounds, args.under_load, settings)
-    print(f"\nwrote {competing_load.write(rows, args.out)}")
-    return 0
-
-
-def bench_command(args: argparse.Namespace) -> int:
-    loaded = args.under_load is not None
-    applies_only_with({"--load-settings": args.load_settings is not None}, "--under-load N", loaded)
-    if loaded:
-        return under_load_command(args)
+def plan_of(args: argparse.Namespace) -> bench.Plan:
+    """The ``kvlab.bench.Plan`` the flags ask for; ConfigError for a bad value."""
     plan = bench.Plan.quick() if args.quick else bench.Plan()
     if args.models or args.devices:
         models = (args.models or ",".join(sorted({m for m, _ in plan.targets}))).split(",")
-        devices = check_devices(args.devices or "cpu", "--devices")
-        plan.targets = [(m, d) for m in models for d in devices]
-    if args.precisions:
-        plan.precisions = [check_precision(p) for p in args.precisions.split(",")]
+        plan.targets = [(m, d) for m in models for d in flags.devices_of(args.devices or "cpu", "--devices")]
     if args.contexts:
-        plan.contexts = {d: ints(args.contexts, "--contexts") for d in DEVICES}
+        plan.contexts = dict.fromkeys(DEVICES, args.contexts)
     if args.new_tokens is not None:
-        plan.new_tokens = {d: ints(str(args.new_tokens), "--new-tokens")[0] for d in DEVICES}
-    if args.max_cache_lens:
-        plan.static_lens = ints(args.max_cache_lens, "--max-cache-lens")
-    if args.check_every:
-        plan.check_every = ints(args.check_every, "--check-every")
+        plan.new_tokens = dict.fromkeys(DEVICES, args.new_tokens)
     if args.reps is not None:
-        plan.reps = ints(str(args.reps), "--reps")[0]
-    if args.buffer_cache_modes:
-        plan.buffer_cache_modes = args.buffer_cache_modes.split(",")
-    if args.genai_on:
-        plan.genai = {d: d in check_devices(args.genai_on, "--genai-on") for d in DEVICES}
-    if args.no_genai:
-        plan.genai = {d: False for d in DEVICES}
-    if args.graph_capture:
-        plan.graph_capture = True
-    if args.token_on_device is not None:
-        plan.token_on_device = dict.fromkeys(DEVICES, args.token_on_device)
-    if args.prefill_on:
-        plan.prefill_on = {"cpu": None, "webgpu": None if args.prefill_on == "webgpu" else "cpu"}
-    if args.kv_precision:
-        plan.kv_precisions = args.kv_precision.split(",")
-    open_cpu(args)
+        plan.reps = args.reps
+    for key, value in flags.key_values(args.set, "--set", PLAN).items():
+        setattr(plan, key, value)
+    options = flags.device_options_of(args)
+    if "validation_mode" in options:
+        raise ConfigError("--device-option validation_mode: kvlab bench opens WebGPU in its default validation mode")
+    if "buffer_cache_mode" in options:  # one pass over the WebGPU targets per mode
+        plan.buffer_cache_modes = options.pop("buffer_cache_mode").split(",")
+    if options:
+        open_device("cpu", **options)
+    return plan
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """``kvlab bench``: run the plan, print its report and write its files. Ctrl-C: the contexts that finished are
+    written first (``"complete": false``), then the interrupt goes on."""
+    plan = plan_of(args)
     try:
         result = bench.run_plan(plan)
     except bench.Interrupted as stop:  # keep what was measured, then stop as Ctrl-C does
@@ -101,68 +105,12 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def profile_command(args: argparse.Namespace) -> int:
-    context = ints(str(args.context), "--context")[0]
-    new_tokens = ints(str(args.new_tokens), "--new-tokens")[0]
-    if args.phases and args.lockstep:
-        raise ConfigError("--phases and --lockstep are two different profiles: give one of them")
-    applies_only_with({"--no-genai": args.no_genai}, "--phases", args.phases)
-    only_lockstep = {
-        "--graph-capture": args.graph_capture,
-        "--block": args.block is not None,
-        "--tokens-per-read": args.tokens_per_read is not None,
-        "--sides": bool(args.sides),
-        "--under-load": args.under_load is not None,
-        "--buffer-cache-mode": args.buffer_cache_mode is not None,
-        "--validation-mode": args.validation_mode is not None,
-    }
-    applies_only_with(only_lockstep, "--lockstep", args.lockstep)
-    shared = {"--rounds": args.rounds is not None, "--json": args.json is not None}
-    shared["--check-every"] = args.check_every is not None
-    shared |= {"--token-on-device": args.token_on_device is not None, "--greedy-reduction": bool(args.greedy_reduction)}
-    applies_only_with(shared, "--phases or --lockstep", args.phases or args.lockstep)
-    if args.phases:
-        return phases_command(args, context, new_tokens)
-    if args.lockstep:
-        return lockstep_command(args, context, new_tokens)
-    rows = bench.op_profile(
-        load(args.model, precision=args.precision), args.device, context, new_tokens, **cpu_options(args)
-    )
-    lines = [["op", "ms/step", "nodes/step", "share"]] + [
-        [r["op"], f"{r['ms_per_step']:.3f}", f"{r['nodes_per_step']:g}", f"{100 * r['share']:.1f}%"] for r in rows
-    ]
-    widths = [max(len(row[i]) for row in lines) for i in range(4)]
-    print(
-        "\n".join(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-            for row in lines
-        )
-    )
-    print(
-        f"({args.model} on {args.device}, static cache, context {context}; ONNX Runtime's profiler, which adds "
-        f"a little to every node; mean of {new_tokens - 2} decode runs)"
-    )
-    if args.csv:
-        table = io.StringIO(newline="")
-        w = csv.DictWriter(table, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-        write_atomic(args.csv, table.getvalue())
-    return 0
-
-
 def trace_command(args: argparse.Namespace) -> int:
+    """``kvlab trace``: ``kvlab.bench.trace``'s runs, a line each, written as JSON."""
     from ..bench.trace import trace, write_json
 
-    open_cpu(args)
-    model = load(args.model, precision=args.precision)
-    result = trace(
-        model,
-        args.device,
-        ints(str(args.context), "--context")[0],
-        ints(str(args.steps), "--steps")[0],
-        prefill_device=args.prefill_on,
-    )
+    [(name, precision)] = flags.model_names(args.model)
+    result = trace(load(name, precision=precision), args.device, args.context, args.steps)
     for r in result["runs"].values():
         memory = r["gpu_memory"]["bytes"]
         growth = f"{(memory[-1] - memory[0]) / 2**20:+.0f} MiB of GPU memory" if memory else "GPU memory: no NVML"
@@ -175,12 +123,37 @@ def trace_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def conformance_command(args: argparse.Namespace) -> int:
-    from ..bench.trace import conformance, write_json
+def conformance_rows(models: list[Any], device: str, context: int) -> list[dict[str, Any]]:
+    """Per model and mode (prefill, decode): ``device``'s logits against the CPU EP's on ``context`` tokens of real
+    text (``kvlab.ort.checks.conformance.check``): the largest difference, its tolerance, the first position past
+    it, and how many positions' argmax differ."""
+    rows = []
+    for model in models:
+        ids = bench.prompt_ids(model, context)
+        for mode in ("prefill", "decode"):
+            r = check(model, ids, device=device, reference="cpu", mode=mode)
+            rows.append(
+                {
+                    "model": model.name,
+                    "precision": model.info.precision,
+                    "mode": mode,
+                    "device": str(r.device),
+                    "atol": r.atol,
+                    "max_abs_diff": float(r.max_abs_diff.max()),
+                    "first_divergence": r.first_divergence,
+                    "argmax_differs": int((~r.argmax_equal).sum()),
+                    "positions": int(r.argmax_equal.size),
+                }
+            )
+    return rows
 
-    precisions = [check_precision(p) for p in (args.precisions or "fp32").split(",")]
-    models = [load(m, precision=p) for m in args.models.split(",") for p in precisions]
-    rows = conformance(models, args.device, ints(str(args.prompt_tokens), "--prompt-tokens")[0])
+
+def conformance_command(args: argparse.Namespace) -> int:
+    """``kvlab conformance``: ``conformance_rows`` for every model, a line each (and JSON with ``--out``)."""
+    from ..bench.trace import write_json
+
+    models = [load(name, precision=precision) for name, precision in flags.model_names(args.models)]
+    rows = conformance_rows(models, args.device, args.context)
     for r in rows:
         where = "all agree" if r["first_divergence"] is None else f"first divergence at {r['first_divergence']}"
         print(
@@ -189,95 +162,4 @@ def conformance_command(args: argparse.Namespace) -> int:
         )
     if args.out:
         write_json(rows, args.out)
-    return 0
-
-
-def phases_token(args: argparse.Namespace) -> bool | str:
-    """``--token-on-device`` / ``--greedy-reduction`` as ``token_on_device=``: "auto" (generate's default) unless
-    told; ConfigError for a reduction with ``--no-token-on-device``."""
-    if args.token_on_device is False:
-        if args.greedy_reduction:
-            raise ConfigError(
-                f"--greedy-reduction {args.greedy_reduction} chooses the token on the device; "
-                "--no-token-on-device chooses it on the host: give one of them"
-            )
-        return False
-    return args.greedy_reduction or (True if args.token_on_device else AUTO)
-
-
-def phases_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
-    """``kvlab profile --phases``: kvlab's whole decode step, phase by phase, beside genai's step."""
-    open_cpu(args, [args.device])
-    rounds, check_every = 3 if args.rounds is None else args.rounds, args.check_every
-    r = bench.step_phases(
-        load(args.model, precision=args.precision),
-        args.device,
-        context,
-        new_tokens,
-        rounds,
-        check_every,
-        genai=not args.no_genai,
-        token_on_device=phases_token(args),
-    )
-    lines = [["phase", "ms/step", "share"]] + [
-        [row["phase"], f"{row['ms_per_step']:.3f}", f"{100 * row['share']:.1f}%"] for row in r["rows"]
-    ]
-    lines.append(["token to token", f"{r['kvlab_token_to_token_ms']:.3f}", "100.0%"])
-    widths = [max(len(row[i]) for row in lines) for i in range(3)]
-    print(
-        "\n".join(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-            for row in lines
-        )
-    )
-    print(
-        f"kvlab step {r['kvlab_step_ms']:.3f} ms; Python's own time {r['python_ms']:.3f} ms = "
-        f"{100 * r['python_share']:.1f}% of it (the step less the runtime's copies and run)"
-    )
-    if "genai_step_ms" in r:
-        print(
-            f"genai {r['genai_version']}: step {r['genai_step_ms']:.3f} ms, token to token "
-            f"{r['genai_token_to_token_ms']:.3f} ms; kvlab/genai paired by round: step x{r['step_ratio']:.3f}, "
-            f"token to token x{r['token_to_token_ratio']:.3f}; tokens equal: {r['tokens_equal_genai']}"
-        )
-    token = (
-        f", the token on the device ({r['greedy_reduction']})" if r["token_on_device"] else ", the token on the host"
-    )
-    print(
-        f"({r['model']}: {r['weights']} weights, {r['precision']} KV cache, on {args.device}; static cache "
-        f"({check_every_text(check_every)}{token}), "
-        f"context {context}, {new_tokens} new tokens x {rounds} rounds; medians of the decode steps after the "
-        "first)"
-    )
-    if args.json:
-        write_atomic(args.json, json.dumps(r, indent=1))
-    return 0
-
-
-def lockstep_command(args: argparse.Namespace, context: int, new_tokens: int) -> int:
-    """``kvlab profile --lockstep``: kvlab's static loop and genai's, in turns of blocks of steps."""
-    from ..bench.lockstep import lockstep, summary
-    from ..bench.results import write_recording
-
-    open_cpu(args, [args.device])
-    r = lockstep(
-        args.model,
-        args.device,
-        args.precision,
-        context,
-        new_tokens,
-        3 if args.rounds is None else args.rounds,
-        token_on_device=phases_token(args),
-        graph_capture=args.graph_capture,
-        check_every=args.check_every,
-        block=32 if args.block is None else args.block,
-        tokens_per_read=AUTO if args.tokens_per_read is None else args.tokens_per_read,
-        sides=tuple((args.sides or "kvlab,genai").split(",")),
-        under_load=args.under_load,
-        buffer_cache_mode=args.buffer_cache_mode,
-        validation_mode=args.validation_mode,
-    )
-    print(summary(r))
-    if args.json:
-        write_recording(args.json, r, note="not measured by kvlab profile --lockstep")
     return 0

@@ -1,38 +1,19 @@
 """``kvlab browser-bench``: the dynamic and static caches on onnxruntime-web's WebGPU in headless Chromium (or Node
 with Dawn), written as ``kvlab bench`` writes its results. Every flag value is checked by the parser (a bad one:
-one line, exit 2)."""
+one line, exit 2); the rest of the runner's settings are ``kvlab.web.bench.browser_bench``'s keyword arguments."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..core.devices import BUFFER_CACHE_MODES
-from ..presets import PRECISIONS
+from ..core.errors import ConfigError
 from ..web.chromium import ADAPTERS
-from ..web.job import DYNAMIC_IMPLS
 from ..web.run import HOSTS
-from .types import path_arg
+from . import flags
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _positive_ints(text: str) -> list[int]:
-    try:
-        return [_positive_int(v) for v in text.split(",")]
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}; give comma-separated positive ints") from None
-
-
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
     try:
         value = float(text)
     except ValueError:
@@ -42,32 +23,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _caches(text: str) -> list[str]:
-    names = text.split(",")
-    for name in names:
-        size = name.removeprefix("static@")
-        if name not in ("dynamic", "static") and not (name.startswith("static@") and size.isdigit() and int(size)):
-            raise argparse.ArgumentTypeError(f"cache {name!r} is not valid; choose dynamic, static or static@N")
-    return names
+# --set KEY=VALUE: browser_bench's keywords beyond the flags, and how each value is read
+SETTINGS = {
+    "timeout": positive_float,  # seconds per page (default 600)
+    "warmup": flags.ON_OFF.__getitem__,  # a round before the measured ones (default on)
+    "reference": flags.nonempty,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
+    "dynamic_impl": flags.nonempty,  # who runs the dynamic cache: transformers.js where it can (auto), or ort-web
+    "buffer_cache_mode": flags.nonempty,  # the page's WebGPU storage buffer cache mode
+}
 
 
-def add_browser_bench(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``browser-bench`` subcommand."""
     p = sub.add_parser(
         "browser-bench",
         help="the caches on onnxruntime-web's WebGPU in headless Chromium (or Node + Dawn), results.json like bench",
     )
-    p.add_argument("--models", default="toy", help="comma-separated built-in models or model directories")
-    p.add_argument("--precision", choices=PRECISIONS, help="precision of the built-in models (default fp32)")
-    p.add_argument("--contexts", type=_positive_ints, default=[32], help="comma-separated prompt lengths (tokens)")
-    p.add_argument("--new-tokens", type=_positive_int, default=16, help="new tokens per run")
-    p.add_argument(
-        "--caches",
-        type=_caches,
-        default=["dynamic", "static"],
-        help="comma-separated: dynamic, static (sized to fit each context), static@N",
-    )
-    p.add_argument("--reps", type=_positive_int, default=2, help="measured rounds per page (after one warm-up)")
-    p.add_argument("--no-warmup", action="store_true", help="measure from the first round (shader compilation in it)")
+    flags.model(p, several=True)
+    p.add_argument("--contexts", type=flags.positive_ints, default=[32], help="comma-separated prompt lengths")
+    flags.counts(p, new_tokens=(16, "new tokens per run"), reps=(2, "measured rounds per page, after a warm-up"))
+    flags.caches(p, "dynamic,static", "comma-separated: dynamic, static (sized to fit each context), static@N")
     p.add_argument("--host", choices=HOSTS, default="chromium", help="chromium, or node (Dawn in Node: not a browser)")
     p.add_argument(
         "--adapter",
@@ -75,42 +50,30 @@ def add_browser_bench(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="swiftshader, the host's default, or auto: SwiftShader when no hardware Vulkan driver is installed",
     )
-    p.add_argument(
-        "--dynamic-impl",
-        choices=DYNAMIC_IMPLS,
-        default="auto",
-        help="who runs the dynamic cache: transformers.js (auto: where it can), or onnxruntime-web directly",
-    )
-    p.add_argument("--buffer-cache-mode", choices=BUFFER_CACHE_MODES, help="the WebGPU EP's storage buffer cache mode")
-    p.add_argument(
-        "--reference",
-        choices=("cpu", "caches"),
-        default="cpu",
-        help="tokens compared with kvlab's CPU EP run (cpu) or between the page's caches",
-    )
-    p.add_argument("--timeout", type=_positive_float, default=600, help="seconds per page")
-    p.add_argument("--out", type=path_arg, default=Path("artifacts/browser-bench"), help="output directory")
-    p.add_argument("--no-charts", action="store_true")
+    flags.settings(p, "kvlab.web.bench.browser_bench", SETTINGS)
+    flags.out(p, "artifacts/browser-bench", "output folder (default artifacts/browser-bench)", folder=True)
+    p.add_argument("--no-charts", action="store_true", help="write no charts")
+    p.set_defaults(run=run)
 
 
-def browser_bench_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run the pages, print where they ran and write the results; returns 0. ConfigError for a captured cache."""
     from ..bench.results import write  # imported here: they load plotting and benchmark code
+    from ..ort import load
     from ..web.bench import browser_bench
 
+    names = args.cache or flags.cache_names("dynamic,static")
+    if any(kind == "graph" for kind, _ in names):
+        raise ConfigError("--cache graph: the browser runner has no captured cache; give dynamic, static, static@N")
     result = browser_bench(
-        args.models.split(","),
+        [load(name, precision=precision) for name, precision in flags.model_names(args.models)],
         args.contexts,
-        precision=args.precision,
         new_tokens=args.new_tokens,
-        caches=args.caches,
+        caches=[kind + (f"@{size}" if size else "") for kind, size in names],
         reps=args.reps,
-        warmup=not args.no_warmup,
         host=args.host,
         adapter=args.adapter,
-        dynamic_impl=args.dynamic_impl,
-        buffer_cache_mode=args.buffer_cache_mode or "",
-        reference=args.reference,
-        timeout=args.timeout,
+        **flags.key_values(args.set, "--set", SETTINGS),
     )
     env = result["environment"]
     print(f"host: {env['host']}; adapter: {env['adapter']}; onnxruntime-web {env['backend_version']}")

@@ -1,7 +1,7 @@
 """``kvlab chat``: a conversation that keeps its cache between turns (``kvlab.Conversation``), from ``--turn``
 messages, from stdin (one message a line), or typed at a prompt; each reply is printed with the positions its turn
 reused and prefilled and its time to first token. ``/back`` takes the last turn back (edit it: say it again).
-``kvlab chat --bench``: reuse against re-prefill, turn by turn (``kvlab.bench.conversation``), to results.json.
+``kvlab chat-bench``: reuse against re-prefill, turn by turn (``kvlab.bench.ttft``), to results.json.
 
 A turn that fails (a turn that does not fit the cache, a bad message) is one line on stderr: a scripted
 conversation stops there with exit status 2, a typed one goes on (the conversation is as before the turn).
@@ -13,62 +13,82 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
-from ..presets import BUILTIN_NAMES, PRECISIONS
+from . import flags
 from .exits import USER_ERROR, one_line, say
-from .types import path_arg
 
 BACK = "/back"
 
 
-def add_chat(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("chat", help="a conversation that keeps its cache between turns (--bench: reuse vs re-prefill)")
-    p.add_argument("--model", default="smollm2", help=f"built-in name ({', '.join(BUILTIN_NAMES)}) or a directory")
-    p.add_argument("--precision", choices=PRECISIONS, help="precision of a built-in model (default fp32)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "webgpu"))
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``chat`` subcommand."""
+    p = sub.add_parser("chat", help="a conversation that keeps its cache between turns")
+    flags.model(p, default="smollm2")
+    flags.device(p)
     p.add_argument("--turn", action="append", help="a user message (repeat for several turns; default: stdin)")
     p.add_argument("--system", help="a system prompt")
-    p.add_argument("--cache", choices=("static", "dynamic"), default="static")
-    p.add_argument("--max-cache-len", type=int, default=2048, help="the static cache's positions (default 2048)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per reply at most")
-    p.add_argument("--lookup", type=int, metavar="K", help="prompt-lookup decoding with up to K drafts a step")
-    p.add_argument("--json", action="store_true", help="one JSON object per turn on stdout")
-    b = p.add_argument_group("--bench: time to first token per turn, reused against re-prefilled")
-    b.add_argument("--bench", action="store_true", help="measure instead of chatting (token-id turns of real text)")
-    b.add_argument("--turns", type=int, default=8)
-    b.add_argument("--turn-tokens", type=int, default=480, help="tokens of each turn that builds the history")
-    b.add_argument("--probe", type=int, default=32, help="tokens of the message measured after each turn (0: the turn)")
-    b.add_argument("--new-tokens", type=int, default=8, help="tokens per reply")
-    b.add_argument("--reps", type=int, default=2, help="paired rounds per turn")
-    b.add_argument("--genai", action="store_true", help="onnxruntime-genai's append_tokens on the same conversation")
-    b.add_argument("--out", type=path_arg, default=Path("artifacts/chat-bench"), help="where results.json goes")
+    flags.caches(p, "static@2048", "the cache: dynamic, static or static@N")
+    flags.counts(p, max_new_tokens=(64, "tokens per reply at most"))
+    p.add_argument("--lookup", type=flags.positive_int, metavar="K", help="prompt-lookup decoding, K drafts a step")
+    flags.json_flag(p, "one JSON object per turn on stdout")
+    p.set_defaults(run=chat_command)
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    """The ``chat-bench`` subcommand."""
+    p = sub.add_parser(
+        "chat-bench",
+        help="a conversation's time to first token per turn: the kept cache against a re-prefill",
+        description="Per turn, a message builds the history; then a short message is measured on the kept cache "
+        "against a from-scratch prefill of the same history, in paired rounds (token-id turns of real text).",
+    )
+    flags.model(p, default="smollm2")
+    flags.device(p)
+    flags.counts(
+        p,
+        turns=(8, "turns that build the history"),
+        turn_tokens=(480, "tokens of each such turn"),
+        new_tokens=(8, "tokens per reply"),
+        reps=(2, "paired rounds per turn"),
+    )
+    p.add_argument("--probe", type=int, default=32, help="tokens of the measured message (0: the turn itself)")
+    p.add_argument("--genai", action="store_true", help="onnxruntime-genai's append_tokens on the same conversation")
+    flags.out(p, "artifacts/chat-bench", "where results.json goes (default artifacts/chat-bench)", folder=True)
+    p.set_defaults(run=chat_command)
 
 
 def chat_command(args: argparse.Namespace) -> int:
-    """Run ``kvlab chat``; returns its exit status (Ctrl-C propagates: the caller's 130)."""
+    """Run ``kvlab chat`` or ``kvlab chat-bench``; returns the exit status (Ctrl-C propagates: the caller's 130)."""
     try:
-        return _bench(args) if args.bench else _chat(args)
+        return _bench(args) if args.command == "chat-bench" else _chat(args)
     except KvlabError as exc:
-        say(f"kvlab: error: chat: {one_line(exc)}")
+        say(f"kvlab: error: {args.command}: {one_line(exc)}")
         return USER_ERROR
 
 
-def _positive(value: int, flag: str) -> int:
-    if value < 1:
-        raise ConfigError(f"{flag} {value} must be a positive int")
-    return value
+def _one(items: list, flag: str, what: str) -> list:
+    """``items`` when it holds one; ConfigError naming ``flag`` otherwise."""
+    if len(items) != 1:
+        raise ConfigError(f"{flag} names {len(items)} of them: a conversation runs one {what}")
+    return items
+
+
+def _model(args: argparse.Namespace) -> Any:
+    [(name, precision)] = _one(flags.model_names(args.model), "--model", "model")
+    return load(name, precision=precision)
 
 
 def _chat(args: argparse.Namespace) -> int:
-    _positive(args.max_new_tokens, "--max-new-tokens")
-    cache = StaticCache(_positive(args.max_cache_len, "--max-cache-len")) if args.cache == "static" else DynamicCache()
+    [(kind, size)] = _one(args.cache or flags.cache_names("static@2048"), "--cache", "cache")
+    if kind == "graph":
+        raise ConfigError("--cache graph: a conversation feeds turns of any length; a captured graph has one shape")
+    cache = StaticCache(size or 2048) if kind == "static" else DynamicCache()
     lookup = PromptLookup(k=args.lookup) if args.lookup is not None else None
-    model = load(args.model, precision=args.precision)
+    model = _model(args)
     interactive = not args.turn and sys.stdin.isatty()
     with cache, Conversation(model, cache=cache, device=open_device(args.device), system=args.system) as conv:
         for message in _messages(args, interactive):
@@ -144,14 +164,13 @@ def _print_turn(conv: Conversation, turn: Any, as_json: bool) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..bench import conversation
+    from ..bench import ttft
 
-    for flag in ("turns", "turn_tokens", "new_tokens", "reps"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     if args.probe < 0:
         raise ConfigError(f"--probe {args.probe} must be 0 or a positive int")
-    plan = conversation.ConversationPlan(
-        model=args.model,
+    [(name, precision)] = _one(flags.model_names(args.model), "--model", "model")
+    plan = ttft.ConversationPlan(
+        model=name,
         device=args.device,
         turns=args.turns,
         turn_tokens=args.turn_tokens,
@@ -159,15 +178,15 @@ def _bench(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         reps=args.reps,
         genai=args.genai,
-        precision=args.precision,
+        precision=precision,
     )
-    result = conversation.run(plan, progress=lambda line: print(line, flush=True))
-    path = conversation.write(result, args.out)
+    result = ttft.run(plan, progress=lambda line: print(line, flush=True))
+    path = ttft.write(result, args.out)
     print(f"wrote {path}")
     differ = [r["turn"] for r in result["rows"] if not (r["tokens_equal"] and r.get("genai_tokens_equal", True))]
     if differ:
         print(
-            f"kvlab: chat --bench: the tokens differ in turns {differ} (tokens_equal, genai_tokens_equal)",
+            f"kvlab: chat-bench: the tokens differ in turns {differ} (tokens_equal, genai_tokens_equal)",
             file=sys.stderr,
         )
     return 1 if differ else 0

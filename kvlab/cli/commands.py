@@ -1,24 +1,54 @@
-"""The ``kvlab`` command's subcommands, run on parsed arguments: every failure becomes one line on stderr and an
-exit status (the table is ``kvlab.cli``'s docstring). Imported by ``kvlab.cli.main`` once it handles Ctrl-C: it
-brings in the subcommands and everything they use."""
+"""The ``kvlab`` command's parser and its subcommands, run on parsed arguments: every failure becomes one line on
+stderr and an exit status (the table is ``kvlab.cli``'s docstring). Imported by ``kvlab.cli.main`` once it handles
+Ctrl-C: it brings in the subcommands and everything they use."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..core.errors import ConfigError, KvlabError
+from ..core.errors import KvlabError
 from ..core.paths import check_output
-from .args import parser
-from .bench import bench_command, conformance_command, profile_command, trace_command
-from .browser import browser_bench_command
-from .chat import chat_command
-from .doctor import doctor
+from . import bench, browser, chat, doctor, generate, profile
 from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone
-from .runs import emit, graph_kinds, run_kinds
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (``kvlab: error: ...``, exit 2), not usage plus error, and a
+    flag is written whole (no prefixes: ``--prompt`` must not quietly mean ``--prompt-file``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Print ``message`` as one line naming the command and exit 2."""
+        where = "" if self.prog == "kvlab" else self.prog.removeprefix("kvlab ") + ": "
+        self.exit(2, f"kvlab: error: {where}{message} (see {self.prog} --help)\n")
+
+
+class Commands(argparse._SubParsersAction):
+    """argparse's subcommands, but a command called by an alias (``compare``) names itself by that alias in its
+    errors and its ``--help``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        if values and values[0] in self._name_parser_map:
+            self._name_parser_map[values[0]].prog = f"{parser.prog} {values[0]}"
+        super().__call__(parser, namespace, values, option_string)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``kvlab`` parser: one subparser per subcommand, each added by its module (in ``--help`` order); each
+    sets ``run``, the function that runs it on the parsed arguments."""
+    ap = OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
+    ap.register("action", "parsers", Commands)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (doctor.add, generate.add, chat.add, bench.add, profile.add, browser.add, chat.add_bench):
+        add(sub)
+    return ap
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -26,56 +56,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     return command(parser().parse_args(argv))
 
 
-# Every command's output flags: (command, attribute) -> whether it names a folder (else a file).
-OUTPUTS = {
-    ("bench", "out"): True,
-    ("browser-bench", "out"): True,
-    ("chat", "out"): True,
-    ("trace", "out"): False,
-    ("conformance", "out"): False,
-    ("profile", "csv"): False,
-    ("profile", "json"): False,
-}
-
-
-def check_outputs(args: argparse.Namespace) -> None:
-    """ConfigError for the first output flag of ``args`` that names a path kvlab cannot write (``check_output``),
-    before any measuring. ``kvlab chat`` writes only with ``--bench``."""
-    for (cmd, attr), folder in OUTPUTS.items():
-        value = getattr(args, attr, None)
-        if args.command != cmd or not isinstance(value, Path) or (cmd == "chat" and not args.bench):
-            continue
-        check_output(value, f"--{attr}", folder)
-
-
-def generations(args: argparse.Namespace) -> int:
-    """``kvlab generate`` and ``kvlab compare``: the runs asked for, printed (``kvlab.cli.runs``)."""
-    kinds = ("dynamic", "static") if args.command == "compare" else (args.cache,)
-    if args.command == "generate" and args.cache == "dynamic" and args.max_cache_len is not None:
-        raise ConfigError("--max-cache-len applies to --cache static only")
-    if args.graph_capture:
-        kinds = graph_kinds(args, kinds)
-    emit(run_kinds(args, kinds), args.json)
-    return 0
-
-
-# The subcommands other than generate and compare (``generations``): name -> what runs it on the parsed arguments.
-SUBCOMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "doctor": lambda args: doctor(as_json=args.json),
-    "bench": bench_command,
-    "profile": profile_command,
-    "trace": trace_command,
-    "conformance": conformance_command,
-    "browser-bench": browser_bench_command,
-    "chat": chat_command,
-}
-
-
 def command(args: argparse.Namespace) -> int:
-    """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (``kvlab.cli``)."""
+    """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (``kvlab.cli``). An
+    output path kvlab cannot write is refused before anything is measured."""
     try:
-        check_outputs(args)  # a bad output flag is refused before anything is measured
-        return SUBCOMMANDS.get(args.command, generations)(args)
+        if isinstance(getattr(args, "out", None), Path):
+            check_output(args.out, "--out", args.out_is_folder)
+        return args.run(args)
     except KvlabError as exc:  # a user error, the environment's included (kvlab.cli's docstring)
         say(f"kvlab: error: {one_line(exc)}")
         return USER_ERROR

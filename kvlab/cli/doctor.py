@@ -5,6 +5,7 @@ functions of the facts it gathers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import asdict
@@ -15,11 +16,20 @@ from ..core.labels import cpu_adapter
 from ..ort import StaticCache, generate, load
 from ..ort.runtime.adapters import find_webgpu_adapter, vulkan_adapters
 from ..ort.runtime.device import backend
+from . import flags
 from .platform_facts import GIB, PlatformFacts, assess, collect
 from .platform_facts import advice as advice_for
 
 
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``doctor`` subcommand."""
+    p = sub.add_parser("doctor", help="what kvlab found: versions, backend, adapters, a tiny run per device")
+    flags.json_flag(p, "the report as JSON")
+    p.set_defaults(run=lambda args: doctor(as_json=args.json))
+
+
 def _tiny_run(device: str) -> dict[str, Any]:
+    """Four tokens of the toy model on a StaticCache on ``device``: what they were and how long they took."""
     model = load("toy")
     start = time.perf_counter()
     with StaticCache(64) as cache:
@@ -91,6 +101,7 @@ def _size(n: int | None) -> str:
 
 
 def doctor(as_json: bool = False) -> int:
+    """Print the report (``report``), as text or as JSON; returns 0 where it found no problem, else 1."""
     r = report()
     if as_json:
         print(json.dumps(r, indent=1))

@@ -220,7 +220,7 @@ TTFT_COLUMNS = {"history_tokens", "reuse_ttft_ms", "reprefill_ttft_ms"}  # what 
 
 def recorded_results(folder: Path) -> list[dict[str, Any]]:
     """The recorded time-to-first-token results under ``folder`` (``ttft-*.json`` and ``*/results.json`` of
-    ``kvlab chat --bench``: rows of kept against re-prefilled turns), each with its file name as ``source``; other
+    ``kvlab chat-bench``: rows of kept against re-prefilled turns), each with its file name as ``source``; other
     recordings there (a held-out check, a profile) are left out."""
     out = []
     for path in sorted([*folder.glob("ttft-*.json"), *folder.glob("*/results.json")]):

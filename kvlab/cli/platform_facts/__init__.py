@@ -6,47 +6,37 @@ The facts come from each OS's own adapter query: the Vulkan loader on Linux (``k
 Dawn itself makes), the display adapters Windows lists (``Win32_VideoController`` and the display driver's registry
 entries, through PowerShell; Dawn's D3D12 backend then picks the high-performance one, or WARP when none is a
 GPU), and ``system_profiler SPDisplaysDataType`` on macOS (Metal). Fields a query does not report stay None.
+
+The room: the facts (``facts``), their gathering (``collect``, ``queries``), what they mean (``adapter``,
+``packages``, ``settings``). It imports the standard library and ``kvlab.ort.runtime`` (the Vulkan query) only;
+``kvlab.cli.doctor`` imports it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .adapter import GLVND, adapter_problems, describe, pick
+from .adapter import adapter_problems, describe
 from .collect import collect
-from .facts import BACKENDS, GIB, VENDORS, AdapterFacts, PlatformFacts
+from .facts import GIB, PlatformFacts
 from .packages import NO_DEPS, PLUGIN_PINS, TORCH, TORCH_CPU_INDEX, WEBGPU_PIN, package_problems
-from .queries import WARP, WINDOWS_QUERY, from_vulkan, parse_macos, parse_windows
-from .settings import EVIDENCE, PHI4_KV_BYTES, Evidence, advice, recorded_evidence
+from .queries import from_vulkan, parse_macos, parse_windows
+from .settings import advice
 
 __all__ = [
-    "BACKENDS",
-    "EVIDENCE",
     "GIB",
-    "GLVND",
     "NO_DEPS",
-    "PHI4_KV_BYTES",
     "PLUGIN_PINS",
     "TORCH",
     "TORCH_CPU_INDEX",
-    "VENDORS",
-    "WARP",
     "WEBGPU_PIN",
-    "WINDOWS_QUERY",
-    "AdapterFacts",
-    "Evidence",
     "PlatformFacts",
-    "adapter_problems",
     "advice",
     "assess",
     "collect",
-    "describe",
     "from_vulkan",
-    "package_problems",
     "parse_macos",
     "parse_windows",
-    "pick",
-    "recorded_evidence",
 ]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from .facts import BACKENDS, AdapterFacts, PlatformFacts
 
 _RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}  # Dawn's preference, high-performance
-# What a headless NVIDIA machine's Vulkan driver needs beside it (the GL vendor-neutral dispatch)
+# What a headless machine's vendor Vulkan driver may need beside it (the GL vendor-neutral dispatch)
 GLVND = ("libvulkan1", "libglvnd0", "libglx0", "libegl1", "libopengl0", "libgl1", "libgles2")
 
 
@@ -27,7 +27,7 @@ def adapter_problems(facts: PlatformFacts) -> list[dict[str, str]]:
     chosen = pick(facts)
     for d in facts.drivers:  # a GPU whose Vulkan driver is installed but cannot start: what provides the rest
         fix = (
-            f"{_apt(facts, d['packages'])} (headless NVIDIA machines need glvnd: {_apt(facts, GLVND)})"
+            f"{_apt(facts, d['packages'])} (a headless machine's vendor driver may need glvnd: {_apt(facts, GLVND)})"
             if d.get("packages")
             else f"install what {d['library']} needs (`ldd {d['library']}` lists it)"
         )

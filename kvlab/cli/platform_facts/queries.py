@@ -64,7 +64,7 @@ def parse_windows(text: str) -> list[AdapterFacts]:
             continue
         ven = re.search(r"VEN_([0-9A-Fa-f]{4})", pnp)
         vendor = VENDORS.get(int(ven.group(1), 16), "") if ven else ""
-        if not vendor:  # "NVIDIA", "Advanced Micro Devices, Inc.", "Intel Corporation"
+        if not vendor:  # the vendor's name as Windows writes it
             maker = str(c.get("AdapterCompatibility") or "").lower()
             vendor = next((v for k, v in _MAKERS.items() if k in maker), "")
         ram = c.get("AdapterRAM") if isinstance(c.get("AdapterRAM"), int) else None

@@ -1,4 +1,4 @@
-"""``kvlab profile --phases``: where a static-cache decode step's wall time goes, phase by phase (binding, ONNX
+"""``kvlab profile phases``: where a static-cache decode step's wall time goes, phase by phase (binding, ONNX
 Runtime's copies of host inputs and its run, the in-place read-back, the commit, the choice of token, the loop
 between steps), beside onnxruntime-genai's step on the same model, prompt and device, in paired rounds of one
 process.

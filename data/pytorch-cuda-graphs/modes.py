@@ -1,4 +1,4 @@
-"""What ``python -m kvlab.bench.pytorch`` measures, one function per kind of mode: eager generation with a
+"""What ``record.py`` measures, one function per kind of mode: eager generation with a
 transformers cache (``eager``), kvlab's GraphRunner (``graph``) and transformers' own generate (``hf``), each
 returning that mode's result dict; and the checks beside them (``top2_margins``, ``teacher_forced``). torch loads on
 first call."""
@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..pytorch.generate import sync
-from .cuda import allocator_requests, allocator_segments, kernel_profile
+from cuda_counters import allocator_requests, allocator_segments, kernel_profile
+
+from kvlab.pytorch.generate import sync
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def top2_margins(work: Workload, tokens: list[int]) -> list[float]:
 def eager(work: Workload, cache: str) -> dict[str, Any]:
     """kvlab.pytorch.generate with a transformers ``cache`` ("dynamic" or "static"): a short warm-up (the first
     call), then one timed generation, per decode step's medians; on CUDA a static cache's step kernels too."""
-    from .. import pytorch as tb
+    import kvlab.pytorch as tb
 
     t = time.perf_counter()
     tb.generate(work.model, work.ids[:16], cache=cache, max_new_tokens=4, stop_on_eos=False)  # warm-up
@@ -79,8 +80,8 @@ def _static_step_profile(work: Workload) -> dict[str, Any]:
     """The kernels of 10 eager decode steps on a transformers StaticCache filled with the prompt."""
     import torch
 
-    from ..pytorch.generate import make_cache
-    from ..pytorch.models import cache_kwarg
+    from kvlab.pytorch.generate import make_cache
+    from kvlab.pytorch.models import cache_kwarg
 
     model, dev = work.model, work.dev
     hf_cache = make_cache(model, "static", work.max_len)
@@ -97,7 +98,7 @@ def graph(work: Workload, mode: str, fuse: bool, reference: list[int] | None, ma
     """kvlab's GraphRunner in ``mode`` ("capture", "compile" or "eager"), fused or not: its setup and first run,
     the best of ``repeats`` replay loops, the generate API's per-step cost, agreement with eager DynamicCache's
     ``reference`` tokens when there are some, and on CUDA the kernels of 20 replays."""
-    from ..pytorch.graphs import GraphRunner
+    from kvlab.pytorch.graphs import GraphRunner
 
     t = time.perf_counter()
     runner = GraphRunner(

@@ -1,4 +1,4 @@
-"""A conversation's time to first token, reused against re-prefilled: ``kvlab chat --bench``.
+"""A conversation's time to first token, reused against re-prefilled: ``kvlab chat-bench``.
 
 Per turn, a message of ``turn_tokens`` real-text tokens builds the history (its reply: ``new_tokens`` greedy
 tokens); then the measured message (``probe`` tokens, or the turn itself when ``probe`` is 0) is said in
@@ -81,7 +81,7 @@ class _Genai:
 
     def say(self, ids: list[int], new: int) -> tuple[list[int], float]:
         seq = [int(t) for t in self.gen.get_sequence(0)]
-        if seq:  # the reply's last token again with the turn: genai 0.18 diverges otherwise
+        if seq:  # the reply's last token again with the turn (docs/conversation.md says why)
             self.gen.rewind_to(len(seq) - 1)
             ids = [seq[-1], *ids]
         start = time.perf_counter()
@@ -199,5 +199,5 @@ def write(result: dict[str, Any], out: Path) -> Path:
     from ..core.paths import write_atomic
     from .results import environment
 
-    result["environment"] = environment({"note": "not measured by kvlab chat --bench"})
+    result["environment"] = environment({"note": "not measured by kvlab chat-bench"})
     return write_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")

@@ -2,11 +2,11 @@
 ``generate(cache_implementation="static")`` (with its auto-compile) and kvlab's GraphRunner (capture-only and
 compiled step + graph). Random weights, batch 1. Writes one JSON per configuration.
 
-    python -m kvlab.bench.pytorch --out OUT_DIR [--configs smollm2-135m:float16,llama-1b:bfloat16]
+    .venv/bin/python data/pytorch-cuda-graphs/record.py --out OUT_DIR [--configs smollm2-135m:float16,...]
                                   [--prompt 512] [--new 256] [--modes ...] [--device cuda]
 
 Each configuration runs in its own subprocess with inductor's caches disabled, so every compile is cold and
-first-call latencies are honest.
+first-call latencies are honest. (Was ``python -m kvlab.bench.pytorch``; notebook 05 imports ``run_config`` from here.)
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.generation import first_divergence
-from ..pytorch.generate import sync
-from .cuda import copy_bandwidth, environment, peak, peak_reset, set_inductor
-from .torch_modes import Workload, eager, graph, hf, top2_margins
+from cuda_counters import copy_bandwidth, environment, peak, peak_reset, set_inductor
+from modes import Workload, eager, graph, hf, top2_margins
+
+from kvlab.core.generation import first_divergence
+from kvlab.pytorch.generate import sync
 
 MODES = (
     "eager-dynamic",
@@ -60,7 +61,7 @@ def run_config(
     Returns ``{"config", "results" (one dict per mode), "environment"}``."""
     import torch
 
-    from .. import pytorch as tb
+    import kvlab.pytorch as tb
 
     dev = torch.device(device)
     torch.manual_seed(0)
@@ -187,7 +188,7 @@ class _Results:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvlab.bench.pytorch``: each configuration in its own subprocess (``--one``), then summary.md."""
+    """This script: each configuration in its own subprocess (``--one``), then summary.md; returns the exit status."""
     ap = _parser()
     a = ap.parse_args(argv)
     modes = a.modes.split(",")
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run_config(
             shape, dtype, a.prompt, a.new, modes, a.device, a.repeats, a.attention, a.compile_mode, inductor
         )
-        res["command"] = " ".join([Path(sys.executable).name, "-m", "kvlab.bench.pytorch", *sys.argv[1:]])
+        res["command"] = " ".join([Path(sys.executable).name, "data/pytorch-cuda-graphs/record.py", *sys.argv[1:]])
         (out / f"{shape}_{dtype}{a.tag}.json").write_text(json.dumps(res, indent=1))
         return 0
     rc = 0
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kvlab.bench.pytorch", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="record.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for the JSON files")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma-separated shape:dtype list")
     ap.add_argument("--prompt", type=int, default=512)
@@ -249,8 +250,7 @@ def _one_config_command(a: argparse.Namespace, config: str, out: Path) -> list[s
     """This command for one ``config`` in its own process (``--one``), with every other flag as given."""
     return [
         sys.executable,
-        "-m",
-        "kvlab.bench.pytorch",
+        __file__,
         "--one",
         config,
         "--out",

@@ -1,0 +1,199 @@
+"""``kvlab generate`` (alias ``kvlab compare``): a generation with each cache given, as a table or as JSON. ``compare``
+is the same command with ``--cache dynamic,static`` by default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import ConfigError
+from ..core.generation import Generation, positions_needed
+from ..core.labels import read_back_text
+from ..ort import CapturedStaticCache, generate, load, make_cache, open_device
+from ..presets import BUILTIN_NAMES
+from . import flags
+
+DEFAULTS = {"generate": "static", "compare": "dynamic,static"}  # --cache, by the name the command was called
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``generate`` subcommand and its alias ``compare``."""
+    p = sub.add_parser(
+        "generate",
+        aliases=["compare"],
+        help="generate text with a cache; compare: the dynamic and the static cache side by side",
+        description="Generate text with each cache given (--cache), side by side with their step figures; "
+        "`kvlab compare` is this command with --cache dynamic,static.",
+    )
+    flags.model(p)
+    flags.device(p)
+    flags.device_options(p)
+    flags.prompt(p)
+    flags.counts(p, max_new_tokens=(32, "tokens to generate at most"))
+    flags.caches(
+        p,
+        "static; compare: dynamic,static",
+        "comma-separated: dynamic, static[@N] (N positions; default what the run needs, rounded up to 256), "
+        "graph[@N] (static, its step a captured WebGPU graph)",
+    )
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    flags.sample(p)
+    flags.token_on_device(p)
+    p.add_argument(
+        "--kv-precision",
+        choices=("model", "int8", "int4"),
+        default="model",
+        help="KV in the model's dtype (default) or packed (the WebGPU plugin EP only)",
+    )
+    flags.json_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the caches asked for and print them (a table, or JSON with ``--json``); returns 0. ConfigError (and the
+    other kvlab errors) for what the model, the device or the caches refuse."""
+    names = args.cache or flags.cache_names(DEFAULTS[args.command])
+    emit(generations(args, names), args.json)
+    return 0
+
+
+def default_max_cache_len(needed: int, context_length: int) -> int:
+    """The static cache's size when none is given: what the run needs, rounded up to a multiple of 256, at most the
+    model's context length."""
+    return min(context_length, -(-needed // 256) * 256)
+
+
+def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -> dict[str, Any]:
+    """One generation per cache of ``names`` (kind, size or None) on the same prompt and device: ``{"model",
+    "device", "dtype", "prompt_tokens", "max_cache_len" (the first static cache's), "static_memory", "runs"}``,
+    runs keyed by the cache as given on the command line. Every cache is disposed of before it returns."""
+    keys = [kind + (f"@{size}" if size else "") for kind, size in names]
+    if len(set(keys)) < len(keys):
+        raise ConfigError(f"--cache {','.join(keys)} names a cache twice")
+    kv = None if args.kv_precision == "model" else args.kv_precision
+    if any(kind == "graph" for kind, _ in names):
+        if args.device != "webgpu":
+            raise ConfigError(
+                f"--cache graph replays a captured WebGPU graph; it needs --device webgpu, not {args.device}"
+            )
+        if kv:
+            raise ConfigError(f"--kv-precision {kv} with --cache graph: the captured cache holds the model's KV dtype")
+    (name, precision), *more = flags.model_names(args.model)
+    if more:
+        raise ConfigError(f"--model {args.model!r} names several models; give one")
+    device = open_device(args.device, **flags.device_options_of(args))
+    model = load(name, precision=precision, progress=not args.json)
+    ids = model.encode(flags.prompt_of(args), chat=args.chat)
+    fitted = default_max_cache_len(positions_needed(len(ids), args.max_new_tokens), model.info.context_length)
+    sizes = [size or fitted for _, size in names]
+    statics = [s for (kind, _), s in zip(names, sizes) if kind != "dynamic"]
+    memory = str(make_cache("static", statics[0], kv).memory_report(model.info)) if statics else ""
+    sampling, token = flags.sampling_of(args), flags.WHERE[args.token_on_device]
+    runs: dict[str, Generation] = {}
+    for key, (kind, _), size in zip(keys, names, sizes):
+        if kind == "graph":  # a built-in model's build for capture, or the directory given (the cache judges it)
+            built = name in BUILTIN_NAMES
+            graph_model = (
+                load(name, precision=precision, progress=not args.json, graph_capture=True) if built else model
+            )
+            cache, run_model, tok = CapturedStaticCache(size), graph_model, False
+        else:
+            cache, run_model, tok = make_cache(kind, size if kind == "static" else None, kv), model, token
+        with cache:
+            runs[key] = generate(
+                run_model,
+                ids,
+                cache=cache,
+                device=device,
+                max_new_tokens=args.max_new_tokens,
+                sampling=sampling,
+                stop_on_eos=not args.ignore_eos,
+                token_on_device=tok,
+            )
+    return {
+        "model": model.name,
+        "device": device.label,
+        "dtype": model.info.dtype_name,
+        "prompt_tokens": len(ids),
+        "max_cache_len": statics[0] if statics else fitted,
+        "static_memory": memory,
+        "runs": runs,
+    }
+
+
+def _summary(g: Generation) -> dict[str, Any]:
+    dec = [r for r in g.records if r.phase == "decode"]
+    edge = max(1, min(3, len(dec) // 2))
+    median = lambda rs, key: float(np.median([getattr(r, key) for r in rs])) if rs else float("nan")  # noqa: E731
+    return {
+        "cache": str(g.cache),
+        "new_tokens": len(g.token_ids),
+        "tokens_per_s": 1e3 / median(dec, "wall_ms") if dec else float("nan"),
+        "first_steps_ms": median(dec[:edge], "wall_ms"),
+        "last_steps_ms": median(dec[-edge:], "wall_ms"),
+        "tensors_per_step": median(dec, "cache_tensors_allocated"),
+        "bytes_per_step": median(dec, "cache_bytes_allocated"),
+        "new_buffers_per_step": median(dec, "new_buffers"),
+        "overhead_ms": median(dec, "overhead_ms"),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ["cache", "tok/s", "first ms", "last ms", "tensors/step", "MiB/step", "new bufs/step", "py ms/step"]
+    lines = [head]
+    for r in rows:
+        lines.append(
+            [
+                r["cache"],
+                f"{r['tokens_per_s']:.1f}",
+                f"{r['first_steps_ms']:.1f}",
+                f"{r['last_steps_ms']:.1f}",
+                f"{r['tensors_per_step']:g}",
+                f"{r['bytes_per_step'] / 2**20:.3f}",
+                f"{r['new_buffers_per_step']:g}",
+                f"{r['overhead_ms']:.2f}",
+            ]
+        )
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in lines)
+
+
+def emit(result: dict[str, Any], as_json: bool) -> None:
+    """Print ``generations``' result: the label, each run's text and a table of their step figures (or JSON)."""
+    runs: dict[str, Generation] = result["runs"]
+    if as_json:
+        out = {k: v for k, v in result.items() if k != "runs"}
+        out["device"] = asdict(result["device"])
+        out["runs"] = {k: {**g.to_dict(), "summary": _summary(g)} for k, g in runs.items()}
+        if len(runs) >= 2:
+            out["identical"] = _identical(runs)
+        json.dump(out, sys.stdout, indent=1, default=float)
+        print()
+        return
+    print(
+        f"model {result['model']} ({result['dtype']}), device {result['device']}, prompt {result['prompt_tokens']} "
+        f"tokens, static max_cache_len {result['max_cache_len']}"
+    )
+    if result["static_memory"]:
+        print(result["static_memory"])
+    for g in runs.values():
+        where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
+        where += read_back_text(g.label.tokens_per_read)
+        print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
+    print("\n" + _table([_summary(g) for g in runs.values()]))
+    print(
+        "(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
+        "bufs counts never-seen buffer identities, a proxy)"
+    )
+    if len(runs) >= 2:
+        print(f"\noutputs identical: {_identical(runs)}")
+
+
+def _identical(runs: dict[str, Generation]) -> bool:
+    first, *rest = runs.values()
+    return all(g.token_ids == first.token_ids for g in rest)
