@@ -131,7 +131,7 @@ def _summary(g: Generation) -> dict[str, Any]:
     edge = max(1, min(3, len(dec) // 2))
     median = lambda rs, key: float(np.median([getattr(r, key) for r in rs])) if rs else float("nan")  # noqa: E731
     return {
-        "cache": str(g.cache),
+        "cache": str(g.label.cache),
         "new_tokens": len(g.token_ids),
         "tokens_per_s": 1e3 / median(dec, "wall_ms") if dec else float("nan"),
         "first_steps_ms": median(dec[:edge], "wall_ms"),
@@ -184,7 +184,7 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
     for g in runs.values():
         where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
         where += read_back_text(g.label.tokens_per_read)
-        print(f"\n[{g.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
+        print(f"\n[{g.label.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
     print("\n" + _table([_summary(g) for g in runs.values()]))
     print(
         "(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
