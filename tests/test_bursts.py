@@ -48,6 +48,8 @@ def test_bursts_give_the_tokens_of_one_step_at_a_time(toy, device, kind, per_rea
     decode = [r for r in run.records if r.phase == "decode"]
     assert [r.read_with for r in decode] == _bursts(19, per_read)
     assert [r.position for r in decode] == list(range(len(run.prompt_ids), len(run.prompt_ids) + 19))
+    per_token = toy.info.layout.bytes_per_token
+    assert [r.used_cache_bytes for r in decode] == [(r.position + 1) * per_token for r in decode]  # each its own
     assert dev.live_tensors == before  # the ring of token tensors went with the stepper
 
 

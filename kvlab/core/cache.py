@@ -78,9 +78,14 @@ class Cache:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes the held positions need: seq_length x bytes per token, plus one copy of each fixed-size state once
-        a sequence is held (of the entries as the slots hold them: packed KV is smaller)."""
-        return self.seq_length * self._bytes_per_token + self._state_bytes if self.seq_length else 0
+        """Bytes the held positions need now: ``used_bytes_at(seq_length)``."""
+        return self.used_bytes_at(self.seq_length)
+
+    def used_bytes_at(self, length: int) -> int:
+        """Bytes ``length`` held positions need: length x bytes per token, plus one copy of each fixed-size state
+        once a sequence is held (of the entries as the slots hold them: packed KV is smaller). A step's record
+        counts at its own length (a burst records its steps after all of them ran)."""
+        return length * self._bytes_per_token + self._state_bytes if length else 0
 
     def held_bytes_by_layer(self) -> dict[int, int]:
         """{layer: bytes of the tensors that hold its entries now}, from the tensors' own runtime shapes."""

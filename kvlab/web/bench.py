@@ -61,7 +61,7 @@ def row_of(
         "variant": spec.name,
         "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
         "impl": g.impl,
-        "runtime": g.device.runtime,
+        "runtime": g.label.device.runtime,
         "cache_kind": spec.kind,
         "max_cache_len": spec.max_cache_len,
         "fitted": fitted,
@@ -264,7 +264,7 @@ def _run_of(model: Model, context: int, g: BrowserGeneration) -> dict[str, Any]:
     return {
         "model": model.name,
         "context": context,
-        "cache": g.cache.name,
+        "cache": g.label.cache.name,
         "impl": g.impl,
         "rep": g.rep,
         "warmup": g.warmup,

@@ -200,7 +200,8 @@ class Stepper:
 
     def _record(self, memory: CacheStep, wall_ms: float, run_ms: float, **fields: Any) -> StepRecord:
         """The step's record, handed to every hook (in order; one that raises fails the step)."""
-        mine = {"step": self.steps, "device": self.device.name, "used_cache_bytes": self.cache.used_bytes}
+        length = fields["position"] + fields["n_tokens"]  # the step's own length: a burst records after it ran
+        mine = {"step": self.steps, "device": self.device.name, "used_cache_bytes": self.cache.used_bytes_at(length)}
         record = step_record(**mine, wall_ms=wall_ms, run_ms=run_ms, memory=memory, **fields)
         for hook in self.hooks:
             hook(record)

@@ -238,10 +238,10 @@ def cast_bool_gathers(model: Any) -> list[str]:
     onnxruntime-webgpu 1.27 (docs/known-limits.md)."""
     from onnx import TensorProto, helper
 
-    targets = {id(model.graph.node[i]) for i in bool_gathers(model)}
+    targets = [model.graph.node[i] for i in bool_gathers(model)]  # nodes, not id()s: a node's id can be reused
 
     def rewrite(node: Any) -> Any:
-        if id(node) not in targets:
+        if node not in targets:
             return None
         data, out, p = node.input[0], node.output[0], node.name
         gather = helper.make_node("Gather", [f"{data}/kvlab_int32", *node.input[1:]], [f"{out}/kvlab_int32"], name=p)

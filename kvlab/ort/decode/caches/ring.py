@@ -103,13 +103,12 @@ class RingStaticCache(StaticCache):
         """ "static@N ring" (and a StaticCache's variants)."""
         return CacheSpec(self.kind, self.max_cache_len, "+".join(filter(None, [VARIANT, super().spec.variant])))
 
-    @property
-    def used_bytes(self) -> int:
-        """Bytes of what the buffers hold: a sliding layer its newest ``min(seq_length, window)`` positions, a
-        full-attention layer ``seq_length``, a state one copy."""
-        if self._info is None or not self.seq_length:
+    def used_bytes_at(self, length: int) -> int:
+        """Bytes of what the buffers hold at ``length``: a sliding layer its newest ``min(length, window)``
+        positions, a full-attention layer ``length``, a state one copy."""
+        if self._info is None or not length:
             return 0
-        n = self.seq_length
+        n = length
         return sum(
             s.entry.nbytes(s.held(n)) if isinstance(s, RingKV) else s.entry.nbytes(n if s.entry.grows else 0)
             for s in self.slots
