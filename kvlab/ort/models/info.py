@@ -6,19 +6,20 @@ each layer keeps is read from the graph (``kvlab.ort.models.layers``)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...core.errors import ModelError
+from ...core.errors import ConfigError, ModelError
 from ...core.layout import CacheEntry, CacheLayout
 from ...presets import BUILTIN_NAMES
 from . import mobius
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, attr, elem_type, load_graph, producers, projection_width, uses, weight_format
-from .layers import borrows_kv, known_ops, read_layers
+from .layers import attention_reading, borrows_kv, known_ops, read_layers
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ModelInfo:
     layout: CacheLayout  # what every layer keeps: its kind and its entries (past input, present output, shape)
     shares_buffers: bool  # every growing present.* comes from a GroupQueryAttention node (in-place past/present)
     sharing_problem: str = ""  # why not, when shares_buffers is False
+    config_file: str = "genai_config.json"  # the layout: "genai_config.json" (a builder's) or "config.json" (HF's)
+    unread_inputs: tuple[str, ...] = ()  # graph inputs no node reads: kvlab binds nothing to them
+    notes: tuple[str, ...] = ()  # what kvlab read and does not apply, one line each
 
     @property
     def onnx_path(self) -> Path:
@@ -71,13 +75,15 @@ class ModelInfo:
         return f"{self.weights} weights, {np.dtype(self.logits_dtype).name} activations, {self.dtype_name} KV cache"
 
 
-def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph; ModelError for
-    a missing directory, or naming the first disagreement or what kvlab cannot feed or hold."""
+def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | None = None) -> ModelInfo:
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph. ``dtype``: the
+    variant of a transformers.js / onnx-community directory (``kvlab.ort.models.declared.transformers_js_file``).
+    Raises ModelError for a missing directory, or naming the first disagreement or what kvlab cannot feed or hold;
+    ConfigError for a dtype it does not know or one given for a builder directory (which holds one graph)."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
-    d = _declared(path)
+    d = _declared(path, dtype)
     onnx_file = path / d.decoder_file
     if not onnx_file.is_file():
         raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
@@ -86,7 +92,8 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
     declared = _cache_inputs(d, inputs, borrows_kv(graph))
-    _check_names(d, graph, inputs, outputs, declared, path)
+    _check_layer_count(d, inputs, declared, path)
+    unread = _check_names(d, graph, inputs, outputs, declared, path)
     _cross_check(d, graph, inputs, outputs, path)
     first = next(iter(declared), None)
     dtypes = [
@@ -120,15 +127,24 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
         layout=read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path),
         shares_buffers=not problem,
         sharing_problem=problem,
+        config_file=d.config_file,
+        unread_inputs=unread,
+        notes=d.notes,
     )
 
 
-def _declared(path: Path) -> Declared:
-    """What the directory's config declares, in whichever layout it has; ModelError where it has neither."""
+def _declared(path: Path, dtype: str | None = None) -> Declared:
+    """What the directory's config declares, in whichever layout it has; ModelError where it has neither,
+    ConfigError for a ``dtype`` given for a builder directory."""
     if (path / "genai_config.json").is_file():
+        if dtype is not None:
+            raise ConfigError(
+                f"dtype={dtype!r} chooses among a transformers.js directory's onnx/model_<dtype>.onnx files; {path} "
+                "is an onnxruntime-genai builder directory, whose genai_config.json names its one decoder"
+            )
         return declared_genai(path)
     if (path / "config.json").is_file():
-        return declared_hf(path)
+        return declared_hf(path, dtype)
     raise ModelError(
         f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
         f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
@@ -151,15 +167,32 @@ def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, 
     return declared
 
 
-def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> None:
-    """ModelError for a graph input kvlab does not feed (naming the nodes that read it), or an input or output the
-    config names that the graph lacks."""
+def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) -> None:
+    """ModelError where the config's layer count is not the graph's: the layers whose KV inputs (by the config's
+    name patterns) the graph has. Hybrids and KV-shared graphs, whose layers do not all have KV, are counted by
+    their attention ops instead (``_cross_check``)."""
+    if d.states or len(d.past) != d.layers or not d.past:  # (a graph whose layers borrow KV: fewer pasts)
+        return
+    pattern = re.compile(re.escape(d.past_formats[0]).replace("%d", r"(\d+)") + "$")
+    layers = {int(m.group(1)) for n in inputs if (m := pattern.match(n))}
+    if layers and max(layers) + 1 != d.layers:
+        raise ModelError(
+            f"{path}: {d.config_file} says num_hidden_layers = {d.layers}, but {d.decoder_file} has KV inputs "
+            f"({d.past_formats[0]!r}) for {max(layers) + 1} layers; the config and the graph disagree"
+        )
+
+
+def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> tuple[str, ...]:
+    """The graph inputs no node reads, which kvlab leaves unbound (an input the graph declares and never uses, as
+    some exporters declare position_ids). ModelError for an input kvlab does not feed that a node reads (naming
+    the nodes), or an input or output the config names that the graph lacks."""
+    read_by = uses(graph)
     extra = [n for n in inputs if n not in d.roles and n not in declared]
+    unread = tuple(n for n in extra if not read_by.get(n))
+    extra = [n for n in extra if n not in unread]
     if extra:
-        read_by = uses(graph)
         found = "; ".join(
-            f"{n!r} is read by "
-            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
+            f"{n!r} is read by " + ", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by[n])
             for n in extra[:4]
         )
         raise ModelError(
@@ -167,26 +200,34 @@ def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared:
             "attention_mask, position_ids and the cache inputs its config names, read by "
             f"{known_ops()}"
         )
+    unread += tuple(n for n, role in d.roles.items() if n in inputs and role != "past" and not read_by.get(n))
     missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
     if missing:
         raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
     for out_name in [*(n for pair in d.present for n in pair), d.logits]:
         if out_name not in outputs:
             raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
+    return unread
 
 
 def _sharing_problem(d: Declared, graph: Any) -> str:
     """Why a static cache cannot share its past and present buffers on this graph ("" when it can): every present
-    output must come from a GroupQueryAttention node."""
-    made_by = {n: node.op_type for n, node in producers(graph).items()}
-    not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
+    output must come from a GroupQueryAttention node. Names the first node that makes one instead."""
+    made_by = producers(graph)
+    gqa = "GroupQueryAttention"
+    not_gqa = {n: made_by.get(n) for pair in d.present for n in pair if getattr(made_by.get(n), "op_type", "") != gqa}
     if not not_gqa:
         return ""
-    first = next(iter(not_gqa.items()))
+    present, node = next(iter(not_gqa.items()))
+    maker = f"{node.op_type!r} node {node.name!r}" if node is not None else "no node"
+    reader = attention_reading(uses(graph), present)
+    if reader is not None and reader is not node and reader.op_type != "Softmax":
+        maker += f", read by {reader.op_type} node {reader.name!r}"
     return (
-        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
-        f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
-        f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
+        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node ({present!r} is made by "
+        f"{maker}); only GroupQueryAttention writes the new tokens into a shared past/present buffer. What works: "
+        f"a DynamicCache on this graph; for a StaticCache, rebuild the model with the onnxruntime-genai builder "
+        f"(`{BUILDER_HINT}`), whose attention is GroupQueryAttention"
     )
 
 
@@ -231,8 +272,13 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
                 width // per_token,
                 f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})",
             )
-        inits = {t.name: t for t in graph.graph.initializer}
-        cos = inits.get(node.input[7]) if len(node.input) > 7 else None
+    for node in [n for n in graph.graph.node if n.op_type == "MultiHeadAttention"][:1]:
+        if d.heads:
+            agree("num_attention_heads", d.heads, attr(node, "num_heads"), f"{node.name!r} num_heads")
+    inits = {t.name: t for t in graph.graph.initializer}
+    rotary = [(n, 7) for n in gqa] + [(n, 2) for n in graph.graph.node if n.op_type == "RotaryEmbedding"]
+    for node, index in rotary:  # the cos cache: GroupQueryAttention's input 7, RotaryEmbedding's input 2
+        cos = inits.get(node.input[index]) if len(node.input) > index else None
         if cos is not None and cos.dims and d.context > cos.dims[0]:
             raise ModelError(
                 f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "

@@ -1,11 +1,13 @@
 """What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
 adapter without shader-f16 (``refuse_f16``) and a graph that gathers from a bool tensor is rewritten in memory for
 WebGPU (``workarounds``), both called by ``Device.session``; once it opened, no heavy node may have fallen back to
-the CPU EP (``refuse_cpu_fallback``, called by ``Session``)."""
+the CPU EP (``refuse_cpu_fallback``, called by ``Session``). Where a session cannot be created, the package's op
+schemas say which node asks for what it lacks (``explain_refusal``, called by ``Device.session``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ...core.errors import DeviceError
 from ...core.labels import Adapter
@@ -77,3 +79,50 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
             f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
             f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}"
         )
+
+
+def schema_problems(graph: Any, runtime: str) -> list[str]:
+    """What the installed ONNX Runtime package (``runtime`` names it, e.g. "onnxruntime-webgpu 1.27.0") lacks to
+    load ``graph`` (a ModelProto), read from the op schemas it registers: one line per contrib-op (com.microsoft)
+    node it does not register, gives an attribute its schema does not have, or gives more inputs than its schema
+    takes (the first node of each kind of gap). [] when every such node fits; standard ops are not checked."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    schemas = {(s.name, s.domain): s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
+    problems: dict[tuple[str, str], str] = {}
+    for node in graph.graph.node:
+        if node.domain != "com.microsoft":
+            continue
+        schema = schemas.get((node.op_type, node.domain))
+        if schema is None:
+            problems.setdefault(
+                (node.op_type, ""), f"{runtime} registers no {node.op_type} (node {node.name!r} is one)"
+            )
+            continue
+        for a in node.attribute:
+            if a.name not in schema.attributes:
+                problems.setdefault(
+                    (node.op_type, a.name),
+                    f"{runtime}'s {node.op_type} has no attribute {a.name!r} (node {node.name!r} sets "
+                    f"{a.name}; it knows {', '.join(sorted(schema.attributes))})",
+                )
+        if len(node.input) > schema.max_input:
+            problems.setdefault(
+                (node.op_type, "#inputs"),
+                f"{runtime}'s {node.op_type} takes at most {schema.max_input} inputs; node {node.name!r} has "
+                f"{len(node.input)}",
+            )
+    return list(problems.values())
+
+
+def explain_refusal(onnx_file: Path, runtime: str) -> str:
+    """Why ``runtime`` cannot load the graph of ``onnx_file``, in one sentence naming the node and what it lacks,
+    with what would work; "" when its op schemas show no gap (the runtime's own error then says why)."""
+    problems = schema_problems(load_graph(onnx_file), runtime)
+    if not problems:
+        return ""
+    return (
+        f"{onnx_file.name} cannot be loaded by {runtime}: {'; '.join(problems[:3])}. A newer ONNX Runtime may "
+        "have it (kvlab's second environment, `bash scripts/setup.sh --plugin`, has onnxruntime 1.31); or "
+        "rebuild the model for this runtime (docs/compatibility.md lists which exports run where)"
+    )
