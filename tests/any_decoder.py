@@ -44,19 +44,9 @@ NEW_TOKENS = 8
 STATIC_LEN = 64
 VERSION = 1  # bump to rebuild every case
 
-COMMON = dict(
-    vocab_size=512,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-)
+SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+VOCAB = dict(vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+COMMON = {**SIZES, **VOCAB, "max_position_embeddings": 2048}  # every architecture's config, and ARCHS' additions
 # transformers classes (config, model) and what each architecture adds to COMMON
 ARCHS: dict[str, tuple[str, str, dict]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
