@@ -65,7 +65,8 @@ ARCHS: dict[str, tuple[str, str, dict]] = {
         "Lfm2ForCausalLM",
         {"layer_types": ["conv", "full_attention"], "block_ff_dim": 128, "conv_L_cache": 3},
     ),
-    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {}),
+    # partial rotary (half the head): heads of 32 give GroupQueryAttention's rotary table the 8 columns it needs
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", {"head_dim": 32}),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {}),
 }
 OLD_BUILDER = "0.5.2"  # an onnxruntime-genai whose builder uses MultiHeadAttention off its GQA configurations

@@ -37,12 +37,12 @@ def verdicts(info: Any) -> list[Verdict]:
 
     b = backend()
     runtime = f"{b.package} {b.version}"
-    gaps = schema_problems(load_graph(info.onnx_path), runtime)
+    gaps = schema_problems(load_graph(info.onnx_path))
     out = []
     for device in ("cpu", "webgpu"):
         if gaps:
-            out += [Verdict(c, device, f"the graph does not load: {gaps[0]}") for c in ("dynamic", "static", "ring")]
-            out.append(Verdict("captured", device, f"the graph does not load: {gaps[0]}"))
+            why = f"{runtime} cannot load the graph: {gaps[0]}"
+            out += [Verdict(c, device, why) for c in ("dynamic", "static", "ring", "captured")]
             continue
         out.append(Verdict("dynamic", device))
         out.append(Verdict("static", device, info.sharing_problem))

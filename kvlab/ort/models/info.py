@@ -279,6 +279,16 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
     rotary = [(n, 7) for n in gqa] + [(n, 2) for n in graph.graph.node if n.op_type == "RotaryEmbedding"]
     for node, index in rotary:  # the cos cache: GroupQueryAttention's input 7, RotaryEmbedding's input 2
         cos = inits.get(node.input[index]) if len(node.input) > index else None
+        columns = cos.dims[1] if cos is not None and len(cos.dims) == 2 else None
+        past = inputs.get(node.input[3]) or outputs.get(node.input[3]) if len(node.input) > 3 else None
+        head = (_dim(past, 3) if past is not None else None) or d.head_dim  # its past keys say (Gemma 4: two sizes)
+        if node.op_type == "GroupQueryAttention" and columns and (columns % 8 or 2 * columns > head):
+            raise ModelError(
+                f"{path}: the rotary table of {node.name!r} has {columns} columns, for heads of {head}; "
+                "ONNX Runtime's GroupQueryAttention takes a multiple of 8 up to head_size / 2 and fails at the "
+                "first run otherwise ('cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8'), as "
+                "onnxruntime-genai does: its partial rotary dimension needs to be a multiple of 16"
+            )
         if cos is not None and cos.dims and d.context > cos.dims[0]:
             raise ModelError(
                 f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "

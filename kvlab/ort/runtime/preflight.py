@@ -81,11 +81,11 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
         )
 
 
-def schema_problems(graph: Any, runtime: str) -> list[str]:
-    """What the installed ONNX Runtime package (``runtime`` names it, e.g. "onnxruntime-webgpu 1.27.0") lacks to
-    load ``graph`` (a ModelProto), read from the op schemas it registers: one line per contrib-op (com.microsoft)
-    node it does not register, gives an attribute its schema does not have, or gives more inputs than its schema
-    takes (the first node of each kind of gap). [] when every such node fits; standard ops are not checked."""
+def schema_problems(graph: Any) -> list[str]:
+    """What the installed ONNX Runtime package lacks to load ``graph`` (a ModelProto), read from the op schemas it
+    registers: one line per contrib-op (com.microsoft) node it does not register, gives an attribute its schema does
+    not have, or gives more inputs than its schema takes (the first node of each kind of gap). [] when every such
+    node fits; standard ops are not checked."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     schemas = {(s.name, s.domain): s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
@@ -95,34 +95,33 @@ def schema_problems(graph: Any, runtime: str) -> list[str]:
             continue
         schema = schemas.get((node.op_type, node.domain))
         if schema is None:
-            problems.setdefault(
-                (node.op_type, ""), f"{runtime} registers no {node.op_type} (node {node.name!r} is one)"
-            )
+            problems.setdefault((node.op_type, ""), f"no op {node.op_type} is registered (node {node.name!r})")
             continue
         for a in node.attribute:
             if a.name not in schema.attributes:
                 problems.setdefault(
                     (node.op_type, a.name),
-                    f"{runtime}'s {node.op_type} has no attribute {a.name!r} (node {node.name!r} sets "
-                    f"{a.name}; it knows {', '.join(sorted(schema.attributes))})",
+                    f"its {node.op_type} has no attribute {a.name!r} (node {node.name!r} sets it; the schema has "
+                    f"{', '.join(sorted(schema.attributes))})",
                 )
         if len(node.input) > schema.max_input:
             problems.setdefault(
                 (node.op_type, "#inputs"),
-                f"{runtime}'s {node.op_type} takes at most {schema.max_input} inputs; node {node.name!r} has "
-                f"{len(node.input)}",
+                f"its {node.op_type} takes at most {schema.max_input} inputs (node {node.name!r} has "
+                f"{len(node.input)})",
             )
     return list(problems.values())
 
 
 def explain_refusal(onnx_file: Path, runtime: str) -> str:
-    """Why ``runtime`` cannot load the graph of ``onnx_file``, in one sentence naming the node and what it lacks,
-    with what would work; "" when its op schemas show no gap (the runtime's own error then says why)."""
-    problems = schema_problems(load_graph(onnx_file), runtime)
+    """Why ``runtime`` (the installed package, e.g. "onnxruntime-webgpu 1.27.0") cannot load the graph of
+    ``onnx_file``, in one sentence naming the node and what it lacks, with what would work; "" when its op schemas
+    show no gap (the runtime's own error then says why)."""
+    problems = schema_problems(load_graph(onnx_file))
     if not problems:
         return ""
     return (
-        f"{onnx_file.name} cannot be loaded by {runtime}: {'; '.join(problems[:3])}. A newer ONNX Runtime may "
-        "have it (kvlab's second environment, `bash scripts/setup.sh --plugin`, has onnxruntime 1.31); or "
-        "rebuild the model for this runtime (docs/compatibility.md lists which exports run where)"
+        f"{runtime} cannot load this graph: {'; '.join(problems[:3])}. A newer ONNX Runtime may have it (kvlab's "
+        "second environment, `bash scripts/setup.sh --plugin`, has onnxruntime 1.31); or rebuild the model for "
+        "this runtime (docs/compatibility.md lists which exports run where)"
     )
