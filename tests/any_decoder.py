@@ -42,6 +42,7 @@ PAGE = REPO / "docs" / "compatibility.md"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 11]
 NEW_TOKENS = 8
 STATIC_LEN = 64
+CELL = 240  # characters of an error in a table cell
 VERSION = 1  # bump to rebuild every case
 
 SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -327,22 +328,30 @@ def build_all(cases: list[Case], jobs: int = 2) -> list[Path]:
 
 
 def runtime() -> str:
-    """The ONNX Runtime package kvlab and onnxruntime-genai run on here, e.g. "onnxruntime-webgpu 1.27.0"."""
+    """The ONNX Runtime package whose CPU EP kvlab and onnxruntime-genai run on here, e.g. "onnxruntime-webgpu
+    1.27.0"."""
     from kvlab.ort.runtime.device import backend
 
-    b = backend()
-    return f"{b.package} {b.version}"
+    return " ".join(backend().label_for("cpu"))
 
 
 def short(exc: BaseException | str, where: Path | None = None) -> str:
-    """An error as one table cell: its last sentence-sized part, the model's directory replaced by DIR."""
+    """An error as one table cell: what went wrong, not where (the model's directory and name become DIR; an ONNX
+    Runtime message keeps its last part), cut at a clause boundary near ``CELL`` characters."""
     text = " ".join(str(exc).split())
     if where is not None:
-        text = text.replace(str(where), "DIR")
-    text = re.sub(r"/\S*/any-decoder/\S*", "DIR", text)
-    if "Error " in text and "ONNXRuntimeError" in text:  # ORT's errors end with what went wrong
-        text = text[text.rindex("Error ") :]
-    return text if len(text) <= 160 else text[:157] + "..."
+        text = text.replace(str(where), "DIR").replace(where.name, "DIR")
+    text = re.sub(r"/\S*/any-decoder/\S*", "DIR", text).removeprefix("could not create a cpu session: ")
+    if "Status Message: " in text:  # a kernel's refusal at run time
+        op = re.search(r"running (\w+) node", text)
+        text = f"{op.group(1) if op else 'a'} node: {text.split('Status Message: ', 1)[1]}"
+    elif ", Error " in text:  # ONNX Runtime's invalid-model message ends with what is wrong
+        text = "ONNX Runtime: " + text.rsplit(", Error ", 1)[1]
+    if len(text) > CELL:
+        cut = text.rfind("; ", 0, CELL)
+        text = text[:cut] if cut > CELL // 2 else text[: CELL - 3] + "..."
+        text += ")" * (text.count("(") - text.count(")"))
+    return text
 
 
 @dataclass(frozen=True)

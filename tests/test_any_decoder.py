@@ -227,33 +227,47 @@ def test_describe_says_why_a_static_cache_cannot_run_and_what_would(tmp_path):
     assert len(tokens(m)) == 6
 
 
-def test_a_graph_asking_what_the_runtime_lacks_is_refused_naming_node_and_runtime(toy, tmp_path):
-    """The builder's -e cpu writes sliding_window_cache=0 on every GroupQueryAttention; a runtime whose schema lacks
-    the attribute cannot load the graph (onnxruntime-genai fails on it too): kvlab names the runtime, the node and
-    the attribute instead of ONNX Runtime's page of tensor names. Where the schema has it, the graph runs."""
-
-    def ring_attribute(graph) -> None:
+def with_attribute(name: str, value: int):
+    def edit(graph) -> None:
         for node in graph.graph.node:
             if node.op_type == "GroupQueryAttention":
-                node.attribute.append(helper.make_attribute("sliding_window_cache", 0))
+                node.attribute.append(helper.make_attribute(name, value))
 
-    m = kvlab.load(copy_dir(toy, tmp_path / "m", graph_edit=ring_attribute))
+    return edit
+
+
+def test_an_attribute_the_runtime_lacks_whose_zero_it_computes_anyway_is_dropped(toy, tmp_path):
+    """The builder's -e cpu writes sliding_window_cache=0 on every GroupQueryAttention, which onnxruntime-webgpu
+    1.27 does not know (onnxruntime-genai fails to load such a graph there): 0 means no ring buffer, what 1.27
+    computes, so kvlab opens the graph without it where the runtime lacks it, and the tokens are the toy's."""
+    m = kvlab.load(copy_dir(toy, tmp_path / "m", graph_edit=with_attribute("sliding_window_cache", 0)))
+    assert tokens(m) == tokens(m, StaticCache(32)) == tokens(toy)
+    session = kvlab.open_device("cpu").session(m.onnx_path)
+    knows = "sliding_window_cache" in schemas()["GroupQueryAttention"].attributes
+    assert bool(session.rewrites) is not knows and all("sliding_window_cache=0 dropped" in r for r in session.rewrites)
+    assert "  dynamic    runs" in m.describe()
+
+
+def schemas() -> dict:
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
-    knows = any(
-        s.name == "GroupQueryAttention" and "sliding_window_cache" in s.attributes for s in C.get_all_operator_schema()
-    )
-    b = backend()
-    if knows:
-        assert tokens(m) == tokens(toy)
-        return
+    return {s.name: s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
+
+
+def test_a_graph_asking_what_the_runtime_lacks_is_refused_naming_node_and_runtime(toy, tmp_path):
+    """An attribute the installed runtime's schema does not have (and whose meaning kvlab cannot keep without it):
+    kvlab names the runtime, the node and the attribute instead of ONNX Runtime's page of tensor names, and
+    ``describe`` says no cache runs it."""
+    m = kvlab.load(copy_dir(toy, tmp_path / "m", graph_edit=with_attribute("sliding_window_scale", 2)))
+    package, version = backend().label_for("cpu")
     with pytest.raises(
         DeviceError,
-        match=rf"{b.package} {b.version} cannot load this graph: its GroupQueryAttention has no attribute "
-        r"'sliding_window_cache' \(node '/model/layers.0/attn/GroupQueryAttention' sets it.*kvlab's second environment",
+        match=rf"{package} {version} cannot load this graph: its GroupQueryAttention has no attribute "
+        r"'sliding_window_scale' \(node '/model/layers.0/attn/GroupQueryAttention' sets it.*kvlab's second environment",
     ):
         tokens(m)
-    assert "  dynamic    no [1]" in m.describe()
+    text = m.describe()
+    assert "  dynamic    no [1]" in text and "cannot load the graph: its GroupQueryAttention has no" in text
 
 
 # --------------------------------------------------------------------------------------------- the matrix (slow)
@@ -287,13 +301,11 @@ def contract(row: Row, runtime: str) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_the_matrix(exporters, case):
-    b = backend()
-    contract(outcome(case), f"{b.package} {b.version}")
+    contract(outcome(case), " ".join(backend().label_for("cpu")))
 
 
 def test_the_compatibility_table_is_the_matrix(exporters):
-    b = backend()
-    name = f"{b.package} {b.version}"
+    name = " ".join(backend().label_for("cpu"))
     found = section(PAGE.read_text(), name)
     assert found is not None, f"{PAGE.name} has no table for {name}: run python tests/any_decoder.py"
     assert found == table([outcome(c) for c in CASES]), (

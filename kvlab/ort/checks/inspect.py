@@ -36,7 +36,7 @@ def verdicts(info: Any) -> list[Verdict]:
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     b = backend()
-    runtime = f"{b.package} {b.version}"
+    runtime = " ".join(b.label_for("cpu"))  # the package whose op schemas (and CPU EP) these are
     gaps = schema_problems(load_graph(info.onnx_path))
     out = []
     for device in ("cpu", "webgpu"):

@@ -47,29 +47,38 @@ def replace_nodes(model: Any, rewrite: Any) -> list[str]:
 
 
 STATE_OPS = ("CausalConvWithState", "LinearAttention")
+# (op, attribute) pairs whose value 0 is what a runtime without the attribute computes: GroupQueryAttention's
+# sliding_window_cache=0 (no ring buffer: every position kept) and the state ops' state_window=0 (the whole state)
+ZERO_IS_DEFAULT = frozenset(
+    {("GroupQueryAttention", "sliding_window_cache"), *((op, "state_window") for op in STATE_OPS)}
+)
+
+
+def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]] = ZERO_IS_DEFAULT) -> list[str]:
+    """Drop each (op, attribute) of ``pairs`` whose value is 0 from every node of that op: the graph then computes
+    what it did on a runtime that does not know the attribute. An attribute set to another value is left as it is
+    (it means something such a runtime cannot do). Returns one line per node changed."""
+    done = []
+    for node in model.graph.node:
+        for a in list(node.attribute):
+            if (node.op_type, a.name) in pairs and a.type == a.INT and a.i == 0:
+                node.attribute.remove(a)
+                done.append(f"{node.name}: {a.name}=0 dropped (0 is what a runtime without the attribute computes)")
+    return done
 
 
 def strip_state_window(model: Any) -> list[str]:
     """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
-    node: 0 means "no window" (the whole state), which is what a package without the attribute computes. A
-    non-zero window cannot be dropped: ModelError."""
-    done = []
+    node (``drop_zero_attributes``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
+    ModelError."""
     for node in model.graph.node:
-        if node.op_type not in STATE_OPS:
-            continue
-        for a in list(node.attribute):
-            if a.name == "state_window":
-                if a.i != 0:
-                    raise ModelError(
-                        f"{node.op_type} node {node.name!r} has state_window={a.i}; onnxruntime 1.27 "
-                        "has no such attribute and computes the whole state (state_window 0) only"
-                    )
-                node.attribute.remove(a)
-                done.append(
-                    f"{node.name}: state_window=0 dropped (onnxruntime 1.27's {node.op_type} has no such "
-                    "attribute; 0 is its behaviour)"
-                )
-    return done
+        window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
+        if window:
+            raise ModelError(
+                f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
+                "has no such attribute and computes the whole state (state_window 0) only"
+            )
+    return drop_zero_attributes(model, frozenset((op, "state_window") for op in STATE_OPS))
 
 
 def decompose_linear_attention_gate(model: Any) -> list[str]:
