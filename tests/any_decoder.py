@@ -386,13 +386,44 @@ def _genai(path: Path) -> tuple[str, tuple[int, ...]]:
         return f"fails: {short(exc, path)}", ()
 
 
-def _reference(case: Case) -> tuple[str, tuple[int, ...]]:
-    """onnxruntime-genai's tokens on the case's graph: its own directory, or for a transformers.js layout the
-    builder's directory its graph was copied from."""
+PLUGIN_PYTHON = REPO / ".venv-plugin" / "bin" / "python"
+GENAI_ELSEWHERE = """
+import json, sys
+import onnxruntime_genai as og
+from kvlab.ort.checks.references import genai_decode
+from kvlab.ort.runtime.device import backend
+config = og.Config(sys.argv[1])
+config.clear_providers()
+tokens = genai_decode(og.Model(config), json.loads(sys.argv[2]), int(sys.argv[3]))[0]
+print(json.dumps({"runtime": " ".join(backend().label_for("cpu")), "tokens": tokens}))
+"""
+
+
+def genai_elsewhere(path: Path) -> tuple[str, tuple[int, ...]]:
+    """onnxruntime-genai's tokens on ``path`` in the plugin environment (onnxruntime 1.31), where it runs graphs
+    onnxruntime-webgpu 1.27 cannot load: (its runtime, the tokens), or ("", ()) where that fails or is not here."""
+    if not PLUGIN_PYTHON.is_file() or Path(sys.prefix).resolve() == PLUGIN_PYTHON.parents[1].resolve():
+        return "", ()
+    args = [str(PLUGIN_PYTHON), "-c", GENAI_ELSEWHERE, str(path), json.dumps(PROMPT), str(NEW_TOKENS)]
+    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if r.returncode != 0:
+        return "", ()
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    return found["runtime"], tuple(found["tokens"])
+
+
+def built_for_genai(case: Case) -> Path:
+    """The directory onnxruntime-genai runs for ``case``: its own, or for a transformers.js layout (which has no
+    genai_config.json) the builder's directory its graph was copied from."""
     if case.exporter == "transformers.js layout":
         precision, ep = TRANSFORMERS_JS[case.precision]
-        return _genai(built(Case("builder 0.18", "llama", precision, ep)))
-    return _genai(built(case))
+        return built(Case("builder 0.18", "llama", precision, ep))
+    return built(case)
+
+
+def _reference(case: Case) -> tuple[str, tuple[int, ...]]:
+    """onnxruntime-genai's tokens on the case's graph (``built_for_genai``)."""
+    return _genai(built_for_genai(case))
 
 
 @functools.cache
@@ -410,7 +441,7 @@ def outcome(case: Case) -> Row:
     except kvlab.KvlabError as exc:
         cell = f"refused: {short(exc, path)}"
         return Row(case, genai, cell, cell, reference, None, (type(exc).__name__,) * 2)
-    cells, errors = [], []
+    cells, errors, elsewhere = [], [], None
     for cache in (kvlab.DynamicCache(), kvlab.StaticCache(STATIC_LEN)):
         try:
             got = kvlab.generate(model, PROMPT, cache=cache, device="cpu", max_new_tokens=NEW_TOKENS, stop_on_eos=False)
@@ -424,7 +455,10 @@ def outcome(case: Case) -> Row:
             continue
         tokens = tuple(got.token_ids)
         if not reference:
-            cells.append("runs (genai fails)")
+            where, theirs = elsewhere if elsewhere is not None else genai_elsewhere(built_for_genai(case))
+            elsewhere = (where, theirs)
+            same = "tokens equal" if tokens == theirs else f"tokens differ: {list(tokens)}"
+            cells.append(f"runs; {same} to genai's on {where}" if theirs else "runs (genai fails)")
         else:
             cells.append("tokens equal" if tokens == reference else f"tokens differ: {list(tokens)}")
     return Row(case, genai, *cells, reference, model.info.shares_buffers, tuple(errors))

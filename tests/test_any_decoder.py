@@ -236,16 +236,26 @@ def with_attribute(name: str, value: int):
     return edit
 
 
-def test_an_attribute_the_runtime_lacks_whose_zero_it_computes_anyway_is_dropped(toy, tmp_path):
-    """The builder's -e cpu writes sliding_window_cache=0 on every GroupQueryAttention, which onnxruntime-webgpu
-    1.27 does not know (onnxruntime-genai fails to load such a graph there): 0 means no ring buffer, what 1.27
-    computes, so kvlab opens the graph without it where the runtime lacks it, and the tokens are the toy's."""
-    m = kvlab.load(copy_dir(toy, tmp_path / "m", graph_edit=with_attribute("sliding_window_cache", 0)))
-    assert tokens(m) == tokens(m, StaticCache(32)) == tokens(toy)
-    session = kvlab.open_device("cpu").session(m.onnx_path)
-    knows = "sliding_window_cache" in schemas()["GroupQueryAttention"].attributes
-    assert bool(session.rewrites) is not knows and all("sliding_window_cache=0 dropped" in r for r in session.rewrites)
-    assert "  dynamic    runs" in m.describe()
+def ring_on_sliding_layers(graph) -> None:
+    for node in graph.graph.node:
+        window = next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+        if node.op_type == "GroupQueryAttention" and window > 0:
+            node.attribute.append(helper.make_attribute("sliding_window_cache", 1))
+
+
+def test_a_ring_buffer_the_builder_asks_for_is_run_plain(models, tmp_path):
+    """The builder's -e cpu sets sliding_window_cache=1 on sliding layers: the op then evicts from a buffer of its
+    window and refuses a shorter past (a DynamicCache's), and onnxruntime-webgpu 1.27 does not know the attribute.
+    kvlab runs a plain copy of the graph beside it: past the window, both caches give the tokens of the same model
+    built without it (gemma2-toy, window 16)."""
+    source = models["gemma2-toy"]
+    m = kvlab.load(copy_dir(source, tmp_path / "m", graph_edit=ring_on_sliding_layers))
+    assert m.info.decoder_file == "model.kvlab-plain.onnx" and "asks GroupQueryAttention for a ring" in m.info.notes[0]
+    prompt = PROMPT * 3  # 24 positions, then 6 more: past the window
+    with DynamicCache() as d, StaticCache(64) as s:
+        got = [generate(m, prompt, cache=c, max_new_tokens=6, stop_on_eos=False).token_ids for c in (d, s)]
+    assert got[0] == got[1] == generate(source, prompt, max_new_tokens=6, stop_on_eos=False).token_ids
+    assert "decoder model.kvlab-plain.onnx" in m.describe()
 
 
 def schemas() -> dict:

@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from . import mobius
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, attr, elem_type, load_graph, producers, projection_width, uses, weight_format
 from .layers import attention_reading, borrows_kv, known_ops, read_layers
+from .rewrites import needs_plain, plain_graph
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class ModelInfo:
 
     name: str  # a short label for plots and records
     path: Path  # the model directory
-    decoder_file: str  # the decoder graph its config names (inspected and run: the same file)
+    decoder_file: str  # the graph kvlab runs: the one its config names, or kvlab's plain copy of it (notes say why)
     model_type: str  # the config's model type ("llama", "qwen2", ...)
     num_layers: int
     num_heads: int  # query heads
@@ -107,10 +109,19 @@ def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | Non
         if isinstance(dt, str):
             raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
     problem = _sharing_problem(d, graph)
+    decoder_file, notes = d.decoder_file, d.notes
+    if needs_plain(graph):  # a ring buffer asked of GroupQueryAttention, a state window of 0: kvlab runs it plain
+        plain = plain_graph(SimpleNamespace(onnx_path=onnx_file, name=name or path.name))
+        decoder_file = plain.relative_to(path).as_posix()
+        notes += (
+            f"{d.decoder_file} asks GroupQueryAttention for a ring buffer (sliding_window_cache) or sets state_window"
+            f"=0: kvlab runs {decoder_file}, without them (a sliding layer reads the same window of a buffer that "
+            "keeps every position; RingStaticCache holds only the window)",
+        )
     return ModelInfo(
         name=name or path.name,
         path=path,
-        decoder_file=d.decoder_file,
+        decoder_file=decoder_file,
         model_type=d.model_type,
         num_layers=d.layers,
         num_heads=d.heads,
@@ -129,7 +140,7 @@ def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | Non
         sharing_problem=problem,
         config_file=d.config_file,
         unread_inputs=unread,
-        notes=d.notes,
+        notes=notes,
     )
 
 

@@ -4,6 +4,8 @@ for a graph it cannot rewrite exactly.
 - At build time (``for_ort127``, recorded in the model's ``kvlab_recipe.json``): what the onnxruntime-genai builder
   writes for the architectures beyond full attention that onnxruntime 1.27 cannot load, in ops every package has,
   and a window the builder drops, put back (docs/known-limits.md).
+- When a model is loaded (``plain_graph``, a graph beside its model.onnx): a ring buffer the builder's ``-e cpu``
+  asks GroupQueryAttention for, and state windows of 0, dropped; kvlab's caches run that graph.
 - When a session opens on WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
 - When a ring-buffer cache opens (``ring_graph``, a graph beside the model's): sliding layers that evict inside
   GroupQueryAttention.
@@ -47,17 +49,12 @@ def replace_nodes(model: Any, rewrite: Any) -> list[str]:
 
 
 STATE_OPS = ("CausalConvWithState", "LinearAttention")
-# (op, attribute) pairs whose value 0 is what a runtime without the attribute computes: GroupQueryAttention's
-# sliding_window_cache=0 (no ring buffer: every position kept) and the state ops' state_window=0 (the whole state)
-ZERO_IS_DEFAULT = frozenset(
-    {("GroupQueryAttention", "sliding_window_cache"), *((op, "state_window") for op in STATE_OPS)}
-)
+STATE_WINDOWS = frozenset((op, "state_window") for op in STATE_OPS)  # 0: the whole state, what 1.27 computes
 
 
-def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]] = ZERO_IS_DEFAULT) -> list[str]:
-    """Drop each (op, attribute) of ``pairs`` whose value is 0 from every node of that op: the graph then computes
-    what it did on a runtime that does not know the attribute. An attribute set to another value is left as it is
-    (it means something such a runtime cannot do). Returns one line per node changed."""
+def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]]) -> list[str]:
+    """Drop each (op, attribute) of ``pairs`` whose value is 0 from every node of that op (0 being what a runtime
+    without the attribute computes); one set to another value is left as it is. Returns one line per node changed."""
     done = []
     for node in model.graph.node:
         for a in list(node.attribute):
@@ -65,6 +62,41 @@ def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]] = ZERO_IS
                 node.attribute.remove(a)
                 done.append(f"{node.name}: {a.name}=0 dropped (0 is what a runtime without the attribute computes)")
     return done
+
+
+PLAIN_SUFFIX = ".kvlab-plain.onnx"  # the plain-attention graph, beside a model.onnx that needs one
+
+
+def plain_attention(model: Any) -> list[str]:
+    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (which the
+    builder's ``-e cpu`` sets to 1 on sliding layers: the op then evicts from a buffer of at least its window, and
+    refuses a past shorter than that, as a DynamicCache's is; without it a sliding layer attends to the same last
+    ``local_window_size`` positions of a buffer that keeps every one; RingStaticCache sets it again on its own
+    graph), and the state ops without ``state_window=0`` (``drop_zero_attributes``). One line per node changed."""
+    done = drop_zero_attributes(model, STATE_WINDOWS)
+    for node in model.graph.node:
+        found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
+        if node.op_type == "GroupQueryAttention" and found is not None:
+            node.attribute.remove(found)
+            window = attr(node, "local_window_size", -1)
+            done.append(f"{node.name}: sliding_window_cache={found.i} dropped (window {window}: every position kept)")
+    return done
+
+
+def needs_plain(graph: Any) -> bool:
+    """Whether ``plain_attention`` would change ``graph``."""
+    return any(
+        (n.op_type == "GroupQueryAttention" and a.name == "sliding_window_cache")
+        or ((n.op_type, a.name) in STATE_WINDOWS and a.i == 0)
+        for n in graph.graph.node
+        for a in n.attribute
+    )
+
+
+def plain_graph(model: Any) -> Path:
+    """``model``'s graph (an object with ``onnx_path`` and ``name``) made plain (``plain_attention``), beside it
+    (written again when the model is newer); returns its path. ModelError where its directory is not writable."""
+    return derived_graph(model, PLAIN_SUFFIX, plain_attention, "plain-attention graph")
 
 
 def strip_state_window(model: Any) -> list[str]:
@@ -78,7 +110,7 @@ def strip_state_window(model: Any) -> list[str]:
                 f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
                 "has no such attribute and computes the whole state (state_window 0) only"
             )
-    return drop_zero_attributes(model, frozenset((op, "state_window") for op in STATE_OPS))
+    return drop_zero_attributes(model, STATE_WINDOWS)
 
 
 def decompose_linear_attention_gate(model: Any) -> list[str]:

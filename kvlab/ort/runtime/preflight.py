@@ -1,7 +1,6 @@
 """What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``) and a graph is rewritten in memory where the runtime needs it, exactly
-(``workarounds``: attributes it does not know whose 0 it computes anyway; a Gather of bool data on WebGPU), both
-called by ``Device.session``; once it opened, no heavy node may have fallen back to
+adapter without shader-f16 (``refuse_f16``) and a graph that gathers from a bool tensor is rewritten in memory for
+WebGPU (``workarounds``), both called by ``Device.session``; once it opened, no heavy node may have fallen back to
 the CPU EP (``refuse_cpu_fallback``, called by ``Session``). Where a session cannot be created, the package's op
 schemas say which node asks for what it lacks (``explain_refusal``, called by ``Device.session``)."""
 
@@ -14,32 +13,24 @@ from typing import Any
 from ...core.errors import DeviceError
 from ...core.labels import Adapter
 from ..models.graph import FLOAT16, elem_type, load_graph
-from ..models.rewrites import ZERO_IS_DEFAULT, bool_gathers, cast_bool_gathers, drop_zero_attributes
+from ..models.rewrites import bool_gathers, cast_bool_gathers
 
 
 def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-    """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it, and what
-    was rewritten: attributes the installed package does not know whose value 0 is what it computes anyway
-    (``kvlab.ort.models.rewrites.drop_zero_attributes``: the builder's ``-e cpu`` writes sliding_window_cache=0,
-    its state ops state_window=0), and on WebGPU a bool Gather
-    (``kvlab.ort.models.rewrites.cast_bool_gathers``). DeviceError for such a model over 2 GiB (a serialized
-    model's limit)."""
-    graph = load_graph(onnx_file)
-    unknown = unknown_attributes(graph) & ZERO_IS_DEFAULT
-    gathers = device == "webgpu" and bool(bool_gathers(graph))
-    if not unknown and not gathers:
+    """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it (a bool
+    Gather on WebGPU: ``kvlab.ort.models.rewrites.cast_bool_gathers``), and what was rewritten. DeviceError for
+    such a model over 2 GiB (a serialized model's limit)."""
+    if device != "webgpu" or not bool_gathers(load_graph(onnx_file)):
         return str(onnx_file), []
     import onnx
 
     model = onnx.load(str(onnx_file))  # with its weights: the rewritten model is opened from memory
     if model.ByteSize() >= 2**31:
         raise DeviceError(
-            f"{onnx_file} needs rewriting for this runtime ({'a bool Gather' if gathers else sorted(unknown)}); "
-            "kvlab rewrites such graphs in memory, but this one is over 2 GiB"
+            f"{onnx_file} gathers from a bool tensor, which crashes onnxruntime-webgpu 1.27's "
+            "Gather kernel; kvlab rewrites such graphs in memory, but this one is over 2 GiB"
         )
-    done = drop_zero_attributes(model, frozenset(unknown)) if unknown else []
-    if gathers:
-        done += cast_bool_gathers(model)
+    done = cast_bool_gathers(model)
     return model.SerializeToString(), done
 
 
@@ -49,19 +40,6 @@ def _contrib_schemas() -> dict[str, Any]:
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     return {s.name: s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
-
-
-def unknown_attributes(graph: Any) -> set[tuple[str, str]]:
-    """The (op, attribute) pairs of ``graph``'s contrib-op nodes whose op the installed package registers without
-    that attribute."""
-    schemas = _contrib_schemas()
-    return {
-        (n.op_type, a.name)
-        for n in graph.graph.node
-        if n.domain == "com.microsoft" and n.op_type in schemas
-        for a in n.attribute
-        if a.name not in schemas[n.op_type].attributes
-    }
 
 
 def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> None:
@@ -115,8 +93,8 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
 def schema_problems(graph: Any) -> list[str]:
     """What the installed ONNX Runtime package lacks to load ``graph`` (a ModelProto), read from the op schemas it
     registers: one line per contrib-op (com.microsoft) node it does not register, gives an attribute its schema does
-    not have (but one ``workarounds`` drops), or gives more inputs than its schema takes (the first node of each kind
-    of gap). [] when every such node fits; standard ops are not checked."""
+    not have, or gives more inputs than its schema takes (the first node of each kind of gap). [] when every such
+    node fits; standard ops are not checked."""
     schemas = _contrib_schemas()
     problems: dict[tuple[str, str], str] = {}
     for node in graph.graph.node:
@@ -127,8 +105,7 @@ def schema_problems(graph: Any) -> list[str]:
             problems.setdefault((node.op_type, ""), f"no op {node.op_type} is registered (node {node.name!r})")
             continue
         for a in node.attribute:
-            dropped = (node.op_type, a.name) in ZERO_IS_DEFAULT and a.type == a.INT and a.i == 0  # by workarounds
-            if a.name not in schema.attributes and not dropped:
+            if a.name not in schema.attributes:
                 problems.setdefault(
                     (node.op_type, a.name),
                     f"its {node.op_type} has no attribute {a.name!r} (node {node.name!r} sets it; the schema has "
