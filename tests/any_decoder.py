@@ -145,11 +145,16 @@ def root() -> Path:
     return cache_dir() / "any-decoder"
 
 
+def checkpoint_key(arch: str) -> str:
+    """What ``arch``'s checkpoint is made of, hashed (its config and the version of this code)."""
+    return _key(ARCHS[arch], COMMON, VERSION)
+
+
 def checkpoint(arch: str) -> Path:
     """The tiny random checkpoint of ``arch`` with the byte tokenizer (seeded), written once."""
     from kvlab.presets.recipes import building
 
-    out = root() / "hf" / f"{arch}-{_key(ARCHS[arch], COMMON, VERSION)}"
+    out = root() / "hf" / f"{arch}-{checkpoint_key(arch)}"
     if (out / "config.json").is_file():
         return out
     import torch
@@ -302,7 +307,7 @@ def built(case: Case) -> Path:
     with the exporter's last words."""
     from kvlab.presets.recipes import building
 
-    out = root() / "onnx" / f"{case.id}-{_key(asdict(case), VERSION)}"
+    out = root() / "onnx" / f"{case.id}-{_key(asdict(case), VERSION, checkpoint_key(case.arch))}"
     if (out / "kvlab_case.json").is_file():
         return out
     with building(out, "kvlab_case.json") as tmp:
