@@ -39,10 +39,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "compatibility.md"
-PROMPT = [5, 17, 42, 99, 3, 250, 7, 11]
-NEW_TOKENS = 8
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 11] * 3
+NEW_TOKENS = 16  # 40 positions: past the sliding window (32) of Gemma 2 and 3
 STATIC_LEN = 64
-CELL = 240  # characters of an error in a table cell
+CELL = 300  # characters of an error in a table cell
 VERSION = 1  # bump to rebuild every case
 
 SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -87,6 +87,7 @@ TAGS = {  # exporter -> the prefix of its cases' ids
     "transformers.js layout": "tjs-",
     "+ unread position_ids": "pos-",
 }
+ON_WEBGPU = ("llama", "gemma2", "qwen3", "gemma3", "lfm2")  # the architectures run on WebGPU too
 DERIVED = ("transformers.js layout", "+ unread position_ids")  # made from the builder's directories
 
 
@@ -99,6 +100,7 @@ class Case:
     precision: str  # the builder's -p, or the transformers.js dtype
     ep: str = "cpu"  # the builder's -e ("" where the exporter has none)
     options: tuple[str, ...] = ()  # the builder's --extra_options
+    device: str = "cpu"  # where genai and kvlab run it: "cpu" (the CPU EP) or "webgpu" (the package's WebGPU EP)
 
     @property
     def id(self) -> str:
@@ -109,7 +111,8 @@ class Case:
             "+ unread position_ids": "pos-",
         }
         tag = tags.get(self.exporter, "tjs-")
-        return "-".join([f"{tag}{self.arch}", self.precision, *filter(None, [self.ep]), *self.options])
+        at = "" if self.device == "cpu" else f"@{self.device}"
+        return "-".join([f"{tag}{self.arch}", self.precision, *filter(None, [self.ep]), *self.options]) + at
 
     @property
     def how(self) -> str:
@@ -130,8 +133,10 @@ CASES: list[Case] = [
     Case("builder 0.5.2", "llama", "fp32", "cuda"),
     Case("builder 0.5.2", "llama", "fp16", "cpu"),
     Case("optimum-onnx 0.1.0", "llama", "fp32", ""),
-    Case("+ unread position_ids", "lfm2", "fp32", "webgpu"),
+    Case("+ unread position_ids", "lfm2", "fp32", "cpu"),
     *(Case("transformers.js layout", "llama", dtype, "") for dtype in TRANSFORMERS_JS),
+    # on WebGPU (fp32: SwiftShader has no shader-f16): the builder's -e webgpu graphs, q/k norms fused or not
+    *(Case("builder 0.18", a, "fp32", "webgpu", device="webgpu") for a in ON_WEBGPU),
 ]
 
 
@@ -302,12 +307,18 @@ def _transformers_js(hf: Path, out: Path) -> str:
     return ""
 
 
+def export_id(case: Case) -> str:
+    """The id of ``case``'s export (the same on every device)."""
+    return case.id.removesuffix(f"@{case.device}")
+
+
 def built(case: Case) -> Path:
     """The directory of ``case``, exported once (atomically); a failed export leaves ``export-failed.txt`` there
     with the exporter's last words."""
     from kvlab.presets.recipes import building
 
-    out = root() / "onnx" / f"{case.id}-{_key(asdict(case), VERSION, checkpoint_key(case.arch))}"
+    export = {k: v for k, v in asdict(case).items() if k != "device"}  # one export, run on either device
+    out = root() / "onnx" / f"{export_id(case)}-{_key(export, VERSION, checkpoint_key(case.arch))}"
     if (out / "kvlab_case.json").is_file():
         return out
     with building(out, "kvlab_case.json") as tmp:
@@ -333,25 +344,30 @@ def build_all(cases: list[Case], jobs: int = 2) -> list[Path]:
 
 
 def runtime() -> str:
-    """The ONNX Runtime package whose CPU EP kvlab and onnxruntime-genai run on here, e.g. "onnxruntime-webgpu
-    1.27.0"."""
+    """The ONNX Runtime package kvlab and onnxruntime-genai run on here, e.g. "onnxruntime-webgpu 1.27.0" (its WebGPU
+    EP's package after a "+" where it is another)."""
     from kvlab.ort.runtime.device import backend
 
-    return " ".join(backend().label_for("cpu"))
+    (cpu, cpu_version), (webgpu, webgpu_version) = (backend().label_for(d) for d in ("cpu", "webgpu"))
+    plugin = f" + {webgpu} {webgpu_version.split(' on ')[0]}" if webgpu != cpu else ""  # "0.4.0 on onnxruntime ..."
+    return f"{cpu} {cpu_version}{plugin}"
 
 
 def short(exc: BaseException | str, where: Path | None = None) -> str:
-    """An error as one table cell: what went wrong, not where (the model's directory and name become DIR; an ONNX
-    Runtime message keeps its last part), cut at a clause boundary near ``CELL`` characters."""
+    """An error as one table cell: what went wrong, not where (the model's directory and name become DIR; of an ONNX
+    Runtime message, the first sentence of what it says went wrong), cut at a clause near ``CELL`` characters."""
     text = " ".join(str(exc).split())
     if where is not None:
         text = text.replace(str(where), "DIR").replace(where.name, "DIR")
-    text = re.sub(r"/\S*/any-decoder/\S*", "DIR", text).removeprefix("could not create a cpu session: ")
+    text = re.sub(r"^could not create a \w+ session: ", "", re.sub(r"/\S*/any-decoder/\S*", "DIR", text))
+    said = None
     if "Status Message: " in text:  # a kernel's refusal at run time
         op = re.search(r"running (\w+) node", text)
-        text = f"{op.group(1) if op else 'a'} node: {text.split('Status Message: ', 1)[1]}"
+        said = f"{op.group(1) if op else 'a'} node: " + text.split("Status Message: ", 1)[1].split(" : FAIL : ")[-1]
     elif ", Error " in text:  # ONNX Runtime's invalid-model message ends with what is wrong
-        text = "ONNX Runtime: " + text.rsplit(", Error ", 1)[1]
+        said = "ONNX Runtime: " + text.rsplit(", Error ", 1)[1]
+    if said is not None:
+        text = said[: said.find(". ") + 1] if ". " in said else said
     if len(text) > CELL:
         cut = text.rfind("; ", 0, CELL)
         text = text[:cut] if cut > CELL // 2 else text[: CELL - 3] + "..."
@@ -361,7 +377,7 @@ def short(exc: BaseException | str, where: Path | None = None) -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """What each party did with one case on this runtime's CPU EP."""
+    """What each party did with one case on this runtime."""
 
     case: Case
     genai: str  # "runs" or "fails: ..."
@@ -373,20 +389,26 @@ class Row:
 
     def cells(self) -> list[str]:
         c = self.case
-        return [c.exporter, c.arch, c.precision, c.how, self.genai, self.dynamic, self.static]
+        return [c.exporter, c.arch, c.precision, c.how, c.device, self.genai, self.dynamic, self.static]
 
 
-def _genai(path: Path) -> tuple[str, tuple[int, ...]]:
+def _genai(path: Path, device: str = "cpu") -> tuple[str, tuple[int, ...]]:
     if not (path / "genai_config.json").is_file():
         return "no genai_config.json", ()
     import onnxruntime_genai as og
 
-    from kvlab.ort.checks.references import genai_decode
+    from kvlab.ort.checks.references import genai_decode, genai_model
 
     try:
-        config = og.Config(str(path))
-        config.clear_providers()  # the CPU EP
-        return "runs", tuple(genai_decode(og.Model(config), PROMPT, NEW_TOKENS)[0])
+        if device == "cpu":
+            config = og.Config(str(path))
+            config.clear_providers()  # the CPU EP
+            model = og.Model(config)
+        else:  # the package's WebGPU EP, registered as kvlab registers it
+            import kvlab
+
+            model = genai_model(kvlab.load(path), device)
+        return "runs", tuple(genai_decode(model, PROMPT, NEW_TOKENS)[0])
     except Exception as exc:  # noqa: BLE001 - genai raises RuntimeError/OgaError with ORT's message
         return f"fails: {short(exc, path)}", ()
 
@@ -418,22 +440,30 @@ def genai_elsewhere(path: Path) -> tuple[str, tuple[int, ...]]:
 
 
 def built_for_genai(case: Case) -> Path:
-    """The directory onnxruntime-genai runs for ``case``: its own, or for a transformers.js layout (which has no
-    genai_config.json) the builder's directory its graph was copied from."""
+    """The directory onnxruntime-genai runs for ``case``: its own; for a transformers.js layout (no
+    genai_config.json) the builder's directory its graph was copied from; for an Optimum export (no
+    genai_config.json either) the builder's fp32 export of the same checkpoint."""
     if case.exporter == "transformers.js layout":
         precision, ep = TRANSFORMERS_JS[case.precision]
         return built(Case("builder 0.18", "llama", precision, ep))
+    if case.exporter == "optimum-onnx 0.1.0":
+        return built(Case("builder 0.18", case.arch, "fp32", "cpu"))
     return built(case)
 
 
 def _reference(case: Case) -> tuple[str, tuple[int, ...]]:
-    """onnxruntime-genai's tokens on the case's graph (``built_for_genai``)."""
-    return _genai(built_for_genai(case))
+    """onnxruntime-genai's tokens for the case (``built_for_genai``), and what its cell says."""
+    cell, tokens = _genai(built_for_genai(case), case.device)
+    if cell == "runs" and case.exporter == "optimum-onnx 0.1.0":
+        cell = "runs the builder's fp32 export of the same weights"
+    elif cell == "runs" and case.exporter == "transformers.js layout":
+        cell = "runs the builder's directory of the same graph"
+    return cell, tokens
 
 
 @functools.cache
 def outcome(case: Case) -> Row:
-    """What genai and kvlab (DynamicCache, StaticCache) do with ``case`` on the CPU EP, as a user would run it."""
+    """What genai and kvlab (DynamicCache, StaticCache) do with ``case`` on its device, as a user would run it."""
     import kvlab
 
     path = built(case)
@@ -449,7 +479,9 @@ def outcome(case: Case) -> Row:
     cells, errors, elsewhere = [], [], None
     for cache in (kvlab.DynamicCache(), kvlab.StaticCache(STATIC_LEN)):
         try:
-            got = kvlab.generate(model, PROMPT, cache=cache, device="cpu", max_new_tokens=NEW_TOKENS, stop_on_eos=False)
+            got = kvlab.generate(
+                model, PROMPT, cache=cache, device=case.device, max_new_tokens=NEW_TOKENS, stop_on_eos=False
+            )
         except kvlab.KvlabError as exc:
             cells.append(f"refused: {short(exc, path)}")
             errors.append(type(exc).__name__)
@@ -460,8 +492,9 @@ def outcome(case: Case) -> Row:
             continue
         tokens = tuple(got.token_ids)
         if not reference:
-            where, theirs = elsewhere if elsewhere is not None else genai_elsewhere(built_for_genai(case))
-            elsewhere = (where, theirs)
+            if elsewhere is None:
+                elsewhere = genai_elsewhere(built_for_genai(case)) if case.device == "cpu" else ("", ())
+            where, theirs = elsewhere
             same = "tokens equal" if tokens == theirs else f"tokens differ: {list(tokens)}"
             cells.append(f"runs; {same} to genai's on {where}" if theirs else "runs (genai fails)")
         else:
@@ -469,7 +502,7 @@ def outcome(case: Case) -> Row:
     return Row(case, genai, *cells, reference, model.info.shares_buffers, tuple(errors))
 
 
-HEADER = ["exporter", "architecture", "precision", "options", "onnxruntime-genai", "DynamicCache", "StaticCache"]
+HEADER = ["exporter", "architecture", "precision", "options", "EP", "onnxruntime-genai", "DynamicCache", "StaticCache"]
 
 
 def table(rows: list[Row]) -> str:
@@ -500,7 +533,7 @@ def write(rows: list[Row], name: str) -> None:
     if start in text:
         text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
-        text = text.rstrip("\n") + f"\n\n## {name}, CPU EP\n\n{block}\n"
+        text = text.rstrip("\n") + f"\n\n## {name}\n\n{block}\n"
     PAGE.write_text(text)
 
 

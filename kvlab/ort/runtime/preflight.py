@@ -1,8 +1,9 @@
 """What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``) and a graph that gathers from a bool tensor is rewritten in memory for
-WebGPU (``workarounds``), both called by ``Device.session``; once it opened, no heavy node may have fallen back to
-the CPU EP (``refuse_cpu_fallback``, called by ``Session``). Where a session cannot be created, the package's op
-schemas say which node asks for what it lacks (``explain_refusal``, called by ``Device.session``)."""
+adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run on the CPU EP (``cpu_problem``), and a
+graph that gathers from a bool tensor is rewritten in memory for WebGPU (``workarounds``), all called by
+``Device.session``; once it opened, no heavy node may have fallen back to the CPU EP (``refuse_cpu_fallback``, called
+by ``Session``). Where a session cannot be created, the package's op schemas say which node asks for what it lacks
+(``explain_refusal``, called by ``Device.session``)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,25 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
             f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
             f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}"
         )
+
+
+def cpu_problem(graph: Any) -> str:
+    """Why the CPU EP cannot run ``graph`` although a package may load it ("" when no such reason is known): a
+    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them for
+    Qwen 3, Gemma 3 and LFM2), which no CPU EP kernel takes (onnxruntime-webgpu 1.27's schema stops at 14 inputs,
+    onnxruntime 1.31.1's CPU kernel refuses them at the first run)."""
+    node = next(
+        (n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])),
+        None,
+    )
+    if node is None:
+        return ""
+    return (
+        f"its GroupQueryAttention {node.name!r} has fused q/k norms (inputs 14 and 15, as the builder's -e webgpu "
+        "writes them), which no CPU EP kernel takes; run it on device 'webgpu' with a package whose WebGPU EP does "
+        "(the plugin EP: `bash scripts/setup.sh --plugin`), or rebuild it with -e cpu or --extra_options "
+        "fuse_qk_norm_gqa=false"
+    )
 
 
 def schema_problems(graph: Any) -> list[str]:
