@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ...core.layout import ConvState, FullAttention, LayerSpec, LinearAttention, SharedKV, SlidingWindow
+from .layers import ATTENTION_OPS
 
 WIDTH = 100  # columns
 MAX_LINES = 40
@@ -76,11 +77,18 @@ def cache_kind(layer: LayerSpec) -> str:
     return kind.name
 
 
+STATE_OPS = ("CausalConvWithState", "LinearAttention")  # the ops that keep a state, named beside the attention's
+
+
 def _op(layer: LayerSpec) -> str:
-    ops = list(dict.fromkeys("MatMul + Softmax (unfused)" if e.op == "Softmax" else e.op for e in layer.entries))
+    """The op a layer attends (or keeps its state) with: the attention node its KV reaches, where one does (an
+    unfused attention: its Softmax), else the op that writes its cache."""
     if isinstance(layer.kind, SharedKV):
-        ops = ["GroupQueryAttention (borrows)"]
-    return " + ".join(ops) or "?"
+        return "GroupQueryAttention (borrows)"
+    ops = list(dict.fromkeys(e.op for e in layer.entries))
+    attention = [op for op in ops if op in ATTENTION_OPS or op in STATE_OPS]
+    names = {"Softmax": "MatMul + Softmax (unfused)"}
+    return " + ".join(names.get(op, op) for op in attention or ops) or "?"
 
 
 def _pattern(names: Iterable[str]) -> str:
@@ -149,12 +157,12 @@ def _caches(info: object, note_lines: int) -> list[str]:
 def describe(info: object) -> str:
     """``info`` (a ModelInfo) as one screen of text: at most ``MAX_LINES`` lines, none over ``WIDTH`` columns.
     Reads nothing but ``info`` and the judge's verdicts (``set_judge``)."""
-    layout = "an onnxruntime-genai builder" if info.config_file == "genai_config.json" else "a Hugging Face ONNX"
+    layout = "onnxruntime-genai builder" if info.config_file == "genai_config.json" else "Hugging Face ONNX"
     path = str(info.path)
     if len(path) > WIDTH - 8:
         path = "..." + path[-(WIDTH - 11) :]
     head = [
-        f"model {info.name}: {info.model_type}, from {layout} directory ({info.config_file})",
+        f"model {info.name} ({info.model_type}): a {layout} directory ({info.config_file})",
         f"  path {path}",
         f"  decoder {info.decoder_file}: {info.precision}",
         f"  {info.num_heads} query heads, {info.num_kv_heads} KV heads of {info.head_dim}, vocab {info.vocab_size}, "
