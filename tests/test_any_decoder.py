@@ -79,7 +79,8 @@ def test_another_eps_provider_options_are_ignored_with_a_note(toy, tmp_path):
             {"dml": {}},
         ]
 
-    m = kvlab.load(copy_dir(toy, tmp_path / "m", config_edit=other_eps))
+    with pytest.warns(UserWarning, match=r"model m: genai_config.json sets provider options for cuda, dml; kvlab"):
+        m = kvlab.load(copy_dir(toy, tmp_path / "m", config_edit=other_eps))
     note = (
         "genai_config.json sets provider options for cuda, dml; kvlab runs the CPU and WebGPU EPs, so it ignores them"
     )

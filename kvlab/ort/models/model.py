@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -191,7 +192,8 @@ def load(
     cache dir on first use), or a model directory (which holds the precision it was built in): an onnxruntime-genai
     builder output, or a Hugging Face Optimum / transformers.js directory whose variant ``dtype`` chooses as
     transformers.js does ("fp32", "fp16", "q4f16", ...: ``onnx/model_<dtype>.onnx``; default: config.json's
-    ``transformers.js_config.dtype``, else "fp32"). ``graph_capture``: the built-in model as the builder makes it for
+    ``transformers.js_config.dtype``, else "fp32"); what kvlab reads there and does not apply (``ModelInfo.notes``)
+    is a UserWarning, one line each. ``graph_capture``: the built-in model as the builder makes it for
     WebGPU graph capture (``enable_webgpu_graph=true``; named "<name>-graph"; see kvlab.ort.decode.capture). Raises
     ConfigError for a bad argument, ModelError for a directory kvlab cannot use or a build that fails."""
     check_flag("progress", progress)
@@ -233,4 +235,7 @@ def load(
             f"precision={precision!r} applies to built-in models ({', '.join(BUILTIN_NAMES)}); the "
             f"directory {key!r} holds the precision it was built in (a transformers.js directory's variants: dtype=)"
         )
-    return Model(read_info(key, dtype=dtype))
+    model = Model(read_info(key, dtype=dtype))
+    for note in model.info.notes:  # what kvlab read and does not apply: one line each, where a user sees it
+        warnings.warn(f"model {model.name}: {note}", stacklevel=2)
+    return model
