@@ -312,7 +312,7 @@ CASES = [
         "model",
         "config.json but no model.onnx (an Optimum layout, incomplete)",
         "ModelError",
-        "has a config.json but no model.onnx",
+        "has a config.json but no onnx/model.onnx",
         lambda e: load(
             e.model_dir(
                 lambda d: (
@@ -326,10 +326,10 @@ CASES = [
     # tokenizers and chat templates
     Case(
         "tokenizer",
-        "no tokenizer.json",
+        "a text prompt for a model without tokenizer.json",
         "ModelError",
-        "has no tokenizer.json",
-        lambda e: load(e.model_dir(remove("tokenizer.json"))),
+        "holds no tokenizer.json), so the text",
+        lambda e: generate(load(e.model_dir(remove("tokenizer.json"))), "hello", max_new_tokens=1),
     ),
     Case(
         "tokenizer",

@@ -198,7 +198,7 @@ def test_onnxruntime_webgpu_127_refuses_with_its_reason(model):
     before = dev.live_tensors
     with pytest.raises(
         ConfigError,
-        match=r"cannot run on cpu with onnxruntime-webgpu 1\.27\.0.*Unrecognized attribute: sliding_window_cache.*"
+        match=r"cannot run on cpu with onnxruntime-webgpu 1\.27\.0.*has no attribute 'sliding_window_cache'.*"
         r"StaticCache\(128\) of model sliding-toy reserves 524,288 bytes, its sliding layers holding every position "
         r"\(3,072 bytes a position\), where the ring would reserve 180,224\. "
         r"What works: RingStaticCache on device 'cpu' in the plugin environment",

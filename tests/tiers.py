@@ -18,9 +18,10 @@ The rules, in the order they are applied:
 - ``guard``: a guard of what a user sees, timed (tests/test_guards.py): the full run runs these alone, before its
   parts start (nothing else competes for the cores); slow as well, never a package test.
 - ``slow``: it starts another pytest (a nested suite, a notebook under nbval), drives a browser, needs the second
-  environment with Optimum (``optimum_toy``), installs (it creates a virtual environment or runs pip), or it took
-  longer than ``FAST_LIMIT_S`` in the last full run on the reference machine (``tests/durations.json``, written by
-  ``pytest --write-durations``; not a property test: the fast profile bounds those).
+  environment with Optimum (``optimum_toy``) or the exporters' builds of the compatibility matrix (``exporters``),
+  installs (it creates a virtual environment or runs pip), or it took longer than ``FAST_LIMIT_S`` in the last
+  full run on the reference machine (``tests/durations.json``, written by ``pytest --write-durations``; not a
+  property test: the fast profile bounds those).
 
 Hypothesis: the profile ``fast`` (few examples) is loaded unless ``--hypothesis-profile=full`` is given.
 """
@@ -142,7 +143,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             nested
             or _INSTALLS.search(source)
             or "browser" in marks | add
-            or "optimum_toy" in fixtures
+            or fixtures & {"optimum_toy", "exporters"}
             or ("hypothesis" not in add and seconds.get(item.nodeid, 0.0) > FAST_LIMIT_S)
         ):
             add.add("slow")

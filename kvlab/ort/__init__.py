@@ -3,6 +3,7 @@ caches (the static one also with its decode step captured as a WebGPU graph), th
 rooms, each importing only the ones before it: ``models`` <- ``runtime`` <- ``decode`` <- ``checks``. This facade
 names the public API; no room imports it."""
 
+from .checks import inspect  # noqa: F401 - it sets the judge of Model.describe (which caches run a model)
 from .decode.caches.captured import CapturedStaticCache
 from .decode.caches.dynamic import DynamicCache
 from .decode.caches.kinds import make_cache

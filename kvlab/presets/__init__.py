@@ -3,7 +3,7 @@
 imported where a checkpoint is written). Imports ``kvlab.core`` only; each backend builds its own format from
 these checkpoints."""
 
-from .checkpoints import byte_tokenizer, ensure_checkpoint
+from .checkpoints import byte_tokenizer, ensure_checkpoint, save_byte_tokenizer
 from .recipes import (
     BUILTIN_NAMES,
     PRECISIONS,
@@ -28,6 +28,7 @@ __all__ = [
     "SmolLM2",
     "TinyLlama",
     "byte_tokenizer",
+    "save_byte_tokenizer",
     "cache_dir",
     "checkpoint_dir",
     "ensure_checkpoint",

@@ -41,7 +41,9 @@ def byte_tokenizer(vocab: int):
     return tok
 
 
-def _save_tokenizer(vocab: int, out: Path) -> None:
+def save_byte_tokenizer(vocab: int, out: Path) -> None:
+    """Save the byte tokenizer of ``vocab`` ids (``byte_tokenizer``) with its chat template into ``out``, as
+    transformers saves a tokenizer (tokenizer.json, tokenizer_config.json, chat_template.jinja)."""
     from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast(
@@ -223,7 +225,7 @@ def write_random_checkpoint(spec: TinyLlama | TinyArch | TinyKVShared, out: Path
     Its matrices are drawn larger than the default init: logits with clear winners, fewer near-ties."""
     import torch
 
-    _save_tokenizer(spec.vocab, out)
+    save_byte_tokenizer(spec.vocab, out)
     if isinstance(spec, TinyArch):
         config, cls = ARCHITECTURES[spec.arch](spec)
     else:

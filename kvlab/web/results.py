@@ -257,7 +257,7 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
                 label,
                 list(job.prompt_ids),
                 list(run["tokens"]),
-                job.model.tokenizer.decode(run["tokens"]),
+                job.model.decode(run["tokens"]),
                 "max_new_tokens",
                 [_record(s, info.bytes_per_token) for s in run["steps"]],
                 host=host,

@@ -146,18 +146,28 @@ def _export_with_mobius(name: str, hf: Path, out: Path, graph_capture: bool) -> 
 
 
 def export(
-    hf: Path, out: Path, name: str, precision: str = "fp32", arch: str | None = None, extra_options: list[str] = ()
+    hf: Path,
+    out: Path,
+    name: str,
+    precision: str = "fp32",
+    arch: str | None = None,
+    extra_options: Iterable[str] = (),
+    execution_provider: str = "webgpu",
+    shims: bool | None = None,
 ) -> None:
-    """The onnxruntime-genai model builder, in a subprocess (offline); for an architecture beyond the Llama family
-    (``arch``) with kvlab's config shims (``kvlab.ort.models.builder_shims``) and its ``ARCH_OPTIONS``. ModelError
-    (with the builder's stderr) when it fails."""
+    """The onnxruntime-genai model builder, in a subprocess (offline), for ``execution_provider`` ("cpu", "webgpu",
+    ...: the builder's ``-e``) with ``extra_options`` ("key=value", the builder's ``--extra_options``). With
+    kvlab's config shims (``kvlab.ort.models.builder_shims``) where ``shims`` says (None: for an architecture beyond
+    the Llama family, ``arch``), and ``arch``'s ``ARCH_OPTIONS`` before ``extra_options``. ModelError (with the
+    builder's stderr) when it fails."""
+    shims = bool(arch) if shims is None else shims
     with tempfile.TemporaryDirectory() as scratch:
-        module = "kvlab.ort.models.builder_shims" if arch else "onnxruntime_genai.models.builder"
-        cmd = [sys.executable, "-m", module, "-i", str(hf), "-o", str(out), "-p", precision, "-e", "webgpu"]
+        module = "kvlab.ort.models.builder_shims" if shims else "onnxruntime_genai.models.builder"
+        cmd = [sys.executable, "-m", module, "-i", str(hf), "-o", str(out), "-p", precision, "-e", execution_provider]
         options = [*ARCH_OPTIONS.get(arch or "", ()), *extra_options]
         cmd += ["-c", scratch, *(["--extra_options", *options] if options else [])]
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        if arch:  # this kvlab's shims, wherever it is imported from
+        if shims:  # this kvlab's shims, wherever it is imported from
             root = str(Path(__file__).resolve().parents[3])
             env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -1,7 +1,8 @@
 """What a model directory's config declares about its decoder (``Declared``), in either layout kvlab reads: an
 onnxruntime-genai builder output's ``genai_config.json`` (``declared_genai``) or a Hugging Face Optimum /
-transformers.js export's ``config.json`` (``declared_hf``). Only the config is read here; ``kvlab.ort.models.info``
-checks it against the graph. A malformed config or an encoder is a ModelError naming the file and key."""
+transformers.js export's ``config.json`` (``declared_hf``; its decoder file chosen by dtype as transformers.js
+chooses it: ``transformers_js_file``). Only the config is read here; ``kvlab.ort.models.info`` checks it against
+the graph. A malformed config or an encoder is a ModelError naming the file and key."""
 
 from __future__ import annotations
 
@@ -11,10 +12,23 @@ from pathlib import Path
 from typing import Any
 
 from ...core.cache_layout import STATE_ROLES
-from ...core.errors import ModelError
+from ...core.errors import ConfigError, ModelError
 
 _WITH_ENCODER = ("whisper", "t5", "bart", "marian", "encoder")
 BUILDER_HINT = "python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e webgpu"
+KVLAB_EPS = ("cpu", "webgpu")  # the execution providers kvlab opens sessions on
+# transformers.js's rule (its utils/dtypes.js): a dtype names the suffix of the decoder's file, onnx/model<suffix>.onnx
+TRANSFORMERS_JS_SUFFIX = {
+    "fp32": "",
+    "fp16": "_fp16",
+    "int8": "_int8",
+    "uint8": "_uint8",
+    "q8": "_quantized",
+    "q4": "_q4",
+    "q4f16": "_q4f16",
+    "bnb4": "_bnb4",
+}
+TRANSFORMERS_JS_DEFAULT = "fp32"  # what transformers.js loads when neither the caller nor config.json names a dtype
 
 
 @dataclass
@@ -39,6 +53,8 @@ class Declared:
     states: dict[str, tuple[str, str]] = field(default_factory=dict)
     # past input -> its head size, where a layer's differs from head_dim (Gemma 4's full-attention layers)
     head_dims: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what kvlab reads but does not apply, one line each (e.g. another EP's options)
+    past_formats: tuple[str, str] = ("past_key_values.%d.key", "past_key_values.%d.value")  # the names, with %d
 
 
 def _load_json(file: Path) -> dict:
@@ -112,12 +128,11 @@ def declared_genai(path: Path) -> Declared:
     dec = _get(config, "model.decoder", file)
     layers = _int(config, "model.decoder.num_hidden_layers", file)
     ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
-    past = _names(
+    formats = (
         ins.get("past_key_names", "past_key_values.%d.key"),
         ins.get("past_value_names", "past_key_values.%d.value"),
-        layers,
-        file,
     )
+    past = _names(*formats, layers, file)
     roles = {
         ins.get("input_ids", "input_ids"): "input_ids",
         ins.get("attention_mask", "attention_mask"): "attention_mask",
@@ -152,19 +167,32 @@ def declared_genai(path: Path) -> Declared:
         ),
         outs.get("logits", "logits"),
         states,
+        notes=_other_eps(dec, file),
+        past_formats=formats,
     )
     return _checked(declared, file)
 
 
-def declared_hf(path: Path) -> Declared:
-    """What a Hugging Face Optimum / transformers.js export declares: config.json and model.onnx (or
-    onnx/model.onnx); ModelError for a malformed config, a missing graph or an encoder-decoder."""
+def _other_eps(decoder: dict, file: Path) -> tuple[str, ...]:
+    """A note naming the execution providers other than kvlab's whose options ``decoder.session_options`` sets
+    (the builder writes them for its ``-e``): kvlab does not open those EPs, so it ignores them. () when none."""
+    options = (decoder.get("session_options") or {}).get("provider_options") or []
+    names = [name for entry in options if isinstance(entry, dict) for name in entry if name not in KVLAB_EPS]
+    if not names:
+        return ()
+    return (
+        f"{file.name} sets provider options for {', '.join(dict.fromkeys(names))}; kvlab runs the CPU and WebGPU "
+        "EPs, so it ignores them",
+    )
+
+
+def declared_hf(path: Path, dtype: str | None = None) -> Declared:
+    """What a Hugging Face Optimum / transformers.js export declares: config.json and its decoder graph, the file
+    ``dtype`` names as transformers.js names it (``transformers_js_file``). Raises ConfigError for an unknown dtype,
+    ModelError for a malformed config, a missing graph or an encoder-decoder."""
     file = path / "config.json"
     config = _load_json(file)
-    decoder = next((f for f in ("model.onnx", "onnx/model.onnx") if (path / f).is_file()), None)
-    if decoder is None:
-        found = sorted(str(p.relative_to(path)) for p in path.glob("**/*.onnx"))
-        raise ModelError(f"{path} has a config.json but no model.onnx or onnx/model.onnx (found {found or 'none'})")
+    decoder = transformers_js_file(path, config, dtype)
     text = config.get("text_config", config)  # multimodal configs keep the decoder's numbers there
     if config.get("is_encoder_decoder"):
         raise ModelError(
@@ -201,6 +229,37 @@ def declared_hf(path: Path) -> Declared:
         head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
     )
     return _checked(declared, file)
+
+
+def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> str:
+    """The decoder file of a transformers.js / onnx-community directory, relative to ``path``, chosen as
+    transformers.js chooses it: ``dtype``, else config.json's ``transformers.js_config.dtype`` (a string, or per
+    file: its "model" entry), else "fp32" ("auto" too); then ``onnx/model<suffix>.onnx``
+    (``TRANSFORMERS_JS_SUFFIX``), or ``model<suffix>.onnx`` beside config.json (an Optimum export). Raises
+    ConfigError for a dtype transformers.js does not know, ModelError naming the dtypes present when the file is
+    missing."""
+    if dtype is not None and dtype not in TRANSFORMERS_JS_SUFFIX:
+        raise ConfigError(
+            f"dtype {dtype!r} is not a transformers.js dtype; choose one of {tuple(TRANSFORMERS_JS_SUFFIX)}"
+        )
+    wanted = dtype
+    if wanted is None:
+        js = config.get("transformers.js_config") or {}
+        named = js.get("dtype") if isinstance(js, dict) else None
+        named = named.get("model") if isinstance(named, dict) else named
+        wanted = named if isinstance(named, str) and named in TRANSFORMERS_JS_SUFFIX else TRANSFORMERS_JS_DEFAULT
+    suffix = TRANSFORMERS_JS_SUFFIX[wanted]
+    for folder in ("onnx/", ""):
+        if (path / f"{folder}model{suffix}.onnx").is_file():
+            return f"{folder}model{suffix}.onnx"
+    present = [d for d, sfx in TRANSFORMERS_JS_SUFFIX.items() if any(path.glob(f"**/model{sfx}.onnx"))]
+    found = sorted(str(p.relative_to(path)) for p in path.glob("**/*.onnx"))
+    how = "" if dtype is not None else " (as config.json's transformers.js_config says)" if wanted == named else ""
+    raise ModelError(
+        f"{path} has a config.json but no onnx/model{suffix}.onnx, the file of dtype {wanted!r}{how} as "
+        "transformers.js names it; "
+        + (f"pass dtype= one of {present}" if present else f"the .onnx files here are {found or 'none'}")
+    )
 
 
 def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:

@@ -6,19 +6,22 @@ each layer keeps is read from the graph (``kvlab.ort.models.layers``)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ...core.cache_layout import CacheEntry, CacheLayout
-from ...core.errors import ModelError
+from ...core.errors import ConfigError, ModelError
 from ...presets import BUILTIN_NAMES
 from . import mobius
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, attr, elem_type, load_graph, producers, projection_width, uses, weight_format
-from .layers import borrows_kv, known_ops, read_layers
+from .layers import attention_reading, borrows_kv, known_ops, read_layers
+from .rewrites import needs_plain, plain_graph
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class ModelInfo:
 
     name: str  # a short label for plots and records
     path: Path  # the model directory
-    decoder_file: str  # the decoder graph its config names (inspected and run: the same file)
+    decoder_file: str  # the graph kvlab runs: the one its config names, or kvlab's plain copy of it (notes say why)
     model_type: str  # the config's model type ("llama", "qwen2", ...)
     num_layers: int
     num_heads: int  # query heads
@@ -44,6 +47,9 @@ class ModelInfo:
     layout: CacheLayout  # what every layer keeps: its kind and its entries (past input, present output, shape)
     shares_buffers: bool  # every growing present.* comes from a GroupQueryAttention node (in-place past/present)
     sharing_problem: str = ""  # why not, when shares_buffers is False
+    config_file: str = "genai_config.json"  # the layout: "genai_config.json" (a builder's) or "config.json" (HF's)
+    unread_inputs: tuple[str, ...] = ()  # graph inputs no node reads: kvlab binds nothing to them
+    notes: tuple[str, ...] = ()  # what kvlab read and does not apply, one line each
 
     @property
     def onnx_path(self) -> Path:
@@ -71,13 +77,15 @@ class ModelInfo:
         return f"{self.weights} weights, {np.dtype(self.logits_dtype).name} activations, {self.dtype_name} KV cache"
 
 
-def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph; ModelError for
-    a missing directory, or naming the first disagreement or what kvlab cannot feed or hold."""
+def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | None = None) -> ModelInfo:
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph. ``dtype``: the
+    variant of a transformers.js / onnx-community directory (``kvlab.ort.models.declared.transformers_js_file``).
+    Raises ModelError for a missing directory, or naming the first disagreement or what kvlab cannot feed or hold;
+    ConfigError for a dtype it does not know or one given for a builder directory (which holds one graph)."""
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
-    d = _declared(path)
+    d = _declared(path, dtype)
     onnx_file = path / d.decoder_file
     if not onnx_file.is_file():
         raise ModelError(f"{path}: the decoder file {d.decoder_file!r} named in {d.config_file} is missing")
@@ -86,7 +94,8 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
     inputs = {i.name: i for i in graph.graph.input}
     outputs = {o.name: o for o in graph.graph.output}
     declared = _cache_inputs(d, inputs, borrows_kv(graph))
-    _check_names(d, graph, inputs, outputs, declared, path)
+    _check_layer_count(d, inputs, declared, path)
+    unread = _check_names(d, graph, inputs, outputs, declared, path)
     _cross_check(d, graph, inputs, outputs, path)
     first = next(iter(declared), None)
     dtypes = [
@@ -100,10 +109,19 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
         if isinstance(dt, str):
             raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
     problem = _sharing_problem(d, graph)
+    decoder_file, notes = d.decoder_file, d.notes
+    if needs_plain(graph):  # a ring buffer asked of GroupQueryAttention, a state window of 0: kvlab runs it plain
+        plain = plain_graph(SimpleNamespace(onnx_path=onnx_file, name=name or path.name))
+        decoder_file = plain.relative_to(path).as_posix()
+        notes += (
+            f"{d.decoder_file} asks GroupQueryAttention for a ring buffer (sliding_window_cache) or sets state_window"
+            f"=0: kvlab runs {decoder_file}, without them (a sliding layer reads the same window of a buffer that "
+            "keeps every position; RingStaticCache holds only the window)",
+        )
     return ModelInfo(
         name=name or path.name,
         path=path,
-        decoder_file=d.decoder_file,
+        decoder_file=decoder_file,
         model_type=d.model_type,
         num_layers=d.layers,
         num_heads=d.heads,
@@ -120,15 +138,24 @@ def read_info(path: str | os.PathLike, name: str | None = None) -> ModelInfo:
         layout=read_layers(graph, d.layers, declared, d.head_dim, d.kv_heads, path),
         shares_buffers=not problem,
         sharing_problem=problem,
+        config_file=d.config_file,
+        unread_inputs=unread,
+        notes=notes,
     )
 
 
-def _declared(path: Path) -> Declared:
-    """What the directory's config declares, in whichever layout it has; ModelError where it has neither."""
+def _declared(path: Path, dtype: str | None = None) -> Declared:
+    """What the directory's config declares, in whichever layout it has; ModelError where it has neither,
+    ConfigError for a ``dtype`` given for a builder directory."""
     if (path / "genai_config.json").is_file():
+        if dtype is not None:
+            raise ConfigError(
+                f"dtype={dtype!r} chooses among a transformers.js directory's onnx/model_<dtype>.onnx files; {path} "
+                "is an onnxruntime-genai builder directory, whose genai_config.json names its one decoder"
+            )
         return declared_genai(path)
     if (path / "config.json").is_file():
-        return declared_hf(path)
+        return declared_hf(path, dtype)
     raise ModelError(
         f"{path} has no genai_config.json: not an onnxruntime-genai model builder output "
         f"(build one with `{BUILDER_HINT}`), nor a Hugging Face ONNX export (config.json + "
@@ -151,15 +178,32 @@ def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, 
     return declared
 
 
-def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> None:
-    """ModelError for a graph input kvlab does not feed (naming the nodes that read it), or an input or output the
-    config names that the graph lacks."""
+def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) -> None:
+    """ModelError where the config's layer count is not the graph's: the layers whose KV inputs (by the config's
+    name patterns) the graph has. Hybrids and KV-shared graphs, whose layers do not all have KV, are counted by
+    their attention ops instead (``_cross_check``)."""
+    if d.states or len(d.past) != d.layers or not d.past:  # (a graph whose layers borrow KV: fewer pasts)
+        return
+    pattern = re.compile(re.escape(d.past_formats[0]).replace("%d", r"(\d+)") + "$")
+    layers = {int(m.group(1)) for n in inputs if (m := pattern.match(n))}
+    if layers and max(layers) + 1 != d.layers:
+        raise ModelError(
+            f"{path}: {d.config_file} says num_hidden_layers = {d.layers}, but {d.decoder_file} has KV inputs "
+            f"({d.past_formats[0]!r}) for {max(layers) + 1} layers; the config and the graph disagree"
+        )
+
+
+def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> tuple[str, ...]:
+    """The graph inputs no node reads, which kvlab leaves unbound (an input the graph declares and never uses, as
+    some exporters declare position_ids). ModelError for an input kvlab does not feed that a node reads (naming
+    the nodes), or an input or output the config names that the graph lacks."""
+    read_by = uses(graph)
     extra = [n for n in inputs if n not in d.roles and n not in declared]
+    unread = tuple(n for n in extra if not read_by.get(n))
+    extra = [n for n in extra if n not in unread]
     if extra:
-        read_by = uses(graph)
         found = "; ".join(
-            f"{n!r} is read by "
-            + (", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by.get(n, [])) or "no node")
+            f"{n!r} is read by " + ", ".join(f"{node.op_type} node {node.name!r}" for node, _ in read_by[n])
             for n in extra[:4]
         )
         raise ModelError(
@@ -167,26 +211,34 @@ def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared:
             "attention_mask, position_ids and the cache inputs its config names, read by "
             f"{known_ops()}"
         )
+    unread += tuple(n for n, role in d.roles.items() if n in inputs and role != "past" and not read_by.get(n))
     missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
     if missing:
         raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
     for out_name in [*(n for pair in d.present for n in pair), d.logits]:
         if out_name not in outputs:
             raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
+    return unread
 
 
 def _sharing_problem(d: Declared, graph: Any) -> str:
     """Why a static cache cannot share its past and present buffers on this graph ("" when it can): every present
-    output must come from a GroupQueryAttention node."""
-    made_by = {n: node.op_type for n, node in producers(graph).items()}
-    not_gqa = {n: made_by.get(n, "?") for pair in d.present for n in pair if made_by.get(n) != "GroupQueryAttention"}
+    output must come from a GroupQueryAttention node. Names the first node that makes one instead."""
+    made_by = producers(graph)
+    gqa = "GroupQueryAttention"
+    not_gqa = {n: made_by.get(n) for pair in d.present for n in pair if getattr(made_by.get(n), "op_type", "") != gqa}
     if not not_gqa:
         return ""
-    first = next(iter(not_gqa.items()))
+    present, node = next(iter(not_gqa.items()))
+    maker = f"{node.op_type!r} node {node.name!r}" if node is not None else "no node"
+    reader = attention_reading(uses(graph), present)
+    if reader is not None and reader is not node and reader.op_type != "Softmax":
+        maker += f", read by {reader.op_type} node {reader.name!r}"
     return (
-        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node (e.g. {first[0]!r} "
-        f"is made by {first[1]!r}); only GQA writes the new tokens into a shared past/present buffer. "
-        f"Rebuild the model with the onnxruntime-genai builder (`{BUILDER_HINT}`), whose attention is GQA"
+        f"{len(not_gqa)} present outputs do not come from a GroupQueryAttention node ({present!r} is made by "
+        f"{maker}); only GroupQueryAttention writes the new tokens into a shared past/present buffer. What works: "
+        f"a DynamicCache on this graph; for a StaticCache, rebuild the model with the onnxruntime-genai builder "
+        f"(`{BUILDER_HINT}`), whose attention is GroupQueryAttention"
     )
 
 
@@ -231,8 +283,23 @@ def _cross_check(d: Declared, graph: Any, inputs: dict, outputs: dict, path: Pat
                 width // per_token,
                 f"the {'q|k|v' if packed else 'q'} projection feeding {node.name!r} (width {width})",
             )
-        inits = {t.name: t for t in graph.graph.initializer}
-        cos = inits.get(node.input[7]) if len(node.input) > 7 else None
+    for node in [n for n in graph.graph.node if n.op_type == "MultiHeadAttention"][:1]:
+        if d.heads:
+            agree("num_attention_heads", d.heads, attr(node, "num_heads"), f"{node.name!r} num_heads")
+    inits = {t.name: t for t in graph.graph.initializer}
+    rotary = [(n, 7) for n in gqa] + [(n, 2) for n in graph.graph.node if n.op_type == "RotaryEmbedding"]
+    for node, index in rotary:  # the cos cache: GroupQueryAttention's input 7, RotaryEmbedding's input 2
+        cos = inits.get(node.input[index]) if len(node.input) > index else None
+        columns = cos.dims[1] if cos is not None and len(cos.dims) == 2 else None
+        past = inputs.get(node.input[3]) or outputs.get(node.input[3]) if len(node.input) > 3 else None
+        head = (_dim(past, 3) if past is not None else None) or d.head_dim  # its past keys say (Gemma 4: two sizes)
+        if node.op_type == "GroupQueryAttention" and columns and (columns % 8 or 2 * columns > head):
+            raise ModelError(
+                f"{path}: the rotary table of {node.name!r} has {columns} columns, for heads of {head}; "
+                "ONNX Runtime's GroupQueryAttention takes a multiple of 8 up to head_size / 2 and fails at the "
+                "first run otherwise ('cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8'), as "
+                "onnxruntime-genai does: its partial rotary dimension needs to be a multiple of 16"
+            )
         if cos is not None and cos.dims and d.context > cos.dims[0]:
             raise ModelError(
                 f"{path}: {d.config_file} says context_length = {d.context}, but the rotary table of "

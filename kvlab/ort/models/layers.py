@@ -65,6 +65,27 @@ def known_ops() -> str:
     return ", ".join(f"{op} ({rule.what})" for op, rule in OPS.items())
 
 
+ATTENTION_OPS = ("MultiHeadAttention", "Attention", "GroupQueryAttention", "SparseAttention", "Softmax")
+
+
+def attention_reading(read_by: dict, present: str, depth: int = 12) -> Any:
+    """The attention node that reads the KV tensor ``present`` (directly or through a few reshapes, repeats and
+    transposes: at most ``depth`` nodes away): a fused attention op (``ATTENTION_OPS``), or the Softmax of an
+    unfused one; None when none is that near."""
+    frontier, seen = [present], set()
+    for _ in range(depth):
+        nxt = []
+        for name in frontier:
+            for node, _ in read_by.get(name, []):
+                if node.op_type in ATTENTION_OPS:
+                    return node
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    nxt += list(node.output)
+        frontier = nxt
+    return None
+
+
 def _readers(read_by: dict, name: str) -> str:
     found = read_by.get(name, [])
     return ", ".join(f"{n.op_type} node {n.name!r}" for n, _ in found) or "no node"
@@ -101,7 +122,7 @@ def read_layers(
                     f" ({op_role}); the config pairs it with {present!r} ({role})"
                 )
         elif role in GROWING_ROLES:  # KV written by another op (Concat: past + new): full attention, not shared
-            node = made_by.get(present)
+            node = attention_reading(read_by, present) or made_by.get(present)
         else:
             raise ModelError(
                 f"{path}: the state input {past!r} / output {present!r} is read by {_readers(read_by, past)}"

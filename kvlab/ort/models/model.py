@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -14,23 +15,26 @@ import numpy as np
 
 from ...core.errors import ConfigError, ModelError, check_flag, check_int
 from ...core.guards import check_token_ids
-from ...presets import BUILTIN_NAMES, check_precision
+from ...presets import BUILTIN_NAMES, PRECISIONS, check_precision
 from .build import ensure_built
+from .describe import describe
 from .info import ModelInfo, read_info
 
 
 class Model:
     """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``).
-    ModelError when the directory has no readable tokenizer.json, or one with ids past the model's vocabulary."""
+    ``tokenizer`` is None for a directory without tokenizer.json: token-id prompts work, text is refused by name.
+    ModelError when tokenizer.json is unreadable or maps ids past the model's vocabulary."""
 
     def __init__(self, info: ModelInfo):
         self.info = info
         self.name: str = info.name
-        from tokenizers import Tokenizer
-
+        self.tokenizer: Any = None  # a tokenizers.Tokenizer, or None (no tokenizer.json: token ids only)
         tok_file = info.path / "tokenizer.json"
         if not tok_file.is_file():
-            raise ModelError(f"{info.path} has no tokenizer.json")
+            return
+        from tokenizers import Tokenizer
+
         try:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as exc:  # the tokenizers library raises a bare Exception for every parse failure
@@ -45,6 +49,12 @@ class Model:
                 f"(ids 0 to {info.vocab_size - 1}): it is not this model's tokenizer"
             )
 
+    def describe(self) -> str:
+        """What kvlab sees in this model, as one screen of text (at most 40 lines of 100 columns): each layer's cache
+        kind and attention op, each graph input and who feeds it, which caches run it on which device and why not
+        (``kvlab.ort.models.describe``). Reads the graph (not its weights); opens no session."""
+        return describe(self.info)
+
     @property
     def onnx_path(self) -> Path:
         """The decoder graph's file (``ModelInfo.onnx_path``)."""
@@ -53,7 +63,10 @@ class Model:
     @cached_property
     def chat_template(self) -> str | None:
         """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's; a named list's
-        "default"), or None; ModelError for a config that is not JSON or a template that is not a string."""
+        "default"), or None (also for a model without a tokenizer); ModelError for a config that is not JSON or a
+        template that is not a string."""
+        if self.tokenizer is None:  # a template renders text, which only a tokenizer makes ids of
+            return None
         jinja = self.info.path / "chat_template.jinja"
         if jinja.is_file():
             return jinja.read_text()
@@ -112,7 +125,8 @@ class Model:
         self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False
     ) -> np.ndarray:
         """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked); ConfigError
-        for an empty or malformed prompt, or ids outside the vocabulary."""
+        for an empty or malformed prompt, or ids outside the vocabulary; ModelError for text when the model has no
+        tokenizer."""
         if isinstance(prompt, np.ndarray) or (
             isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
         ):
@@ -136,6 +150,12 @@ class Model:
         return out
 
     def _tokenize(self, text: str, special: bool) -> np.ndarray:
+        if self.tokenizer is None:
+            raise ModelError(
+                f"model {self.name} has no tokenizer ({self.info.path} holds no tokenizer.json), so the text "
+                f"{text!r:.40} cannot become token ids; give the prompt as token ids, or copy the model's "
+                "tokenizer.json into its directory"
+            )
         try:
             return np.asarray(self.tokenizer.encode(text, add_special_tokens=special).ids, np.int64)
         except Exception as exc:  # e.g. a lone surrogate (U+D800): not valid Unicode text
@@ -154,7 +174,9 @@ class Model:
         return np.resize(self.encode(text), length).astype(np.int64)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of token ids, special tokens left out."""
+        """The text of token ids, special tokens left out; "" for a model without a tokenizer."""
+        if self.tokenizer is None:
+            return ""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
@@ -162,14 +184,18 @@ def load(
     name_or_dir: str | os.PathLike | Model,
     *,
     precision: str | None = None,
+    dtype: str | None = None,
     progress: bool = True,
     graph_capture: bool = False,
 ) -> Model:
     """A built-in model by name, in a precision (``kvlab.presets.PRECISIONS``, default "fp32"; built into the user
-    cache dir on first use), or a model directory (which holds the precision it was built in). ``graph_capture``:
-    the built-in model as the builder makes it for WebGPU graph capture (``enable_webgpu_graph=true``; named
-    "<name>-graph"; see kvlab.ort.decode.caches.captured). Raises ConfigError for a bad argument, ModelError for a
-    directory kvlab cannot use or a build that fails."""
+    cache dir on first use), or a model directory (which holds the precision it was built in): an onnxruntime-genai
+    builder output, or a Hugging Face Optimum / transformers.js directory whose variant ``dtype`` chooses as
+    transformers.js does ("fp32", "fp16", "q4f16", ...: ``onnx/model_<dtype>.onnx``; default: config.json's
+    ``transformers.js_config.dtype``, else "fp32"); what kvlab reads there and does not apply (``ModelInfo.notes``)
+    is a UserWarning, one line each. ``graph_capture``: the built-in model as the builder makes it for WebGPU
+    graph capture (``enable_webgpu_graph=true``; named "<name>-graph"; see kvlab.ort.decode.caches.captured).
+    Raises ConfigError for a bad argument, ModelError for a directory kvlab cannot use or a build that fails."""
     check_flag("progress", progress)
     if not isinstance(graph_capture, bool):
         raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
@@ -180,9 +206,11 @@ def load(
             "--extra_options enable_webgpu_graph=true)"
         )
     if isinstance(name_or_dir, Model):
-        if precision is not None:
+        given = {k: v for k, v in (("precision", precision), ("dtype", dtype)) if v is not None}
+        if given:
+            key, value = next(iter(given.items()))
             raise ConfigError(
-                f"precision={precision!r} applies when a model is loaded by name; {name_or_dir.name} "
+                f"{key}={value!r} applies when a model is loaded by name or directory; {name_or_dir.name} "
                 f"is loaded already ({name_or_dir.info.precision})"
             )
         return name_or_dir
@@ -190,6 +218,11 @@ def load(
         raise ConfigError(f"model must be a name ({', '.join(BUILTIN_NAMES)}) or a directory, got {name_or_dir!r}")
     key = str(name_or_dir)
     if key in BUILTIN_NAMES:
+        if dtype is not None:
+            raise ConfigError(
+                f"dtype={dtype!r} chooses a transformers.js directory's variant; built-in models take "
+                f"precision= one of {tuple(PRECISIONS)}"
+            )
         precision = check_precision("fp32" if precision is None else precision)
         name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
         return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture), name=name))
@@ -200,6 +233,9 @@ def load(
     if precision is not None:
         raise ConfigError(
             f"precision={precision!r} applies to built-in models ({', '.join(BUILTIN_NAMES)}); the "
-            f"directory {key!r} holds the precision it was built in"
+            f"directory {key!r} holds the precision it was built in (a transformers.js directory's variants: dtype=)"
         )
-    return Model(read_info(key))
+    model = Model(read_info(key, dtype=dtype))
+    for note in model.info.notes:  # what kvlab read and does not apply: one line each, where a user sees it
+        warnings.warn(f"model {model.name}: {note}", stacklevel=2)
+    return model

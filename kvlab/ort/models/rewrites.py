@@ -4,6 +4,8 @@ for a graph it cannot rewrite exactly.
 - At build time (``for_ort127``, recorded in the model's ``kvlab_recipe.json``): what the onnxruntime-genai builder
   writes for the architectures beyond full attention that onnxruntime 1.27 cannot load, in ops every package has,
   and a window the builder drops, put back (docs/known-limits.md).
+- When a model is loaded (``plain_graph``, a graph beside its model.onnx): a ring buffer the builder's ``-e cpu``
+  asks GroupQueryAttention for, and state windows of 0, dropped; kvlab's caches run that graph.
 - When a session opens on WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
 - When a ring-buffer cache opens (``ring_graph``, a graph beside the model's): sliding layers that evict inside
   GroupQueryAttention.
@@ -47,29 +49,68 @@ def replace_nodes(model: Any, rewrite: Any) -> list[str]:
 
 
 STATE_OPS = ("CausalConvWithState", "LinearAttention")
+STATE_WINDOWS = frozenset((op, "state_window") for op in STATE_OPS)  # 0: the whole state, what 1.27 computes
+
+
+def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]]) -> list[str]:
+    """Drop each (op, attribute) of ``pairs`` whose value is 0 from every node of that op (0 being what a runtime
+    without the attribute computes); one set to another value is left as it is. Returns one line per node changed."""
+    done = []
+    for node in model.graph.node:
+        for a in list(node.attribute):
+            if (node.op_type, a.name) in pairs and a.type == a.INT and a.i == 0:
+                node.attribute.remove(a)
+                done.append(f"{node.name}: {a.name}=0 dropped (0 is what a runtime without the attribute computes)")
+    return done
+
+
+PLAIN_SUFFIX = ".kvlab-plain.onnx"  # the plain-attention graph, beside a model.onnx that needs one
+
+
+def plain_attention(model: Any) -> list[str]:
+    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (which the
+    builder's ``-e cpu`` sets to 1 on sliding layers: the op then evicts from a buffer of at least its window, and
+    refuses a past shorter than that, as a DynamicCache's is; without it a sliding layer attends to the same last
+    ``local_window_size`` positions of a buffer that keeps every one; RingStaticCache sets it again on its own
+    graph), and the state ops without ``state_window=0`` (``drop_zero_attributes``). One line per node changed."""
+    done = drop_zero_attributes(model, STATE_WINDOWS)
+    for node in model.graph.node:
+        found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
+        if node.op_type == "GroupQueryAttention" and found is not None:
+            node.attribute.remove(found)
+            window = attr(node, "local_window_size", -1)
+            done.append(f"{node.name}: sliding_window_cache={found.i} dropped (window {window}: every position kept)")
+    return done
+
+
+def needs_plain(graph: Any) -> bool:
+    """Whether ``plain_attention`` would change ``graph``."""
+    return any(
+        (n.op_type == "GroupQueryAttention" and a.name == "sliding_window_cache")
+        or ((n.op_type, a.name) in STATE_WINDOWS and a.i == 0)
+        for n in graph.graph.node
+        for a in n.attribute
+    )
+
+
+def plain_graph(model: Any) -> Path:
+    """``model``'s graph (an object with ``onnx_path`` and ``name``) made plain (``plain_attention``), beside it
+    (written again when the model is newer); returns its path. ModelError where its directory is not writable."""
+    return derived_graph(model, PLAIN_SUFFIX, plain_attention, "plain-attention graph")
 
 
 def strip_state_window(model: Any) -> list[str]:
     """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
-    node: 0 means "no window" (the whole state), which is what a package without the attribute computes. A
-    non-zero window cannot be dropped: ModelError."""
-    done = []
+    node (``drop_zero_attributes``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
+    ModelError."""
     for node in model.graph.node:
-        if node.op_type not in STATE_OPS:
-            continue
-        for a in list(node.attribute):
-            if a.name == "state_window":
-                if a.i != 0:
-                    raise ModelError(
-                        f"{node.op_type} node {node.name!r} has state_window={a.i}; onnxruntime 1.27 "
-                        "has no such attribute and computes the whole state (state_window 0) only"
-                    )
-                node.attribute.remove(a)
-                done.append(
-                    f"{node.name}: state_window=0 dropped (onnxruntime 1.27's {node.op_type} has no such "
-                    "attribute; 0 is its behaviour)"
-                )
-    return done
+        window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
+        if window:
+            raise ModelError(
+                f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
+                "has no such attribute and computes the whole state (state_window 0) only"
+            )
+    return drop_zero_attributes(model, STATE_WINDOWS)
 
 
 def decompose_linear_attention_gate(model: Any) -> list[str]:

@@ -27,12 +27,13 @@ import numpy as np
 from ...core.devices import DEVICES
 from ...core.errors import ConfigError, DeviceError, check_choice
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
+from ..models.graph import load_graph
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import Backend, versions
 from .builtin import BuiltinWebGpu
 from .options import cpu_options, webgpu_options, with_cpu_defaults, with_webgpu_defaults
-from .preflight import refuse_f16, workarounds
+from .preflight import cpu_problem, explain_refusal, refuse_f16, workarounds
 from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, gate, release_everything
 
 
@@ -71,8 +72,17 @@ class Device:
         with self._sessions_lock, self.lock:
             if key not in self._sessions:
                 refuse_f16(self.name, self.adapter, Path(path), label or path)
+                why = cpu_problem(load_graph(Path(path))) if self.name == "cpu" else ""
+                if why:
+                    raise DeviceError(f"{label or path} cannot run on the CPU EP: {why}")
                 model, rewrites = workarounds(self.name, Path(path))
-                self._sessions[key] = Session(self, model, label or path, options)
+                try:
+                    self._sessions[key] = Session(self, model, label or path, options)
+                except DeviceError as exc:  # where the package's op schemas say why, say that instead
+                    why = explain_refusal(Path(path), " ".join(self.backend.label_for(self.name)))
+                    if not why:
+                        raise
+                    raise DeviceError(f"could not create a {self.name} session: {why}") from exc
                 self._sessions[key].rewrites = rewrites
             return self._sessions[key]
 

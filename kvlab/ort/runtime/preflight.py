@@ -1,11 +1,15 @@
 """What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``) and a graph that gathers from a bool tensor is rewritten in memory for
-WebGPU (``workarounds``), both called by ``Device.session``; once it opened, no heavy node may have fallen back to
-the CPU EP (``refuse_cpu_fallback``, called by ``Session``)."""
+adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run on the CPU EP (``cpu_problem``), and a
+graph that gathers from a bool tensor is rewritten in memory for WebGPU (``workarounds``), all called by
+``Device.session``; once it opened, no heavy node may have fallen back to the CPU EP (``refuse_cpu_fallback``, called
+by ``Session``). Where a session cannot be created, the package's op schemas say which node asks for what it lacks
+(``explain_refusal``, called by ``Device.session``)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 from ...core.errors import DeviceError
 from ...core.labels import Adapter
@@ -29,6 +33,14 @@ def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
         )
     done = cast_bool_gathers(model)
     return model.SerializeToString(), done
+
+
+@functools.cache
+def _contrib_schemas() -> dict[str, Any]:
+    """The installed package's com.microsoft op schemas, by op name."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    return {s.name: s for s in C.get_all_operator_schema() if s.domain == "com.microsoft"}
 
 
 def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> None:
@@ -77,3 +89,66 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
             f"the WebGPU EP did not take these nodes of {label}; they would run on the CPU "
             f"EP: {heavy[:8]}{' ...' if len(heavy) > 8 else ''}"
         )
+
+
+def cpu_problem(graph: Any) -> str:
+    """Why the CPU EP cannot run ``graph`` although a package may load it ("" when no such reason is known): a
+    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them for
+    Qwen 3, Gemma 3 and LFM2), which no CPU EP kernel takes (onnxruntime-webgpu 1.27's schema stops at 14 inputs,
+    onnxruntime 1.31.1's CPU kernel refuses them at the first run)."""
+    node = next(
+        (n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])),
+        None,
+    )
+    if node is None:
+        return ""
+    return (
+        f"its GroupQueryAttention {node.name!r} has fused q/k norms (inputs 14 and 15, as the builder's -e webgpu "
+        "writes them), which no CPU EP kernel takes; run it on device 'webgpu' with a package whose WebGPU EP does "
+        "(the plugin EP: `bash scripts/setup.sh --plugin`), or rebuild it with -e cpu or --extra_options "
+        "fuse_qk_norm_gqa=false"
+    )
+
+
+def schema_problems(graph: Any) -> list[str]:
+    """What the installed ONNX Runtime package lacks to load ``graph`` (a ModelProto), read from the op schemas it
+    registers: one line per contrib-op (com.microsoft) node it does not register, gives an attribute its schema does
+    not have, or gives more inputs than its schema takes (the first node of each kind of gap). [] when every such
+    node fits; standard ops are not checked."""
+    schemas = _contrib_schemas()
+    problems: dict[tuple[str, str], str] = {}
+    for node in graph.graph.node:
+        if node.domain != "com.microsoft":
+            continue
+        schema = schemas.get(node.op_type)
+        if schema is None:
+            problems.setdefault((node.op_type, ""), f"no op {node.op_type} is registered (node {node.name!r})")
+            continue
+        for a in node.attribute:
+            if a.name not in schema.attributes:
+                problems.setdefault(
+                    (node.op_type, a.name),
+                    f"its {node.op_type} has no attribute {a.name!r} (node {node.name!r} sets it; the schema has "
+                    f"{', '.join(sorted(schema.attributes))})",
+                )
+        if len(node.input) > schema.max_input:
+            problems.setdefault(
+                (node.op_type, "#inputs"),
+                f"its {node.op_type} takes at most {schema.max_input} inputs (node {node.name!r} has "
+                f"{len(node.input)})",
+            )
+    return list(problems.values())
+
+
+def explain_refusal(onnx_file: Path, runtime: str) -> str:
+    """Why ``runtime`` (the installed package, e.g. "onnxruntime-webgpu 1.27.0") cannot load the graph of
+    ``onnx_file``, in one sentence naming the node and what it lacks, with what would work; "" when its op schemas
+    show no gap (the runtime's own error then says why)."""
+    problems = schema_problems(load_graph(onnx_file))
+    if not problems:
+        return ""
+    return (
+        f"{runtime} cannot load this graph: {'; '.join(problems[:3])}. A newer ONNX Runtime may have it (kvlab's "
+        "second environment, `bash scripts/setup.sh --plugin`, has onnxruntime 1.31); or rebuild the model for "
+        "this runtime (docs/compatibility.md lists which exports run where)"
+    )
