@@ -119,12 +119,23 @@ def test_generate_and_python_dash_m():
         (["generate", "--model", "toy", "--cache", "dynamic@8"], "cache 'dynamic@8' is not valid"),
         (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
         (["generate", "--model", "toy", "--cache", "static@99999"], "larger than model toy's context length 4096"),
+        (["inspect", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
+        (["inspect", "toy", "--dtype", "q9"], "q9"),
     ],
 )
 def test_errors_exit_nonzero_with_message_on_stderr(args, message):
     r = kvlab(*args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("kvlab: error: ") and message in r.stderr
+
+
+def test_inspect_shows_layers_inputs_and_which_caches_run_a_model():
+    r = kvlab("inspect", "sliding-toy")
+    assert r.returncode == 0, r.stderr
+    assert "KV, sliding window 16" in r.stdout and "past_key_values." in r.stdout
+    caches = r.stdout.split("caches", 1)[1].splitlines()
+    assert any(line.split()[:1] == ["ring"] for line in caches) and any("runs" in line for line in caches)
+    assert len(r.stdout.splitlines()) <= 40  # one screen
 
 
 def test_argparse_rejects_unknown_choices():

@@ -1,5 +1,5 @@
-"""The ``kvlab`` command: doctor, generate (compare), chat, chat-bench, bench, profile ops|phases|lockstep, trace,
-conformance, browser-bench.
+"""The ``kvlab`` command: doctor, inspect, generate (compare), chat, chat-bench, bench, profile ops|phases|lockstep,
+trace, conformance, browser-bench.
 
 Every failure is one line on stderr, never a traceback. The exit statuses (``kvlab.cli.exits``):
 

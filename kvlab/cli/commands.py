@@ -46,7 +46,16 @@ def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
     ap.register("action", "parsers", Commands)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (doctor.add, generate.add, chat.add, bench.add, profile.add, browser.add, chat.add_bench):
+    for add in (
+        doctor.add,
+        doctor.add_inspect,
+        generate.add,
+        chat.add,
+        bench.add,
+        profile.add,
+        browser.add,
+        chat.add_bench,
+    ):
         add(sub)
     return ap
 

@@ -14,6 +14,7 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.labels import cpu_adapter
 from ..ort import StaticCache, generate, load
+from ..ort.checks.inspect import report as inspect_report
 from ..ort.runtime.adapters import find_webgpu_adapter, vulkan_adapters
 from ..ort.runtime.device import backend
 from . import flags
@@ -26,6 +27,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="what kvlab found: versions, backend, adapters, a tiny run per device")
     flags.json_flag(p, "the report as JSON")
     p.set_defaults(run=lambda args: doctor(as_json=args.json))
+
+
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    """The ``inspect`` subcommand: what kvlab sees in a model directory (``kvlab.ort.checks.inspect.report``)."""
+    p = sub.add_parser("inspect", help="what kvlab sees in a model: layers, inputs, which caches run it and why not")
+    p.add_argument("dir", metavar="DIR", help="a model directory, or a built-in model's name")
+    p.add_argument("--dtype", default=None, help="a transformers.js directory's variant (fp32, fp16, q4f16, ...)")
+    p.set_defaults(run=lambda args: print(inspect_report(args.dir, dtype=args.dtype)) or 0)
 
 
 def _tiny_run(device: str) -> dict[str, Any]:
