@@ -6,18 +6,20 @@ every tensor released on dispose, and the refusals, each naming its cause."""
 from __future__ import annotations
 
 import gc
+import math
 import shutil
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import run_python
 
 import kvlab
-from kvlab import CacheStateError, DeviceError, ModelError, StaticCache, generate, open_device
+from kvlab import CacheStateError, ConfigError, DeviceError, ModelError, StaticCache, generate, open_device
 from kvlab.ort.checks import faults
-from kvlab.ort.decode.caches.captured import CAPTURE_OPTIONS, CapturedStaticCache, capture_problem
+from kvlab.ort.decode.caches.captured import CAPTURE_OPTIONS, CapturedStaticCache, capture_cost, capture_problem
 from kvlab.ort.runtime.device import backend
 from kvlab.ort.runtime.plugin import PluginWebGpu
 
@@ -300,6 +302,25 @@ def test_compare_graph_capture_adds_a_third_row_with_the_same_tokens():
     assert list(out["runs"]) == ["dynamic", "static@64", "graph@64"] and out["identical"] is True
     assert out["runs"]["graph@64"]["label"]["cache"]["variant"] == "graph"
     assert out["runs"]["graph@64"]["summary"]["tensors_per_step"] == 0
+    cost = out["runs"]["graph@64"]["summary"]["capture"]  # against the static row's median step
+    static_ms = float(np.median([s["wall_ms"] for s in out["runs"]["static@64"]["records"] if s["phase"] == "decode"]))
+    assert cost["capture_ms"] >= 0 and cost["uncaptured_ms"] == pytest.approx(static_ms)
+    saving = static_ms - cost["replay_ms"]
+    assert cost["pays_off_after"] == (math.ceil(cost["capture_ms"] / saving) if saving > 0 else None)
+
+
+def test_capture_cost_is_the_capturing_steps_beyond_a_replay():
+    """Two capturing steps of 30 and 20 ms, replays of 4 ms: 42 ms of capture; against an uncaptured 10 ms step it
+    pays back after 7 tokens, against a 4 ms one never; fewer than three decode steps cannot tell."""
+    step = lambda ms, phase="decode": SimpleNamespace(phase=phase, n_tokens=1, wall_ms=ms)  # noqa: E731
+    records = [step(50.0, "prefill"), step(30.0), step(20.0), step(4.0), step(5.0), step(3.0)]
+    cost = capture_cost(records, 10.0)
+    assert (cost.capture_ms, cost.replay_ms, cost.pays_off_after) == (42.0, 4.0, 7)
+    assert "pays for itself after 7 tokens" in str(cost)
+    assert capture_cost(records, 4.0).pays_off_after is None and "does not pay" in str(capture_cost(records, 3.0))
+    assert capture_cost(records).pays_off_after is None
+    with pytest.raises(ConfigError, match="at least 3 decode steps"):
+        capture_cost(records[:3])
 
 
 @pytest.mark.parametrize(

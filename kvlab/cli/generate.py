@@ -15,6 +15,7 @@ from ..core.errors import ConfigError
 from ..core.generation import Generation, positions_needed
 from ..core.labels import read_back_text
 from ..ort import CapturedStaticCache, generate, load, make_cache, open_device
+from ..ort.decode.caches.captured import VARIANT, CaptureCost, capture_cost
 from ..presets import BUILTIN_NAMES
 from . import flags
 
@@ -170,6 +171,10 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         out = {k: v for k, v in result.items() if k != "runs"}
         out["device"] = asdict(result["device"])
         out["runs"] = {k: {**g.to_dict(), "summary": _summary(g)} for k, g in runs.items()}
+        for k, g in runs.items():
+            if g.label.cache.variant.startswith(VARIANT):
+                cost = _capture_cost(g, runs)
+                out["runs"][k]["summary"]["capture"] = asdict(cost) if cost else None
         if len(runs) >= 2:
             out["identical"] = _identical(runs)
         json.dump(out, sys.stdout, indent=1, default=float)
@@ -192,6 +197,20 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
     )
     if len(runs) >= 2:
         print(f"\noutputs identical: {_identical(runs)}")
+    for g in runs.values():
+        if g.label.cache.variant.startswith(VARIANT):
+            print(f"\n[{g.label.cache}] {_capture_cost(g, runs)}")
+
+
+def _capture_cost(g: Generation, runs: dict[str, Generation]) -> CaptureCost | None:
+    """A captured run's capture cost, against the median decode step of the run's plain static row (if any); None
+    when it has too few decode steps to tell."""
+    plain = [r for r in runs.values() if r.label.cache.kind == "static" and not r.label.cache.variant]
+    steps = [r.wall_ms for r in plain[0].records if r.phase == "decode"] if plain else []
+    try:
+        return capture_cost(g.records, float(np.median(steps)) if steps else None)
+    except ConfigError:
+        return None
 
 
 def _identical(runs: dict[str, Generation]) -> bool:

@@ -26,7 +26,12 @@ package cannot release one graph, by letting go of the capturing session, which 
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ....core.errors import ConfigError, DeviceError, ModelError
 from ....core.guards import atomic
@@ -109,6 +114,43 @@ def open_capture_session(device: Any, model: Any, reduction: str = "") -> Sessio
         f"{' ...' if len(cpu) > 6 else ''}; op types {ops}: no WebGPU kernel for them in this package). Remove "
         "or replace them, or run this model with a plain StaticCache"
     ) from refusal
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    """What capture cost a generation, from its own records (wall times, so a proxy: the capturing steps' time
+    beyond a replay's): ``capture_ms`` over both capturing steps, ``replay_ms`` a replayed step's median, and,
+    against an uncaptured StaticCache step of ``uncaptured_ms``, ``pays_off_after``: the decode tokens after which
+    the replays' saving has paid the capture back (None: no uncaptured step given, or a replay no faster: it never
+    pays)."""
+
+    capture_ms: float
+    replay_ms: float
+    uncaptured_ms: float | None = None
+    pays_off_after: int | None = None
+
+    def __str__(self) -> str:
+        head = f"capture cost {self.capture_ms:.1f} ms over its two capturing steps (a replay {self.replay_ms:.2f} ms)"
+        if self.uncaptured_ms is None:
+            return head
+        if self.pays_off_after is None:
+            return f"{head}; it does not pay here: an uncaptured step is {self.uncaptured_ms:.2f} ms"
+        return f"{head}; it pays for itself after {self.pays_off_after} tokens (uncaptured {self.uncaptured_ms:.2f} ms)"
+
+
+def capture_cost(records: Sequence[Any], uncaptured_ms: float | None = None) -> CaptureCost:
+    """``CaptureCost`` of a CapturedStaticCache's generation from its ``records`` (its first two one-token decode
+    steps capture, the later ones replay), against an uncaptured step of ``uncaptured_ms`` (e.g. a plain
+    StaticCache's median decode step on the same device). ConfigError with fewer than three decode steps (no
+    replay to compare with)."""
+    steps = [r.wall_ms for r in records if r.phase == "decode" and r.n_tokens == 1]
+    if len(steps) < 3:
+        raise ConfigError(f"capture_cost needs at least 3 decode steps (2 capture, 1 replays); got {len(steps)}")
+    replay = float(np.median(steps[2:]))
+    cost = max(0.0, steps[0] + steps[1] - 2 * replay)
+    saving = None if uncaptured_ms is None else uncaptured_ms - replay
+    after = math.ceil(cost / saving) if saving is not None and saving > 0 else None
+    return CaptureCost(cost, replay, uncaptured_ms, after)
 
 
 class CapturedStaticCache(StaticCache):
