@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,8 @@ def test_doctor_json():
         assert out["backend"].startswith("onnxruntime-webgpu")
     assert out["runs"]["cpu"]["ok"] and out["runs"]["webgpu"]["ok"]
     assert out["runs"]["cpu"]["tokens"] == out["runs"]["webgpu"]["tokens"]
+    cpu_setting = r"\d+ threads, (not )?spinning: [\d.]+ of \d+ cores idle when the device opened \((quiet|busy)\)"
+    assert re.fullmatch(cpu_setting, out["runs"]["cpu"]["settings"]) and out["runs"]["webgpu"]["settings"] == ""
     assert out["adapters"]["webgpu"]["kind"] in ("hardware", "software") and out["problems"] == []
 
 

@@ -49,6 +49,7 @@ def _tiny_run(device: str) -> dict[str, Any]:
         "tokens": g.token_ids,
         "seconds": round(time.perf_counter() - start, 2),
         "decode_ms": round(g.decode_ms(), 2),
+        "settings": g.label.device.settings,  # the CPU EP's threads and spinning, and why (kvlab.ort.runtime.options)
     }
 
 
@@ -157,6 +158,8 @@ def doctor(as_json: bool = False) -> int:
                 f"  run {device:6s} OK: toy model, 4 tokens {run['tokens']}, {run['decode_ms']} ms/decode step "
                 f"({run['device']})"
             )
+            if run["settings"]:
+                print(f"             its setting: {run['settings']}")
         else:
             print(f"  run {device:6s} FAILED: {run['error']}")
     for p in r["problems"]:
