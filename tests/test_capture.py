@@ -55,7 +55,9 @@ def test_captured_tokens_equal_the_uncaptured_static_cache(toy, toy_graph):
         assert (cache.captures, cache.replays) == (2, NEW - 3)  # prefill uncaptured, 1st and 2nd decode capture
     assert g.token_ids == _static_tokens(toy)
     assert str(g.label.cache) == "static@64 graph" and g.label.cache.variant == "graph"
-    assert not g.label.token_on_device  # a captured cache chooses its tokens on the host
+    # "auto" picks where the token is chosen as the cache says for this adapter (the host on a software one)
+    assert g.label.greedy_reduction == cache.auto_reduction(toy_graph.info.vocab_size, dev)
+    assert g.label.token_on_device == bool(g.label.greedy_reduction)
     decode = [r for r in g.records if r.phase == "decode"]
     assert all(r.cache_tensors_allocated == 0 and r.new_buffers == 0 for r in decode[1:])
 
@@ -143,8 +145,8 @@ def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
     dev = open_device("webgpu")
     base = dev.live_tensors
     cache = CapturedStaticCache(64)
-    generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
-    session = cache.session(dev, toy_graph)  # the capturing session, the device's own (the one the steps ran on)
+    g = generate(toy_graph, PROMPT, cache=cache, device="webgpu", max_new_tokens=4, stop_on_eos=False)
+    session = cache.session(dev, toy_graph, g.label.greedy_reduction)  # the capturing session the steps ran on
     assert session is not None and dev.live_tensors == base + 9  # 4 KV buffers, 5 step buffers
     capturing = weakref.ref(session.ort)
     if isinstance(backend(), PluginWebGpu):
