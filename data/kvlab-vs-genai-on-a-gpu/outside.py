@@ -2,9 +2,10 @@
 the WebGPU EP, each timed from outside its whole generate call ((T(1+K) - T(1)) / K, kvlab.bench.outside), paired
 and interleaved in one process, tokens compared.
 
-    python data/kvlab-vs-genai-on-a-gpu/outside.py OUT.json [MODEL:PRECISION ...]
+    python data/kvlab-vs-genai-on-a-gpu/outside.py OUT.json DEVICE [MODEL:PRECISION ...]
 
-Default cells: smollm2-shape fp32 and fp16 at 1,024 and 4,096 tokens of context, 64 new tokens, 5 rounds."""
+DEVICE webgpu: at 1,024 and 4,096 tokens of context; cpu: at 256 and 2,048 (the CI guard's contexts, here on the GPU
+machine's own CPU). Default cells: smollm2-shape fp32 and fp16; 64 new tokens, 5 rounds."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from kvlab.bench.outside import per_token_vs_genai, summary
 from kvlab.ort import load
 from kvlab.ort.runtime.device import backend
 
-CONTEXTS = (1024, 4096)
+CONTEXTS = {"webgpu": (1024, 4096), "cpu": (256, 2048)}
 
 
-def main(out: str, cells: list[str]) -> None:
+def main(out: str, device: str, cells: list[str]) -> None:
     rows = []
     for cell in cells or ["smollm2-shape:fp32", "smollm2-shape:fp16"]:
         name, _, precision = cell.partition(":")
         model = load(name, precision=precision or "fp32")
-        for context in CONTEXTS:
-            result = per_token_vs_genai(model, context, new_tokens=64, rounds=5, device="webgpu")
-            result["package"] = " ".join(backend().label_for("webgpu"))
+        for context in CONTEXTS[device]:
+            result = per_token_vs_genai(model, context, new_tokens=64, rounds=5, device=device)
+            result["package"] = " ".join(backend().label_for(device))
             print(summary(result), flush=True)
             rows.append(result)
             with open(out, "w") as f:
@@ -33,4 +34,4 @@ def main(out: str, cells: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
