@@ -55,6 +55,7 @@ BAD = [
     (["browser-bench", "--cache", "paged"], "cache 'paged' is not valid"),
     (["browser-bench", "--set", "timeout=nan"], "--set 'timeout=nan': nan must be > 0"),
     (["doctor", "--verbose"], "unrecognized arguments: --verbose"),
+    (["inspect", "/no/such/model"], "'/no/such/model' is neither a built-in name"),
 ]
 
 
