@@ -18,8 +18,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 HEADER_ROWS = ("**you will learn**", "**needs**", "**how long**")
 NBVAL_TAGS = {"nbval-check-output", "nbval-ignore-output", "nbval-skip", "nbval-raises-exception", "raises-exception"}
 SECTION_HEADING = re.compile(r"^#{2,3} (\d+)[a-z]? \u00b7", re.M)
-NOTEBOOK_REF = re.compile(r"\b(?i:notebooks?) (\d\d)\b")
-SECTION_REF = re.compile(r"(?:\b(?i:notebook) (\d\d)(?:'s)?,? )?\bsections? (\d+(?:(?:-|, | and | or )\d+)*)\b")
+NOTEBOOK_REF = re.compile(r"\b(?i:notebooks?) (\d\d[a-z]?)\b")
+SECTION_REF = re.compile(r"(?:\b(?i:notebook) (\d\d[a-z]?)(?:'s)?,? )?\bsections? (\d+(?:(?:-|, | and | or )\d+)*)\b")
 
 
 def cells(notebook: Path) -> list[dict]:
@@ -34,8 +34,13 @@ def markdown(notebook: Path) -> str:
     return "\n\n".join(text(c) for c in cells(notebook) if c["cell_type"] == "markdown")
 
 
+def number(notebook: Path) -> str:
+    """A notebook's number, as its title and cross-references write it: '01', or '00b' for one inserted after 00."""
+    return notebook.name.split("_")[0]
+
+
 def by_number() -> dict[str, Path]:
-    return {p.name[:2]: p for p in NOTEBOOKS}
+    return {number(p): p for p in NOTEBOOKS}
 
 
 def headings(notebook: Path) -> set[int]:
@@ -70,7 +75,7 @@ def test_every_notebook_opens_with_its_header(notebook):
     first = cells(notebook)[0]
     assert first["cell_type"] == "markdown", f"{notebook.name} does not open with text"
     head = text(first)
-    assert re.match(rf"# {notebook.name[:2]} \u00b7 \S", head), f"{notebook.name}: title is not '# NN · ...'"
+    assert re.match(rf"# {number(notebook)} \u00b7 \S", head), f"{notebook.name}: title is not '# NN · ...'"
     missing = [row for row in HEADER_ROWS if row not in head]
     assert not missing, f"{notebook.name}: its first cell lacks the header rows {missing}"
     how_long = re.search(r"\*\*how long\*\* \|([^\n]*)", head).group(1)
@@ -130,7 +135,7 @@ def test_every_cross_reference_points_at_something_that_exists(notebook):
     source = "\n".join(text(c) for c in cells(notebook))
     for n in NOTEBOOK_REF.findall(source):
         assert n in numbers, f"{notebook.name} refers to notebook {n}, which does not exist"
-    for target, section in references(source, notebook.name[:2]):
+    for target, section in references(source, number(notebook)):
         assert target in numbers, f"{notebook.name} refers to notebook {target}"
         assert section in headings(numbers[target]), (
             f"{notebook.name} refers to section {section} of {numbers[target].name}, which has sections "
@@ -148,7 +153,7 @@ def test_the_lesson_lists_name_every_notebook_and_nothing_else():
         assert f"(../notebooks/{p.name})" in lessons, f"docs/lessons.md's table lacks {p.name}"
         assert f"notebooks/{p.stem}\n" in lessons, f"docs/lessons.md's toctree lacks {p.stem}"
     for doc, found in (("README.md", readme), ("docs/lessons.md", lessons)):
-        for name in re.findall(r"notebooks/(\d\d_\w+)\.ipynb", found):
+        for name in re.findall(r"notebooks/(\d\d[a-z]?_\w+)\.ipynb", found):
             assert (REPO / "notebooks" / f"{name}.ipynb").is_file(), f"{doc} lists {name}, which does not exist"
         for n, section in references(found, None):
             assert section in headings(by_number()[n]), f"{doc} refers to section {section} of notebook {n}"
