@@ -69,8 +69,11 @@ class ChatLab:
         self.last_error: Exception | None = None
         self.text = w.Textarea(placeholder="your message", layout=w.Layout(width="100%", height="60px"))
         self.send_button = w.Button(description="Send", button_style="primary", icon="paper-plane")
-        self.edit_button = w.Button(description="Edit last message", icon="undo")
-        self.use_lookup = w.Checkbox(value=False, description=f"prompt lookup (k={self.lookup_setting.k})")
+        self.edit_button = w.Button(description="Edit last message", icon="undo", layout=w.Layout(width="170px"))
+        self.use_lookup = w.Checkbox(
+            value=False, description=f"prompt lookup (k={self.lookup_setting.k})", indent=False,
+            layout=w.Layout(width="auto", margin="0 0 0 12px"),
+        )  # fmt: skip
         self.transcript, self.fill, self.chart, self.status = w.HTML(), w.HTML(), w.HTML(), w.HTML()
         self.send_button.on_click(lambda _: self.send())
         self.edit_button.on_click(lambda _: self.edit_last())
@@ -165,7 +168,9 @@ def _transcript_html(conv: Conversation) -> str:
     for m in conv.history.messages:
         who = {"user": "you", "assistant": "model", "system": "system"}[m["role"]]
         lines.append(f"<div><b>{who}:</b> {html.escape(m['content'].strip())}</div>")
-    return "<div style='max-height:220px;overflow-y:auto'>" + ("".join(lines) or "<i>no turn yet</i>") + "</div>"
+    # column-reverse: the box starts scrolled to its end, so the newest message shows without scrolling
+    body = "<div>" + ("".join(lines) or "<i>no turn yet</i>") + "</div>"
+    return "<div style='max-height:220px;overflow-y:auto;display:flex;flex-direction:column-reverse'>" + body + "</div>"
 
 
 def _fill_html(used: int, capacity: int, what: str, refused: bool) -> str:

@@ -224,11 +224,12 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     windows = [("every position (a plain cache)", None)] + [
         (f"a ring buffer of {n} positions", n) for n in (15, 16, 1024, 4096)
     ]
-    model = w.Dropdown(options=list(layouts), description="model")
-    precision = w.Dropdown(options=list(KV_FORMATS), description="KV precision")
-    window = w.Dropdown(options=windows, description="sliding layers keep", style={"description_width": "initial"})
-    budget = w.FloatText(value=budget_gib, description="budget (GiB)")
-    reserve = w.IntText(value=0, description="max_cache_len")
+    style = {"description_width": "initial"}  # every label in full, the field after it
+    model = w.Dropdown(options=list(layouts), description="model", style=style)
+    precision = w.Dropdown(options=list(KV_FORMATS), description="KV precision", style=style)
+    window = w.Dropdown(options=windows, description="sliding layers keep", style=style)
+    budget = w.FloatText(value=budget_gib, description="budget (GiB)", style=style, layout=w.Layout(width="170px"))
+    reserve = w.IntText(value=0, description="max_cache_len", style=style, layout=w.Layout(width="170px"))
     out = w.HTML()
 
     def show(_: Any = None) -> None:
@@ -248,4 +249,5 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     for control in (model, precision, window, budget, reserve):
         control.observe(show, names="value")
     show()
-    return w.VBox([w.HBox([model, precision]), w.HBox([window, budget, reserve]), out])
+    wrap = w.Layout(flex_flow="row wrap")  # rows wrap at a narrow width instead of clipping a control
+    return w.VBox([w.HBox([model, precision], layout=wrap), w.HBox([window, budget, reserve], layout=wrap), out])
