@@ -55,6 +55,7 @@ BAD = [
     (["browser-bench", "--cache", "paged"], "cache 'paged' is not valid"),
     (["browser-bench", "--set", "timeout=nan"], "--set 'timeout=nan': nan must be > 0"),
     (["doctor", "--verbose"], "unrecognized arguments: --verbose"),
+    (["prepare", "--models", "phi4-kv"], "phi4-kv is not one of the core path's models"),
 ]
 
 

@@ -456,3 +456,20 @@ def test_the_chat_shows_its_newest_message_and_its_labels_in_full():
         assert chat.edit_button.layout.width == "170px" and chat.use_lookup.layout.width == "auto"
     finally:
         chat.close()
+
+
+def test_a_live_text_prints_itself_again_when_its_source_changes():
+    """Notebook 00's adapter table: run before the browser answers, it follows the answer when it comes."""
+    import traitlets
+
+    from kvlab.lab.show import live_text
+
+    class Source(traitlets.HasTraits):
+        browser = traitlets.Dict({})
+
+    source = Source()
+    shown = live_text(source, "browser", lambda: f"browser: {source.browser.get('name', 'no answer yet')}")
+    assert repr(shown) == "browser: no answer yet" and shown.widget.outputs[0]["text"] == "browser: no answer yet\n"
+    source.browser = {"name": "Chromium"}
+    assert shown.widget.outputs[0]["text"] == "browser: Chromium\n"
+    assert repr(shown) == "browser: no answer yet"  # the plain text stays what the cell printed

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.errors import KvlabError
 from ..core.paths import check_output
-from . import bench, browser, chat, doctor, generate, profile
+from . import bench, browser, chat, doctor, generate, prepare, profile
 from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone
 
 
@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
     ap.register("action", "parsers", Commands)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (doctor.add, generate.add, chat.add, bench.add, profile.add, browser.add, chat.add_bench):
+    for add in (doctor.add, generate.add, chat.add, bench.add, profile.add, browser.add, chat.add_bench, prepare.add):
         add(sub)
     return ap
 
