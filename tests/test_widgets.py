@@ -473,3 +473,17 @@ def test_a_live_text_prints_itself_again_when_its_source_changes():
     source.browser = {"name": "Chromium"}
     assert shown.widget.outputs[0]["text"] == "browser: Chromium\n"
     assert repr(shown) == "browser: no answer yet"  # the plain text stays what the cell printed
+
+
+def test_the_recorded_chat_figure_keeps_the_kept_cache_visible_on_genais_line():
+    """09's recorded H200 run: genai's append_tokens costs what the kept cache costs, so its line is drawn first,
+    wider and dashed, with its own marker: both stay visible."""
+    from kvlab.lab.chat import recorded_figure
+
+    rows = [{"history_tokens": h, "reuse_ttft_ms": [t], "reprefill_ttft_ms": [4 * t], "genai_ttft_ms": [t]}
+            for h, t in ((520, 30.7), (1008, 47.5))]  # fmt: skip
+    fig = recorded_figure({"rows": rows, "model": "phi4-kv", "device": "webgpu", "source": "x/results.json"})
+    genai, kept, reprefill = fig.data
+    assert genai.name.startswith("onnxruntime-genai") and kept.name == "kept cache" and reprefill.name == "re-prefill"
+    assert genai.line.dash == "dash" and genai.line.width > kept.line.width and list(genai.y) == list(kept.y)
+    assert len({t.marker.symbol for t in fig.data}) == 3

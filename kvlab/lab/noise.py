@@ -8,6 +8,9 @@ verdict instead of asserting what a chart should show.
     table = ratios(steps, baseline="static@2304", twin="static@2304 again")
     print(verdict(table, "dynamic", expect="slower"))
 
+``fastest_runs`` is the cheaper, looser way: whole generations in interleaved rounds, each cache keeping its
+fastest.
+
 Other work on a shared machine adds time to whichever step it lands on; taking the caches' steps in turns, each
 round in another order, spreads that over all of them, and a per-step ratio of two steps taken back to back
 cancels what the two share (a slow minute, a warm cache).
@@ -15,14 +18,14 @@ cancels what the two share (a slow minute, a warm cache).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
 from ..core.generation import positions_needed
-from ..ort import Stepper, load, open_device
+from ..ort import DynamicCache, Stepper, generate, load, open_device
 
 LOW, HIGH = 10, 90  # the percentiles that bound a spread: 8 in 10 steps lie inside it
 EXPECTATIONS = ("same", "slower", "faster")
@@ -65,6 +68,25 @@ def paired_steps(
                 raise ValueError(f"the caches' greedy tokens parted at step {i}: {tokens}")
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def fastest_runs(
+    model: Any, ids: Any, caches: Mapping[str, Callable[[], Any]], device: str, new_tokens: int, rounds: int = 2
+) -> dict[str, Any]:
+    """One warm-up generation (it creates the session; on WebGPU it compiles the shaders), then ``rounds``
+    interleaved rounds of one greedy generation of ``new_tokens`` per cache (name -> a factory of a fresh kvlab
+    cache, disposed after its run). Returns each cache's fastest run (by its median decode step): other work on a
+    shared machine only ever adds time. Raises what ``generate`` raises."""
+    model = load(model)
+    with DynamicCache() as cache:
+        generate(model, ids[:16], cache=cache, device=device, max_new_tokens=2)
+    tried: dict[str, list[Any]] = {name: [] for name in caches}
+    for _ in range(rounds):
+        for name, make in caches.items():
+            with make() as cache:
+                tried[name].append(generate(model, ids, cache=cache, device=device, max_new_tokens=new_tokens,
+                                            stop_on_eos=False))  # fmt: skip
+    return {name: min(runs, key=lambda g: g.decode_ms()) for name, runs in tried.items()}
 
 
 def ratios(steps: Any, baseline: str, twin: str) -> Any:
