@@ -165,3 +165,37 @@ def test_notebook_01_ends_with_the_cheat_sheet_of_the_docs():
     assert last["cell_type"] == "markdown" and text(last).strip() == sheet, (
         "notebook 01's last cell is not docs/cheat-sheet.md (heading one level down): change both together"
     )
+
+
+RUN_TIMES = REPO / "notebooks" / "run_times.json"  # written by tests/test_notebooks.py's nbval runs
+STATED_TOLERANCE = 1.4  # a stated time may be this far from the measured one, either way
+
+
+def stated_seconds(notebook: Path) -> int:
+    """The run time a notebook's header states: the first 'N s' of its 'how long' row."""
+    row = re.search(r"\*\*how long\*\* \|([^\n]*)", text(cells(notebook)[0])).group(1)
+    found = re.search(r"(\d[\d,]*) s\b", row)
+    assert found, f"{notebook.name}: its 'how long' row states no run time in seconds: {row}"
+    return int(found.group(1).replace(",", ""))
+
+
+def test_stated_run_times_are_the_test_suites_measured_ones():
+    """Each notebook's header, README.md and docs/lessons.md state its cells' run time; the nbval run of
+    tests/test_notebooks.py measures it and writes it to notebooks/run_times.json. A stated time must be within
+    STATED_TOLERANCE of the last measured one (notebooks not measured yet are left out)."""
+    times = json.loads(RUN_TIMES.read_text())
+    readme = (REPO / "README.md").read_text()
+    assert times, "notebooks/run_times.json holds no measured run"
+    for stem, measured in times.items():
+        notebook = REPO / "notebooks" / f"{stem}.ipynb"
+        assert notebook.is_file(), f"run_times.json measures {stem}, which does not exist"
+        seconds = measured["seconds"]
+        stated = [("its header", stated_seconds(notebook))]
+        line = re.search(rf"\(notebooks/{re.escape(notebook.name)}\)[^\n]*\((\d+) min; (?:cells )?(\d+) s\)", readme)
+        assert line, f"README.md's list states no '(N min; M s)' for {notebook.name}"
+        stated.append(("README.md", int(line.group(2))))
+        for where, said in stated:
+            assert seconds / STATED_TOLERANCE <= said <= seconds * STATED_TOLERANCE, (
+                f"{where} says {notebook.name}'s cells run in {said} s; tests/test_notebooks.py measured {seconds} s "
+                f"on {measured['date']} ({measured['machine']}): state the measured time"
+            )
