@@ -18,8 +18,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 HEADER_ROWS = ("**you will learn**", "**needs**", "**how long**")
 NBVAL_TAGS = {"nbval-check-output", "nbval-ignore-output", "nbval-skip", "nbval-raises-exception", "raises-exception"}
 SECTION_HEADING = re.compile(r"^#{2,3} (\d+)[a-z]? \u00b7", re.M)
-NOTEBOOK_REF = re.compile(r"\b(?i:notebooks?) (\d\d)\b")
-SECTION_REF = re.compile(r"(?:\b(?i:notebook) (\d\d)(?:'s)?,? )?\bsections? (\d+(?:(?:-|, | and | or )\d+)*)\b")
+NOTEBOOK_REF = re.compile(r"\b(?i:notebooks?) (\d\d[a-z]?)\b")
+SECTION_REF = re.compile(r"(?:\b(?i:notebook) (\d\d[a-z]?)(?:'s)?,? )?\bsections? (\d+(?:(?:-|, | and | or )\d+)*)\b")
 
 
 def cells(notebook: Path) -> list[dict]:
@@ -34,8 +34,13 @@ def markdown(notebook: Path) -> str:
     return "\n\n".join(text(c) for c in cells(notebook) if c["cell_type"] == "markdown")
 
 
+def number(notebook: Path) -> str:
+    """A notebook's number, as its title and cross-references write it: '01', or '00b' for one inserted after 00."""
+    return notebook.name.split("_")[0]
+
+
 def by_number() -> dict[str, Path]:
-    return {p.name[:2]: p for p in NOTEBOOKS}
+    return {number(p): p for p in NOTEBOOKS}
 
 
 def headings(notebook: Path) -> set[int]:
@@ -70,7 +75,7 @@ def test_every_notebook_opens_with_its_header(notebook):
     first = cells(notebook)[0]
     assert first["cell_type"] == "markdown", f"{notebook.name} does not open with text"
     head = text(first)
-    assert re.match(rf"# {notebook.name[:2]} \u00b7 \S", head), f"{notebook.name}: title is not '# NN · ...'"
+    assert re.match(rf"# {number(notebook)} \u00b7 \S", head), f"{notebook.name}: title is not '# NN · ...'"
     missing = [row for row in HEADER_ROWS if row not in head]
     assert not missing, f"{notebook.name}: its first cell lacks the header rows {missing}"
     how_long = re.search(r"\*\*how long\*\* \|([^\n]*)", head).group(1)
@@ -130,7 +135,7 @@ def test_every_cross_reference_points_at_something_that_exists(notebook):
     source = "\n".join(text(c) for c in cells(notebook))
     for n in NOTEBOOK_REF.findall(source):
         assert n in numbers, f"{notebook.name} refers to notebook {n}, which does not exist"
-    for target, section in references(source, notebook.name[:2]):
+    for target, section in references(source, number(notebook)):
         assert target in numbers, f"{notebook.name} refers to notebook {target}"
         assert section in headings(numbers[target]), (
             f"{notebook.name} refers to section {section} of {numbers[target].name}, which has sections "
@@ -148,7 +153,7 @@ def test_the_lesson_lists_name_every_notebook_and_nothing_else():
         assert f"(../notebooks/{p.name})" in lessons, f"docs/lessons.md's table lacks {p.name}"
         assert f"notebooks/{p.stem}\n" in lessons, f"docs/lessons.md's toctree lacks {p.stem}"
     for doc, found in (("README.md", readme), ("docs/lessons.md", lessons)):
-        for name in re.findall(r"notebooks/(\d\d_\w+)\.ipynb", found):
+        for name in re.findall(r"notebooks/(\d\d[a-z]?_\w+)\.ipynb", found):
             assert (REPO / "notebooks" / f"{name}.ipynb").is_file(), f"{doc} lists {name}, which does not exist"
         for n, section in references(found, None):
             assert section in headings(by_number()[n]), f"{doc} refers to section {section} of notebook {n}"
@@ -160,3 +165,37 @@ def test_notebook_01_ends_with_the_cheat_sheet_of_the_docs():
     assert last["cell_type"] == "markdown" and text(last).strip() == sheet, (
         "notebook 01's last cell is not docs/cheat-sheet.md (heading one level down): change both together"
     )
+
+
+RUN_TIMES = REPO / "notebooks" / "run_times.json"  # written by tests/test_notebooks.py's nbval runs
+STATED_TOLERANCE = 1.4  # a stated time may be this far from the measured one, either way
+
+
+def stated_seconds(notebook: Path) -> int:
+    """The run time a notebook's header states: the first 'N s' of its 'how long' row."""
+    row = re.search(r"\*\*how long\*\* \|([^\n]*)", text(cells(notebook)[0])).group(1)
+    found = re.search(r"(\d[\d,]*) s\b", row)
+    assert found, f"{notebook.name}: its 'how long' row states no run time in seconds: {row}"
+    return int(found.group(1).replace(",", ""))
+
+
+def test_stated_run_times_are_the_test_suites_measured_ones():
+    """Each notebook's header, README.md and docs/lessons.md state its cells' run time; the nbval run of
+    tests/test_notebooks.py measures it and writes it to notebooks/run_times.json. A stated time must be within
+    STATED_TOLERANCE of the last measured one (notebooks not measured yet are left out)."""
+    times = json.loads(RUN_TIMES.read_text())
+    readme = (REPO / "README.md").read_text()
+    assert times, "notebooks/run_times.json holds no measured run"
+    for stem, measured in times.items():
+        notebook = REPO / "notebooks" / f"{stem}.ipynb"
+        assert notebook.is_file(), f"run_times.json measures {stem}, which does not exist"
+        seconds = measured["seconds"]
+        stated = [("its header", stated_seconds(notebook))]
+        line = re.search(rf"\(notebooks/{re.escape(notebook.name)}\)[^\n]*\((\d+) min; (?:cells )?(\d+) s\)", readme)
+        assert line, f"README.md's list states no '(N min; M s)' for {notebook.name}"
+        stated.append(("README.md", int(line.group(2))))
+        for where, said in stated:
+            assert seconds / STATED_TOLERANCE <= said <= seconds * STATED_TOLERANCE, (
+                f"{where} says {notebook.name}'s cells run in {said} s; tests/test_notebooks.py measured {seconds} s "
+                f"on {measured['date']} ({measured['machine']}): state the measured time"
+            )

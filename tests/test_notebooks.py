@@ -9,9 +9,13 @@ context of this pytest process is not shared with it.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import platform
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 SANITIZE = REPO / "tests" / "nbval_sanitize.cfg"
 CELL_TIMEOUT_S = 240
 NOTEBOOK_TIMEOUT_S = 600
+RUN_TIMES = REPO / "notebooks" / "run_times.json"  # each notebook's last nbval run: what its header may state
 
 
 def nbval_command(notebook: Path) -> list[str]:
@@ -51,8 +56,29 @@ def test_notebook_runs_under_nbval(notebook: Path) -> None:
             "notebook 02 switches the WebGPU buffer cache mode in one kernel, which the plugin EP refuses "
             "(one WebGPU context per process; tests/test_plugin.py)"
         )
+    start = time.perf_counter()
     proc = subprocess.run(nbval_command(notebook), cwd=REPO, capture_output=True, text=True, timeout=NOTEBOOK_TIMEOUT_S)
+    seconds = time.perf_counter() - start
     assert proc.returncode == 0, f"nbval failed on {notebook.name}:\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+    record_run_time(notebook.stem, seconds)
+
+
+def record_run_time(stem: str, seconds: float) -> None:
+    """The notebook's nbval run time (its kernel's start included) into ``RUN_TIMES``, with the machine and the
+    date: the stated times of the notebooks' headers and the lesson lists are checked against it
+    (``tests/test_notebook_lint.py``). Several workers may write at once: read, change and write under a lock."""
+    import os
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "kvlab-notebook-run-times.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        times = json.loads(RUN_TIMES.read_text()) if RUN_TIMES.is_file() else {}
+        times[stem] = {
+            "seconds": round(seconds),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        }
+        RUN_TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -77,6 +103,7 @@ def check_tagged(notebook: Path) -> list[int]:
 
 
 def test_there_are_notebooks_and_check_marks() -> None:
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(11)], [p.name for p in NOTEBOOKS]
+    numbers = [p.name.split("_")[0] for p in NOTEBOOKS]
+    assert numbers == ["00", "00b", *(f"{i:02d}" for i in range(1, 11))], [p.name for p in NOTEBOOKS]
     for nb in NOTEBOOKS:
         assert check_tagged(nb), f"{nb.name} checks no deterministic output (tag a cell nbval-check-output)"

@@ -410,3 +410,80 @@ def test_a_png_that_fails_to_render_is_tried_again_then_left_out(monkeypatch):
     calls.clear()
     monkeypatch.setattr(_base_renderers, "to_image", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("down")))
     assert renderer.to_mimebundle({}) == {} and renderer.width == 900
+
+
+def test_max_cache_len_is_a_slider_with_a_text_box_beside_it_moving_together(lab):
+    import ipywidgets as w
+
+    assert isinstance(lab.max_cache_len, w.IntSlider) and isinstance(lab.controls.max_cache_len_text, w.BoundedIntText)
+    lab.controls.max_cache_len_text.value = 300  # typed in the box
+    assert lab.max_cache_len.value == 300
+    lab.max_cache_len.value = 128  # moved on the slider
+    assert lab.controls.max_cache_len_text.value == 128
+    row = next(r for r in lab.controls.box().children if isinstance(r, w.HBox) and lab.max_cache_len in r.children)
+    assert lab.controls.max_cache_len_text in row.children
+    lab.cache_type.value = "dynamic"
+    assert lab.max_cache_len.disabled and lab.controls.max_cache_len_text.disabled
+
+
+def test_the_chart_compares_runs_of_one_prompt_length_only(toy):
+    """A run with another prompt length clears the chart (not the table): one length axis, no 50-position run
+    squeezed beside a 2,000-position one."""
+    lab = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=3, max_cache_len=64)
+    lab.run()
+    lab.cache_type.value = "dynamic"
+    lab.run()
+    assert len(lab.figure.data) == 6
+    lab.prompt_tokens.value = 40
+    lab.run()
+    assert len(lab.figure.data) == 3 and lab.figure.data[0].name.startswith("#3 dynamic")
+    assert min(lab.figure.data[0].x) > 40 and len(lab.results) == 3
+    assert lab.figure.data[0].line.color == lab.figure.data[1].line.color  # the kind's first shade again
+
+
+def test_the_chat_shows_its_newest_message_and_its_labels_in_full():
+    """The transcript box starts scrolled to its end (a column-reverse flex box), so the newest message shows; the
+    buttons and the checkbox are wide enough for their labels."""
+    from kvlab.lab.chat import ChatLab
+
+    chat = ChatLab("toy", device="cpu", max_new_tokens=3, reprefill=False)
+    try:
+        for message in ("hello", "and again", "a third one"):
+            chat.send(message)
+        html = chat.transcript.value
+        assert "flex-direction:column-reverse" in html and "overflow-y:auto" in html
+        assert html.index("hello") < html.index("a third one")  # in reading order inside the reversed box
+        assert chat.edit_button.layout.width == "170px" and chat.use_lookup.layout.width == "auto"
+    finally:
+        chat.close()
+
+
+def test_a_live_text_prints_itself_again_when_its_source_changes():
+    """Notebook 00's adapter table: run before the browser answers, it follows the answer when it comes."""
+    import traitlets
+
+    from kvlab.lab.show import live_text
+
+    class Source(traitlets.HasTraits):
+        browser = traitlets.Dict({})
+
+    source = Source()
+    shown = live_text(source, "browser", lambda: f"browser: {source.browser.get('name', 'no answer yet')}")
+    assert repr(shown) == "browser: no answer yet" and shown.widget.outputs[0]["text"] == "browser: no answer yet\n"
+    source.browser = {"name": "Chromium"}
+    assert shown.widget.outputs[0]["text"] == "browser: Chromium\n"
+    assert repr(shown) == "browser: no answer yet"  # the plain text stays what the cell printed
+
+
+def test_the_recorded_chat_figure_keeps_the_kept_cache_visible_on_genais_line():
+    """09's recorded H200 run: genai's append_tokens costs what the kept cache costs, so its line is drawn first,
+    wider and dashed, with its own marker: both stay visible."""
+    from kvlab.lab.chat import recorded_figure
+
+    rows = [{"history_tokens": h, "reuse_ttft_ms": [t], "reprefill_ttft_ms": [4 * t], "genai_ttft_ms": [t]}
+            for h, t in ((520, 30.7), (1008, 47.5))]  # fmt: skip
+    fig = recorded_figure({"rows": rows, "model": "phi4-kv", "device": "webgpu", "source": "x/results.json"})
+    genai, kept, reprefill = fig.data
+    assert genai.name.startswith("onnxruntime-genai") and kept.name == "kept cache" and reprefill.name == "re-prefill"
+    assert genai.line.dash == "dash" and genai.line.width > kept.line.width and list(genai.y) == list(kept.y)
+    assert len({t.marker.symbol for t in fig.data}) == 3

@@ -1,7 +1,8 @@
 """What does graph capture do to a decode step, per ONNX Runtime package? ``kvlab bench --graph-capture`` runs:
 kvlab's static cache uncaptured and captured beside onnxruntime-genai plain and captured, paired, on an NVIDIA H200
-(``h200-*``) and on SwiftShader (``swiftshader-*``); ``table`` gives a run's rows, ``figure`` the captured /
-uncaptured ratio against the context on the H200, one line per loop and package.
+(``h200-*``) and on SwiftShader (``swiftshader-*``); ``table`` gives a run's rows, ``span`` what a longer
+``max_cache_len`` costs, ``figure`` the captured / uncaptured ratio against the context on the H200, one line per
+loop and package.
 
     python data/graph-capture/figure.py   # writes figure.png beside it
 """
@@ -20,6 +21,29 @@ H200 = ("h200-onnxruntime-webgpu/results.json", "h200-plugin-ep/results.json")  
 def table(rec: Any, run: str) -> list[dict[str, Any]]:
     """``_rows`` of the run ``run`` (a results file of this folder, e.g. ``H200[1]``)."""
     return _rows(rec.read(run))
+
+
+def span(rec: Any) -> tuple[Any, str]:
+    """What a larger ``max_cache_len`` costs on the H200 (``h200-span/``): per package, the fitted static cache
+    against one eight times longer at 1,024 tokens, with the KV each reserves and the paired ratio of their steps.
+    Returns (a pandas frame, where it was recorded)."""
+    import pandas as pd
+
+    from kvlab.lab.recorded import recorded_environment
+
+    results, rows = [rec.read(f) for f in rec.files("h200-span/*.json")], []
+    for result in results:
+        env, by = result["environment"], {r["variant"]: r for r in result["rows"]}
+        for name in ("static@1055", "static@8224"):
+            r = by[name]
+            kv_per_token = r["kv_tensor_mib"] / r["context"] * 64  # MiB per token: 64 KV tensors (32 layers x K, V)
+            paired = float(pd.Series(r["decode_ms_runs"]).div(by["static@1055"]["decode_ms_runs"]).median())
+            rows.append({
+                "package": f"{env['backend_package']} {env['backend_version']}", "context": r["context"],
+                "max_cache_len": r["max_cache_len"], "KV reserved (MiB)": round(kv_per_token * r["max_cache_len"]),
+                "decode step (ms)": round(r["decode_ms"], 2), "vs the fitted one (paired)": round(paired, 3),
+            })  # fmt: skip
+    return pd.DataFrame(rows), "; ".join(recorded_environment(r) for r in results)
 
 
 def figure(rec: Any) -> Any:

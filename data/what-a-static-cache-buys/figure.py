@@ -65,6 +65,34 @@ def _gain_rows(
     ]
 
 
+def rates(rec: Any) -> tuple[Any, str]:
+    """Tokens per second and memory on the H200, per precision and context (``phi4-kv-webgpu/`` with 32 new tokens,
+    ``phi4-kv-int4-seed/`` with 256): each cache's decode rate, the static cache's gain over the dynamic one, the KV
+    the static cache reserves and the GPU memory growth of the dynamic cache's run (NVML). Returns (a pandas frame,
+    where it was recorded)."""
+    import pandas as pd
+
+    bench, seed = rec.read("phi4-kv-webgpu/results.json"), rec.read("phi4-kv-int4-seed/results.json")
+    rows = []
+    for result, new in ((bench, 32), (seed, 256)):
+        by = {(r["precision"], r["context"], r["cache_kind"] if r["runner"] == "kvlab" else "genai"): r
+              for r in result["rows"] if r["runner"] in ("kvlab", "genai") and not r.get("cache_variant")
+              and not r.get("token_on_device")}  # fmt: skip
+        for (precision, context, who), r in sorted(by.items()):
+            if who != "static":
+                continue
+            dyn, genai = by[(precision, context, "dynamic")], by.get((precision, context, "genai"))
+            rows.append({
+                "precision": precision, "context": context, "new tokens": new,
+                "dynamic tok/s": round(1000 / dyn["decode_ms"]), "static tok/s": round(1000 / r["decode_ms"]),
+                "genai tok/s": round(1000 / genai["decode_ms"]) if genai else None,
+                "static gain": f"+{dyn['decode_ms'] / r['decode_ms'] - 1:.0%}",
+                "KV the static cache reserves (MiB)": round(r["kv_tensor_mib"] / context * 64 * r["max_cache_len"]),
+                "dynamic: GPU memory growth over the run (MiB, NVML)": round(dyn["gpu_memory_growth_bytes"] / 2**20),
+            })  # fmt: skip
+    return pd.DataFrame(rows), f"{recorded_environment(bench)} | {recorded_environment(seed)}"
+
+
 def gains(rec: Any, folder: str, **filters: Any) -> list[tuple[int, float]]:
     """``_gain_rows`` of the recording in ``folder`` (its results.json): (context, dynamic / static) per context."""
     return _gain_rows(rec.read(f"{folder}/results.json"), **filters)

@@ -1,5 +1,5 @@
 """The ``kvlab`` command: doctor, inspect, generate (compare), chat, chat-bench, bench, profile ops|phases|lockstep,
-trace, conformance, browser-bench.
+trace, conformance, browser-bench, prepare.
 
 Every failure is one line on stderr, never a traceback. The exit statuses (``kvlab.cli.exits``):
 
@@ -22,9 +22,9 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   ``head``'s. (``--help`` may exit 0 instead: argparse ignores a failed write of its text.)
 
 The room: the parser and its flag groups (``commands``, ``flags``), one module per command (``generate``, ``chat``,
-``bench``, ``profile``, ``browser``, ``doctor``) and doctor's platform logic (``platform_facts``). The commands import
-every package below them (``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.bench``, ``kvlab.web``,
-``kvlab.lab``); nothing in kvlab imports this room but ``kvlab.__main__``.
+``bench``, ``profile``, ``browser``, ``doctor``, ``prepare``) and doctor's platform logic (``platform_facts``). The
+commands import every package below them (``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.bench``,
+``kvlab.web``, ``kvlab.lab``); nothing in kvlab imports this room but ``kvlab.__main__``.
 
 This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s own ``__init__``, whose
 names load lazily), so that ``main`` handles Ctrl-C before the subcommands load. Under ``python -m kvlab`` the

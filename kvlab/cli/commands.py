@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.errors import KvlabError
 from ..core.paths import check_output
-from . import bench, browser, chat, doctor, generate, profile
+from . import bench, browser, chat, doctor, generate, prepare, profile
 from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone
 
 
@@ -55,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
         profile.add,
         browser.add,
         chat.add_bench,
+        prepare.add,
     ):
         add(sub)
     return ap

@@ -55,3 +55,21 @@ class BufferWatch:
     def counts(self, state: str) -> list[int]:
         """Per step, how many tensors were in ``state``."""
         return [row.count(state) for row in self.states]
+
+
+def watched_runs(
+    model: Any, ids: Any, caches: Any, device: str, new_tokens: int, prefill_device: str | None = None
+) -> tuple[list[BufferWatch], list[Any]]:
+    """One greedy generation of ``new_tokens`` per cache of ``caches`` (fresh kvlab caches, each disposed after its
+    run), each watched by a ``BufferWatch``: (the watches, the generations), in the caches' order. Raises what
+    ``generate`` raises."""
+    from ..ort import generate
+
+    watches, runs = [], []
+    for cache in caches:
+        with cache:
+            watch = BufferWatch(cache)
+            runs.append(generate(model, ids, cache=cache, device=device, prefill_device=prefill_device,
+                                 max_new_tokens=new_tokens, stop_on_eos=False, on_step=watch))  # fmt: skip
+            watches.append(watch)
+    return watches, runs

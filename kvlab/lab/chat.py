@@ -69,8 +69,11 @@ class ChatLab:
         self.last_error: Exception | None = None
         self.text = w.Textarea(placeholder="your message", layout=w.Layout(width="100%", height="60px"))
         self.send_button = w.Button(description="Send", button_style="primary", icon="paper-plane")
-        self.edit_button = w.Button(description="Edit last message", icon="undo")
-        self.use_lookup = w.Checkbox(value=False, description=f"prompt lookup (k={self.lookup_setting.k})")
+        self.edit_button = w.Button(description="Edit last message", icon="undo", layout=w.Layout(width="170px"))
+        self.use_lookup = w.Checkbox(
+            value=False, description=f"prompt lookup (k={self.lookup_setting.k})", indent=False,
+            layout=w.Layout(width="auto", margin="0 0 0 12px"),
+        )  # fmt: skip
         self.transcript, self.fill, self.chart, self.status = w.HTML(), w.HTML(), w.HTML(), w.HTML()
         self.send_button.on_click(lambda _: self.send())
         self.edit_button.on_click(lambda _: self.edit_last())
@@ -165,7 +168,9 @@ def _transcript_html(conv: Conversation) -> str:
     for m in conv.history.messages:
         who = {"user": "you", "assistant": "model", "system": "system"}[m["role"]]
         lines.append(f"<div><b>{who}:</b> {html.escape(m['content'].strip())}</div>")
-    return "<div style='max-height:220px;overflow-y:auto'>" + ("".join(lines) or "<i>no turn yet</i>") + "</div>"
+    # column-reverse: the box starts scrolled to its end, so the newest message shows without scrolling
+    body = "<div>" + ("".join(lines) or "<i>no turn yet</i>") + "</div>"
+    return "<div style='max-height:220px;overflow-y:auto;display:flex;flex-direction:column-reverse'>" + body + "</div>"
 
 
 def _fill_html(used: int, capacity: int, what: str, refused: bool) -> str:
@@ -251,15 +256,21 @@ def _median(v: Any) -> float:
 
 def recorded_figure(result: dict[str, Any]) -> Any:
     """One recorded result: time to first token against the history's length, kept, re-prefilled (and genai's
-    append_tokens where it was measured), on a log scale."""
+    append_tokens where it was measured, under the kept cache's line it lies on), on a log scale."""
     rows = result["rows"]
     x = [r["history_tokens"] for r in rows]
     fig = go().Figure()
-    series = [("reuse_ttft_ms", "kept cache", REUSE), ("reprefill_ttft_ms", "re-prefill", REPREFILL)]
-    for key, name, color in [*series, ("genai_ttft_ms", "onnxruntime-genai append_tokens", GENAI)]:
+    # genai's line lies on the kept cache's (the same cost): drawn first, wider and dashed, so both show
+    series = [
+        ("genai_ttft_ms", "onnxruntime-genai append_tokens", {"color": GENAI, "width": 6, "dash": "dash"}, "square"),
+        ("reuse_ttft_ms", "kept cache", {"color": REUSE, "width": 2}, "circle"),
+        ("reprefill_ttft_ms", "re-prefill", {"color": REPREFILL, "width": 2}, "diamond"),
+    ]
+    for key, name, line, symbol in series:
         if key in rows[0]:
             y = [_median(r[key]) for r in rows]
-            fig.add_scatter(x=x, y=y, name=name, mode="lines+markers", line={"color": color})
+            marker = {"symbol": symbol, "size": 10 if key == "genai_ttft_ms" else 7}
+            fig.add_scatter(x=x, y=y, name=name, mode="lines+markers", line=line, marker=marker)
     dtype = rows[0].get("dtype", "float32")
     what = f"RECORDED: time to first token vs history, {result['model']} ({dtype}), cache {result.get('cache', '?')}"
     t = title(what, environment_text(result), f"file data/conversation/{result['source']}")

@@ -14,6 +14,7 @@ from ..ort.decode.caches.kinds import CACHE_KINDS
 
 # the CSS class of each setting widget, in the order of ``Controls.inputs``: "kvlab-" + this
 CSS_CLASSES = ("model", "cache-type", "max-cache-len", "prompt-tokens", "new-tokens", "device", "buffer-cache-mode")
+MAX_CACHE_LEN_TOP = 1 << 16  # the largest max_cache_len the controls offer
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,16 @@ class Controls:
             style={**style, "button_width": "104px"},
             layout=w.Layout(width="340px", display="flex", flex_flow="row"),
         )
-        self.max_cache_len = w.BoundedIntText(
-            value=first.max_cache_len, min=1, max=1 << 16, description="max_cache_len", style=style, layout=layout
+        # a slider to sweep, and a text box beside it for an exact value; linked in the kernel, so setting either
+        # from code moves both
+        self.max_cache_len = w.IntSlider(
+            value=first.max_cache_len, min=1, max=MAX_CACHE_LEN_TOP, description="max_cache_len", readout=False,
+            continuous_update=False, style=style, layout=w.Layout(width="250px"),
+        )  # fmt: skip
+        self.max_cache_len_text = w.BoundedIntText(
+            value=first.max_cache_len, min=1, max=MAX_CACHE_LEN_TOP, layout=w.Layout(width="80px")
         )
+        w.link((self.max_cache_len, "value"), (self.max_cache_len_text, "value"))
         self.prompt_tokens = slider(first.prompt_tokens, 2048, "prompt tokens")
         self.new_tokens = slider(first.new_tokens, 256, "new tokens")
         self.device = dropdown(DEVICES, first.device, "device")
@@ -83,7 +91,8 @@ class Controls:
         self.progress_bar = w.IntProgress(
             max=1, description="tokens", layout=w.Layout(width="200px", visibility="hidden")
         )
-        for widget, cls in (*zip(self.inputs, CSS_CLASSES), (self.run_button, "run")):
+        pairs = (*zip(self.inputs, CSS_CLASSES), (self.max_cache_len_text, "max-cache-len"), (self.run_button, "run"))
+        for widget, cls in pairs:
             widget.add_class(f"kvlab-{cls}")
 
     @property
@@ -105,14 +114,16 @@ class Controls:
 
     def enable(self) -> None:
         """max_cache_len enabled only for a static cache, the buffer cache mode only on WebGPU."""
-        self.max_cache_len.disabled = self.cache_type.value != "static"
+        self.max_cache_len.disabled = self.max_cache_len_text.disabled = self.cache_type.value != "static"
         self.buffer_cache_mode.disabled = self.device.value != "webgpu"
 
     def box(self) -> Any:
-        """The controls stacked, the Run button and the progress bar in the last row."""
+        """The controls stacked (max_cache_len's slider with its text box beside it), the Run button and the progress
+        bar in the last row."""
         import ipywidgets as w
 
-        return w.VBox([*self.inputs, w.HBox([self.run_button, self.progress_bar])], layout=w.Layout(min_width="360px"))
+        rows = [w.HBox([c, self.max_cache_len_text]) if c is self.max_cache_len else c for c in self.inputs]
+        return w.VBox([*rows, w.HBox([self.run_button, self.progress_bar])], layout=w.Layout(min_width="360px"))
 
     def progress(self, total: int) -> Callable[[StepRecord], None]:
         """The progress bar shown, empty, for ``total`` tokens; returns the step hook that fills it (a token per

@@ -52,6 +52,7 @@ class LivePlot:
         self._traces: tuple[Any, Any, Any] | None = None  # its latency, reserved and used lines
         self._last = 0.0
         self._shades: dict[str, int] = {}  # runs drawn so far per cache kind: each gets its own shade
+        self.group: Any = None  # what the runs drawn share (``join``)
 
     def next_color(self, kind: str) -> str:
         """The colour of the next run of cache ``kind``: its kind's next shade."""
@@ -70,6 +71,13 @@ class LivePlot:
                     trace.y = [v * self.scale / scale for v in trace.y]
             self.figure.update_yaxes(title_text=units, row=1, col=2)
         self.scale, self.units = scale, units
+
+    def join(self, group: Any) -> None:
+        """The next run belongs to ``group`` (e.g. its prompt length): what the runs sharing the chart's
+        axes have in common. A group other than the runs drawn clears them (and their shades), so that a
+        50-position run never shares the length axis with a 2,000-position one. Call it before ``next_color``."""
+        if group != self.group:
+            self.figure.data, self._shades, self.group = (), {}, group
 
     def start(self, name: str, color: str, title: str) -> None:
         """A new run: its three lines (latency; memory reserved, used) named ``name`` in ``color``, empty, and the

@@ -150,6 +150,11 @@ class Line:
     exact: bool = True
 
 
+# the markers of point series, recorded (open) or not (filled), in the order the series come
+POINT_SYMBOLS = {True: ("square-open", "circle-open", "triangle-up-open", "diamond-open"),
+                 False: ("diamond", "circle", "triangle-up", "square")}  # fmt: skip
+
+
 def bytes_figure(
     lengths: Sequence[int],
     lines: Sequence[Line],
@@ -162,7 +167,8 @@ def bytes_figure(
 ) -> Any:
     """KV cache memory against the context, one trace per ``Line`` over ``lengths``, in the unit that fits the
     largest value. ``points``: (legend name, [(length, bytes), ...]) measured or recorded elsewhere, drawn as markers
-    on the same axes (open squares for a name ending in "(recorded)", diamonds otherwise). ``log``: both axes log,
+    on the same axes (open symbols for a name ending in "(recorded)", filled ones otherwise; each series its own,
+    ``POINT_SYMBOLS``). ``log``: both axes log,
     a tick at each length; else linear from 0. ``what``, ``common``, ``note``: the title's parts (``style.title``)."""
     values = [b for line in lines for b in line.bytes_at] + [b for _, pts in points for _, b in pts]
     scale, units = unit(max(values, default=0))
@@ -178,11 +184,14 @@ def bytes_figure(
             marker={"size": 5},
             hovertemplate=hover,
         )
+    drawn = {True: 0, False: 0}  # point series drawn so far, recorded or not: each gets its own symbol
     for name, pts in points:
         recorded = name.endswith("(recorded)")
-        marker = {"symbol": "square-open", "size": 11, "color": "#333", "line": {"width": 2, "color": "#333"}}
+        symbol = POINT_SYMBOLS[recorded][drawn[recorded] % len(POINT_SYMBOLS[recorded])]
+        drawn[recorded] += 1
+        marker = {"symbol": symbol, "size": 11, "color": "#333", "line": {"width": 2, "color": "#333"}}
         if not recorded:
-            marker = {"symbol": "diamond", "size": 9, "color": "#d62728", "line": {"width": 1, "color": "#333"}}
+            marker = {"symbol": symbol, "size": 9, "color": "#d62728", "line": {"width": 1, "color": "#333"}}
         x, y = [p[0] for p in pts], [p[1] / scale for p in pts]
         fig.add_scatter(x=x, y=y, mode="markers", name=name, marker=marker, hovertemplate=hover)
     if log:
@@ -224,11 +233,12 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     windows = [("every position (a plain cache)", None)] + [
         (f"a ring buffer of {n} positions", n) for n in (15, 16, 1024, 4096)
     ]
-    model = w.Dropdown(options=list(layouts), description="model")
-    precision = w.Dropdown(options=list(KV_FORMATS), description="KV precision")
-    window = w.Dropdown(options=windows, description="sliding layers keep", style={"description_width": "initial"})
-    budget = w.FloatText(value=budget_gib, description="budget (GiB)")
-    reserve = w.IntText(value=0, description="max_cache_len")
+    style = {"description_width": "initial"}  # every label in full, the field after it
+    model = w.Dropdown(options=list(layouts), description="model", style=style)
+    precision = w.Dropdown(options=list(KV_FORMATS), description="KV precision", style=style)
+    window = w.Dropdown(options=windows, description="sliding layers keep", style=style)
+    budget = w.FloatText(value=budget_gib, description="budget (GiB)", style=style, layout=w.Layout(width="170px"))
+    reserve = w.IntText(value=0, description="max_cache_len", style=style, layout=w.Layout(width="170px"))
     out = w.HTML()
 
     def show(_: Any = None) -> None:
@@ -248,4 +258,5 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     for control in (model, precision, window, budget, reserve):
         control.observe(show, names="value")
     show()
-    return w.VBox([w.HBox([model, precision]), w.HBox([window, budget, reserve]), out])
+    wrap = w.Layout(flex_flow="row wrap")  # rows wrap at a narrow width instead of clipping a control
+    return w.VBox([w.HBox([model, precision], layout=wrap), w.HBox([window, budget, reserve], layout=wrap), out])

@@ -37,3 +37,25 @@ def live_widget(widget: Any, text: str) -> Any:
     """What a cell ends with to show ``widget`` live, and ``text`` where it cannot be drawn; None (nothing shown)
     when there is no widget, e.g. it could not start here."""
     return LiveWidget(widget, text) if widget is not None else None
+
+
+def live_text(source: Any, names: str | list[str], render: Any) -> Any:
+    """A text that follows ``source``: an ipywidgets Output holding ``render()``'s text, printed again whenever one
+    of ``source``'s traits ``names`` changes (a browser's answer that arrives after the cell ran, say). Shown with
+    ``live_widget``, whose plain-text form is the text as it was when the cell ran. ``render`` takes no argument
+    and returns a str; what it raises propagates from the first call, and is printed into the box on later ones."""
+    import ipywidgets as w
+
+    box = w.Output()
+
+    def show(_: Any = None) -> None:
+        try:
+            text = render()
+        except Exception as exc:  # a later redraw: say it in the box rather than lose the error in a callback
+            text = f"{type(exc).__name__}: {exc}"
+        box.outputs = ({"output_type": "stream", "name": "stdout", "text": text + "\n"},)
+
+    first = render()
+    show()
+    source.observe(show, names=names)
+    return live_widget(box, first)

@@ -192,6 +192,7 @@ class CacheLab:
         each labelled with the browser host and its WebGPU adapter."""
         for g in result.measured:
             name, title = browser_titles(g, len(self.rows) + 1, getattr(result, "host", "browser"))
+            self.plot.join(len(g.prompt_ids))
             self.plot.draw(name, self.plot.next_color(g.label.cache.kind), title, g.records)
             self.rows.append(browser_row(g, len(self.rows) + 1))
             self.runs.append(g)
@@ -258,6 +259,7 @@ class Runner:
         warm_up(model, ids, dev, s, self.warmed, self.status)
         scale, units = unit(max(s.needed, s.size or 0) * model.info.bytes_per_token)  # the largest reservation
         self.plot.set_units(*((scale, units) if units == "MiB" else (1024, "KiB")))
+        self.plot.join(len(ids))  # the chart compares runs of one prompt length: one length axis
         self.plot.start(label, self.plot.next_color(s.cache), title)
         hooks = [self.plot.add, *([self.controls.progress(s.new_tokens)] if progress else [])]
         try:

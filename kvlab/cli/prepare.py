@@ -1,0 +1,103 @@
+"""``kvlab prepare``: build, ahead of a workshop, every model the notebooks load, so that no attendee waits for a
+build in a lesson. Prints one line per model (built now or already there, its size on disk, the seconds it took)
+and a total; ``--json`` prints them as a list. ``--all`` adds the deep dives' models to the core path's; ``--list``
+says what is there without building anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ConfigError
+from ..ort.models.build import DONE, ensure_built, model_dir
+from . import flags
+
+# what the notebooks load, by the part of the course they are in: "preset", "preset:precision" (default fp32), or
+# "preset:graph-capture" (its build for WebGPU graph capture)
+CORE = ("toy", "smollm2", "smollm2:fp16", "smollm2:int4", "kv-heavy")  # 00, 00b and 01-04
+DEEP_DIVES = (  # 05-10
+    "toy:graph-capture", "sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy", "kv-shared-toy",
+)  # fmt: skip
+
+
+def triple(spec: str) -> tuple[str, str, bool]:
+    """A ``CORE`` or ``DEEP_DIVES`` entry as (preset, precision, graph_capture)."""
+    name, _, rest = spec.partition(":")
+    return (name, "fp32", True) if rest == "graph-capture" else (name, rest or "fp32", False)
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    """The ``prepare`` subcommand."""
+    p = sub.add_parser("prepare", help="build every model the notebooks need, ahead of the day (sizes and times)")
+    p.add_argument("--all", action="store_true", help="the deep dives' models too (05-10), not only the core path's")
+    p.add_argument("--list", action="store_true", help="say what is built and what is missing; build nothing")
+    p.add_argument(
+        "--models", type=flags.nonempty, help="only these presets of the list, comma-separated (e.g. smollm2)"
+    )
+    flags.json_flag(p, "one object per model as a JSON list")
+    p.set_defaults(run=prepare_command)
+
+
+def wanted(everything: bool, names: str | None = None) -> tuple[tuple[str, str, bool], ...]:
+    """The (preset, precision, graph_capture) triples to build: the core path's, plus the deep dives' when
+    ``everything``; with ``names`` (comma-separated presets) only theirs. Raises ConfigError for a name that is
+    not in the list, naming the valid ones."""
+    models = tuple(triple(spec) for spec in (CORE + DEEP_DIVES if everything else CORE))
+    if names is None:
+        return models
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    valid = list(dict.fromkeys(name for name, _, _ in models))
+    unknown = [n for n in chosen if n not in valid]
+    if unknown or not chosen:
+        where = "the notebooks' models" if everything else "the core path's models (--all: every notebook's)"
+        raise ConfigError(f"--models {names!r}: {', '.join(unknown) or 'no name'} is not one of {where}: {valid}")
+    return tuple(m for m in models if m[0] in chosen)
+
+
+def size_of(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (0 when it does not exist)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
+def prepare(models: tuple[tuple[str, str, bool], ...], build: bool = True) -> list[dict[str, Any]]:
+    """Each model of ``models`` built when missing (``build`` False: only looked at), one after another. Returns
+    one dict per model: name, precision, graph_capture, path, status ("built now", "already built" or
+    "missing"), bytes on disk and seconds spent. Raises what ``ensure_built`` raises (ModelError for a build that
+    fails: the models before it stay built)."""
+    out = []
+    for name, precision, graph in models:
+        folder = model_dir(name, precision, graph)
+        there = (folder / DONE).is_file()
+        start = time.perf_counter()
+        if build and not there:
+            ensure_built(name, precision, progress=False, graph_capture=graph)
+        status = "already built" if there else "built now" if build else "missing"
+        out.append({
+            "name": name, "precision": precision, "graph_capture": graph, "path": str(folder), "status": status,
+            "bytes": size_of(folder), "seconds": round(time.perf_counter() - start, 1),
+        })  # fmt: skip
+    return out
+
+
+def prepare_command(args: argparse.Namespace) -> int:
+    """``kvlab prepare``: one line per model as it is done, and a total (or the JSON list); 0 when every model is
+    there at the end (with ``--list``: 1 when one is missing)."""
+    models, rows = wanted(args.all, args.models), []
+    for triple in models:
+        row = prepare((triple,), build=not args.list)[0]
+        rows.append(row)
+        if not args.json:
+            build = f"{row['name']} {row['precision']}{' (graph capture build)' if row['graph_capture'] else ''}"
+            print(
+                f"{build:34s} {row['status']:13s} {row['bytes'] / 2**20:9.1f} MiB {row['seconds']:7.1f} s", flush=True
+            )
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        total = sum(r["bytes"] for r in rows) / 2**20
+        seconds = sum(r["seconds"] for r in rows)
+        print(f"{len(rows)} models, {total:,.1f} MiB on disk, {seconds:.1f} s ({Path(rows[0]['path']).parent})")
+    return 1 if any(r["status"] == "missing" for r in rows) else 0
