@@ -48,6 +48,19 @@ def test_job_sizes_and_lists_the_model_files(toy):
         "head_dim": 16,
     }
     assert spec["model"]["transformers_graph"]["name"] == TRANSFORMERS_GRAPH
+    # kvlab's own runs: the native path's greedy graph (the toy's 512-token vocabulary: one ArgMax), read every 8
+    greedy = spec["model"]["greedy"]
+    assert greedy["name"] == "model.kvlab-next-single.onnx" and greedy["next"] == "kvlab_next_token"
+    assert greedy["ids_dtype"] == "int64" and spec["tokens_per_read"] == 8 and spec["stop_tokens"] == []
+    assert set(job.served) == {"model.onnx", "model.onnx.data", greedy["name"], TRANSFORMERS_GRAPH}
+
+
+def test_job_token_on_the_host_or_the_device(toy):
+    host = make_job(toy, PROMPT, max_new_tokens=NEW, token_on_device=False)
+    assert host.reduction == "" and host.tokens_per_read == 1 and host.to_json()["model"]["greedy"] is None
+    rows = make_job(toy, PROMPT, token_on_device="rows", tokens_per_read=3, stop_tokens=np.array([2]))
+    assert rows.to_json()["model"]["greedy"]["ids_dtype"] == "int32" and rows.tokens_per_read == 3
+    assert rows.stop_tokens == [2]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +89,10 @@ def test_job_refuses_bad_caches(toy, caches, error, says):
         ({"buffer_cache_mode": "huge"}, "buffer cache mode 'huge' is not valid"),
         ({"max_new_tokens": 0}, "max_new_tokens=0 must be a positive int"),
         ({"max_new_tokens": 5000}, "5002 positions are needed but model toy holds at most 4096"),
+        ({"token_on_device": "argmax"}, "token_on_device='argmax' is not valid; choose True, False, 'auto'"),
+        ({"tokens_per_read": 0}, "tokens_per_read=0 must be a positive int"),
+        ({"token_on_device": False, "tokens_per_read": 4}, "tokens_per_read=4 reads back tokens kept on the GPU"),
+        ({"stop_tokens": [600]}, "token id 600 is outside the vocabulary"),
     ],
 )
 def test_job_refuses_bad_options(toy, kwargs, says):
@@ -245,6 +262,19 @@ def test_read_result_makes_labelled_records(toy):
     assert frame.attrs["host"].kind == "browser" and frame.attrs["label"] is g.label
 
 
+def test_read_result_takes_a_run_ended_by_a_stop_token(toy):
+    job = make_job(toy, PROMPT, max_new_tokens=4, caches=["static@8"], stop_tokens=[11])
+    raw = _page_result(job, tokens=(10, 11))
+    raw["runs"][0]["steps"][1]["read_with"] = 3
+    g = read_result(raw, job).measured[0]
+    assert g.stop_reason == "eos" and g.records[1].read_with == 3 and g.label.token_on_device
+    assert (g.label.greedy_reduction, g.label.tokens_per_read) == ("single", 8)
+    raw["runs"][0]["tokens"] = raw["runs"][0]["tokens"][:1]
+    raw["runs"][0]["steps"] = raw["runs"][0]["steps"][:1]
+    with pytest.raises(DeviceError, match=r"has 1 tokens and 1 steps; the job asked for 4 of each, or fewer ending"):
+        read_result(raw, job)
+
+
 def test_adapter_kind_follows_what_the_adapter_says():
     host = read_result.__globals__["BrowserHost"]("browser", "Chrome 140")
     gpu = adapter_label({"vendor": "nvidia", "architecture": "hopper", "features": ["shader-f16"]}, host)
@@ -358,6 +388,32 @@ def test_browser_caches_on_swiftshader(chromium, toy, cpu_tokens):
         (r.step, r.storage_buffers_created) for r in dynamic.records
     ]
     assert result.counters["created"] == result.counters["destroyed"]  # everything counted was released
+
+
+def test_token_on_the_gpu_in_bursts_and_on_the_host(chromium, toy, cpu_tokens):
+    """kvlab's greedy graph in the page: the token stays on the GPU, read back every 8 steps (one mapAsync a burst),
+    a burst's steps run past the stop token undone; the same tokens as the page's own argmax of the logits and
+    the kernel's CPU EP run."""
+    from kvlab.web import run_job
+
+    stop = cpu_tokens[7]  # step 7: inside the first decode burst (steps 1-8), which runs one step past it
+    both = {"caches": ["dynamic", "static"], "dynamic_impl": "onnxruntime-web"}
+    device = make_job(toy, PROMPT, max_new_tokens=NEW, warmup=False, stop_tokens=[stop], **both)
+    host = make_job(toy, PROMPT, max_new_tokens=NEW, caches=["static"], warmup=False, token_on_device=False)
+    on_gpu, on_host = (run_job(job, adapter="swiftshader") for job in (device, host))
+    (by_host,) = on_host.measured
+    assert by_host.token_ids == cpu_tokens and [r.read_with for r in by_host.records] == [0] * NEW
+    assert not by_host.label.token_on_device
+    for g in on_gpu.measured:
+        assert g.label.token_on_device and g.label.tokens_per_read == 8, g.label
+        assert g.token_ids == cpu_tokens[:8] and g.stop_reason == "eos", (g.job_cache, g.token_ids)
+        assert [r.read_with for r in g.records] == [0] + [8] * 7  # the burst's 8th step: past the stop, undone
+        assert len({round(r.wall_ms, 9) for r in g.records[1:]}) == 1  # the burst's time shared out
+    static = on_gpu.by_cache("static@256")[0]
+    # the ring (9 token buffers and a staging buffer) made with the prefill; after it no storage buffer at all
+    assert static.records[0].storage_buffers_created >= len(toy.info.entries) + 9
+    assert all(r.storage_buffers_created == 0 for r in static.records[1:])
+    assert on_gpu.counters["created"] == on_gpu.counters["destroyed"]  # the ring released as well
 
 
 def test_cli_browser_bench_writes_results(chromium, tmp_path):

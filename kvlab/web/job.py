@@ -15,6 +15,7 @@ from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
+from ..ort.decode.greedy import AUTO, NEXT, REDUCTIONS, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
 
@@ -100,6 +101,18 @@ class Job:
     files: list[Path] = field(default_factory=list)
     transformers_graph: bytes = b""  # the decoder graph with concrete past shapes (``concrete_past_shapes``)
     concrete: dict[str, int] = field(default_factory=dict)  # the dimension names it made concrete
+    reduction: str = ""  # the greedy graph's reduction (``kvlab.ort.decode.greedy``); "": the token chosen on the host
+    greedy_file: Path | None = None  # the greedy graph kvlab's own runs open, beside model.onnx (reduction != "")
+    tokens_per_read: int = 1  # decode steps whose tokens are read back together (with the token on the device)
+    stop_tokens: list[int] = field(default_factory=list)  # a generation ends after the first of these
+
+    @property
+    def served(self) -> dict[str, Path | bytes]:
+        """Every file the page may ask for, by name: the model's, the greedy graph, the blobs made here."""
+        files: dict[str, Path | bytes] = {f.name: f for f in self.files}
+        if self.greedy_file is not None:
+            files[self.greedy_file.name] = self.greedy_file
+        return {**files, **self.blobs}
 
     @property
     def blobs(self) -> dict[str, bytes]:
@@ -108,7 +121,8 @@ class Job:
 
     def to_json(self) -> dict[str, Any]:
         """What the page receives: the model's geometry and files (the decoder graph and its external data, by name
-        and size: served or sent as bytes), the prompt, the caches and the options."""
+        and size: served or sent as bytes; the greedy graph where the token stays on the device), the prompt, the
+        caches and the options."""
         info = self.model.info
         return {
             "version": 1,
@@ -131,7 +145,20 @@ class Job:
                     if self.transformers_graph
                     else None
                 ),
+                "greedy": (
+                    {
+                        "name": self.greedy_file.name,
+                        "size": self.greedy_file.stat().st_size,
+                        "reduction": self.reduction,
+                        "next": NEXT,
+                        "ids_dtype": str(ids_dtype(self.reduction)),
+                    }
+                    if self.greedy_file is not None
+                    else None
+                ),
             },
+            "tokens_per_read": self.tokens_per_read,
+            "stop_tokens": self.stop_tokens,
             "prompt_ids": self.prompt_ids,
             "max_new_tokens": self.max_new_tokens,
             "caches": [{"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name} for c in self.caches],
@@ -162,6 +189,38 @@ def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
     return graph.SerializeToString(), replaced
 
 
+def page_reduction(model: Model, token_on_device: bool | str) -> str:
+    """The greedy graph's reduction the page runs: "" for False (the token chosen by the page, from the logits);
+    "auto" (or True) as a hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's
+    input ids cannot become the int32 ids "rows" needs; or the reduction named. ConfigError for anything else."""
+    if token_on_device is False:
+        return ""
+    if token_on_device is True or (isinstance(token_on_device, str) and token_on_device == AUTO):
+        reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
+        if reduction == "rows":
+            try:
+                greedy_graph(model, "rows")
+            except ModelError:
+                return "blocks"
+        return reduction
+    if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
+        return token_on_device
+    raise ConfigError(
+        f"token_on_device={token_on_device!r} is not valid; choose True, False, {AUTO!r} or one of {REDUCTIONS}"
+    )
+
+
+def page_tokens_per_read(asked: int | str, reduction: str) -> int:
+    """Decode steps read back together: "auto" is ``TOKENS_PER_READ`` with the token on the device, else 1;
+    ConfigError for a count below 1, or above 1 where the page reads every token from the logits."""
+    if isinstance(asked, str) and asked == AUTO:
+        return TOKENS_PER_READ if reduction else 1
+    n = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
+    if n > 1 and not reduction:
+        raise ConfigError(f"tokens_per_read={n} reads back tokens kept on the GPU, but token_on_device is False: use 1")
+    return n
+
+
 def transformers_config(model: Model) -> dict[str, Any]:
     """A Hugging Face config.json for transformers.js, written from what kvlab read off the graph (a builder
     output has no config.json of its own)."""
@@ -188,10 +247,18 @@ def make_job(
     warmup: bool = True,
     dynamic_impl: str = "auto",
     buffer_cache_mode: str = "",
+    token_on_device: bool | str = AUTO,
+    tokens_per_read: int | str = AUTO,
+    stop_tokens: Sequence[int] = (),
 ) -> Job:
     """A checked ``Job`` for ``model`` (a loaded kvlab ``Model`` or a name): caches as ``parse_cache`` takes them.
     Every bad value raises a kvlab error naming it and what would be valid; a model the runner cannot drive
-    (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason."""
+    (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason.
+
+    ``token_on_device``: kvlab's own runs open the greedy graph (``page_reduction``) and keep the token on the GPU,
+    reading ``tokens_per_read`` steps' tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads
+    the logits every step and takes the argmax itself. ``stop_tokens``: a generation ends after the first of them
+    (the steps a burst ran past it undone, as native); none: every generation runs ``max_new_tokens`` steps."""
     model = load(model)
     check_model(model)
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
@@ -221,6 +288,10 @@ def make_job(
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     ids_list = [int(i) for i in ids]
     job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, model_files(model))
+    job.reduction = page_reduction(model, token_on_device)
+    job.greedy_file = greedy_graph(model, job.reduction) if job.reduction else None
+    job.tokens_per_read = page_tokens_per_read(tokens_per_read, job.reduction)
+    job.stop_tokens = [int(t) for t in model.check_ids(list(stop_tokens))] if len(stop_tokens) else []
     if dynamic_impl != "onnxruntime-web" and any(s.kind == "dynamic" for s in specs):
         job.transformers_graph, job.concrete = concrete_past_shapes(model)
     return job

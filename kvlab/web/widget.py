@@ -133,10 +133,8 @@ class BrowserLab(anywidget.AnyWidget):
                     self.status = f"sending {NPM_FILES[keys[role]]} to the browser"
                     self._send_blob(name, npm_file(keys[role]).read_bytes())
             info = self.job.model.info
-            for f in self.job.files:
-                self._send_blob(f"model:{info.name}:{f.name}", f.read_bytes())
-            for name, data in self.job.blobs.items():
-                self._send_blob(f"model:{info.name}:{name}", data)
+            for name, file in self.job.served.items():
+                self._send_blob(f"model:{info.name}:{name}", file if isinstance(file, bytes) else file.read_bytes())
             self.status = "running in the browser (the first step compiles its shaders)"
             self.send({"type": "job", "job": self.job.to_json(), "assets": assets})
         except DeviceError as exc:

@@ -1,15 +1,17 @@
 // Runs one job (kvlab/web/job.py's JSON) on onnxruntime-web's WebGPU EP, in whatever host gives it a
 // navigator.gpu: a browser page, the notebook widget, or Node with Dawn's bindings.
 //
-// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep}) gives onnxruntime-web gpu's
-// high-performance adapter, opens one session of the model from bytes ({file name: Uint8Array}), wraps the
-// GPUDevice the WebGPU EP made for it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for job.reps rounds (after one warm-up round
-// when job.warmup), interleaved. The dynamic cache runs through transformers.js when transformers (a loader:
-// () => module) is given and the job allows it; when transformers.js cannot load the model and the job says
-// "auto", the error is kept in the result and the dynamic cache runs on onnxruntime-web directly, as
-// transformers.js runs it (fresh outputs every step). Every cache and the session are released exactly once,
-// also when a run fails; the result says how many buffers each release destroyed. Returns the result object
-// kvlab/web/results.py reads; throws on an error that leaves nothing to report.
+// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep, cancelled}) gives onnxruntime-web gpu's
+// high-performance adapter, opens one session from bytes ({file name: Uint8Array}): the greedy graph where the job
+// sends one (the token stays on the GPU: decode.mjs), else the decoder; wraps the GPUDevice the WebGPU EP made for
+// it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for
+// job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
+// transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
+// cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
+// onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). cancelled (() => bool) is asked
+// before every step: decode throws an Error named 'Cancelled'. Every cache and the session are released exactly
+// once, also when a run fails or is cancelled; the result says how many buffers each release destroyed. Returns
+// the result object kvlab/web/results.py reads; throws on an error that leaves nothing to report.
 
 import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
@@ -17,9 +19,11 @@ import { decode } from './decode.mjs';
 import { generateWithTransformers } from './tjs.mjs';
 import { openAdapter } from './host.mjs';
 
-// every model file a job names: the decoder, its external data, and the graph for transformers.js when sent
+// every model file a job names: the decoder, its external data, the greedy graph and the graph for transformers.js
+// when the job has them
 export function jobFiles(job) {
-  return [...job.model.files, ...(job.model.transformers_graph ? [job.model.transformers_graph] : [])];
+  const extra = [job.model.greedy, job.model.transformers_graph].filter(Boolean);
+  return [...job.model.files, ...extra];
 }
 
 // what a host reports when the job failed before it had a result
@@ -34,7 +38,7 @@ function rounds(job) {
   return plan;
 }
 
-async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
+async function runOwn({ ort, device, session, job, spec, counters, onStep, cancelled }) {
   const cache =
     spec.kind === 'static' ? new StaticKV(ort, device, job.model, spec.max_cache_len) : new DynamicKV(ort, job.model);
   let result;
@@ -49,6 +53,11 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
       maxNewTokens: job.max_new_tokens,
       counters,
       onStep,
+      device,
+      greedy: job.model.greedy,
+      tokensPerRead: job.tokens_per_read,
+      stopTokens: job.stop_tokens,
+      cancelled,
     });
   } finally {
     before = counters.snapshot();
@@ -58,7 +67,7 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
   return { ...result, release: { buffers_destroyed: released.destroyed, bytes_destroyed: released.bytes_destroyed } };
 }
 
-export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep }) {
+export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep, cancelled }) {
   const { adapter, adapterInfo } = await openAdapter(gpu);
   if (job.model.dtype === 'float16' && !adapterInfo.features.includes('shader-f16')) {
     throw new Error(
@@ -76,7 +85,7 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep 
     transformers: null,
     runs: [],
   };
-  const decoder = job.model.files[0].name;
+  const decoder = (job.model.greedy ?? job.model.files[0]).name; // kvlab's own runs: the greedy graph, when sent
   const externalData = job.model.files.slice(1).map((f) => ({ path: f.name, data: bytes[f.name] }));
   const t0 = performance.now();
   const ep = job.buffer_cache_mode ? { name: 'webgpu', storageBufferCacheMode: job.buffer_cache_mode } : 'webgpu';
@@ -118,7 +127,7 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep 
             if (job.dynamic_impl === 'transformers.js') throw new Error(out.transformers.error);
           }
         }
-        const r = await runOwn({ ort, device, session, job, spec, counters, onStep });
+        const r = await runOwn({ ort, device, session, job, spec, counters, onStep, cancelled });
         out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
       }
     }
