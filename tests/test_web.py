@@ -455,7 +455,8 @@ def test_widget_kernel_side_without_a_browser(toy):
     lab = BrowserLab(toy, PROMPT, new_tokens=2, caches=["dynamic", "static@8"])
     sent = []
     lab.send = lambda content, buffers=None: sent.append((content, buffers))
-    lab._on_msg(lab, {"type": "start", "have": []}, [])
+    gpu = {"vendor": "nvidia", "architecture": "hopper", "features": [], "max_buffer_size": 2**34}
+    lab._on_msg(lab, {"type": "start", "have": [], "browser": {"name": "Chrome", "webgpu": True, "adapter": gpu}}, [])
     kinds = [c["type"] for c, _ in sent]
     assert kinds[-1] == "job" and kinds.count("blob") >= 5 and lab.running
     blobs = {c["name"] for c, _ in sent if c["type"] == "blob"}
@@ -466,6 +467,45 @@ def test_widget_kernel_side_without_a_browser(toy):
     assert "greedy tokens equal the kernel's CPU EP run: True" in lab.summary
     lab._on_msg(lab, {"type": "result", "result": {"error": "WebGPU is off"}}, [])
     assert lab.status == "error: the browser runner failed: WebGPU is off"
+
+
+def test_the_button_fits_the_run_to_the_adapter(toy):
+    from kvlab.web.widget import SMALL_RUN, adapter_plan, run_bytes
+
+    job = make_job(toy, toy.tokens_of("a b c", 200), max_new_tokens=16)
+    gpu = {"vendor": "nvidia", "architecture": "hopper", "features": [], "max_buffer_size": 2**34}
+    software = {"vendor": "google", "architecture": "swiftshader", "is_fallback": True, "features": []}
+    assert adapter_plan({"name": "Chrome", "webgpu": True, "adapter": gpu}, job)[0] == "asked"
+    kind, line = adapter_plan({"name": "Chromium", "webgpu": True, "adapter": software}, job)
+    assert kind == "small" and f"running toy with a {SMALL_RUN[1]}-token prompt" in line
+    small = {**gpu, "max_buffer_size": run_bytes(job) - 1}
+    kind, line = adapter_plan({"name": "Chrome", "webgpu": True, "adapter": small}, job)
+    assert kind == "small" and line.startswith("this adapter's buffers hold at most 1 MiB")
+    kind, line = adapter_plan({"name": "Firefox", "webgpu": False}, job)
+    assert (
+        kind == "recorded" and line == "no WebGPU here (this browser has no WebGPU): showing the recorded run instead"
+    )
+    assert adapter_plan({}, job)[0] == adapter_plan(None, job)[0] == "recorded"
+
+
+def test_the_button_without_webgpu_shows_the_recording_and_a_cancel_says_what_was_released(toy):
+    from kvlab.web.widget import BrowserLab
+
+    lab = BrowserLab(toy, PROMPT, new_tokens=2)
+    sent, drawn = [], []
+    lab.send = lambda content, buffers=None: sent.append(content["type"])
+    lab.on_recorded(lambda: drawn.append(lab.over_recorded()))
+    lab._on_msg(lab, {"type": "start", "have": [], "browser": {"name": "Firefox 145.0", "webgpu": False}}, [])
+    assert sent == ["recorded"] and not lab.running and lab.plan.startswith("no WebGPU here")
+    assert drawn and all("(recorded)" in t.name for t in drawn[0].data)
+    software = {"vendor": "google", "architecture": "swiftshader", "is_fallback": True, "features": []}
+    lab.browser = {"name": "Chromium", "webgpu": True, "adapter": software}
+    lab._on_msg(lab, {"type": "start", "have": []}, [])
+    assert sent[-1] == "job" and lab.ran is lab.job and "as asked is small enough" in lab.plan
+    counters = {"created": 7, "destroyed": 7, "live": 0}
+    lab._on_msg(lab, {"type": "result", "result": {"cancelled": True, "counters": counters}}, [])
+    assert lab.result is None and lab.cancelled == counters and not lab.running
+    assert lab.status == "cancelled after 0 steps: the page released its buffers (7 created, 7 destroyed, 0 live)"
 
 
 def test_numpy_counts_make_a_job_the_page_can_read(toy):

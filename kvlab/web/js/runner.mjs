@@ -9,7 +9,7 @@
 // transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
 // cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
 // onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). cancelled (() => bool) is asked
-// before every step: decode throws an Error named 'Cancelled'. Every cache and the session are released exactly
+// before every step: the job stops there and the result says {cancelled: true}. Every cache and the session are released exactly
 // once, also when a run fails or is cancelled; the result says how many buffers each release destroyed. Returns
 // the result object kvlab/web/results.py reads; throws on an error that leaves nothing to report.
 
@@ -118,10 +118,12 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
         const base = { cache: spec.name, kind: spec.kind, max_cache_len: spec.max_cache_len, ...round };
         if (spec.kind === 'dynamic' && tjs) {
           try {
-            const r = await generateWithTransformers({ tjs, job, bytes, counters, ep });
+            const r = await generateWithTransformers({ tjs, job, bytes, counters, ep, cancelled });
             out.runs.push({ ...base, impl: 'transformers.js', tokens: r.tokens, steps: r.steps, release: null });
+            for (const s of r.steps) onStep?.(s);
             continue;
           } catch (err) {
+            if (err?.name === 'Cancelled') throw err;
             out.transformers.error = `transformers.js could not run model ${job.model.name}: ${err?.message ?? err}`;
             tjs = null;
             if (job.dynamic_impl === 'transformers.js') throw new Error(out.transformers.error);
@@ -131,6 +133,9 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
         out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
       }
     }
+  } catch (err) {
+    if (err?.name !== 'Cancelled') throw err;
+    out.cancelled = true; // the runs before it are kept; the cache it stopped was released by runOwn
   } finally {
     await session.release();
     out.counters = counters.snapshot();
