@@ -69,6 +69,7 @@ def test_job_token_on_the_host_or_the_device(toy):
         (["static@2"], CapacityError, "18 positions are needed but max_cache_len is 2"),
         (["static@x"], ConfigError, "the size after 'static@' must be a positive int"),
         (["paged"], ConfigError, "cache 'paged' is not valid"),
+        (["captured@x"], ConfigError, "the size after 'captured@' must be a positive int"),
         (["static@9000"], ConfigError, "larger than the model's context length (4096)"),
         (["dynamic", "dynamic"], ConfigError, "name one cache twice"),
         ([], ConfigError, "caches is empty"),
@@ -390,30 +391,50 @@ def test_browser_caches_on_swiftshader(chromium, toy, cpu_tokens):
     assert result.counters["created"] == result.counters["destroyed"]  # everything counted was released
 
 
-def test_token_on_the_gpu_in_bursts_and_on_the_host(chromium, toy, cpu_tokens):
+def test_token_on_the_gpu_in_bursts_and_on_the_host_and_capture_refused_by_name(chromium, toy, cpu_tokens):
     """kvlab's greedy graph in the page: the token stays on the GPU, read back every 8 steps (one mapAsync a burst),
     a burst's steps run past the stop token undone; the same tokens as the page's own argmax of the logits and
-    the kernel's CPU EP run."""
+    the kernel's CPU EP run. The captured cache (the capture build of the model): onnxruntime-web's replay does
+    not follow the step's length, which the page's replay check finds and names; everything it made released."""
+    from kvlab.ort import load
     from kvlab.web import run_job
 
-    stop = cpu_tokens[7]  # step 7: inside the first decode burst (steps 1-8), which runs one step past it
-    both = {"caches": ["dynamic", "static"], "dynamic_impl": "onnxruntime-web"}
-    device = make_job(toy, PROMPT, max_new_tokens=NEW, warmup=False, stop_tokens=[stop], **both)
+    graph = load("toy", graph_capture=True)
+    want = kvlab.generate(graph, PROMPT, device="cpu", max_new_tokens=NEW, stop_on_eos=False).token_ids
+    stop = want[7]  # step 7: inside the first decode burst (steps 1-8), which runs one step past it
+    caches = {"caches": ["dynamic", "static", "captured"], "dynamic_impl": "onnxruntime-web"}
+    device = make_job(graph, PROMPT, max_new_tokens=NEW, warmup=False, stop_tokens=[stop], **caches)
     host = make_job(toy, PROMPT, max_new_tokens=NEW, caches=["static"], warmup=False, token_on_device=False)
     on_gpu, on_host = (run_job(job, adapter="swiftshader") for job in (device, host))
     (by_host,) = on_host.measured
     assert by_host.token_ids == cpu_tokens and [r.read_with for r in by_host.records] == [0] * NEW
     assert not by_host.label.token_on_device
+    assert [g.job_cache for g in on_gpu.measured] == ["dynamic", "static@256"]
     for g in on_gpu.measured:
         assert g.label.token_on_device and g.label.tokens_per_read == 8, g.label
-        assert g.token_ids == cpu_tokens[:8] and g.stop_reason == "eos", (g.job_cache, g.token_ids)
+        assert g.token_ids == want[:8] and g.stop_reason == "eos", (g.job_cache, g.token_ids)
         assert [r.read_with for r in g.records] == [0] + [8] * 7  # the burst's 8th step: past the stop, undone
         assert len({round(r.wall_ms, 9) for r in g.records[1:]}) == 1  # the burst's time shared out
     static = on_gpu.by_cache("static@256")[0]
     # the ring (9 token buffers and a staging buffer) made with the prefill; after it no storage buffer at all
     assert static.records[0].storage_buffers_created >= len(toy.info.entries) + 9
     assert all(r.storage_buffers_created == 0 for r in static.records[1:])
-    assert on_gpu.counters["created"] == on_gpu.counters["destroyed"]  # the ring released as well
+    why = on_gpu.refused["static@256 graph"]
+    assert "replay of the captured decode step at position 4 gave logits" in why, why
+    assert "GroupQueryAttention '/model/layers.0/attn/GroupQueryAttention' (and 1 more)" in why, why
+    assert on_gpu.counters["created"] == on_gpu.counters["destroyed"]  # the ring and the capture released as well
+
+
+def test_job_names_why_a_model_cannot_be_captured(toy):
+    with pytest.raises(ModelError, match=r"toy cannot run a captured cache in the page: .*\(Shape node '/model/attn"):
+        make_job(toy, PROMPT, caches=["captured"])
+    graph = kvlab.load("toy", graph_capture=True)
+    with pytest.raises(ConfigError, match="a captured cache keeps every input and output on the GPU"):
+        make_job(graph, PROMPT, caches=["captured"], token_on_device=False)
+    job = make_job(graph, PROMPT, caches=["static", "captured@64"])
+    assert [c.name for c in job.caches] == ["static@256", "static@64 graph"]
+    lengths = job.to_json()["model"]["step_length_inputs"]
+    assert len(lengths) == 1 and "seqlens_k ('/model/attn_mask_reformat" in lengths[0]
 
 
 def test_cli_browser_bench_writes_results(chromium, tmp_path):

@@ -22,6 +22,7 @@ from ..ort.models.model import Model, load
 KV_DTYPES = ("float32", "float16")
 TRANSFORMERS_GRAPH = "model.transformers-js.onnx"
 DYNAMIC_IMPLS = ("auto", "transformers.js", "onnxruntime-web")
+CAPTURED = "graph"  # CacheSpec.variant of a static cache whose decode steps replay a captured graph
 
 
 def _round_up(needed: int, context: int) -> int:
@@ -29,30 +30,37 @@ def _round_up(needed: int, context: int) -> int:
 
 
 def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
-    """A cache name ("dynamic", "static", "static@N") or CacheSpec as a CacheSpec sized and checked for a run of
-    ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256 as ``kvlab generate``
-    does. ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
+    """A cache name ("dynamic", "static", "static@N", "captured", "captured@N") or CacheSpec as a CacheSpec sized and
+    checked for a run of ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256
+    as ``kvlab generate`` does; "captured" is a static cache whose decode steps replay a captured graph (variant
+    ``CAPTURED``). ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
+    variant = ""
     if isinstance(spec, CacheSpec):
-        kind, size = spec.kind, spec.max_cache_len
-    elif isinstance(spec, str) and spec in ("dynamic", "static"):
+        kind, size, variant = spec.kind, spec.max_cache_len, spec.variant
+    elif isinstance(spec, str) and spec in ("dynamic", "static", "captured"):
         kind, size = spec, None
-    elif isinstance(spec, str) and spec.startswith("static@"):
-        kind, text = "static", spec.removeprefix("static@")
+    elif isinstance(spec, str) and spec.startswith(("static@", "captured@")):
+        kind, text = spec.split("@", 1)
         if not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
-            raise ConfigError(f"cache {spec!r}: the size after 'static@' must be a positive int, e.g. 'static@512'")
+            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
         size = int(text)
     else:
-        raise ConfigError(f"cache {spec!r} is not valid; choose 'dynamic', 'static' or 'static@N' (N a positive int)")
+        raise ConfigError(
+            f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
+            "(N a positive int)"
+        )
+    if kind == "captured":
+        kind, variant = "static", CAPTURED
     if kind == "dynamic":
         return CacheSpec("dynamic")
-    if kind != "static":
-        raise ConfigError(f"cache kind {kind!r} is not valid; choose one of ('dynamic', 'static')")
+    if kind != "static" or variant not in ("", CAPTURED):
+        raise ConfigError(f"cache kind {kind!r} {variant!r} is not valid; choose one of ('dynamic', 'static')")
     size = _round_up(needed, context) if size is None else check_max_cache_len(size)
     if size > context:
         raise ConfigError(f"max_cache_len={size} is larger than the model's context length ({context})")
     if size < needed:
         raise CapacityError(f"{needed} positions are needed but max_cache_len is {size}")
-    return CacheSpec("static", size)
+    return CacheSpec("static", size, variant)
 
 
 def model_files(model: Model) -> list[Path]:
@@ -134,6 +142,7 @@ class Job:
                 "attention_mask": info.input_names["attention_mask"],
                 "position_ids": info.input_names.get("position_ids"),
                 "logits": info.logits_name,
+                "logits_dtype": np.dtype(info.logits_dtype).name,
                 "entries": [
                     {"past": e.past, "present": e.present, "kv_heads": e.dims[1], "head_dim": e.dims[3]}
                     for e in info.entries
@@ -144,6 +153,9 @@ class Job:
                     {"name": TRANSFORMERS_GRAPH, "size": len(self.transformers_graph), "concrete": self.concrete}
                     if self.transformers_graph
                     else None
+                ),
+                "step_length_inputs": (
+                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else []
                 ),
                 "greedy": (
                     {
@@ -161,7 +173,10 @@ class Job:
             "stop_tokens": self.stop_tokens,
             "prompt_ids": self.prompt_ids,
             "max_new_tokens": self.max_new_tokens,
-            "caches": [{"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name} for c in self.caches],
+            "caches": [
+                {"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name, "variant": c.variant}
+                for c in self.caches
+            ],
             "reps": self.reps,
             "warmup": self.warmup,
             "dynamic_impl": self.dynamic_impl,
@@ -187,6 +202,36 @@ def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
             replaced[dim.dim_param] = int(entry.dims[axis])
             dim.dim_value = int(entry.dims[axis])
     return graph.SerializeToString(), replaced
+
+
+def check_capture(model: Model, reduction: str) -> None:
+    """ModelError naming why the page cannot capture ``model``'s decode step with a fixed [1, max_cache_len] mask
+    (``capture_problem``: a dynamic input such as position ids, or a Shape read of the mask), and ConfigError where
+    the token is chosen on the host (a captured step's every input and output stays on the GPU)."""
+    from ..ort.decode.caches.captured import capture_problem
+
+    problem = capture_problem(model.info)
+    if problem:
+        raise ModelError(f"model {model.name} cannot run a captured cache in the page: {problem}")
+    if not reduction:
+        raise ConfigError("a captured cache keeps every input and output on the GPU: token_on_device must not be False")
+
+
+def step_length_inputs(model: Model) -> list[str]:
+    """Where the model's attention reads the step's length, which changes every step, in words: the
+    GroupQueryAttention nodes' seqlens_k and total_sequence_length inputs (its inputs 5 and 6), made from the
+    attention mask; one line for all such nodes, none for a model without them. The page's capture check names them
+    when a captured replay does not follow them (``kvlab/web/js/captured.mjs``)."""
+    graph = load_graph(model.onnx_path)
+    nodes = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 6]
+    if not nodes:
+        return []
+    more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
+    first = nodes[0]
+    return [
+        f"GroupQueryAttention {first.name!r}{more} takes it from the mask as seqlens_k ({first.input[5]!r}) and "
+        f"total_sequence_length ({first.input[6]!r})"
+    ]
 
 
 def page_reduction(model: Model, token_on_device: bool | str) -> str:
@@ -255,6 +300,7 @@ def make_job(
     Every bad value raises a kvlab error naming it and what would be valid; a model the runner cannot drive
     (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason.
 
+    A "captured" cache needs a model built for capture (``check_capture``: ``kvlab.load(name, graph_capture=True)``).
     ``token_on_device``: kvlab's own runs open the greedy graph (``page_reduction``) and keep the token on the GPU,
     reading ``tokens_per_read`` steps' tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads
     the logits every step and takes the argmax itself. ``stop_tokens``: a generation ends after the first of them
@@ -292,6 +338,8 @@ def make_job(
     job.greedy_file = greedy_graph(model, job.reduction) if job.reduction else None
     job.tokens_per_read = page_tokens_per_read(tokens_per_read, job.reduction)
     job.stop_tokens = [int(t) for t in model.check_ids(list(stop_tokens))] if len(stop_tokens) else []
+    if any(s.variant == CAPTURED for s in specs):
+        check_capture(model, job.reduction)
     if dynamic_impl != "onnxruntime-web" and any(s.kind == "dynamic" for s in specs):
         job.transformers_graph, job.concrete = concrete_past_shapes(model)
     return job

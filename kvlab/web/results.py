@@ -117,6 +117,7 @@ class BrowserResult:
     generations: list[BrowserGeneration]
     counters: dict[str, int] = field(default_factory=dict)  # the device's totals when the page finished
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    refused: dict[str, str] = field(default_factory=dict)  # cache name -> why it could not run (a captured cache)
 
     @property
     def measured(self) -> list[BrowserGeneration]:
@@ -284,4 +285,5 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
         generations,
         dict(raw.get("counters") or {}),
         raw,
+        {str(k): str(v) for k, v in (raw.get("refused") or {}).items()},
     )

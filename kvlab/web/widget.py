@@ -27,7 +27,7 @@ from .assets import JS_DIR, NPM_FILES, npm_file, versions
 from .job import Job, make_job
 from .results import BrowserResult, adapter_kind, read_result
 
-BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
+BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "captured.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
 CHUNK = 8 * 2**20  # bytes per comm message
 SMALL_RUN = ("toy", 3, 32)  # what a software or low-memory adapter runs: model, prompt tokens, new tokens
 RECORDED = "what-a-static-cache-buys"  # the recorded question whose curves a result is drawn over

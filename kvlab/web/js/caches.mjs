@@ -57,6 +57,11 @@ export class StaticKV {
     return this.buffers !== null;
   }
 
+  // the KV buffers, made at the first feeds() (empty before)
+  get kvBuffers() {
+    return this.buffers ?? [];
+  }
+
   allocate() {
     if (this.released) throw new Error('this static cache was released; make a new one');
     if (this.allocated) return;

@@ -20,7 +20,7 @@
 // is asked before every step; when it answers true decode throws an Error named 'Cancelled'. The caller owns the
 // cache (and releases it); the ring is released here, exactly once, also on error.
 
-function halfToFloat(h) {
+export function halfToFloat(h) {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
   const f = h & 0x3ff;
@@ -46,17 +46,17 @@ export function argmaxLast(logits) {
   return best;
 }
 
-function int64(ort, values, dims) {
+export function int64(ort, values, dims) {
   return new ort.Tensor('int64', BigInt64Array.from(values, (v) => BigInt(v)), dims);
 }
 
-function ids(ort, dtype, values) {
+export function ids(ort, dtype, values) {
   if (dtype === 'int32') return new ort.Tensor('int32', Int32Array.from(values), [1, values.length]);
   return int64(ort, values, [1, values.length]);
 }
 
-const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
-const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
+export const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
+export const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
 
 // The greedy token kept on the GPU: a ring of `size` [1, 1] tensors of the graph's id type, one buffer each, and
 // one staging buffer a burst's tokens are copied into and mapped from. tensor(k): k places after the current one
@@ -113,7 +113,7 @@ export class TokenRing {
   }
 }
 
-function checkCancelled(cancelled) {
+export function checkCancelled(cancelled) {
   if (cancelled && cancelled()) {
     const err = new Error('cancelled: the run was stopped before it finished; its buffers were released');
     err.name = 'Cancelled';
@@ -139,7 +139,7 @@ function stepFeeds(ort, model, cache, idsTensor, position, n) {
   return feeds;
 }
 
-function record(step, position, n, token, times, memory, gpu, readWith) {
+export function record(step, position, n, token, times, memory, gpu, readWith) {
   return {
     step,
     phase: step === 0 ? 'prefill' : 'decode',
@@ -207,12 +207,36 @@ async function runGreedy({ ort, session, model, cache, greedy, counters }, ring,
   return { position, n, run, memory, before };
 }
 
-function notAToken(token, model, step, position) {
+export function notAToken(token, model, step, position) {
   if (token >= 0 && token < model.vocab_size) return;
   throw new Error(
     `model ${model.name} gave non-finite logits at step ${step} (position ${position}): NaN or Inf; its weights ` +
       'or its arithmetic (float16 overflow?) are broken, so no token can be chosen',
   );
+}
+
+// a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first stop
+// token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the rest
+// undone; state: {steps, tokens, stop, model, onStep, counters}, extended in place
+export function reportBurst(state, burst, values, start, read) {
+  const k = burst.length;
+  const readDelta = state.counters.delta(read, state.counters.snapshot());
+  const last = burst[k - 1].gpu;
+  for (const key of Object.keys(readDelta)) {
+    last[key] = key.startsWith('live') ? readDelta[key] : last[key] + readDelta[key];
+  }
+  const wall = (performance.now() - start) / k;
+  const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
+  values.forEach((t, i) => notAToken(t, state.model, state.steps.length + i, burst[i].position));
+  const stopAt = values.findIndex((t) => state.stop.has(t));
+  const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
+  for (let i = 0; i < kept; i += 1) {
+    const s = burst[i];
+    const rec = record(state.steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, k);
+    state.steps.push(rec);
+    state.tokens.push(values[i]);
+    if (state.onStep) state.onStep(rec);
+  }
 }
 
 async function decodeOnDevice(args) {
@@ -249,23 +273,9 @@ async function decodeOnDevice(args) {
         burst.push(one);
         position += 1;
       }
-      const beforeRead = counters.snapshot();
+      const read = counters.snapshot();
       const values = await ring.read(k);
-      const read = counters.delta(beforeRead, counters.snapshot());
-      const last = burst[k - 1].gpu;
-      for (const key of Object.keys(read)) last[key] = key.startsWith('live') ? read[key] : last[key] + read[key];
-      const wall = (performance.now() - start) / k;
-      const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
-      values.forEach((t, i) => notAToken(t, model, steps.length + i, burst[i].position));
-      const stopAt = values.findIndex((t) => stop.has(t));
-      const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
-      for (let i = 0; i < kept; i += 1) {
-        const s = burst[i];
-        const rec = record(steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, k);
-        steps.push(rec);
-        tokens.push(values[i]);
-        if (onStep) onStep(rec);
-      }
+      reportBurst({ steps, tokens, stop, model, onStep, counters }, burst, values, start, read);
       ring.advance(k);
     }
   } finally {

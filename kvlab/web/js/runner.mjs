@@ -8,7 +8,11 @@
 // job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
 // transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
 // cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
-// onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). cancelled (() => bool) is asked
+// onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). A captured cache (variant
+// 'graph') replays its decode steps on a second session of the same graph opened with graph capture, one per
+// generation (openCapture; captured.mjs); where onnxruntime-web cannot capture the model (it refuses the session,
+// or its replay differs from the uncaptured step) the result's refused[cache name] says why and the other caches
+// go on. cancelled (() => bool) is asked
 // before every step: the job stops there and the result says {cancelled: true}. Every cache and the session are released exactly
 // once, also when a run fails or is cancelled; the result says how many buffers each release destroyed. Returns
 // the result object kvlab/web/results.py reads; throws on an error that leaves nothing to report.
@@ -16,6 +20,7 @@
 import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
 import { decode } from './decode.mjs';
+import { decodeCaptured } from './captured.mjs';
 import { generateWithTransformers } from './tjs.mjs';
 import { openAdapter } from './host.mjs';
 
@@ -38,13 +43,43 @@ function rounds(job) {
   return plan;
 }
 
-async function runOwn({ ort, device, session, job, spec, counters, onStep, cancelled }) {
+// the session a captured cache replays its decode steps on: the same graph, opened with enableGraphCapture, every
+// output on the GPU; onnxruntime-web's refusal (a node it cannot capture, an input it cannot keep fixed) is named
+export async function openCapture(ort, bytes, job, ep, externalData) {
+  const where = {};
+  for (const e of job.model.entries) where[e.present] = 'gpu-buffer';
+  where[job.model.greedy.next] = 'gpu-buffer';
+  where[job.model.logits] = 'gpu-buffer';
+  try {
+    return await ort.InferenceSession.create(bytes[job.model.greedy.name], {
+      executionProviders: [ep],
+      externalData,
+      enableGraphCapture: true,
+      preferredOutputLocation: where,
+    });
+  } catch (err) {
+    const refused = new Error(
+      `graph capture refused by onnxruntime-web ${ort.env.versions.web} for model ${job.model.name}: ` +
+        `${err?.message ?? err}`,
+    );
+    refused.name = 'CaptureRefused';
+    throw refused;
+  }
+}
+
+async function runOwn({ ort, device, session, job, spec, counters, onStep, cancelled, openCaptured }) {
   const cache =
     spec.kind === 'static' ? new StaticKV(ort, device, job.model, spec.max_cache_len) : new DynamicKV(ort, job.model);
+  const captured = spec.variant === 'graph';
   let result;
   let before;
+  let capture = null;
   try {
-    result = await decode({
+    // a captured graph replays the very buffers it recorded: one capturing session per generation, released with it
+    if (captured) capture = await openCaptured();
+    result = await (captured ? decodeCaptured : decode)({
+      capture,
+      maxCacheLen: spec.max_cache_len,
       ort,
       session,
       model: job.model,
@@ -57,11 +92,13 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep, cance
       greedy: job.model.greedy,
       tokensPerRead: job.tokens_per_read,
       stopTokens: job.stop_tokens,
+      lengthInputs: job.model.step_length_inputs,
       cancelled,
     });
   } finally {
     before = counters.snapshot();
     cache.release();
+    if (capture) await capture.release();
   }
   const released = counters.delta(before, counters.snapshot());
   return { ...result, release: { buffers_destroyed: released.destroyed, bytes_destroyed: released.bytes_destroyed } };
@@ -100,6 +137,8 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
   const counters = countBuffers(device);
   out.device_features = [...device.features].sort();
   let tjs = null;
+  out.refused = {}; // cache name -> why it could not run (a captured cache onnxruntime-web cannot capture)
+  const openCaptured = () => openCapture(ort, bytes, job, ep, externalData);
   const wantTjs = job.dynamic_impl !== 'onnxruntime-web' && job.caches.some((c) => c.kind === 'dynamic');
   try {
     if (wantTjs && transformers) {
@@ -129,8 +168,14 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
             if (job.dynamic_impl === 'transformers.js') throw new Error(out.transformers.error);
           }
         }
-        const r = await runOwn({ ort, device, session, job, spec, counters, onStep, cancelled });
-        out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
+        if (spec.name in out.refused) continue;
+        try {
+          const r = await runOwn({ ort, device, session, job, spec, counters, onStep, cancelled, openCaptured });
+          out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
+        } catch (err) {
+          if (err?.name !== 'CaptureRefused') throw err;
+          out.refused[spec.name] = err.message; // the other caches go on
+        }
       }
     }
   } catch (err) {
