@@ -30,6 +30,7 @@ from .results import BrowserResult, adapter_kind, read_result
 BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "captured.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
 CHUNK = 8 * 2**20  # bytes per comm message
 SMALL_RUN = ("toy", 3, 32)  # what a software or low-memory adapter runs: model, prompt tokens, new tokens
+SMALL_CACHES = ("dynamic", "static", "captured")  # and with which caches (the captured one where the page can)
 RECORDED = "what-a-static-cache-buys"  # the recorded question whose curves a result is drawn over
 _RELATIVE_IMPORT = re.compile(r"^import \{[^}]*\} from '\./[\w.]+\.mjs';\n", re.M)
 _EXPORT = re.compile(r"^export (?=(async )?function |class |const )", re.M)
@@ -179,12 +180,12 @@ class BrowserLab(anywidget.AnyWidget):
             self.send({"type": "blob", "name": name, "index": i, "count": count}, [data[i * CHUNK : (i + 1) * CHUNK]])
 
     def _small_job(self) -> Job:
-        """``SMALL_RUN`` with the asked caches (a static cache sized to fit) and options."""
+        """``SMALL_RUN`` with the three caches of ``SMALL_CACHES`` (the static ones sized to fit) and the asked
+        options."""
         name, prompt, new = SMALL_RUN
-        model = load(name)
-        kinds = ["dynamic" if c.startswith("dynamic") else "static" for c in self._caches]
+        model = load(name, graph_capture=True)  # its capture build: the captured row too
         ids = model.tokens_of(LAB_TEXT, prompt)
-        return make_job(model, ids, max_new_tokens=new, caches=list(dict.fromkeys(kinds)), **self._options)
+        return make_job(model, ids, max_new_tokens=new, caches=SMALL_CACHES, **self._options)
 
     def _start(self, have: set[str]) -> None:
         self.cancelled, self.summary = None, ""
@@ -294,23 +295,31 @@ def with_chart(lab: BrowserLab, question: str = RECORDED) -> Any:
 
 
 def summary_text(result: BrowserResult, reference: list[int] | None) -> str:
-    """Per cache: median decode step, fresh KV tensors and new GPU storage buffers per decode step; and whether
-    the greedy tokens equal the kernel's CPU EP run."""
+    """Per cache (dynamic, static, captured: the rows the job ran): median decode step, fresh KV tensors, new GPU
+    storage buffers and GPU buffers of any kind created per decode step, and how the token came back; a refused
+    cache's row says why; then whether the greedy tokens equal the kernel's CPU EP run."""
     lines = [f"{result.host} · {result.adapter.name.split(' in ')[0]} ({result.adapter.kind})"]
-    names = dict.fromkeys(g.job_cache for g in result.measured)
+    names = dict.fromkeys([*(g.job_cache for g in result.measured), *result.refused])
     for name in names:
+        if name in result.refused:
+            lines.append(f"{name}: refused: {result.refused[name]}")
+            continue
         runs = result.by_cache(name)
         decode = [r for g in runs for r in g.records if r.phase == "decode"]
         ms = float(np.median([r.wall_ms for r in decode])) if decode else float("nan")
         tensors = float(np.mean([r.cache_tensors_allocated for r in decode])) if decode else 0.0
         storage = float(np.mean([r.storage_buffers_created for r in decode])) if decode else 0.0
-        who = f" ({runs[0].impl})"
+        made = float(np.mean([r.gpu_buffers_created for r in decode])) if decode else 0.0
+        label = runs[0].label
+        token = "token on the host"
+        if label.token_on_device:
+            token = f"token on the GPU, read every {label.tokens_per_read}"
         lines.append(
-            f"{name}{who}: {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors and {storage:.2g} new GPU "
-            "storage buffers per step"
+            f"{name} ({runs[0].impl}; {token}): {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors, "
+            f"{storage:.2g} new GPU storage buffers and {made:.2g} GPU buffers of any kind per step"
         )
     if reference is not None:
-        equal = all(g.token_ids == reference for g in result.measured)
+        equal = all(g.token_ids[: len(reference)] == reference[: len(g.token_ids)] for g in result.measured)
         lines.append(f"greedy tokens equal the kernel's CPU EP run: {equal}")
     if result.transformers and result.transformers.get("error"):
         lines.append(f"transformers.js: {result.transformers['error']}")

@@ -9,7 +9,8 @@
 //   front end -> kernel  {type: 'step', step} per finished step, then {type: 'result', result}; a cancelled run's
 //                        result is {cancelled: true, counters} (every cache and the session released first)
 // While a job runs the widget shows steps done of the job's total, the elapsed time and an estimate of the time
-// left (from the steps after the first, which compiles the shaders), and a Cancel button.
+// left (from the steps after the first, which compiles the shaders), and a Cancel button; when it ends, the steps
+// done and the time they took.
 // On render the widget also reports this browser and its WebGPU adapter in the synced trait `browser`.
 // Assets stay in this page (globalThis) for every later widget; onnxruntime-web is imported once per page.
 
@@ -139,7 +140,7 @@ function render({ model, el }) {
   };
   const finish = (result) => {
     clearInterval(run.timer);
-    tick();
+    progress.textContent = `${run.done} steps in ${seconds(performance.now() - run.start)}`;
     run = null;
     cancel.style.display = 'none';
     model.send({ type: 'result', result });
