@@ -108,7 +108,10 @@ class BrowserLab(anywidget.AnyWidget):
     With ``fit_adapter`` the press runs what ``adapter_plan`` chooses for that adapter (``ran``: the job that
     ran, ``plan``: the line saying why); the page shows steps done of the total, the elapsed time and an estimate,
     and a Cancel button: a cancelled run releases every buffer the page made (``cancelled`` holds the page's
-    buffer counters then) and leaves ``result`` None."""
+    buffer counters then) and leaves ``result`` None. Where the browser has no WebGPU adapter nothing runs and the
+    ``on_recorded`` callbacks draw the recording instead. kvlab's own caches keep the token on the GPU and read it
+    back in bursts (``job_options``: ``token_on_device``, ``tokens_per_read``); "captured" among ``caches`` needs a
+    model built for capture (``kvlab.load(name, graph_capture=True)``)."""
 
     _esm = traitlets.Unicode(widget_esm()).tag(sync=True)
     _css = traitlets.Unicode(CSS).tag(sync=True)
@@ -131,7 +134,7 @@ class BrowserLab(anywidget.AnyWidget):
         **job_options: Any,
     ) -> None:
         """``job_options``: the rest of ``kvlab.web.make_job``'s keyword arguments (``reps``, ``warmup``,
-        ``dynamic_impl``, ``buffer_cache_mode``)."""
+        ``dynamic_impl``, ``buffer_cache_mode``, ``token_on_device``, ``tokens_per_read``, ``stop_tokens``)."""
         super().__init__()
         model = load(model)
         ids = model.tokens_of(LAB_TEXT, prompt_tokens) if prompt is None else prompt

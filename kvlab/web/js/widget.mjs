@@ -136,7 +136,9 @@ function render({ model, el }) {
   let mine = false; // only the view whose button was pressed runs the job (a widget may be shown twice)
   let run = null; // the running job's progress: {total, done, start, firstStep, cancel, timer}
   const tick = () => {
-    if (run) progress.textContent = progressText(run.done, run.total, performance.now() - run.start, run.firstStep);
+    if (!run) return;
+    const text = progressText(run.done, run.total, performance.now() - run.start, run.firstStep);
+    progress.textContent = run.cancel ? `${text} · cancelling after this step` : text;
   };
   const finish = (result) => {
     clearInterval(run.timer);
@@ -169,7 +171,7 @@ function render({ model, el }) {
   cancel.addEventListener('click', () => {
     if (run) run.cancel = true;
     cancel.disabled = true;
-    progress.textContent += ' · cancelling after this step';
+    tick();
   });
   button.addEventListener('click', async () => {
     mine = true;
@@ -178,7 +180,10 @@ function render({ model, el }) {
     const browser = model.get('browser')?.name ? model.get('browser') : await describeBrowser();
     model.send({ type: 'start', have, browser });
   });
-  return () => model.off('msg:custom', onMessage);
+  return () => {
+    model.off('msg:custom', onMessage);
+    if (run) clearInterval(run.timer); // the run itself goes on and reports to the kernel
+  };
 }
 
 export default { render };
