@@ -48,6 +48,19 @@ def test_job_sizes_and_lists_the_model_files(toy):
         "head_dim": 16,
     }
     assert spec["model"]["transformers_graph"]["name"] == TRANSFORMERS_GRAPH
+    # kvlab's own runs: the native path's greedy graph (the toy's 512-token vocabulary: one ArgMax), read every 8
+    greedy = spec["model"]["greedy"]
+    assert greedy["name"] == "model.kvlab-next-single.onnx" and greedy["next"] == "kvlab_next_token"
+    assert greedy["ids_dtype"] == "int64" and spec["tokens_per_read"] == 8 and spec["stop_tokens"] == []
+    assert set(job.served) == {"model.onnx", "model.onnx.data", greedy["name"], TRANSFORMERS_GRAPH}
+
+
+def test_job_token_on_the_host_or_the_device(toy):
+    host = make_job(toy, PROMPT, max_new_tokens=NEW, token_on_device=False)
+    assert host.reduction == "" and host.tokens_per_read == 1 and host.to_json()["model"]["greedy"] is None
+    rows = make_job(toy, PROMPT, token_on_device="rows", tokens_per_read=3, stop_tokens=np.array([2]))
+    assert rows.to_json()["model"]["greedy"]["ids_dtype"] == "int32" and rows.tokens_per_read == 3
+    assert rows.stop_tokens == [2]
 
 
 @pytest.mark.parametrize(
@@ -56,6 +69,7 @@ def test_job_sizes_and_lists_the_model_files(toy):
         (["static@2"], CapacityError, "18 positions are needed but max_cache_len is 2"),
         (["static@x"], ConfigError, "the size after 'static@' must be a positive int"),
         (["paged"], ConfigError, "cache 'paged' is not valid"),
+        (["captured@x"], ConfigError, "the size after 'captured@' must be a positive int"),
         (["static@9000"], ConfigError, "larger than the model's context length (4096)"),
         (["dynamic", "dynamic"], ConfigError, "name one cache twice"),
         ([], ConfigError, "caches is empty"),
@@ -76,6 +90,10 @@ def test_job_refuses_bad_caches(toy, caches, error, says):
         ({"buffer_cache_mode": "huge"}, "buffer cache mode 'huge' is not valid"),
         ({"max_new_tokens": 0}, "max_new_tokens=0 must be a positive int"),
         ({"max_new_tokens": 5000}, "5002 positions are needed but model toy holds at most 4096"),
+        ({"token_on_device": "argmax"}, "token_on_device='argmax' is not valid; choose True, False, 'auto'"),
+        ({"tokens_per_read": 0}, "tokens_per_read=0 must be a positive int"),
+        ({"token_on_device": False, "tokens_per_read": 4}, "tokens_per_read=4 reads back tokens kept on the GPU"),
+        ({"stop_tokens": [600]}, "token id 600 is outside the vocabulary"),
     ],
 )
 def test_job_refuses_bad_options(toy, kwargs, says):
@@ -245,6 +263,19 @@ def test_read_result_makes_labelled_records(toy):
     assert frame.attrs["host"].kind == "browser" and frame.attrs["label"] is g.label
 
 
+def test_read_result_takes_a_run_ended_by_a_stop_token(toy):
+    job = make_job(toy, PROMPT, max_new_tokens=4, caches=["static@8"], stop_tokens=[11])
+    raw = _page_result(job, tokens=(10, 11))
+    raw["runs"][0]["steps"][1]["read_with"] = 3
+    g = read_result(raw, job).measured[0]
+    assert g.stop_reason == "eos" and g.records[1].read_with == 3 and g.label.token_on_device
+    assert (g.label.greedy_reduction, g.label.tokens_per_read) == ("single", 8)
+    raw["runs"][0]["tokens"] = raw["runs"][0]["tokens"][:1]
+    raw["runs"][0]["steps"] = raw["runs"][0]["steps"][:1]
+    with pytest.raises(DeviceError, match=r"has 1 tokens and 1 steps; the job asked for 4 of each, or fewer ending"):
+        read_result(raw, job)
+
+
 def test_adapter_kind_follows_what_the_adapter_says():
     host = read_result.__globals__["BrowserHost"]("browser", "Chrome 140")
     gpu = adapter_label({"vendor": "nvidia", "architecture": "hopper", "features": ["shader-f16"]}, host)
@@ -360,6 +391,52 @@ def test_browser_caches_on_swiftshader(chromium, toy, cpu_tokens):
     assert result.counters["created"] == result.counters["destroyed"]  # everything counted was released
 
 
+def test_token_on_the_gpu_in_bursts_and_on_the_host_and_capture_refused_by_name(chromium, toy, cpu_tokens):
+    """kvlab's greedy graph in the page: the token stays on the GPU, read back every 8 steps (one mapAsync a burst),
+    a burst's steps run past the stop token undone; the same tokens as the page's own argmax of the logits and
+    the kernel's CPU EP run. The captured cache (the capture build of the model): onnxruntime-web's replay does
+    not follow the step's length, which the page's replay check finds and names; everything it made released."""
+    from kvlab.ort import load
+    from kvlab.web import run_job
+
+    graph = load("toy", graph_capture=True)
+    want = kvlab.generate(graph, PROMPT, device="cpu", max_new_tokens=NEW, stop_on_eos=False).token_ids
+    stop = want[7]  # step 7: inside the first decode burst (steps 1-8), which runs one step past it
+    caches = {"caches": ["dynamic", "static", "captured"], "dynamic_impl": "onnxruntime-web"}
+    device = make_job(graph, PROMPT, max_new_tokens=NEW, warmup=False, stop_tokens=[stop], **caches)
+    host = make_job(toy, PROMPT, max_new_tokens=NEW, caches=["static"], warmup=False, token_on_device=False)
+    on_gpu, on_host = (run_job(job, adapter="swiftshader") for job in (device, host))
+    (by_host,) = on_host.measured
+    assert by_host.token_ids == cpu_tokens and [r.read_with for r in by_host.records] == [0] * NEW
+    assert not by_host.label.token_on_device
+    assert [g.job_cache for g in on_gpu.measured] == ["dynamic", "static@256"]
+    for g in on_gpu.measured:
+        assert g.label.token_on_device and g.label.tokens_per_read == 8, g.label
+        assert g.token_ids == want[:8] and g.stop_reason == "eos", (g.job_cache, g.token_ids)
+        assert [r.read_with for r in g.records] == [0] + [8] * 7  # the burst's 8th step: past the stop, undone
+        assert len({round(r.wall_ms, 9) for r in g.records[1:]}) == 1  # the burst's time shared out
+    static = on_gpu.by_cache("static@256")[0]
+    # the ring (9 token buffers and a staging buffer) made with the prefill; after it no storage buffer at all
+    assert static.records[0].storage_buffers_created >= len(toy.info.entries) + 9
+    assert all(r.storage_buffers_created == 0 for r in static.records[1:])
+    why = on_gpu.refused["static@256 graph"]
+    assert "replay of the captured decode step at position 4 gave logits" in why, why
+    assert "GroupQueryAttention '/model/layers.0/attn/GroupQueryAttention' (and 1 more)" in why, why
+    assert on_gpu.counters["created"] == on_gpu.counters["destroyed"]  # the ring and the capture released as well
+
+
+def test_job_names_why_a_model_cannot_be_captured(toy):
+    with pytest.raises(ModelError, match=r"toy cannot run a captured cache in the page: .*\(Shape node '/model/attn"):
+        make_job(toy, PROMPT, caches=["captured"])
+    graph = kvlab.load("toy", graph_capture=True)
+    with pytest.raises(ConfigError, match="a captured cache keeps every input and output on the GPU"):
+        make_job(graph, PROMPT, caches=["captured"], token_on_device=False)
+    job = make_job(graph, PROMPT, caches=["static", "captured@64"])
+    assert [c.name for c in job.caches] == ["static@256", "static@64 graph"]
+    lengths = job.to_json()["model"]["step_length_inputs"]
+    assert len(lengths) == 1 and "seqlens_k ('/model/attn_mask_reformat" in lengths[0]
+
+
 def test_cli_browser_bench_writes_results(chromium, tmp_path):
     out = tmp_path / "bench"
     p = subprocess.run(
@@ -399,7 +476,8 @@ def test_widget_kernel_side_without_a_browser(toy):
     lab = BrowserLab(toy, PROMPT, new_tokens=2, caches=["dynamic", "static@8"])
     sent = []
     lab.send = lambda content, buffers=None: sent.append((content, buffers))
-    lab._on_msg(lab, {"type": "start", "have": []}, [])
+    gpu = {"vendor": "nvidia", "architecture": "hopper", "features": [], "max_buffer_size": 2**34}
+    lab._on_msg(lab, {"type": "start", "have": [], "browser": {"name": "Chrome", "webgpu": True, "adapter": gpu}}, [])
     kinds = [c["type"] for c, _ in sent]
     assert kinds[-1] == "job" and kinds.count("blob") >= 5 and lab.running
     blobs = {c["name"] for c, _ in sent if c["type"] == "blob"}
@@ -410,6 +488,45 @@ def test_widget_kernel_side_without_a_browser(toy):
     assert "greedy tokens equal the kernel's CPU EP run: True" in lab.summary
     lab._on_msg(lab, {"type": "result", "result": {"error": "WebGPU is off"}}, [])
     assert lab.status == "error: the browser runner failed: WebGPU is off"
+
+
+def test_the_button_fits_the_run_to_the_adapter(toy):
+    from kvlab.web.widget import SMALL_RUN, adapter_plan, run_bytes
+
+    job = make_job(toy, toy.tokens_of("a b c", 200), max_new_tokens=16)
+    gpu = {"vendor": "nvidia", "architecture": "hopper", "features": [], "max_buffer_size": 2**34}
+    software = {"vendor": "google", "architecture": "swiftshader", "is_fallback": True, "features": []}
+    assert adapter_plan({"name": "Chrome", "webgpu": True, "adapter": gpu}, job)[0] == "asked"
+    kind, line = adapter_plan({"name": "Chromium", "webgpu": True, "adapter": software}, job)
+    assert kind == "small" and f"running toy with a {SMALL_RUN[1]}-token prompt" in line
+    small = {**gpu, "max_buffer_size": run_bytes(job) - 1}
+    kind, line = adapter_plan({"name": "Chrome", "webgpu": True, "adapter": small}, job)
+    assert kind == "small" and line.startswith("this adapter's buffers hold at most 1 MiB")
+    kind, line = adapter_plan({"name": "Firefox", "webgpu": False}, job)
+    assert (
+        kind == "recorded" and line == "no WebGPU here (this browser has no WebGPU): showing the recorded run instead"
+    )
+    assert adapter_plan({}, job)[0] == adapter_plan(None, job)[0] == "recorded"
+
+
+def test_the_button_without_webgpu_shows_the_recording_and_a_cancel_says_what_was_released(toy):
+    from kvlab.web.widget import BrowserLab
+
+    lab = BrowserLab(toy, PROMPT, new_tokens=2)
+    sent, drawn = [], []
+    lab.send = lambda content, buffers=None: sent.append(content["type"])
+    lab.on_recorded(lambda: drawn.append(lab.over_recorded()))
+    lab._on_msg(lab, {"type": "start", "have": [], "browser": {"name": "Firefox 145.0", "webgpu": False}}, [])
+    assert sent == ["recorded"] and not lab.running and lab.plan.startswith("no WebGPU here")
+    assert drawn and all("(recorded)" in t.name for t in drawn[0].data)
+    software = {"vendor": "google", "architecture": "swiftshader", "is_fallback": True, "features": []}
+    lab.browser = {"name": "Chromium", "webgpu": True, "adapter": software}
+    lab._on_msg(lab, {"type": "start", "have": []}, [])
+    assert sent[-1] == "job" and lab.ran is lab.job and "as asked is small enough" in lab.plan
+    counters = {"created": 7, "destroyed": 7, "live": 0}
+    lab._on_msg(lab, {"type": "result", "result": {"cancelled": True, "counters": counters}}, [])
+    assert lab.result is None and lab.cancelled == counters and not lab.running
+    assert lab.status == "cancelled after 0 steps: the page released its buffers (7 created, 7 destroyed, 0 live)"
 
 
 def test_numpy_counts_make_a_job_the_page_can_read(toy):

@@ -194,7 +194,8 @@ def browser_bench(
     (``kvlab bench``'s), each cache ``new_tokens`` greedy tokens, ``reps`` measured rounds after a warm-up round,
     interleaved. Every job is checked before the first page starts. Returns {"environment", "plan", "rows", "runs"}:
     one row per (model, context, cache) (``row_of``), compared with ``reference`` ("cpu": kvlab's own CPU EP run of
-    the same prompt; "caches": the page's caches against each other); ``runs`` keeps every run's step records.
+    the same prompt; "caches": the page's caches against each other); ``runs`` keeps every run's step records;
+    ``refused`` lists the caches a page could not run (a captured cache onnxruntime-web cannot capture) and why.
     ``on_line`` receives one progress line per finished page; a KeyboardInterrupt stops after releasing the page
     that was running. ``job_options``: the rest of ``make_job``'s keyword arguments (``reps``, default 2 here;
     ``warmup``, ``dynamic_impl``, ``buffer_cache_mode``)."""
@@ -212,6 +213,7 @@ def browser_bench(
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     results: list[BrowserResult] = []
+    refused: list[dict[str, Any]] = []
     for model, context, job in jobs:
         t0 = time.monotonic()
         result = run_job(job, host=host, adapter=adapter, timeout=timeout)
@@ -219,6 +221,7 @@ def browser_bench(
         page = _page_rows(model, context, job, result, caches, reference, buffer_cache_mode)
         rows += page
         runs += [_run_of(model, context, g) for g in result.generations]
+        refused += [{"model": model.name, "context": context, "cache": c, "why": w} for c, w in result.refused.items()]
         on_line(_page_line(model, context, page, time.monotonic() - t0))
     plan = {
         "models": [m.name for m in loaded],
@@ -231,7 +234,8 @@ def browser_bench(
         "buffer_cache_mode": buffer_cache_mode or "bucket",
         "reference": reference,
     }
-    return {"environment": environment(results, host, adapter), "plan": plan, "rows": rows, "runs": runs}
+    env = environment(results, host, adapter)
+    return {"environment": env, "plan": plan, "rows": rows, "runs": runs, "refused": refused}
 
 
 def _page_rows(
@@ -256,6 +260,7 @@ def _page_rows(
     return [
         row_of(model, context, measured, dynamic, ref, result, buffer_cache_mode, name in fitted)
         for name, measured in by_name.items()
+        if measured  # a refused cache has no runs: the result's "refused" says why
     ]
 
 

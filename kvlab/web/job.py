@@ -15,12 +15,14 @@ from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
+from ..ort.decode.greedy import AUTO, NEXT, REDUCTIONS, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
 
 KV_DTYPES = ("float32", "float16")
 TRANSFORMERS_GRAPH = "model.transformers-js.onnx"
 DYNAMIC_IMPLS = ("auto", "transformers.js", "onnxruntime-web")
+CAPTURED = "graph"  # CacheSpec.variant of a static cache whose decode steps replay a captured graph
 
 
 def _round_up(needed: int, context: int) -> int:
@@ -28,30 +30,37 @@ def _round_up(needed: int, context: int) -> int:
 
 
 def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
-    """A cache name ("dynamic", "static", "static@N") or CacheSpec as a CacheSpec sized and checked for a run of
-    ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256 as ``kvlab generate``
-    does. ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
+    """A cache name ("dynamic", "static", "static@N", "captured", "captured@N") or CacheSpec as a CacheSpec sized and
+    checked for a run of ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256
+    as ``kvlab generate`` does; "captured" is a static cache whose decode steps replay a captured graph (variant
+    ``CAPTURED``). ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
+    variant = ""
     if isinstance(spec, CacheSpec):
-        kind, size = spec.kind, spec.max_cache_len
-    elif isinstance(spec, str) and spec in ("dynamic", "static"):
+        kind, size, variant = spec.kind, spec.max_cache_len, spec.variant
+    elif isinstance(spec, str) and spec in ("dynamic", "static", "captured"):
         kind, size = spec, None
-    elif isinstance(spec, str) and spec.startswith("static@"):
-        kind, text = "static", spec.removeprefix("static@")
+    elif isinstance(spec, str) and spec.startswith(("static@", "captured@")):
+        kind, text = spec.split("@", 1)
         if not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
-            raise ConfigError(f"cache {spec!r}: the size after 'static@' must be a positive int, e.g. 'static@512'")
+            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
         size = int(text)
     else:
-        raise ConfigError(f"cache {spec!r} is not valid; choose 'dynamic', 'static' or 'static@N' (N a positive int)")
+        raise ConfigError(
+            f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
+            "(N a positive int)"
+        )
+    if kind == "captured":
+        kind, variant = "static", CAPTURED
     if kind == "dynamic":
         return CacheSpec("dynamic")
-    if kind != "static":
-        raise ConfigError(f"cache kind {kind!r} is not valid; choose one of ('dynamic', 'static')")
+    if kind != "static" or variant not in ("", CAPTURED):
+        raise ConfigError(f"cache kind {kind!r} {variant!r} is not valid; choose one of ('dynamic', 'static')")
     size = _round_up(needed, context) if size is None else check_max_cache_len(size)
     if size > context:
         raise ConfigError(f"max_cache_len={size} is larger than the model's context length ({context})")
     if size < needed:
         raise CapacityError(f"{needed} positions are needed but max_cache_len is {size}")
-    return CacheSpec("static", size)
+    return CacheSpec("static", size, variant)
 
 
 def model_files(model: Model) -> list[Path]:
@@ -100,6 +109,18 @@ class Job:
     files: list[Path] = field(default_factory=list)
     transformers_graph: bytes = b""  # the decoder graph with concrete past shapes (``concrete_past_shapes``)
     concrete: dict[str, int] = field(default_factory=dict)  # the dimension names it made concrete
+    reduction: str = ""  # the greedy graph's reduction (``kvlab.ort.decode.greedy``); "": the token chosen on the host
+    greedy_file: Path | None = None  # the greedy graph kvlab's own runs open, beside model.onnx (reduction != "")
+    tokens_per_read: int = 1  # decode steps whose tokens are read back together (with the token on the device)
+    stop_tokens: list[int] = field(default_factory=list)  # a generation ends after the first of these
+
+    @property
+    def served(self) -> dict[str, Path | bytes]:
+        """Every file the page may ask for, by name: the model's, the greedy graph, the blobs made here."""
+        files: dict[str, Path | bytes] = {f.name: f for f in self.files}
+        if self.greedy_file is not None:
+            files[self.greedy_file.name] = self.greedy_file
+        return {**files, **self.blobs}
 
     @property
     def blobs(self) -> dict[str, bytes]:
@@ -108,7 +129,8 @@ class Job:
 
     def to_json(self) -> dict[str, Any]:
         """What the page receives: the model's geometry and files (the decoder graph and its external data, by name
-        and size: served or sent as bytes), the prompt, the caches and the options."""
+        and size: served or sent as bytes; the greedy graph where the token stays on the device), the prompt, the
+        caches and the options."""
         info = self.model.info
         return {
             "version": 1,
@@ -120,6 +142,7 @@ class Job:
                 "attention_mask": info.input_names["attention_mask"],
                 "position_ids": info.input_names.get("position_ids"),
                 "logits": info.logits_name,
+                "logits_dtype": np.dtype(info.logits_dtype).name,
                 "entries": [
                     {"past": e.past, "present": e.present, "kv_heads": e.dims[1], "head_dim": e.dims[3]}
                     for e in info.entries
@@ -131,10 +154,29 @@ class Job:
                     if self.transformers_graph
                     else None
                 ),
+                "step_length_inputs": (
+                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else []
+                ),
+                "greedy": (
+                    {
+                        "name": self.greedy_file.name,
+                        "size": self.greedy_file.stat().st_size,
+                        "reduction": self.reduction,
+                        "next": NEXT,
+                        "ids_dtype": str(ids_dtype(self.reduction)),
+                    }
+                    if self.greedy_file is not None
+                    else None
+                ),
             },
+            "tokens_per_read": self.tokens_per_read,
+            "stop_tokens": self.stop_tokens,
             "prompt_ids": self.prompt_ids,
             "max_new_tokens": self.max_new_tokens,
-            "caches": [{"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name} for c in self.caches],
+            "caches": [
+                {"kind": c.kind, "max_cache_len": c.max_cache_len, "name": c.name, "variant": c.variant}
+                for c in self.caches
+            ],
             "reps": self.reps,
             "warmup": self.warmup,
             "dynamic_impl": self.dynamic_impl,
@@ -160,6 +202,68 @@ def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
             replaced[dim.dim_param] = int(entry.dims[axis])
             dim.dim_value = int(entry.dims[axis])
     return graph.SerializeToString(), replaced
+
+
+def check_capture(model: Model, reduction: str) -> None:
+    """ModelError naming why the page cannot capture ``model``'s decode step with a fixed [1, max_cache_len] mask
+    (``capture_problem``: a dynamic input such as position ids, or a Shape read of the mask), and ConfigError where
+    the token is chosen on the host (a captured step's every input and output stays on the GPU)."""
+    from ..ort.decode.caches.captured import capture_problem
+
+    problem = capture_problem(model.info)
+    if problem:
+        raise ModelError(f"model {model.name} cannot run a captured cache in the page: {problem}")
+    if not reduction:
+        raise ConfigError("a captured cache keeps every input and output on the GPU: token_on_device must not be False")
+
+
+def step_length_inputs(model: Model) -> list[str]:
+    """Where the model's attention reads the step's length, which changes every step, in words: the
+    GroupQueryAttention nodes' seqlens_k and total_sequence_length inputs (its inputs 5 and 6), made from the
+    attention mask; one line for all such nodes, none for a model without them. The page's capture check names them
+    when a captured replay does not follow them (``kvlab/web/js/captured.mjs``)."""
+    graph = load_graph(model.onnx_path)
+    nodes = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 6]
+    if not nodes:
+        return []
+    more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
+    first = nodes[0]
+    return [
+        f"GroupQueryAttention {first.name!r}{more} takes it from the mask as seqlens_k ({first.input[5]!r}) and "
+        f"total_sequence_length ({first.input[6]!r})"
+    ]
+
+
+def page_reduction(model: Model, token_on_device: bool | str) -> str:
+    """The greedy graph's reduction the page runs: "" for False (the token chosen by the page, from the logits);
+    "auto" (or True) as a hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's
+    input ids cannot become the int32 ids "rows" needs; or the reduction named. ConfigError for anything else."""
+    if token_on_device is False:
+        return ""
+    if token_on_device is True or (isinstance(token_on_device, str) and token_on_device == AUTO):
+        reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
+        if reduction == "rows":
+            try:
+                greedy_graph(model, "rows")
+            except ModelError:
+                return "blocks"
+        return reduction
+    if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
+        return token_on_device
+    raise ConfigError(
+        f"token_on_device={token_on_device!r} is not valid; choose True, False, {AUTO!r} or one of {REDUCTIONS}"
+    )
+
+
+def page_tokens_per_read(asked: int | str, reduction: str) -> int:
+    """Decode steps read back together: "auto" is ``TOKENS_PER_READ`` with the token on the device, else 1;
+    ConfigError for a count below 1, or above 1 where the page reads every token from the logits."""
+    if isinstance(asked, str) and asked == AUTO:
+        return TOKENS_PER_READ if reduction else 1
+    n = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
+    if n > 1 and not reduction:
+        raise ConfigError(f"tokens_per_read={n} reads back tokens kept on the GPU, but token_on_device is False: use 1")
+    return n
 
 
 def transformers_config(model: Model) -> dict[str, Any]:
@@ -188,10 +292,19 @@ def make_job(
     warmup: bool = True,
     dynamic_impl: str = "auto",
     buffer_cache_mode: str = "",
+    token_on_device: bool | str = AUTO,
+    tokens_per_read: int | str = AUTO,
+    stop_tokens: Sequence[int] = (),
 ) -> Job:
     """A checked ``Job`` for ``model`` (a loaded kvlab ``Model`` or a name): caches as ``parse_cache`` takes them.
     Every bad value raises a kvlab error naming it and what would be valid; a model the runner cannot drive
-    (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason."""
+    (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason.
+
+    A "captured" cache needs a model built for capture (``check_capture``: ``kvlab.load(name, graph_capture=True)``).
+    ``token_on_device``: kvlab's own runs open the greedy graph (``page_reduction``) and keep the token on the GPU,
+    reading ``tokens_per_read`` steps' tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads
+    the logits every step and takes the argmax itself. ``stop_tokens``: a generation ends after the first of them
+    (the steps a burst ran past it undone, as native); none: every generation runs ``max_new_tokens`` steps."""
     model = load(model)
     check_model(model)
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
@@ -221,6 +334,12 @@ def make_job(
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     ids_list = [int(i) for i in ids]
     job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, model_files(model))
+    job.reduction = page_reduction(model, token_on_device)
+    job.greedy_file = greedy_graph(model, job.reduction) if job.reduction else None
+    job.tokens_per_read = page_tokens_per_read(tokens_per_read, job.reduction)
+    job.stop_tokens = [int(t) for t in model.check_ids(list(stop_tokens))] if len(stop_tokens) else []
+    if any(s.variant == CAPTURED for s in specs):
+        check_capture(model, job.reduction)
     if dynamic_impl != "onnxruntime-web" and any(s.kind == "dynamic" for s in specs):
         job.transformers_graph, job.concrete = concrete_past_shapes(model)
     return job

@@ -117,6 +117,7 @@ class BrowserResult:
     generations: list[BrowserGeneration]
     counters: dict[str, int] = field(default_factory=dict)  # the device's totals when the page finished
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    refused: dict[str, str] = field(default_factory=dict)  # cache name -> why it could not run (a captured cache)
 
     @property
     def measured(self) -> list[BrowserGeneration]:
@@ -154,6 +155,8 @@ def check_step(step: Any, where: str) -> dict[str, Any]:
         _need(step, key, int, where)
     for key in ("wall_ms", "run_ms"):
         _number(step, key, where)
+    if "read_with" in step:
+        _need(step, "read_with", int, where)
     if _need(step, "phase", str, where) not in ("prefill", "decode"):
         raise DeviceError(f"the page's result: {where}'phase' is {step['phase']!r}; expected 'prefill' or 'decode'")
     gpu = _need(step, "gpu", dict, where)
@@ -164,7 +167,8 @@ def check_step(step: Any, where: str) -> dict[str, Any]:
 
 def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
     """Run ``index`` of the page, checked against ``job``: its cache, its runner, a token and a step record per new
-    token, the steps' tokens equal to the token list."""
+    token (``max_new_tokens`` of them, or fewer ending with a stop token of the job), the steps' tokens equal to
+    the token list."""
     where = f"runs[{index}]."
     names = [c.name for c in job.caches]
     if _need(run, "cache", str, where) not in names:
@@ -173,10 +177,11 @@ def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
         raise DeviceError(f"the page's result: {where}'impl' is {run['impl']!r}; expected one of {IMPLS}")
     tokens = _need(run, "tokens", list, where)
     steps = _need(run, "steps", list, where)
-    if len(tokens) != job.max_new_tokens or len(steps) != job.max_new_tokens:
+    stopped = bool(tokens) and tokens[-1] in job.stop_tokens and len(tokens) <= job.max_new_tokens
+    if len(steps) != len(tokens) or (len(tokens) != job.max_new_tokens and not stopped):
         raise DeviceError(
             f"the page's result: {where} has {len(tokens)} tokens and {len(steps)} steps; the job asked for "
-            f"{job.max_new_tokens} of each"
+            f"{job.max_new_tokens} of each, or fewer ending with one of its stop tokens {job.stop_tokens}"
         )
     for i, s in enumerate(steps):
         check_step(s, f"{where}steps[{i}].")
@@ -221,6 +226,7 @@ def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
         used_cache_bytes=(step["position"] + step["n_tokens"]) * bytes_per_token,
         copy_bytes=0,
         rss_bytes=0,
+        read_with=int(step.get("read_with", 0)),
         **{column: int(gpu[key]) for column, key in _GPU_KEYS.items()},
     )
 
@@ -252,13 +258,15 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
         else:
             device = DeviceLabel("webgpu", adapter, "onnxruntime-web", ort_version, job.buffer_cache_mode or "bucket")
         label = RunLabel(info.name, info.dtype_name, device, spec)
+        if run["impl"] == "onnxruntime-web" and job.reduction:  # kvlab's own runs of the greedy graph
+            label = RunLabel(info.name, info.dtype_name, device, spec, None, True, job.reduction, job.tokens_per_read)
         generations.append(
             BrowserGeneration(
                 label,
                 list(job.prompt_ids),
                 list(run["tokens"]),
                 job.model.decode(run["tokens"]),
-                "max_new_tokens",
+                "eos" if run["tokens"] and run["tokens"][-1] in job.stop_tokens else "max_new_tokens",
                 [_record(s, info.bytes_per_token) for s in run["steps"]],
                 host=host,
                 job_cache=run["cache"],
@@ -277,4 +285,5 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
         generations,
         dict(raw.get("counters") or {}),
         raw,
+        {str(k): str(v) for k, v in (raw.get("refused") or {}).items()},
     )

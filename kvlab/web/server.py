@@ -36,8 +36,7 @@ class PageServer:
     def __init__(self, job: Job, on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.job = job
         self.job_json = json.dumps(job.to_json()).encode()
-        self.files: dict[str, Path | bytes] = {f.name: f for f in job.files}
-        self.files.update(job.blobs)
+        self.files: dict[str, Path | bytes] = job.served
         self.on_progress = on_progress
         self.result: dict[str, Any] | None = None
         self.last_progress: dict[str, Any] | None = None

@@ -4,7 +4,9 @@ The kernel sends everything over the Jupyter comm channel (anywidget custom mess
 npm assets (onnxruntime-web's bundle and wasm, transformers.js), the model's files, the job; the page sends back
 each step and then its result. No side server and no CDN: it works wherever the notebook opens (a laptop,
 Binder, JupyterHub). The front end is ``kvlab/web/js/widget.mjs`` with the runner's modules, bundled into one
-ES module here (``widget_esm``).
+ES module here (``widget_esm``). The run is sized to the browser's adapter when the button is pressed
+(``adapter_plan``), shows its progress and can be cancelled; ``with_chart`` draws each result over the recorded
+curves.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ import anywidget
 import numpy as np
 import traitlets
 
-from ..core.errors import DeviceError
+from ..core.errors import DeviceError, KvlabError
 from ..lab.widgets import LAB_TEXT
 from ..ort import generate
 from ..ort.models.model import Model, load
 from .assets import JS_DIR, NPM_FILES, npm_file, versions
 from .job import Job, make_job
-from .results import BrowserResult, read_result
+from .results import BrowserResult, adapter_kind, read_result
 
-BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
+BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "captured.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
 CHUNK = 8 * 2**20  # bytes per comm message
+SMALL_RUN = ("toy", 3, 32)  # what a software or low-memory adapter runs: model, prompt tokens, new tokens
+SMALL_CACHES = ("dynamic", "static", "captured")  # and with which caches (the captured one where the page can)
+RECORDED = "what-a-static-cache-buys"  # the recorded question whose curves a result is drawn over
 _RELATIVE_IMPORT = re.compile(r"^import \{[^}]*\} from '\./[\w.]+\.mjs';\n", re.M)
 _EXPORT = re.compile(r"^export (?=(async )?function |class |const )", re.M)
 
@@ -51,7 +56,46 @@ CSS = """
 .kvlab-browser-lab button { margin: 4px 0; padding: 4px 12px; }
 .kvlab-browser-status { color: var(--jp-ui-font-color2, #555); }
 .kvlab-browser-summary { white-space: pre-wrap; margin: 4px 0; }
+.kvlab-browser-plan, .kvlab-browser-progress { color: var(--jp-ui-font-color1, #222); }
 """
+
+
+def _kv_bytes(job: Job) -> int:
+    """The most KV bytes one of the job's caches holds at once (a static cache at its max_cache_len, a dynamic one
+    at the run's end)."""
+    needed = len(job.prompt_ids) + job.max_new_tokens
+    lengths = [c.max_cache_len or needed for c in job.caches]
+    return max(lengths) * job.model.info.bytes_per_token
+
+
+def run_bytes(job: Job) -> int:
+    """What a run holds on the adapter at once, at least: the model's files and its largest cache."""
+    return sum(f.stat().st_size for f in job.files) + _kv_bytes(job)
+
+
+def adapter_plan(browser: dict[str, Any], job: Job) -> tuple[str, str]:
+    """What the button runs on the browser that reported ``browser`` (its ``describeBrowser()`` answer), and the
+    one line that says so: ("asked", ...) the job as made; ("small", ...) ``SMALL_RUN`` for a software adapter
+    (SwiftShader, WARP, llvmpipe: minutes for the asked run; a job no larger than it runs as asked) or one whose
+    largest buffer (maxBufferSize) is smaller than what the run holds (``run_bytes``); ("recorded", ...) nothing
+    runs where the browser has no WebGPU adapter (or has not said which): the recorded run is shown instead.
+    Never raises."""
+    browser = browser if isinstance(browser, dict) else {}
+    info = browser.get("adapter")
+    if not info:
+        said = "this browser has no WebGPU" if browser.get("name") else "the browser has not reported an adapter"
+        why = browser.get("error") or said
+        return "recorded", f"no WebGPU here ({why}): showing the recorded run instead"
+    name, prompt, new = SMALL_RUN
+    small = f"running {name} with a {prompt}-token prompt and {new} new tokens so that it finishes within a minute"
+    if adapter_kind(info) == "software":
+        if job.model.name == name and len(job.prompt_ids) + job.max_new_tokens <= prompt + new:
+            return "asked", f"this adapter is software (a CPU drawing WebGPU); {name} as asked is small enough"
+        return "small", f"this adapter is software (a CPU drawing WebGPU): {small}"
+    limit = int(info.get("max_buffer_size") or 0)
+    if limit and limit < run_bytes(job):
+        return "small", f"this adapter's buffers hold at most {limit / 2**20:.0f} MiB: {small}"
+    return "asked", f"this adapter is a GPU: running {job.model.name} as asked"
 
 
 class BrowserLab(anywidget.AnyWidget):
@@ -60,11 +104,19 @@ class BrowserLab(anywidget.AnyWidget):
     (kvlab errors for bad values, in the cell that made it). Pressing its button runs the job in that browser; when
     the result arrives the kernel checks it (``kvlab.web.results``), runs the same greedy generation on its own CPU
     EP (``reference=True``) and shows a summary; ``result`` is then a ``BrowserResult`` (None before), and
-    ``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown."""
+    ``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown.
+    With ``fit_adapter`` the press runs what ``adapter_plan`` chooses for that adapter (``ran``: the job that
+    ran, ``plan``: the line saying why); the page shows steps done of the total, the elapsed time and an estimate,
+    and a Cancel button: a cancelled run releases every buffer the page made (``cancelled`` holds the page's
+    buffer counters then) and leaves ``result`` None. Where the browser has no WebGPU adapter nothing runs and the
+    ``on_recorded`` callbacks draw the recording instead. kvlab's own caches keep the token on the GPU and read it
+    back in bursts (``job_options``: ``token_on_device``, ``tokens_per_read``); "captured" among ``caches`` needs a
+    model built for capture (``kvlab.load(name, graph_capture=True)``)."""
 
     _esm = traitlets.Unicode(widget_esm()).tag(sync=True)
     _css = traitlets.Unicode(CSS).tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
+    plan = traitlets.Unicode("").tag(sync=True)  # what the button runs on this adapter, in one line
     summary = traitlets.Unicode("").tag(sync=True)
     running = traitlets.Bool(False).tag(sync=True)
     browser = traitlets.Dict({}).tag(sync=True)  # set by the page: its name, its adapter's GPUAdapter.info
@@ -78,19 +130,25 @@ class BrowserLab(anywidget.AnyWidget):
         new_tokens: int = 16,
         caches: Sequence[str] = ("dynamic", "static"),
         reference: bool = True,
+        fit_adapter: bool = True,
         **job_options: Any,
     ) -> None:
         """``job_options``: the rest of ``kvlab.web.make_job``'s keyword arguments (``reps``, ``warmup``,
-        ``dynamic_impl``, ``buffer_cache_mode``)."""
+        ``dynamic_impl``, ``buffer_cache_mode``, ``token_on_device``, ``tokens_per_read``, ``stop_tokens``)."""
         super().__init__()
         model = load(model)
         ids = model.tokens_of(LAB_TEXT, prompt_tokens) if prompt is None else prompt
         self.job: Job = make_job(model, ids, max_new_tokens=new_tokens, caches=caches, **job_options)
+        self.ran: Job = self.job
+        self.fit_adapter = fit_adapter
+        self._caches, self._options = list(caches), job_options
+        self.cancelled: dict[str, int] | None = None
         self.reference = reference
         self.result: BrowserResult | None = None
         self.reference_tokens: list[int] | None = None
         self.steps: list[dict[str, Any]] = []
         self._callbacks: list[Callable[[BrowserResult], None]] = []
+        self._recorded_callbacks: list[Callable[[], None]] = []
         caches_text = ", ".join(c.name for c in self.job.caches)
         self.status = (
             f"ready: {model.name}, {len(self.job.prompt_ids)}-token prompt, {new_tokens} new tokens, {caches_text}; "
@@ -102,15 +160,20 @@ class BrowserLab(anywidget.AnyWidget):
         """``fn(result)`` is called with every result from now on, after the kernel checked it."""
         self._callbacks.append(fn)
 
+    def on_recorded(self, fn: Callable[[], None]) -> None:
+        """``fn()`` is called whenever a press finds no WebGPU adapter (nothing runs: the recorded run stands in)."""
+        self._recorded_callbacks.append(fn)
+
     # -- messages
     def _on_msg(self, _widget: Any, content: dict[str, Any], buffers: list[Any]) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "start":
+            if isinstance(content.get("browser"), dict) and content["browser"].get("name"):
+                self.browser = content["browser"]
             self._start(set(content.get("have") or ()))
         elif kind == "step":
             self.steps.append(content.get("step") or {})
-            step = self.steps[-1]
-            self.status = f"running in the browser: {step.get('phase', '?')} step {step.get('step', '?')}"
+            self.status = f"running in the browser: {len(self.steps)} steps done"
         elif kind == "result":
             self._finish(content.get("result"))
 
@@ -119,42 +182,65 @@ class BrowserLab(anywidget.AnyWidget):
         for i in range(count):
             self.send({"type": "blob", "name": name, "index": i, "count": count}, [data[i * CHUNK : (i + 1) * CHUNK]])
 
+    def _small_job(self) -> Job:
+        """``SMALL_RUN`` with the three caches of ``SMALL_CACHES`` (the static ones sized to fit) and the asked
+        options."""
+        name, prompt, new = SMALL_RUN
+        model = load(name, graph_capture=True)  # its capture build: the captured row too
+        ids = model.tokens_of(LAB_TEXT, prompt)
+        return make_job(model, ids, max_new_tokens=new, caches=SMALL_CACHES, **self._options)
+
     def _start(self, have: set[str]) -> None:
+        self.cancelled, self.summary = None, ""
+        kind, self.plan = adapter_plan(self.browser, self.job) if self.fit_adapter else ("asked", "")
+        if kind == "recorded":
+            self.status = "nothing ran in this browser: the chart shows the recorded run"
+            self.send({"type": "recorded"})
+            for fn in self._recorded_callbacks:
+                fn()
+            return
         try:
+            self.ran = self._small_job() if kind == "small" else self.job
             self.running, self.steps, self.result = True, [], None
             npm = versions()
             assets = {"ort": f"npm:{NPM_FILES['ort']}@{npm['onnxruntime-web']}"}
             assets["wasm"] = f"npm:{NPM_FILES['ort-wasm']}@{npm['onnxruntime-web']}"
-            if self.job.transformers_graph:
+            if self.ran.transformers_graph:
                 assets["transformers"] = f"npm:{NPM_FILES['transformers']}@{npm['@huggingface/transformers']}"
             keys = {"ort": "ort", "wasm": "ort-wasm", "transformers": "transformers"}
             for role, name in assets.items():
                 if name not in have:
                     self.status = f"sending {NPM_FILES[keys[role]]} to the browser"
                     self._send_blob(name, npm_file(keys[role]).read_bytes())
-            info = self.job.model.info
-            for f in self.job.files:
-                self._send_blob(f"model:{info.name}:{f.name}", f.read_bytes())
-            for name, data in self.job.blobs.items():
-                self._send_blob(f"model:{info.name}:{name}", data)
+            info = self.ran.model.info
+            for name, file in self.ran.served.items():
+                self._send_blob(f"model:{info.name}:{name}", file if isinstance(file, bytes) else file.read_bytes())
             self.status = "running in the browser (the first step compiles its shaders)"
-            self.send({"type": "job", "job": self.job.to_json(), "assets": assets})
-        except DeviceError as exc:
+            self.send({"type": "job", "job": self.ran.to_json(), "assets": assets})
+        except KvlabError as exc:
             self.running, self.status = False, f"error: {exc}"
 
     def _finish(self, raw: Any) -> None:
         self.running = False
+        if isinstance(raw, dict) and raw.get("cancelled"):
+            counts = raw.get("counters") or {}
+            self.cancelled = {k: int(counts.get(k, 0)) for k in ("created", "destroyed", "live")}
+            self.status = (
+                f"cancelled after {len(self.steps)} steps: the page released its buffers ({self.cancelled['created']} "
+                f"created, {self.cancelled['destroyed']} destroyed, {self.cancelled['live']} live)"
+            )
+            return
         try:
-            self.result = read_result(raw, self.job)
+            self.result = read_result(raw, self.ran)
         except DeviceError as exc:
             self.status = f"error: {exc}"
             return
         if self.reference:
             self.reference_tokens = generate(
-                self.job.model,
-                self.job.prompt_ids,
+                self.ran.model,
+                self.ran.prompt_ids,
                 device="cpu",
-                max_new_tokens=self.job.max_new_tokens,
+                max_new_tokens=self.ran.max_new_tokens,
                 stop_on_eos=False,
             ).token_ids
         self.summary = summary_text(self.result, self.reference_tokens)
@@ -167,6 +253,22 @@ class BrowserLab(anywidget.AnyWidget):
         """One DataFrame per measured run (``Generation.frame()``; label and host in ``attrs``)."""
         return [g.frame() for g in self.result.measured] if self.result else []
 
+    def over_recorded(self, question: str = RECORDED) -> Any:
+        """The recorded curves of ``question`` (``kvlab.lab.recorded``: the dynamic cache's decode step over the
+        static cache's against the context) with this browser's measured (dynamic, static) pairs drawn over them;
+        the recorded curves alone before a result (or where nothing ran)."""
+        from ..lab import recorded
+
+        live = []
+        if self.result is not None:
+            runs = self.result.measured
+            dyn = [g for g in runs if g.label.cache.kind == "dynamic"]
+            sta = [g for g in runs if g.label.cache.kind == "static"]
+            where = f"{self.ran.model.name} in this browser ({self.result.adapter.name})"
+            live = [(where, list(zip(dyn, sta)))] if dyn and sta else []
+        note = self.plan or "recorded runs only: press the button to add this browser's"
+        return recorded.load(question).figure(live=live, note=note)
+
     def figure(self, **kwargs: Any) -> Any:
         """The measured runs' decode-step latency (``kvlab.lab.plots.latency``)."""
         from ..lab import plots
@@ -176,24 +278,51 @@ class BrowserLab(anywidget.AnyWidget):
         return plots.latency(self.result.measured, **kwargs)
 
 
+def with_chart(lab: BrowserLab, question: str = RECORDED) -> Any:
+    """``lab`` above a chart (an ipywidgets Output) that shows ``lab.over_recorded(question)`` after every result,
+    and the recorded curves alone when a press finds no WebGPU; returns the VBox holding both."""
+    import ipywidgets
+
+    chart = ipywidgets.Output()
+
+    def draw(*_: Any) -> None:
+        from IPython.display import display
+
+        with chart:  # a figure displays itself (plotly's _ipython_display_): captured, not appended
+            chart.clear_output(wait=True)
+            display(lab.over_recorded(question))
+
+    lab.on_result(draw)
+    lab.on_recorded(draw)
+    return ipywidgets.VBox([lab, chart])
+
+
 def summary_text(result: BrowserResult, reference: list[int] | None) -> str:
-    """Per cache: median decode step, fresh KV tensors and new GPU storage buffers per decode step; and whether
-    the greedy tokens equal the kernel's CPU EP run."""
+    """Per cache (dynamic, static, captured: the rows the job ran): median decode step, fresh KV tensors, new GPU
+    storage buffers and GPU buffers of any kind created per decode step, and how the token came back; a refused
+    cache's row says why; then whether the greedy tokens equal the kernel's CPU EP run."""
     lines = [f"{result.host} · {result.adapter.name.split(' in ')[0]} ({result.adapter.kind})"]
-    names = dict.fromkeys(g.job_cache for g in result.measured)
+    names = dict.fromkeys([*(g.job_cache for g in result.measured), *result.refused])
     for name in names:
+        if name in result.refused:
+            lines.append(f"{name}: refused: {result.refused[name]}")
+            continue
         runs = result.by_cache(name)
         decode = [r for g in runs for r in g.records if r.phase == "decode"]
         ms = float(np.median([r.wall_ms for r in decode])) if decode else float("nan")
         tensors = float(np.mean([r.cache_tensors_allocated for r in decode])) if decode else 0.0
         storage = float(np.mean([r.storage_buffers_created for r in decode])) if decode else 0.0
-        who = f" ({runs[0].impl})"
+        made = float(np.mean([r.gpu_buffers_created for r in decode])) if decode else 0.0
+        label = runs[0].label
+        token = "token on the host"
+        if label.token_on_device:
+            token = f"token on the GPU, read every {label.tokens_per_read}"
         lines.append(
-            f"{name}{who}: {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors and {storage:.2g} new GPU "
-            "storage buffers per step"
+            f"{name} ({runs[0].impl}; {token}): {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors, "
+            f"{storage:.2g} new GPU storage buffers and {made:.2g} GPU buffers of any kind per step"
         )
     if reference is not None:
-        equal = all(g.token_ids == reference for g in result.measured)
+        equal = all(g.token_ids[: len(reference)] == reference[: len(g.token_ids)] for g in result.measured)
         lines.append(f"greedy tokens equal the kernel's CPU EP run: {equal}")
     if result.transformers and result.transformers.get("error"):
         lines.append(f"transformers.js: {result.transformers['error']}")

@@ -57,6 +57,11 @@ export class StaticKV {
     return this.buffers !== null;
   }
 
+  // the KV buffers, made at the first feeds() (empty before)
+  get kvBuffers() {
+    return this.buffers ?? [];
+  }
+
   allocate() {
     if (this.released) throw new Error('this static cache was released; make a new one');
     if (this.allocated) return;
@@ -163,8 +168,11 @@ export class DynamicKV {
   }
 }
 
+// where the session leaves each output: the KV presents and the greedy graph's token on the GPU, the logits (read
+// by the host path only) on the CPU
 export function outputLocations(model) {
   const where = { [model.logits]: 'cpu' };
   for (const e of model.entries) where[e.present] = 'gpu-buffer';
+  if (model.greedy) where[model.greedy.next] = 'gpu-buffer';
   return where;
 }

@@ -8,7 +8,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { errorResult, runJob } from './runner.mjs';
+import { errorResult, jobFiles, runJob } from './runner.mjs';
 
 const [jobFile, modelDir, modules, outFile] = process.argv.slice(2);
 
@@ -41,7 +41,8 @@ async function main() {
   const wasm = fs.readFileSync(path.join(modules, 'onnxruntime-web', 'dist', 'ort-wasm-simd-threaded.asyncify.wasm'));
   ort.env.wasm.wasmBinary = wasm.buffer.slice(wasm.byteOffset, wasm.byteOffset + wasm.byteLength);
   const bytes = {};
-  for (const f of job.model.files) bytes[f.name] = new Uint8Array(fs.readFileSync(path.join(modelDir, f.name)));
+  const files = jobFiles(job).filter((f) => f !== job.model.transformers_graph); // the one made by kvlab, not on disk
+  for (const f of files) bytes[f.name] = new Uint8Array(fs.readFileSync(path.join(modelDir, f.name)));
   const pkg = (name) => JSON.parse(fs.readFileSync(path.join(modules, name, 'package.json'), 'utf8')).version;
   const host = {
     kind: 'node',

@@ -1,25 +1,34 @@
 // Runs one job (kvlab/web/job.py's JSON) on onnxruntime-web's WebGPU EP, in whatever host gives it a
 // navigator.gpu: a browser page, the notebook widget, or Node with Dawn's bindings.
 //
-// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep}) gives onnxruntime-web gpu's
-// high-performance adapter, opens one session of the model from bytes ({file name: Uint8Array}), wraps the
-// GPUDevice the WebGPU EP made for it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for job.reps rounds (after one warm-up round
-// when job.warmup), interleaved. The dynamic cache runs through transformers.js when transformers (a loader:
-// () => module) is given and the job allows it; when transformers.js cannot load the model and the job says
-// "auto", the error is kept in the result and the dynamic cache runs on onnxruntime-web directly, as
-// transformers.js runs it (fresh outputs every step). Every cache and the session are released exactly once,
-// also when a run fails; the result says how many buffers each release destroyed. Returns the result object
-// kvlab/web/results.py reads; throws on an error that leaves nothing to report.
+// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep, cancelled}) gives onnxruntime-web gpu's
+// high-performance adapter, opens one session from bytes ({file name: Uint8Array}): the greedy graph where the job
+// sends one (the token stays on the GPU: decode.mjs), else the decoder; wraps the GPUDevice the WebGPU EP made for
+// it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for
+// job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
+// transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
+// cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
+// onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). A captured cache (variant
+// 'graph') replays its decode steps on a second session of the same graph opened with graph capture, one per
+// generation (openCapture; captured.mjs); where onnxruntime-web cannot capture the model (it refuses the session,
+// or its replay differs from the uncaptured step) the result's refused[cache name] says why and the other caches
+// go on. cancelled (() => bool) is asked
+// before every step: the job stops there and the result says {cancelled: true}. Every cache and the session are released exactly
+// once, also when a run fails or is cancelled; the result says how many buffers each release destroyed. Returns
+// the result object kvlab/web/results.py reads; throws on an error that leaves nothing to report.
 
 import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
 import { decode } from './decode.mjs';
+import { decodeCaptured } from './captured.mjs';
 import { generateWithTransformers } from './tjs.mjs';
 import { openAdapter } from './host.mjs';
 
-// every model file a job names: the decoder, its external data, and the graph for transformers.js when sent
+// every model file a job names: the decoder, its external data, the greedy graph and the graph for transformers.js
+// when the job has them
 export function jobFiles(job) {
-  return [...job.model.files, ...(job.model.transformers_graph ? [job.model.transformers_graph] : [])];
+  const extra = [job.model.greedy, job.model.transformers_graph].filter(Boolean);
+  return [...job.model.files, ...extra];
 }
 
 // what a host reports when the job failed before it had a result
@@ -34,13 +43,43 @@ function rounds(job) {
   return plan;
 }
 
-async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
+// the session a captured cache replays its decode steps on: the same graph, opened with enableGraphCapture, every
+// output on the GPU; onnxruntime-web's refusal (a node it cannot capture, an input it cannot keep fixed) is named
+export async function openCapture(ort, bytes, job, ep, externalData) {
+  const where = {};
+  for (const e of job.model.entries) where[e.present] = 'gpu-buffer';
+  where[job.model.greedy.next] = 'gpu-buffer';
+  where[job.model.logits] = 'gpu-buffer';
+  try {
+    return await ort.InferenceSession.create(bytes[job.model.greedy.name], {
+      executionProviders: [ep],
+      externalData,
+      enableGraphCapture: true,
+      preferredOutputLocation: where,
+    });
+  } catch (err) {
+    const refused = new Error(
+      `graph capture refused by onnxruntime-web ${ort.env.versions.web} for model ${job.model.name}: ` +
+        `${err?.message ?? err}`,
+    );
+    refused.name = 'CaptureRefused';
+    throw refused;
+  }
+}
+
+async function runOwn({ ort, device, session, job, spec, counters, onStep, cancelled, openCaptured }) {
   const cache =
     spec.kind === 'static' ? new StaticKV(ort, device, job.model, spec.max_cache_len) : new DynamicKV(ort, job.model);
+  const captured = spec.variant === 'graph';
   let result;
   let before;
+  let capture = null;
   try {
-    result = await decode({
+    // a captured graph replays the very buffers it recorded: one capturing session per generation, released with it
+    if (captured) capture = await openCaptured();
+    result = await (captured ? decodeCaptured : decode)({
+      capture,
+      maxCacheLen: spec.max_cache_len,
       ort,
       session,
       model: job.model,
@@ -49,16 +88,23 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep }) {
       maxNewTokens: job.max_new_tokens,
       counters,
       onStep,
+      device,
+      greedy: job.model.greedy,
+      tokensPerRead: job.tokens_per_read,
+      stopTokens: job.stop_tokens,
+      lengthInputs: job.model.step_length_inputs,
+      cancelled,
     });
   } finally {
     before = counters.snapshot();
     cache.release();
+    if (capture) await capture.release();
   }
   const released = counters.delta(before, counters.snapshot());
   return { ...result, release: { buffers_destroyed: released.destroyed, bytes_destroyed: released.bytes_destroyed } };
 }
 
-export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep }) {
+export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep, cancelled }) {
   const { adapter, adapterInfo } = await openAdapter(gpu);
   if (job.model.dtype === 'float16' && !adapterInfo.features.includes('shader-f16')) {
     throw new Error(
@@ -76,7 +122,7 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep 
     transformers: null,
     runs: [],
   };
-  const decoder = job.model.files[0].name;
+  const decoder = (job.model.greedy ?? job.model.files[0]).name; // kvlab's own runs: the greedy graph, when sent
   const externalData = job.model.files.slice(1).map((f) => ({ path: f.name, data: bytes[f.name] }));
   const t0 = performance.now();
   const ep = job.buffer_cache_mode ? { name: 'webgpu', storageBufferCacheMode: job.buffer_cache_mode } : 'webgpu';
@@ -91,6 +137,8 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep 
   const counters = countBuffers(device);
   out.device_features = [...device.features].sort();
   let tjs = null;
+  out.refused = {}; // cache name -> why it could not run (a captured cache onnxruntime-web cannot capture)
+  const openCaptured = () => openCapture(ort, bytes, job, ep, externalData);
   const wantTjs = job.dynamic_impl !== 'onnxruntime-web' && job.caches.some((c) => c.kind === 'dynamic');
   try {
     if (wantTjs && transformers) {
@@ -109,19 +157,30 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep 
         const base = { cache: spec.name, kind: spec.kind, max_cache_len: spec.max_cache_len, ...round };
         if (spec.kind === 'dynamic' && tjs) {
           try {
-            const r = await generateWithTransformers({ tjs, job, bytes, counters, ep });
+            const r = await generateWithTransformers({ tjs, job, bytes, counters, ep, cancelled });
             out.runs.push({ ...base, impl: 'transformers.js', tokens: r.tokens, steps: r.steps, release: null });
+            for (const s of r.steps) onStep?.(s);
             continue;
           } catch (err) {
+            if (err?.name === 'Cancelled') throw err;
             out.transformers.error = `transformers.js could not run model ${job.model.name}: ${err?.message ?? err}`;
             tjs = null;
             if (job.dynamic_impl === 'transformers.js') throw new Error(out.transformers.error);
           }
         }
-        const r = await runOwn({ ort, device, session, job, spec, counters, onStep });
-        out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
+        if (spec.name in out.refused) continue;
+        try {
+          const r = await runOwn({ ort, device, session, job, spec, counters, onStep, cancelled, openCaptured });
+          out.runs.push({ ...base, impl: 'onnxruntime-web', ...r });
+        } catch (err) {
+          if (err?.name !== 'CaptureRefused') throw err;
+          out.refused[spec.name] = err.message; // the other caches go on
+        }
       }
     }
+  } catch (err) {
+    if (err?.name !== 'Cancelled') throw err;
+    out.cancelled = true; // the runs before it are kept; the cache it stopped was released by runOwn
   } finally {
     await session.release();
     out.counters = counters.snapshot();

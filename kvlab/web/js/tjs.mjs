@@ -4,11 +4,13 @@
 // imports ("onnxruntime-web/webgpu", "onnxruntime-common") pointed at ortUrl, the very module kvlab's own runs
 // use, so both share one onnxruntime-web instance, one env and one (counted) GPUDevice. Call it after
 // ort.env.wasm.wasmPaths is set (transformers.js points an unset one at a CDN when it loads).
-// generateWithTransformers({tjs, job, bytes, counters, ep}) loads the kvlab model from memory (a custom cache
+// generateWithTransformers({tjs, job, bytes, counters, ep, cancelled}) loads the kvlab model from memory (a custom cache
 // answers every file transformers.js asks for; nothing is fetched), generates job.max_new_tokens greedy tokens
 // (no stop on EOS) and returns {tokens, steps} in the shape decode.mjs returns. A step is one session.run of
 // transformers.js: run_ms is performance.now around that run, wall_ms from its start to the next run's start
-// (the last: to generate()'s end), gpu the device's buffer counters over the same span.
+// (the last: to generate()'s end), gpu the device's buffer counters over the same span. When cancelled() answers
+// true before a run, it frees the last run's outputs (the pasts transformers.js holds) and throws an Error named
+// 'Cancelled' (the model disposed after).
 
 import { cacheBytes, countFresh } from './caches.mjs';
 
@@ -50,7 +52,7 @@ function tjsDtype(job) {
   return job.model.dtype === 'float16' ? 'fp16' : 'fp32';
 }
 
-export async function generateWithTransformers({ tjs, job, bytes, counters, ep }) {
+export async function generateWithTransformers({ tjs, job, bytes, counters, ep, cancelled }) {
   const { AutoModelForCausalLM, env, Tensor } = tjs;
   env.allowLocalModels = true;
   env.allowRemoteModels = false;
@@ -71,10 +73,18 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep }
   const run = session.run.bind(session);
   const spans = [];
   const seen = new WeakSet();
+  let last = null; // the latest run's outputs: transformers.js's next pasts, which a cancel must free itself
   session.run = async (feeds, ...rest) => {
+    if (cancelled?.()) {
+      for (const t of Object.values(last ?? {})) t.dispose?.(); // a tensor's dispose() frees its buffer once
+      const err = new Error('cancelled: the run was stopped before it finished; its buffers were released');
+      err.name = 'Cancelled';
+      throw err;
+    }
     const span = { start: performance.now(), before: counters.snapshot() };
     spans.push(span);
     const outputs = await run(feeds, ...rest);
+    last = outputs;
     span.end = performance.now();
     // read now: transformers.js disposes these tensors a step later
     const presents = model.entries.map((e) => outputs[e.present]).filter(Boolean);

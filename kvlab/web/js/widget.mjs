@@ -2,14 +2,19 @@
 // comm channel, so it works wherever the notebook does (a laptop, Binder, JupyterHub): no side server, no CDN.
 //
 // Contract (messages; kvlab/web/widget.py is the other side):
-//   front end -> kernel  {type: 'start', have: [blob names it already holds]}   when Run is pressed
+//   front end -> kernel  {type: 'start', have: [blob names it already holds], browser: describeBrowser()}  on Run
 //   kernel -> front end  {type: 'blob', name, index, count} + one binary buffer  (npm assets, model files: chunks)
 //   kernel -> front end  {type: 'job', job, assets: {ort, wasm, transformers}}  the job; its files were sent as blobs
-//   front end -> kernel  {type: 'step', step} per finished step, then {type: 'result', result}
+//   kernel -> front end  {type: 'recorded'}  nothing runs here (no WebGPU adapter): the kernel shows the recording
+//   front end -> kernel  {type: 'step', step} per finished step, then {type: 'result', result}; a cancelled run's
+//                        result is {cancelled: true, counters} (every cache and the session released first)
+// While a job runs the widget shows steps done of the job's total, the elapsed time and an estimate of the time
+// left (from the steps after the first, which compiles the shaders), and a Cancel button; when it ends, the steps
+// done and the time they took.
 // On render the widget also reports this browser and its WebGPU adapter in the synced trait `browser`.
 // Assets stay in this page (globalThis) for every later widget; onnxruntime-web is imported once per page.
 
-import { browserHost, reportBrowser } from './host.mjs';
+import { browserHost, describeBrowser, reportBrowser } from './host.mjs';
 import { errorResult, jobFiles, runJob } from './runner.mjs';
 import { loadTransformers } from './tjs.mjs';
 
@@ -56,7 +61,26 @@ async function loadOrt(assets) {
   return pageState.ort;
 }
 
-async function runHere(model, msg) {
+// how many steps a job runs: every cache, every round (the warm-up too), max_new_tokens each (fewer on a stop token)
+function totalSteps(job) {
+  return job.caches.length * (job.reps + (job.warmup ? 1 : 0)) * job.max_new_tokens;
+}
+
+function seconds(ms) {
+  return `${(ms / 1000).toFixed(ms < 10000 ? 1 : 0)} s`;
+}
+
+// "step 12 / 64 · 8.1 s elapsed · about 20 s left"
+function progressText(done, total, elapsedMs, firstStepMs) {
+  let left = 'estimate after the first steps (the first compiles the shaders)';
+  if (done >= 2 && firstStepMs !== null) {
+    const rate = (elapsedMs - firstStepMs) / (done - 1);
+    left = `about ${seconds(rate * Math.max(0, total - done))} left`;
+  }
+  return `step ${done} / ${total} · ${seconds(elapsedMs)} elapsed · ${left}`;
+}
+
+async function runHere(model, msg, onStep, cancelled) {
   const { job, assets } = msg;
   const ort = await loadOrt(assets);
   const bytes = {};
@@ -64,8 +88,7 @@ async function runHere(model, msg) {
   const transformers = assets.transformers
     ? async () => loadTransformers(pageState.ortUrl, new TextDecoder().decode(blob(assets.transformers)))
     : null;
-  const onStep = (step) => model.send({ type: 'step', step });
-  return runJob({ ort, gpu: navigator.gpu, job, bytes, host: await browserHost(), transformers, onStep });
+  return runJob({ ort, gpu: navigator.gpu, job, bytes, host: await browserHost(), transformers, onStep, cancelled });
 }
 
 function render({ model, el }) {
@@ -78,11 +101,20 @@ function render({ model, el }) {
   summary.className = 'kvlab-browser-summary';
   const adapter = document.createElement('div');
   adapter.className = 'kvlab-browser-adapter';
-  el.append(adapter, button, status, summary);
+  const cancel = document.createElement('button');
+  cancel.textContent = 'Cancel';
+  cancel.className = 'kvlab-browser-cancel';
+  cancel.style.display = 'none';
+  const plan = document.createElement('div');
+  plan.className = 'kvlab-browser-plan';
+  const progress = document.createElement('div');
+  progress.className = 'kvlab-browser-progress';
+  el.append(adapter, button, cancel, plan, progress, status, summary);
 
   const show = () => {
     status.textContent = model.get('status');
     summary.textContent = model.get('summary');
+    plan.textContent = model.get('plan');
     const b = model.get('browser');
     const a = b?.adapter;
     adapter.textContent = a
@@ -94,6 +126,7 @@ function render({ model, el }) {
   };
   model.on('change:status', show);
   model.on('change:summary', show);
+  model.on('change:plan', show);
   model.on('change:browser', show);
   model.on('change:running', show);
   show();
@@ -101,23 +134,56 @@ function render({ model, el }) {
   reportBrowser(model);
 
   let mine = false; // only the view whose button was pressed runs the job (a widget may be shown twice)
+  let run = null; // the running job's progress: {total, done, start, firstStep, cancel, timer}
+  const tick = () => {
+    if (!run) return;
+    const text = progressText(run.done, run.total, performance.now() - run.start, run.firstStep);
+    progress.textContent = run.cancel ? `${text} · cancelling after this step` : text;
+  };
+  const finish = (result) => {
+    clearInterval(run.timer);
+    progress.textContent = `${run.done} steps in ${seconds(performance.now() - run.start)}`;
+    run = null;
+    cancel.style.display = 'none';
+    model.send({ type: 'result', result });
+  };
   const onMessage = (msg, buffers) => {
     if (msg.type === 'blob') receiveBlob(msg, buffers);
+    if (msg.type === 'recorded') mine = false;
     if (msg.type === 'job' && mine) {
       mine = false;
-      runHere(model, msg).then(
-        (result) => model.send({ type: 'result', result }),
-        (err) => model.send({ type: 'result', result: errorResult(err) }),
-      );
+      run = { total: totalSteps(msg.job), done: 0, start: performance.now(), firstStep: null, cancel: false };
+      run.timer = setInterval(tick, 500);
+      cancel.disabled = false;
+      cancel.style.display = '';
+      tick();
+      const current = run;
+      const onStep = (step) => {
+        current.done += 1;
+        if (current.firstStep === null) current.firstStep = performance.now() - current.start;
+        tick();
+        model.send({ type: 'step', step });
+      };
+      runHere(model, msg, onStep, () => current.cancel).then(finish, (err) => finish(errorResult(err)));
     }
   };
   model.on('msg:custom', onMessage);
-  button.addEventListener('click', () => {
-    mine = true;
-    const have = [...pageState.blobs.entries()].filter(([, b]) => b.done).map(([name]) => name);
-    model.send({ type: 'start', have });
+  cancel.addEventListener('click', () => {
+    if (run) run.cancel = true;
+    cancel.disabled = true;
+    tick();
   });
-  return () => model.off('msg:custom', onMessage);
+  button.addEventListener('click', async () => {
+    mine = true;
+    progress.textContent = '';
+    const have = [...pageState.blobs.entries()].filter(([, b]) => b.done).map(([name]) => name);
+    const browser = model.get('browser')?.name ? model.get('browser') : await describeBrowser();
+    model.send({ type: 'start', have, browser });
+  });
+  return () => {
+    model.off('msg:custom', onMessage);
+    if (run) clearInterval(run.timer); // the run itself goes on and reports to the kernel
+  };
 }
 
 export default { render };

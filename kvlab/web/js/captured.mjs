@@ -1,0 +1,229 @@
+// A static cache whose decode steps replay a graph onnxruntime-web captured (its session option enableGraphCapture).
+//
+// Capture needs every input and output of a step to be the same GPU buffer at every step, of the same shape: the
+// KV buffers are the static cache's (StaticKV: past and present bound to one buffer); FixedStep adds the rest,
+// made once per generation: the input ids [1, 1], the attention mask [1, max_cache_len] (ones, then zeros: the
+// model counts the ones; kvlab/web/job.py refuses a model that reads the mask's length), the greedy token [1, 1]
+// the graph writes, and a staging buffer a burst's tokens are copied into and mapped from, once. Between steps the
+// host writes one mask element (queue.writeBuffer, 8 bytes) and the GPU copies the token into the ids buffer and
+// into the burst's slot: nothing is created per step.
+//
+// Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session) and
+// maxCacheLen, and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
+// from a decode step's) with its token written into the fixed token buffer; every decode step runs on the
+// capturing session (its first run records the graph, every later one replays it); tokens are read back in bursts
+// of tokensPerRead, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly once,
+// also on error.
+
+import {
+  READ_USAGE,
+  TOKEN_USAGE,
+  checkCancelled,
+  halfToFloat,
+  ids,
+  int64,
+  notAToken,
+  record,
+  reportBurst,
+} from './decode.mjs';
+
+
+// onnxruntime-web registers a GPU buffer of the caller's with the wasm runtime for the length of one run and drops
+// the registration after it, so the next run binds the same buffer under a new handle, which a captured graph
+// (recorded with the old one) cannot replay. The runtime keeps its own output buffers registered for good, marked
+// by a symbol-keyed record [handle, count] whose count is NaN. pinBuffers(own, buffers) finds that symbol on own
+// (a buffer the runtime made) and gives each of buffers the same treatment: the record the runtime stores on it at
+// its first registration gets the count NaN, so it keeps one handle for as long as the buffer lives.
+export function pinBuffers(own, buffers) {
+  const key = Object.getOwnPropertySymbols(own).find((s) => s.description === 'gpuBufferMetadata');
+  if (!key) throw new Error('this onnxruntime-web keeps no registration record on its buffers: capture cannot pin');
+  for (const b of buffers) {
+    if (Object.getOwnPropertySymbols(b).includes(key)) continue;
+    let record;
+    Object.defineProperty(b, key, {
+      configurable: true,
+      get: () => record,
+      set: (value) => {
+        record = value;
+        if (Array.isArray(record)) record[1] = NaN;
+      },
+    });
+  }
+}
+
+export class FixedStep {
+  constructor(ort, device, idsDtype, maxCacheLen, perRead, vocab, logitsType) {
+    this.device = device;
+    this.bytes = idsDtype === 'int32' ? 4 : 8;
+    this.idsDtype = idsDtype;
+    const made = [];
+    const make = (size, usage) => {
+      const b = device.createBuffer({ size: Math.max(16, Math.ceil(size / 16) * 16), usage });
+      made.push(b);
+      return b;
+    };
+    try {
+      this.idsBuffer = make(this.bytes, TOKEN_USAGE);
+      this.nextBuffer = make(this.bytes, TOKEN_USAGE);
+      this.maskBuffer = make(8 * maxCacheLen, TOKEN_USAGE);
+      this.staging = make(this.bytes * perRead, READ_USAGE);
+      this.logitsType = logitsType;
+      this.logitsBytes = Math.ceil((vocab * (logitsType === 'float16' ? 2 : 4)) / 16) * 16;
+      this.logitsBuffer = make(this.logitsBytes, TOKEN_USAGE);
+      this.check = make(2 * this.logitsBytes, READ_USAGE);
+    } catch (err) {
+      for (const b of made) b.destroy();
+      throw err;
+    }
+    this.buffers = made;
+    this.ids = ort.Tensor.fromGpuBuffer(this.idsBuffer, { dataType: idsDtype, dims: [1, 1] });
+    this.next = ort.Tensor.fromGpuBuffer(this.nextBuffer, { dataType: idsDtype, dims: [1, 1] });
+    this.logits = ort.Tensor.fromGpuBuffer(this.logitsBuffer, { dataType: logitsType, dims: [1, 1, vocab] });
+    this.mask = ort.Tensor.fromGpuBuffer(this.maskBuffer, { dataType: 'int64', dims: [1, maxCacheLen] });
+  }
+
+  // the mask's positions [from, to) set to one
+  ones(from, to) {
+    this.device.queue.writeBuffer(this.maskBuffer, from * 8, new BigInt64Array(to - from).fill(1n));
+  }
+
+  // the buffers a step binds (the staging buffer is only copied into)
+  bound() {
+    return this.buffers.filter((b) => b !== this.staging && b !== this.check);
+  }
+
+  // after a step: its token (in next, the token buffer by default) becomes the next step's ids and the burst's
+  // slot-th token
+  keep(slot, next = this.nextBuffer) {
+    const encoder = this.device.createCommandEncoder();
+    encoder.copyBufferToBuffer(next, 0, this.idsBuffer, 0, this.bytes);
+    encoder.copyBufferToBuffer(next, 0, this.staging, slot * this.bytes, this.bytes);
+    this.device.queue.submit([encoder.finish()]);
+  }
+
+  // the logits copied into half `half` of the check buffer (0: the uncaptured step's, 1: the replay's)
+  keepCheck(half) {
+    const encoder = this.device.createCommandEncoder();
+    encoder.copyBufferToBuffer(this.logitsBuffer, 0, this.check, half * this.logitsBytes, this.logitsBytes);
+    this.device.queue.submit([encoder.finish()]);
+  }
+
+  // both halves of the check buffer, as numbers
+  async readCheck() {
+    await this.check.mapAsync(1, 0, 2 * this.logitsBytes);
+    const range = this.check.getMappedRange(0, 2 * this.logitsBytes).slice(0);
+    this.check.unmap();
+    const values = this.logitsType === 'float16' ? Array.from(new Uint16Array(range), halfToFloat) : new Float32Array(range);
+    const n = values.length / 2;
+    return [values.slice(0, n), values.slice(n)];
+  }
+
+  async read(k) {
+    await this.staging.mapAsync(1, 0, k * this.bytes); // GPUMapMode.READ
+    const range = this.staging.getMappedRange(0, k * this.bytes).slice(0);
+    this.staging.unmap();
+    return Array.from(this.idsDtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
+  }
+
+  release() {
+    if (!this.buffers) return;
+    for (const b of this.buffers) b.destroy();
+    this.buffers = null;
+  }
+}
+
+// The first replayed step (the second decode step: the first one captured) runs uncaptured first, on the plain
+// session with the same buffers (it writes the same KV position), and its logits are kept; compareReplay then
+// throws an Error named 'CaptureRefused' when the replay's logits differ from them by more than REPLAY_TOLERANCE
+// of their largest magnitude: the replay did not follow what changes between steps (the step's length: where the
+// model reads it, the job says in step_length_inputs).
+const REPLAY_TOLERANCE = 1e-3;
+async function checkReplay(args, fixed, feeds, fetches) {
+  await args.session.run(feeds, fetches);
+  fixed.keepCheck(0);
+}
+
+async function compareReplay(args, fixed, position) {
+  fixed.keepCheck(1);
+  const [uncaptured, replayed] = await fixed.readCheck();
+  let diff = 0;
+  let scale = 0;
+  for (let i = 0; i < uncaptured.length; i += 1) {
+    diff = Math.max(diff, Math.abs(uncaptured[i] - replayed[i]));
+    scale = Math.max(scale, Math.abs(uncaptured[i]));
+  }
+  if (diff <= REPLAY_TOLERANCE * Math.max(scale, 1)) return;
+  const where = args.lengthInputs?.length ? ` (${args.lengthInputs.join('; ')})` : '';
+  const err = new Error(
+    `graph capture refused for model ${args.model.name}: onnxruntime-web's replay of the captured decode step at ` +
+      `position ${position} gave logits up to ${diff.toPrecision(3)} away from the same step run uncaptured: the ` +
+      `replay does not follow the step's length${where}. Run it with a plain static cache`,
+  );
+  err.name = 'CaptureRefused';
+  throw err;
+}
+
+export async function decodeCaptured(args) {
+  const { ort, device, session, capture, model, cache, counters, onStep, greedy, cancelled } = args;
+  const stop = new Set(args.stopTokens ?? []);
+  const perRead = Math.max(1, args.tokensPerRead ?? 1);
+  const prompt = args.promptIds;
+  const tokens = [];
+  const steps = [];
+  checkCancelled(cancelled);
+  const first = counters.snapshot();
+  const t0 = performance.now();
+  const fixed = new FixedStep(ort, device, greedy.ids_dtype, args.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
+  try {
+    const n = prompt.length;
+    const feeds = {
+      [model.input_ids]: ids(ort, greedy.ids_dtype, prompt),
+      [model.attention_mask]: int64(ort, new Array(n).fill(1), [1, n]),
+      ...cache.feeds(0, n),
+    };
+    const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
+    const t1 = performance.now();
+    const out = await session.run(feeds, fetches);
+    const run0 = performance.now() - t1;
+    const memory0 = cache.commit(out, n);
+    pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.kvBuffers]);
+    fixed.ones(0, n);
+    fixed.keep(0, out[greedy.next].gpuBuffer);
+    out[greedy.next].dispose();
+    const [token0] = await fixed.read(1);
+    notAToken(token0, model, 0, 0);
+    const r0 = record(0, 0, n, token0, { wall: performance.now() - t0, run: run0 }, memory0, null, 0);
+    r0.gpu = counters.delta(first, counters.snapshot());
+    steps.push(r0);
+    tokens.push(token0);
+    if (onStep) onStep(r0);
+    let position = n;
+    while (tokens.length < args.maxNewTokens && !stop.has(tokens[tokens.length - 1])) {
+      const k = Math.min(perRead, args.maxNewTokens - tokens.length);
+      const start = performance.now();
+      const burst = [];
+      for (let slot = 0; slot < k; slot += 1) {
+        checkCancelled(cancelled);
+        const before = counters.snapshot();
+        fixed.ones(position, position + 1);
+        const stepFeeds = { [model.input_ids]: fixed.ids, [model.attention_mask]: fixed.mask, ...cache.feeds(position, 1) };
+        const stepFetches = { ...cache.fetches(), [greedy.next]: fixed.next, [model.logits]: fixed.logits };
+        if (steps.length + slot === 2) await checkReplay(args, fixed, stepFeeds, stepFetches);
+        const t = performance.now();
+        const outputs = await capture.run(stepFeeds, stepFetches);
+        const run = performance.now() - t;
+        if (steps.length + slot === 2) await compareReplay(args, fixed, position);
+        const memory = cache.commit(outputs, 1);
+        fixed.keep(slot);
+        burst.push({ position, run, memory, gpu: counters.delta(before, counters.snapshot()) });
+        position += 1;
+      }
+      const read = counters.snapshot();
+      const values = await fixed.read(k);
+      reportBurst({ steps, tokens, stop, model, onStep, counters }, burst, values, start, read);
+    }
+  } finally {
+    fixed.release();
+  }
+  return { tokens, steps };
+}
