@@ -106,6 +106,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--adapter", default="auto", help="auto, default or swiftshader")
     p.add_argument("--host", default="", help="node (default) or chromium (--tiny's default)")
+    p.add_argument("--no-native", action="store_true", help="no native row (a machine without kvlab's WebGPU EP)")
     args = p.parse_args()
     if args.tiny:
         args.model, args.precision, args.contexts, args.new_tokens, args.reps = "toy", "fp32", "3", 8, 1
@@ -120,14 +121,15 @@ def main() -> int:
             print(f"round {rep + 1}/{args.reps}, context {context}", flush=True)
             fast = browser(model, context, args.new_tokens, args, caches=["dynamic", "static", "captured"])
             host = browser(model, context, args.new_tokens, args, caches=["static"], token_on_device=False)
-            native = native_static(model, context, args.new_tokens)
+            native = None if args.no_native else native_static(model, context, args.new_tokens)
             names = {"dynamic": "dynamic", "static": "static", "static graph": "captured"}
             decode_ms = {
                 names[r["cache_kind"] + (" graph" if r["cache_variant"] else "")]: r["decode_ms"] for r in fast["rows"]
             }
             decode_ms["static, token on the host"] = host["rows"][0]["decode_ms"]
-            decode_ms["native static"] = native["decode_ms"]
-            tokens = [r["tokens"] for r in fast["rows"] + host["rows"]] + [native["tokens"]]
+            if native is not None:
+                decode_ms["native static"] = native["decode_ms"]
+            tokens = [r["tokens"] for r in fast["rows"] + host["rows"]] + ([native["tokens"]] if native else [])
             rounds.append(
                 {
                     "rep": rep,
@@ -143,11 +145,12 @@ def main() -> int:
                     },
                     "tokens_equal": all(t == tokens[0] for t in tokens),
                     "refused": [r["why"] for r in fast["refused"]],
-                    "native": native["label"],
+                    "native": native["label"] if native else None,
                 }
             )
             pages.append({"rep": rep, "context": context, "fast": fast, "host": host})
-            print(f"  native static {native['decode_ms']:.2f} ms/step; tokens equal: {rounds[-1]['tokens_equal']}")
+            ms = f"native static {native['decode_ms']:.2f} ms/step; " if native else ""
+            print(f"  {ms}tokens equal: {rounds[-1]['tokens_equal']}", flush=True)
     table = summary(rounds, contexts)
     for row in table:
         ms = ", ".join(f"{v} {x:.2f}" for v, x in row["decode_ms"].items())
