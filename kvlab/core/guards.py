@@ -104,13 +104,15 @@ class _Held:
 
     def __enter__(self) -> None:
         holder = self._holder
-        if not holder._lock.acquire(blocking=False):
-            raise self._refusal()
-        holder.owner = threading.get_ident()
+        with atomic():  # held and its owner set, or neither: a Ctrl-C lands before or after, never between
+            if not holder._lock.acquire(blocking=False):
+                raise self._refusal()
+            holder.owner = threading.get_ident()
 
     def __exit__(self, *exc: object) -> None:
-        self._holder.owner = None
-        self._holder._lock.release()
+        with atomic():  # released exactly once, also when a Ctrl-C arrives meanwhile (it is raised after)
+            self._holder.owner = None
+            self._holder._lock.release()
 
 
 class OneBlock:

@@ -166,6 +166,10 @@ class Binding:
         if isinstance(target, DeviceTensor):
             self._bound_arrays.pop(name, None)
 
+    def bound_to_host(self, name: str) -> bool:
+        """Whether output ``name`` is bound to a host array (``output``) on this binding now."""
+        return name in self._bound_arrays
+
     def output_new(self, name: str) -> None:
         """Let the runtime allocate this output on the session's device (it comes back as a DeviceTensor)."""
         self._io.bind_output(name, self.session.new_outputs_on)
@@ -210,9 +214,10 @@ class Binding:
                     name: value.data_ptr() for name, value in zip(self._order, values) if name in prebound
                 }
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
-                for name, value in zip(self._order, values):
-                    if name in self._new:
-                        result.new[name] = DeviceTensor(self._ortvalue(value), device, owner)
+                with atomic():  # every output wrapped and in the result before a Ctrl-C lands (then released)
+                    for name, value in zip(self._order, values):
+                        if name in self._new:
+                            result.new[name] = DeviceTensor(self._ortvalue(value), device, owner)
                 self._io.clear_binding_inputs()  # drop references to inputs (e.g. the previous step's presents)
                 self._keep.clear()
         except BaseException:
@@ -269,8 +274,9 @@ class DeviceTensor:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.data_ptr = int(value.data_ptr())  # the buffer's identity (a WGPUBuffer handle on WebGPU)
         token = next(_TOKENS)
-        device.live[token] = self.nbytes  # counted live on its device until released or collected
+        # the count's undoing exists before the count: a Ctrl-C between them leaves nothing counted without an owner
         self._untrack = weakref.finalize(self, device.live.pop, token, None)  # runs once: at release() or collection
+        device.live[token] = self.nbytes  # counted live on its device until released or collected
         _UNRELEASED.add(self)
 
     @property
