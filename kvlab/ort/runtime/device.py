@@ -26,6 +26,7 @@ import numpy as np
 
 from ...core.devices import DEVICES
 from ...core.errors import ConfigError, DeviceError, check_choice
+from ...core.guards import atomic
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
 from ..models.graph import load_graph
 from . import plugin
@@ -185,7 +186,8 @@ def backend() -> Backend:
     EP on onnxruntime, where it is installed; else the onnxruntime-webgpu wheel's built-in EP)."""
     global _BACKEND
     if _BACKEND is None:
-        _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
+        with atomic():  # ONNX Runtime's import whole: a Ctrl-C inside it would leave a module no retry can import
+            _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
     return _BACKEND
 
 
