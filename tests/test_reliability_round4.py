@@ -5,16 +5,19 @@ loaded model, special files as outputs, a killed browser-bench's node, and a Ctr
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 import time
 
 import numpy as np
+import onnx
 import pytest
 
 import kvlab
 from kvlab import Conversation, StaticCache, Stepper, generate, open_device
 from kvlab.core.paths import check_output, write_atomic
+from kvlab.ort.models.graph import DERIVED
 
 A, B = [5, 6, 7, 8], [9, 10]
 
@@ -183,3 +186,46 @@ def test_a_ctrl_c_during_onnx_runtimes_import_lands_after_it_and_a_retry_works(a
     out = run_python(IMPORT_INTERRUPTED.format(at=at), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "interrupted, whole: True" in out.stdout and "retry: [" in out.stdout, out.stdout
+
+
+# -- model files changed under a loaded model
+def _copy_of(toy: kvlab.Model, to) -> kvlab.Model:
+    to.mkdir()
+    for f in toy.info.path.iterdir():
+        if DERIVED not in f.name:
+            shutil.copy(f, to / f.name)
+    return kvlab.load(to)
+
+
+def _write_other_weights(folder) -> None:
+    """Other weights, written in place into the same model.onnx.data (same size and inode): lm_head scaled."""
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    init = next(i for i in graph.graph.initializer if i.name == "lm_head.MatMul.weight")
+    where = {e.key: e.value for e in init.external_data}
+    offset, length = int(where["offset"]), int(where["length"])
+    with open(folder / where["location"], "r+b") as f:
+        f.seek(offset)
+        weights = np.frombuffer(f.read(length), np.float32)
+        f.seek(offset)
+        f.write((weights[::-1]).tobytes())  # another model: the same bytes in another order
+    os.utime(folder / where["location"], ns=(time.time_ns(), time.time_ns() + 10**9))
+
+
+@pytest.mark.parametrize("token_on_device", [False, "single", "rows", "blocks"])
+def test_files_changed_under_a_loaded_model_are_refused_and_a_new_load_runs_the_new_files(
+    toy, tmp_path, token_on_device
+):
+    model = _copy_of(toy, tmp_path / "m")
+    run = {"max_new_tokens": 4, "stop_on_eos": False, "token_on_device": token_on_device}
+    before = generate(model, A, **run).token_ids
+    with Conversation(model, StaticCache(32)) as chat:
+        chat.say(A, 2, stop_on_eos=False)
+        _write_other_weights(tmp_path / "m")
+        with pytest.raises(kvlab.ModelError, match=r"model m's files changed since it was loaded \(model.onnx.data"):
+            chat.say(B, 2, stop_on_eos=False)
+    for how in ({}, {"cache": StaticCache(32)}):
+        with pytest.raises(kvlab.ModelError, match="changed since it was loaded"):
+            generate(model, A, **run, **how)
+    again = generate(kvlab.load(tmp_path / "m"), A, **run).token_ids
+    shutil.copytree(tmp_path / "m", tmp_path / "fresh", ignore=lambda d, names: [n for n in names if DERIVED in n])
+    assert again == generate(kvlab.load(tmp_path / "fresh"), A, **run).token_ids != before

@@ -62,6 +62,7 @@ class Stepper:
         reduction = reduction_of(token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         self.token_on_device, self.greedy_reduction = bool(reduction), reduction
+        model.check_files()  # the files it was loaded from, unchanged: on every path, before any session
         self.session = cache.session(device, model, reduction)
         self.positions = check_int(positions, "positions", 1, note=" (the positions this stepper may fill)")
         self.tokens_per_read = check_int(

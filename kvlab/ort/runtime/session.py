@@ -50,6 +50,7 @@ class Session:
         self.device, self.label = device, label
         self.options = dict(options or {})  # EP options of this session alone (e.g. enableGraphCapture)
         self.rewrites: list[str] = []  # what kvlab changed in the graph before opening it here, and why
+        self.files: tuple = ()  # the files it was opened from, as ``kvlab.ort.models.graph.files_stamp`` saw them
         # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
         with memory.collapsing(device.huge_pages) as self.huge_pages:
             self.ort = device.backend.create_session(path, device, options)  # the onnxruntime.InferenceSession
