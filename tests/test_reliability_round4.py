@@ -4,11 +4,16 @@ loaded model, special files as outputs, a killed browser-bench's node, and a Ctr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -229,3 +234,57 @@ def test_files_changed_under_a_loaded_model_are_refused_and_a_new_load_runs_the_
     again = generate(kvlab.load(tmp_path / "m"), A, **run).token_ids
     shutil.copytree(tmp_path / "m", tmp_path / "fresh", ignore=lambda d, names: [n for n in names if DERIVED in n])
     assert again == generate(kvlab.load(tmp_path / "fresh"), A, **run).token_ids != before
+
+
+# -- a killed browser-bench takes its node with it
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(stat_file.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_browser_bench_killed_with_sigkill_takes_node_with_it_and_its_folder_goes_at_the_next_start(
+    tmp_path, monkeypatch
+):
+    from kvlab.web.node import TEMP_PREFIX, remove_orphaned_folders
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    argv = ["--models", "toy", "--contexts", "8", "--new-tokens", "64", "--reps", "50", "--cache", "static"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "kvlab", "browser-bench", "--host", "node", *argv, "--out", str(tmp_path / "out")],
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, node = time.monotonic() + 120, []
+        while not node and time.monotonic() < deadline and cli.poll() is None:
+            time.sleep(0.2)
+            node = _children(cli.pid)
+        assert node, "node never started"
+        folders = list(temp.glob(TEMP_PREFIX + "*"))
+        cli.kill()  # SIGKILL: nothing of the CLI runs after it
+        cli.wait(30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, node)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, node)), "node outlived the killed command"
+    assert folders and all(f.exists() for f in folders)  # nobody could clean up: the next start does
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    assert sorted(remove_orphaned_folders()) == sorted(folders) and not any(f.exists() for f in folders)
