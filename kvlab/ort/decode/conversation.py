@@ -10,6 +10,7 @@ DynamicCache crops by copying its kept positions (correct, and slower).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -87,9 +88,13 @@ class Conversation:
         self._epoch = -1  # the cache's epoch after this conversation last used it: another use in between is seen
         self._closed = False
         self._calls, self._running = OneAtATime(), ""  # the call running now, one thread at a time
+        self._frame: Any = None  # the frame of the call holding ``_calls``
 
     def _call(self, what: str) -> Any:
-        """The hold of one public call ``what``: refused while another thread's call runs on this conversation."""
+        """The hold of one public call ``what``: refused while another thread's call runs on this conversation. A
+        hold whose call ended without releasing it (its frame runs no more on its thread) is given back first."""
+        if self._calls.held and self._abandoned():
+            self._calls.give_back()
 
         def refusal() -> CacheStateError:
             other = next((t.name for t in threading.enumerate() if t.ident == self._calls.owner), "another thread")
@@ -99,6 +104,19 @@ class Conversation:
             )
 
         return _Running(self, what, self._calls.hold(refusal))
+
+    def _abandoned(self) -> bool:
+        """Whether the call holding ``_calls`` ended without releasing it: its frame is on its thread's stack no
+        more (a frame not recorded yet, or a thread between two calls, is not abandoned)."""
+        frame, owner = self._frame, self._calls.owner
+        if frame is None or owner is None:
+            return False
+        running = sys._current_frames().get(owner)
+        while running is not None:
+            if running is frame:
+                return False
+            running = running.f_back
+        return True
 
     def __enter__(self) -> Conversation:
         return self
@@ -377,11 +395,18 @@ class _Running:
         self._conversation, self._what, self._held = conversation, what, held
 
     def __enter__(self) -> None:
-        with atomic():  # held and named together: a Ctrl-C lands after
-            self._held.__enter__()
-            self._conversation._running = self._what
+        taken = False
+        try:
+            with atomic():  # held and named together: a Ctrl-C lands after
+                self._held.__enter__()
+                self._conversation._running, taken = self._what, True
+                self._conversation._frame = sys._getframe(1)  # the public call's frame, while it runs
+        except BaseException:  # a Ctrl-C raised as the block ended: the with never opens, so it is given back
+            if taken:
+                self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         with atomic():
-            self._conversation._running = ""
+            self._conversation._running, self._conversation._frame = "", None
             self._held.__exit__(*exc)
