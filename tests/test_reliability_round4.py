@@ -5,6 +5,8 @@ loaded model, special files as outputs, a killed browser-bench's node, and a Ctr
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import shutil
 import stat
@@ -288,3 +290,33 @@ def test_a_browser_bench_killed_with_sigkill_takes_node_with_it_and_its_folder_g
     assert folders and all(f.exists() for f in folders)  # nobody could clean up: the next start does
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert sorted(remove_orphaned_folders()) == sorted(folders) and not any(f.exists() for f in folders)
+
+
+# -- messages that name the user's values truly
+def test_a_full_conversation_says_none_is_left_not_a_negative_count(toy):
+    with Conversation(toy, StaticCache(10)) as chat:
+        chat.say(A, 7, stop_on_eos=False)  # 4 + 7 - 1 = 10 positions: the history holds 11 tokens
+        with pytest.raises(kvlab.CapacityError) as err:
+            chat.say(B, 2, stop_on_eos=False)
+    message = str(err.value)
+    assert "holds 11 tokens and max_cache_len of the static cache allows 10 positions, so none is left" in message
+    assert "-1" not in message
+
+
+def test_kvlab_version_answers_with_the_version():
+    from conftest import run_python
+
+    out = run_python("import sys; from kvlab.cli import main; sys.argv = ['kvlab', '--version']; main()")
+    assert out.returncode == 0 and out.stdout.strip() == f"kvlab {kvlab.__version__}", out.stderr
+
+
+def test_chat_lines_ending_in_cr_lf_are_the_same_messages(capsys, monkeypatch):
+    from kvlab.cli import main
+
+    said = {}
+    for ending in ("\n", "\r\n"):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(f"first message{ending}second{ending}"))
+        assert main(["chat", "--model", "toy", "--max-new-tokens", "3", "--json"]) == 0
+        said[ending] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    same = [[(t["prefilled"], t["positions"], t["text"]) for t in said[e]] for e in ("\n", "\r\n")]
+    assert len(same[0]) == 2 and same[0] == same[1]  # no CR in the prompts
