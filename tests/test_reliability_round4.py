@@ -320,3 +320,16 @@ def test_chat_lines_ending_in_cr_lf_are_the_same_messages(capsys, monkeypatch):
         said[ending] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     same = [[(t["prefilled"], t["positions"], t["text"]) for t in said[e]] for e in ("\n", "\r\n")]
     assert len(same[0]) == 2 and same[0] == same[1]  # no CR in the prompts
+
+
+# -- no setting silently dropped
+def test_a_ring_cache_with_a_kv_precision_is_refused_by_name_not_made_without_it():
+    from kvlab.core.labels import CacheSpec
+    from kvlab.ort import make_cache
+    from kvlab.ort.decode.caches.ring import RingStaticCache
+
+    with pytest.raises(kvlab.ConfigError, match=r"RingStaticCache\(kv_precision='int8'\): ring buffers hold"):
+        make_cache(CacheSpec("static", 64, "ring+kv-int8"))
+    with pytest.raises(kvlab.ConfigError, match=r"RingStaticCache\(kv_precision='int4'\)"):
+        RingStaticCache(64, kv_precision="int4")
+    assert type(make_cache(CacheSpec("static", 64, "ring"))) is RingStaticCache
