@@ -210,6 +210,15 @@ def with_cache_dir(value: str, act: Callable[[Env], Any]) -> Callable[[Env], Any
     return run
 
 
+def files_changed_after_load(e: Env) -> None:
+    """A copy of the toy, loaded, then its weights file touched (modified, same size and inode), then used."""
+    folder = e.tmp / "copied"
+    shutil.copytree(e.toy.info.path, folder, ignore=lambda d, names: [n for n in names if ".kvlab-" in n])
+    model = load(folder)
+    os.utime(folder / "model.onnx.data", ns=(1, 10**18))
+    generate(model, [1, 2, 3], max_new_tokens=2)
+
+
 def cli(*argv: str) -> Callable[[Env], Any]:
     return lambda e: e.cli(*argv)
 
@@ -1429,6 +1438,36 @@ CASES = [
         "exit 2",
         "model '' is neither a built-in name",
         lambda e: e.cli("conformance", "--models", "", "--out", str(e.tmp / "c.json")),
+    ),
+    Case(
+        "option",
+        "generate(..., token_on_device=True, tokens_per_read=10**9, max_new_tokens=4)",
+        "ConfigError",
+        "tokens_per_read=1000000000 must be an int from 1 to 4096",
+        gen(token_on_device=True, tokens_per_read=10**9, max_new_tokens=4),
+    ),
+    Case(
+        "CLI",
+        "kvlab profile lockstep --token-on-device single --set tokens_per_read=1000000000",
+        "exit 2",
+        "tokens_per_read=1000000000 must be an int from 1 to 4096",
+        cli(
+            "profile",
+            "lockstep",
+            "--device",
+            "cpu",
+            "--token-on-device",
+            "single",
+            "--set",
+            "tokens_per_read=1000000000",
+        ),
+    ),
+    Case(
+        "model",
+        "model.onnx.data rewritten after load() (generate with the loaded Model)",
+        "ModelError",
+        "files changed since it was loaded (model.onnx.data modified",
+        files_changed_after_load,
     ),
     Case(
         "memory",

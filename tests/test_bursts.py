@@ -147,7 +147,7 @@ def test_refusals(toy):
         with pytest.raises(ConfigError, match=r"decode\(\) keeps the token on the device"):
             st.decode(5, 3)
     with pytest.raises(
-        ConfigError, match=r"tokens_per_read=0 must be a positive int \(decode steps read back together\)"
+        ConfigError, match=r"tokens_per_read=0 must be an int from 1 to 4096 \(decode steps read back together\)"
     ):
         Stepper(toy, StaticCache(64), "cpu", 64, token_on_device=True, tokens_per_read=0)
     with pytest.raises(ConfigError, match=r"tokens_per_read=4 reads back tokens kept on the device, but the token is"):

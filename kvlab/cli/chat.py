@@ -121,7 +121,7 @@ def _messages(args: argparse.Namespace, interactive: bool) -> Iterator[str]:
         if not interactive and not line:
             return
         if line.strip():
-            yield line.rstrip("\n")
+            yield line.rstrip("\r\n")  # a line ending of either kind (a Windows file: CR LF) is not the message
 
 
 def _back(conv: Conversation, as_json: bool) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..core.errors import KvlabError
 from ..core.paths import check_output
 from . import bench, browser, chat, doctor, generate, prepare, profile
@@ -45,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     sets ``run``, the function that runs it on the parsed arguments."""
     ap = OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
     ap.register("action", "parsers", Commands)
+    ap.add_argument("--version", action="version", version=f"kvlab {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         doctor.add,

@@ -114,9 +114,15 @@ def plan_turn(
     needed = positions_needed(used + len(new_ids), new_tokens)
     if needed > capacity:
         index = len(history.turns) + 1
+        if used < capacity:
+            state = f"the conversation uses {used} of {capacity} positions ({what}), {capacity - used} are left"
+        else:  # a reply's last token is in the history, and is fed (takes its position) with the next turn
+            state = (
+                f"the conversation holds {used} tokens and {what} allows {capacity} positions, so none is left (a "
+                "reply's last token takes its position with the next turn)"
+            )
         raise CapacityError(
-            f"turn {index} does not fit: the conversation uses {used} of {capacity} positions ({what}), "
-            f"{capacity - used} are left, and this turn needs {len(new_ids)} for its input and up to "
+            f"turn {index} does not fit: {state}, and this turn needs {len(new_ids)} for its input and up to "
             f"{new_tokens - 1} for its reply ({needed} in all). Nothing was run and the conversation is as it was: "
             "rewind(n) to free positions, or send a shorter message or fewer max_new_tokens"
         )

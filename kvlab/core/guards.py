@@ -91,6 +91,13 @@ class OneAtATime:
         """Whether the calling thread holds it."""
         return self.owner == threading.get_ident()
 
+    def give_back(self) -> None:
+        """Release it for a holder whose block ended without releasing it (a Ctrl-C that landed as the release
+        began, before any of its code ran: nothing can defer that one); the holder establishes that first."""
+        with atomic():
+            self.owner = None
+            self._lock.release()
+
     def hold(self, refusal: Callable[[], BaseException]) -> _Held:
         """A context manager that holds it for its block, or raises ``refusal()`` when another thread holds it."""
         return _Held(self, refusal)
@@ -103,14 +110,21 @@ class _Held:
         self._holder, self._refusal = holder, refusal
 
     def __enter__(self) -> None:
-        holder = self._holder
-        if not holder._lock.acquire(blocking=False):
-            raise self._refusal()
-        holder.owner = threading.get_ident()
+        holder, taken = self._holder, False
+        try:
+            with atomic():  # held and its owner set, or neither: a Ctrl-C lands before or after, never between
+                if not holder._lock.acquire(blocking=False):
+                    raise self._refusal()
+                holder.owner, taken = threading.get_ident(), True
+        except BaseException:  # a Ctrl-C raised as the block ended: the with never opens, so it is given back
+            if taken:
+                self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        self._holder.owner = None
-        self._holder._lock.release()
+        with atomic():  # released exactly once, also when a Ctrl-C arrives meanwhile (it is raised after)
+            self._holder.owner = None
+            self._holder._lock.release()
 
 
 class OneBlock:

@@ -3,7 +3,9 @@
 ``check_output`` finds a bad output path (an existing file where a folder goes, a folder where a file goes, a parent
 that is a file such as ``/dev/null/t.json``, a folder kvlab cannot write in) before a command spends minutes
 measuring; ``write_atomic`` writes a result into a temporary file beside it and renames it over the old one
-(``os.replace``), so a reader sees the old file or the whole new one, never half of one."""
+(``os.replace``), so a reader sees the old file or the whole new one, never half of one. Only a regular file is
+replaced so: a symlink is written through (its target replaced, the link kept), and a file that is not a regular
+one (a character device such as /dev/null, a FIFO) is opened and written, never replaced by a regular file."""
 
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ def check_output(path: str | os.PathLike, what: str, folder: bool) -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ConfigError(f"{what} {path!r} must be a non-empty path")
     path = Path(path)
+    if path.exists() and _special(path):  # written through: kvlab needs to open it, not to make files beside it
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{what} {str(path)!r} is not writable by this user")
+        return path
     if path.exists():
         if folder and not path.is_dir():
             raise ConfigError(f"{what} {str(path)!r} is an existing file; it must name a folder (new or existing)")
@@ -50,15 +56,28 @@ def check_output(path: str | os.PathLike, what: str, folder: bool) -> Path:
     return path
 
 
+def _special(path: Path) -> bool:
+    """Whether ``path`` (followed through symlinks) exists and is neither a regular file nor a folder."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in its folder (made first) and ``os.replace``."""
+    """Write ``data`` to ``path``, returned as a Path: a regular file (new or replaced) through a temporary file in
+    its folder (made first) and ``os.replace``; a symlink's target so (the link stays); a file that is not a
+    regular one (a device, a FIFO: its reader gets ``data``) opened and written in place. Raises OSError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    data = data.encode() if isinstance(data, str) else data
+    target = Path(os.path.realpath(path))  # a symlink is written through
+    if _special(target):
+        with open(target, "wb") as f:
+            f.write(data)
+        return path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
+            f.write(data)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -4,6 +4,7 @@ machine without a browser. Dawn in Node is not a browser; its results say so (``
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -45,22 +46,61 @@ def node_env(adapter: str) -> dict[str, str]:
     return env
 
 
+TEMP_PREFIX = "kvlab-node-"  # node's temporary folders; each holds OWNER_FILE, the pid of the process that made it
+OWNER_FILE = "owner.pid"
+
+
+def _die_with_this_process() -> None:
+    """node's ``preexec_fn``: the kernel sends it SIGKILL when the process that started it ends, however it ends
+    (a SIGKILL included: Linux's PR_SET_PDEATHSIG; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def remove_orphaned_folders() -> list[Path]:
+    """Remove node's temporary folders whose owner process is gone (one killed before it could clean up);
+    returns them. Folders of live processes, and those this user cannot remove, stay."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
+        try:
+            pid = int((folder / OWNER_FILE).read_text())
+            os.kill(pid, 0)
+            continue  # its owner still runs
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):  # no owner file yet, another user's process: not ours to judge
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def run_node(job: Job, timeout: float = 600, adapter: str = "auto") -> dict[str, Any]:
     """The page-shaped result dict node wrote for ``job`` (``adapter`` as ``node_env`` takes it). node runs in a
-    temporary folder, in a process group of its own, killed once on timeout or KeyboardInterrupt; DeviceError when
-    it ran past ``timeout`` seconds or exited without a result (naming its output's end)."""
+    temporary folder, in a process group of its own, killed once on timeout or KeyboardInterrupt, and by the kernel
+    when this process dies (``_die_with_this_process``); folders that dead runs left are removed first
+    (``remove_orphaned_folders``). DeviceError when it ran past ``timeout`` seconds or exited without a result
+    (naming its output's end)."""
     node = find_node()
     npm_file("ort")
     dawn_node()
     env = node_env(adapter)
-    with tempfile.TemporaryDirectory(prefix="kvlab-node-") as tmp:
+    remove_orphaned_folders()
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
+        Path(tmp, OWNER_FILE).write_text(str(os.getpid()))
         job_file, out_file, log_file = Path(tmp, "job.json"), Path(tmp, "result.json"), Path(tmp, "node.log")
         job_file.write_text(json.dumps(job.to_json()))
         host_js = str(JS_DIR / "node_host.mjs")
         cmd = [node, host_js, str(job_file), str(job.model.info.path), str(npm_dir()), str(out_file)]
         with log_file.open("wb") as log:
             process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_this_process,  # noqa: PLW1509 - one prctl, no lock taken
             )
             try:
                 process.wait(timeout=timeout)

@@ -10,6 +10,8 @@ DynamicCache crops by copying its kept positions (correct, and slower).
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,6 +20,7 @@ import numpy as np
 from ...core.conversation import History, Turn, TurnPlan, chat_delta, plan_turn
 from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag, check_int
 from ...core.generation import attach_partial, check_new_tokens, check_sampling, stop_reason
+from ...core.guards import OneAtATime, atomic
 from ...core.labels import RunLabel
 from ...core.lookup import PromptLookup, propose, verify
 from ...core.records import StepHook, StepRecord, hook_list
@@ -54,7 +57,11 @@ class Conversation:
 
     A failed turn (an error or Ctrl-C at any step) leaves the history and the cache as they were after the previous
     turn (a state cache: empty, see above); a turn that does not fit is a CapacityError before any work. Raises
-    ConfigError for a bad argument, CacheStateError once closed."""
+    ConfigError for a bad argument, CacheStateError once closed.
+
+    One call at a time: ``say``, ``rewind``, ``rewind_turn`` and ``close`` called while another thread's call runs
+    on the same conversation are refused (CacheStateError naming that thread and its call; nothing changes): give
+    each thread its own conversation."""
 
     def __init__(
         self,
@@ -80,6 +87,36 @@ class Conversation:
         self.hooks = hook_list(on_step)
         self._epoch = -1  # the cache's epoch after this conversation last used it: another use in between is seen
         self._closed = False
+        self._calls, self._running = OneAtATime(), ""  # the call running now, one thread at a time
+        self._frame: Any = None  # the frame of the call holding ``_calls``
+
+    def _call(self, what: str) -> Any:
+        """The hold of one public call ``what``: refused while another thread's call runs on this conversation. A
+        hold whose call ended without releasing it (its frame runs no more on its thread) is given back first."""
+        if self._calls.held and self._abandoned():
+            self._calls.give_back()
+
+        def refusal() -> CacheStateError:
+            other = next((t.name for t in threading.enumerate() if t.ident == self._calls.owner), "another thread")
+            return CacheStateError(
+                f"Conversation.{what}() was called while {other} runs Conversation.{self._running or 'a call'}() on "
+                "this conversation; a conversation takes one call at a time (give each thread its own Conversation)"
+            )
+
+        return _Running(self, what, self._calls.hold(refusal))
+
+    def _abandoned(self) -> bool:
+        """Whether the call holding ``_calls`` ended without releasing it: its frame is on its thread's stack no
+        more (a frame not recorded yet, or a thread between two calls, is not abandoned)."""
+        frame, owner = self._frame, self._calls.owner
+        if frame is None or owner is None:
+            return False
+        running = sys._current_frames().get(owner)
+        while running is not None:
+            if running is frame:
+                return False
+            running = running.f_back
+        return True
 
     def __enter__(self) -> Conversation:
         return self
@@ -88,10 +125,12 @@ class Conversation:
         self.close()
 
     def close(self) -> None:
-        """End the conversation: its own cache is disposed (once; a cache given to it stays the caller's)."""
-        if not self._closed and self._own:
-            self.cache.dispose()
-        self._closed = True
+        """End the conversation: its own cache is disposed (once; a cache given to it stays the caller's).
+        CacheStateError while another thread's call runs on it."""
+        with self._call("close"):
+            if not self._closed and self._own:
+                self.cache.dispose()
+            self._closed = True
 
     @property
     def ids(self) -> list[int]:
@@ -137,6 +176,18 @@ class Conversation:
         the package's multi-token steps are wrong, onnxruntime-webgpu 1.27 on a software adapter). Raises ConfigError,
         ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
         conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
+        with self._call("say"):
+            return self._say(message, max_new_tokens, sampling, stop_on_eos, lookup, prefill_chunk)
+
+    def _say(
+        self,
+        message: Any,
+        max_new_tokens: int,
+        sampling: Any,
+        stop_on_eos: bool,
+        lookup: PromptLookup | None,
+        prefill_chunk: int | None,
+    ) -> Turn:
         self._check_open()
         new_tokens = check_new_tokens(max_new_tokens)
         check_flag("stop_on_eos", stop_on_eos)
@@ -159,6 +210,10 @@ class Conversation:
     def rewind(self, n: int) -> None:
         """Keep the first ``n`` positions of the conversation (0 <= n <= len(ids)); the cache keeps what it holds of
         them (a state cache empties, see the class docstring). ConfigError for another ``n``; nothing changes then."""
+        with self._call("rewind"):
+            self._rewind(n)
+
+    def _rewind(self, n: int) -> None:
         self._check_open()
         h = self.history
         n = check_int(n, "n", 0, len(h.ids), subject=f"rewind({n!r}): n", note=" (the positions of the history)")
@@ -169,12 +224,13 @@ class Conversation:
     def rewind_turn(self) -> Turn:
         """Go back to the start of the last turn (as if it had never been said) and return it; ConfigError when
         there is no turn."""
-        self._check_open()
-        if not self.history.turns:
-            raise ConfigError("rewind_turn(): the conversation has no turn yet")
-        last = self.history.turns[-1]
-        self.rewind(last.start)
-        return last
+        with self._call("rewind_turn"):
+            self._check_open()
+            if not self.history.turns:
+                raise ConfigError("rewind_turn(): the conversation has no turn yet")
+            last = self.history.turns[-1]
+            self._rewind(last.start)
+            return last
 
     def _check_open(self) -> None:
         if self._closed:
@@ -246,8 +302,10 @@ class Conversation:
             )
 
         stepper = Stepper(self.model, self.cache, self.device, plan.positions, [*self.hooks, records.append], keep=True)
+        used = False  # whether this turn's use of the cache began: a refused one (the cache in use) is not ours
         try:
             with stepper:
+                used = True
                 try:
                     if self.cache.seq_length != plan.reused:  # another use's sequence: none of it is ours
                         self.cache.crop(0)
@@ -268,7 +326,8 @@ class Conversation:
                 attach_partial(exc, turn("error"))
             raise
         finally:
-            self._epoch = self.cache.epoch
+            if used:
+                self._epoch = self.cache.epoch
         return turn(stop() or "")
 
     def _restore(self, held: int) -> None:
@@ -325,3 +384,29 @@ def lookup_steps(
         alone = rec.token < 0  # a near-tie: the next step decides that position with one token
         tokens += [*drafts[: rec.accepted], *([] if alone else [rec.token])]
         cache.crop(len(prompt) + len(tokens) - 1)  # the last token is fed by the next step
+
+
+class _Running:
+    """A conversation's hold for one call, naming the call while it runs (for another thread's refusal)."""
+
+    __slots__ = ("_conversation", "_held", "_what")
+
+    def __init__(self, conversation: Conversation, what: str, held: Any):
+        self._conversation, self._what, self._held = conversation, what, held
+
+    def __enter__(self) -> None:
+        taken = False
+        try:
+            with atomic():  # held and named together: a Ctrl-C lands after
+                self._held.__enter__()
+                self._conversation._running, taken = self._what, True
+                self._conversation._frame = sys._getframe(1)  # the public call's frame, while it runs
+        except BaseException:  # a Ctrl-C raised as the block ended: the with never opens, so it is given back
+            if taken:
+                self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        with atomic():
+            self._conversation._running, self._conversation._frame = "", None
+            self._held.__exit__(*exc)

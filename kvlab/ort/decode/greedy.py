@@ -36,6 +36,9 @@ AUTO_MAX_VOCAB = 1024
 # the host prepare the next steps while the GPU runs (data/token-on-the-device/); a notebook streams the tokens in
 # bursts of this many
 TOKENS_PER_READ = 8
+# the most steps read back together that kvlab takes: a burst keeps its tokens in device tensors until read, sized by
+# the run (never more than its positions), and a count past this is a typo rather than a burst
+MAX_TOKENS_PER_READ = 4096
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
@@ -63,7 +66,7 @@ def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
     bursts = bool(reduction) and getattr(cache, "burst_reads", False)
     if isinstance(asked, str) and asked == AUTO:
         return (TOKENS_PER_READ if bursts else 1) if reduction else 0
-    asked = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
+    asked = check_int(asked, "tokens_per_read", 1, MAX_TOKENS_PER_READ, note=' (or "auto")')
     if asked > 1 and not bursts:
         kind = cache.__name__ if isinstance(cache, type) else type(cache).__name__
         why = "the token is chosen on the host" if not reduction else f"a {kind} reads each token back"

@@ -21,14 +21,14 @@ import numpy as np
 
 from ...core.errors import ConfigError, check_choice, check_flag, check_int
 from ...core.generation import greedy
-from ...core.guards import OneBlock, check_token_ids
+from ...core.guards import OneBlock, atomic, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
 from ..models.model import Model, load
 from ..runtime.device import Device, open_device
 from ..runtime.session import Binding, RunResult
 from .burst import decode
 from .caches.ort_cache import OrtCache
-from .greedy import DeviceToken, ids_dtype, non_finite, not_a_token, reduction_of
+from .greedy import MAX_TOKENS_PER_READ, DeviceToken, ids_dtype, non_finite, not_a_token, reduction_of
 
 LOGITS_OUT = ("last", "all", "none")
 
@@ -62,10 +62,11 @@ class Stepper:
         reduction = reduction_of(token_on_device)
         self.model, self.cache, self.device, self.hooks = model, cache, device, hook_list(hooks)
         self.token_on_device, self.greedy_reduction = bool(reduction), reduction
+        model.check_files()  # the files it was loaded from, unchanged: on every path, before any session
         self.session = cache.session(device, model, reduction)
         self.positions = check_int(positions, "positions", 1, note=" (the positions this stepper may fill)")
         self.tokens_per_read = check_int(
-            tokens_per_read, "tokens_per_read", 1, note=" (decode steps read back together)"
+            tokens_per_read, "tokens_per_read", 1, MAX_TOKENS_PER_READ, note=" (decode steps read back together)"
         )
         self.steps = 0
         self._device_token: DeviceToken | None = None  # while open, with token_on_device
@@ -77,26 +78,36 @@ class Stepper:
 
     def __enter__(self) -> Stepper:
         with self._block.opening():
-            self._cache_held = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep)
-            self._cache_held.__enter__()  # capacity checked: the positions fit the model and the cache
-            self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed each step
-            if self.token_on_device:
-                try:
-                    size = self.tokens_per_read + 1  # the input ids and every token of a burst
+            held, entered = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep), False
+            try:
+                with atomic():  # the cache's use begins and is recorded here as one: a Ctrl-C lands after
+                    held.__enter__()  # capacity checked: the positions fit the model and the cache
+                    self._cache_held, entered = held, True
+                self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed
+                if self.token_on_device:
+                    size = min(self.tokens_per_read, self.positions) + 1  # the input ids and a burst's tokens
                     self._device_token = self.cache.device_token(self.device, self._ids_dtype, size)
-                except BaseException:
-                    self._cache_held.__exit__(None, None, None)
-                    raise
+            except BaseException:
+                if entered:  # the block never opens: its use ends here, exactly once
+                    self._leave(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        token, self._device_token = self._device_token, None
         self._block.close()
-        try:
-            if token is not None:
-                token.release()
-        finally:
-            self._cache_held.__exit__(*exc)
+        self._leave(*exc)
+
+    def _leave(self, *exc: Any) -> None:
+        """End the cache's use and release the device token, once; a Ctrl-C meanwhile is raised after both."""
+        with atomic():
+            token, self._device_token = self._device_token, None
+            held, self._cache_held = self._cache_held, None
+            try:
+                if token is not None:
+                    token.release()
+            finally:
+                if held is not None:
+                    held.__exit__(*exc)
 
     def step(
         self,
@@ -189,6 +200,8 @@ class Stepper:
             b.input(info.input_names["position_ids"], np.arange(position, position + n, dtype=np.int64)[None])
         if ahead:
             self._device_token.bind_outputs(b, ahead)
+            if b.bound_to_host(info.logits_name):  # a host step bound them on this binding: now of this step's shape
+                b.output(info.logits_name, logits)
         else:
             b.output(info.logits_name, logits)
         try:

@@ -28,6 +28,40 @@ def load_graph(onnx_file: Path) -> Any:
         raise ModelError(f"{onnx_file} is not a readable ONNX model: {exc}") from exc
 
 
+DERIVED = ".kvlab-"  # in the name of every graph kvlab derives and writes beside a model's (``derived_graph``)
+
+
+def files_stamp(graph: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What identifies the files a session of ``graph`` reads: (name, size, modification time in ns, inode) of
+    ``graph`` and of every model file beside it that kvlab did not derive (the graph and weight files: names
+    holding ".onnx", e.g. model.onnx and model.onnx.data). Equal stamps: the same files, unchanged; a file
+    replaced or written in place changes its stamp. Files that cannot be read are left out."""
+    stamp = []
+    for f in [graph, *(p for p in graph.parent.iterdir() if ".onnx" in p.name and DERIVED not in p.name)]:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        stamp.append((f.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(sorted(set(stamp)))
+
+
+def changed_files(then: tuple, now: tuple) -> str:
+    """How the files of two ``files_stamp``s differ, for a message ("" when they do not)."""
+    old, new = {s[0]: s[1:] for s in then}, {s[0]: s[1:] for s in now}
+    parts = []
+    for name in sorted(old.keys() | new.keys()):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if a is None or b is None:
+            parts.append(f"{name} {'appeared' if a is None else 'is gone'}")
+        else:
+            how = [w for w, x, y in zip(("size", "modified", "replaced"), a, b) if x != y]
+            parts.append(f"{name} {'/'.join(how)}" + (f" ({a[0]} -> {b[0]} bytes)" if a[0] != b[0] else ""))
+    return ", ".join(parts)
+
+
 def rewrite_file(onnx_file: Path, edit: Callable[[Any], list[str]]) -> list[str]:
     """Apply ``edit`` to the graph of ``onnx_file`` and save it in place (its weights stay where they are);
     returns what ``edit`` returns: one line per change."""
@@ -46,7 +80,9 @@ def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str
     was written, when the model's directory is not writable."""
     src = Path(model.onnx_path)
     dst = src.with_name(src.name.removesuffix(".onnx") + suffix)
-    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+    # fresh when written after the model's graph last changed: its change time moves also for a file replaced by
+    # an older one (cp -p), whose modification time would not
+    if dst.is_file() and dst.stat().st_mtime_ns >= src.stat().st_ctime_ns:
         return dst
     m = load_graph(src)
     edit(m)

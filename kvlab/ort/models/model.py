@@ -18,6 +18,7 @@ from ...core.guards import check_token_ids
 from ...presets import BUILTIN_NAMES, PRECISIONS, check_precision
 from .build import ensure_built
 from .describe import describe
+from .graph import changed_files, files_stamp
 from .info import ModelInfo, read_info
 
 
@@ -29,6 +30,7 @@ class Model:
     def __init__(self, info: ModelInfo):
         self.info = info
         self.name: str = info.name
+        self.files = files_stamp(info.onnx_path)  # its graph and weight files as loaded (``check_files``)
         self.tokenizer: Any = None  # a tokenizers.Tokenizer, or None (no tokenizer.json: token ids only)
         tok_file = info.path / "tokenizer.json"
         if not tok_file.is_file():
@@ -54,6 +56,17 @@ class Model:
         kind and attention op, each graph input and who feeds it, which caches run it on which device and why not
         (``kvlab.ort.models.describe``). Reads the graph (not its weights); opens no session."""
         return describe(self.info)
+
+    def check_files(self) -> None:
+        """ModelError when the model's graph or weight files changed since it was loaded (written in place or
+        replaced: ``kvlab.ort.models.graph.files_stamp``): a session of them would run the new weights with what
+        was read of the old ones. Loading the directory again takes the new files."""
+        changed = changed_files(self.files, files_stamp(self.info.onnx_path))
+        if changed:
+            raise ModelError(
+                f"model {self.name}'s files changed since it was loaded ({changed} in {self.info.path}); load it "
+                "again (kvlab.load) to run the new files"
+            )
 
     @property
     def onnx_path(self) -> Path:

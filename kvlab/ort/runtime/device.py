@@ -26,8 +26,9 @@ import numpy as np
 
 from ...core.devices import DEVICES
 from ...core.errors import ConfigError, DeviceError, check_choice
+from ...core.guards import atomic
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
-from ..models.graph import load_graph
+from ..models.graph import files_stamp, load_graph
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import Backend, versions
@@ -69,7 +70,10 @@ class Device:
         self._check_open()
         path = str(Path(model_path).resolve())
         key = _session_key(path, options)
+        files = files_stamp(Path(path))  # a session of files changed since it opened is not served again
         with self._sessions_lock, self.lock:
+            if key in self._sessions and self._sessions[key].files != files:
+                del self._sessions[key]
             if key not in self._sessions:
                 refuse_f16(self.name, self.adapter, Path(path), label or path)
                 why = cpu_problem(load_graph(Path(path))) if self.name == "cpu" else ""
@@ -83,7 +87,7 @@ class Device:
                     if not why:
                         raise
                     raise DeviceError(f"could not create a {self.name} session: {why}") from exc
-                self._sessions[key].rewrites = rewrites
+                self._sessions[key].rewrites, self._sessions[key].files = rewrites, files
             return self._sessions[key]
 
     @property
@@ -185,7 +189,8 @@ def backend() -> Backend:
     EP on onnxruntime, where it is installed; else the onnxruntime-webgpu wheel's built-in EP)."""
     global _BACKEND
     if _BACKEND is None:
-        _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
+        with atomic():  # ONNX Runtime's import whole: a Ctrl-C inside it would leave a module no retry can import
+            _BACKEND = plugin.PluginWebGpu() if plugin.installed() else BuiltinWebGpu()
     return _BACKEND
 
 

@@ -50,6 +50,7 @@ class Session:
         self.device, self.label = device, label
         self.options = dict(options or {})  # EP options of this session alone (e.g. enableGraphCapture)
         self.rewrites: list[str] = []  # what kvlab changed in the graph before opening it here, and why
+        self.files: tuple = ()  # the files it was opened from, as ``kvlab.ort.models.graph.files_stamp`` saw them
         # the weights ORT allocates, in 2 MiB pages: fewer TLB misses while a decode step streams them
         with memory.collapsing(device.huge_pages) as self.huge_pages:
             self.ort = device.backend.create_session(path, device, options)  # the onnxruntime.InferenceSession
@@ -166,6 +167,10 @@ class Binding:
         if isinstance(target, DeviceTensor):
             self._bound_arrays.pop(name, None)
 
+    def bound_to_host(self, name: str) -> bool:
+        """Whether output ``name`` is bound to a host array (``output``) on this binding now."""
+        return name in self._bound_arrays
+
     def output_new(self, name: str) -> None:
         """Let the runtime allocate this output on the session's device (it comes back as a DeviceTensor)."""
         self._io.bind_output(name, self.session.new_outputs_on)
@@ -210,9 +215,10 @@ class Binding:
                     name: value.data_ptr() for name, value in zip(self._order, values) if name in prebound
                 }
                 owner, device = _Owner(self._io, len(self._new)), self.session.device
-                for name, value in zip(self._order, values):
-                    if name in self._new:
-                        result.new[name] = DeviceTensor(self._ortvalue(value), device, owner)
+                with atomic():  # every output wrapped and in the result before a Ctrl-C lands (then released)
+                    for name, value in zip(self._order, values):
+                        if name in self._new:
+                            result.new[name] = DeviceTensor(self._ortvalue(value), device, owner)
                 self._io.clear_binding_inputs()  # drop references to inputs (e.g. the previous step's presents)
                 self._keep.clear()
         except BaseException:
@@ -269,8 +275,9 @@ class DeviceTensor:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.data_ptr = int(value.data_ptr())  # the buffer's identity (a WGPUBuffer handle on WebGPU)
         token = next(_TOKENS)
-        device.live[token] = self.nbytes  # counted live on its device until released or collected
+        # the count's undoing exists before the count: a Ctrl-C between them leaves nothing counted without an owner
         self._untrack = weakref.finalize(self, device.live.pop, token, None)  # runs once: at release() or collection
+        device.live[token] = self.nbytes  # counted live on its device until released or collected
         _UNRELEASED.add(self)
 
     @property

@@ -29,7 +29,7 @@ def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_preci
     if spec == "static":
         if max_cache_len is None:
             raise ConfigError("a static cache needs max_cache_len (a positive int)")
-        if ring:
-            return RingStaticCache(max_cache_len, states=states)
+        if ring:  # a KV precision it cannot keep is refused by name, never dropped
+            return RingStaticCache(max_cache_len, states=states, kv_precision=kv_precision)
         return StaticCache(max_cache_len, states=states, kv_precision=kv_precision)
     return DynamicCache(kv_precision)

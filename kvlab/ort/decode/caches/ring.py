@@ -87,7 +87,14 @@ class RingStaticCache(StaticCache):
 
     reductions = ()  # its ring graph has no greedy-token variant
 
-    def __init__(self, max_cache_len: int, check_every: int | None = None, states: str = "swap"):
+    def __init__(
+        self, max_cache_len: int, check_every: int | None = None, states: str = "swap", kv_precision: str | None = None
+    ):
+        if kv_precision is not None:  # refused by name: its ring graph keeps the model's KV precision
+            raise ConfigError(
+                f"RingStaticCache(kv_precision={kv_precision!r}): ring buffers hold the model's own KV precision; "
+                "use kv_precision=None, or StaticCache(max_cache_len, kv_precision=...) without rings"
+            )
         super().__init__(max_cache_len, check_every, states)
         self._windows: dict[int, int] = {}  # {layer: window} of the model served, set when the cache meets it
 
