@@ -121,14 +121,14 @@ capture)
     -k "not optimum and not whole_suite"
   step capture 500 kv bench --models "$M" --set precisions="$CAP" --devices webgpu --contexts "${CAPTURE_CONTEXTS:-1024,2048,4096,8192}" \
     --new-tokens "${NEW:-32}" --reps "${REPS:-3}" --set genai=webgpu --set prefill_on=webgpu --set static_lens=1 \
-    --set graph_capture=on --no-charts --out "$out/capture"
+    --set graph_capture=on --set charts=off --out "$out/capture"
   ;;
 beyond)
   PRESETS=${PRESETS:-sliding-toy,gemma2-toy,mistral-toy,conv-toy,hybrid-toy}
   step build 300 builds $(for m in ${PRESETS//,/ }; do printf "%s:fp32 " $m; done)
   step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_beyond_full.py -k "webgpu"
   step beyond 400 kv bench --models "$PRESETS" --devices webgpu --contexts "${BEYOND_CONTEXTS:-1024,8192}" \
-    --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --set genai=none --set prefill_on=webgpu --set static_lens=1 --no-charts \
+    --new-tokens "${NEW:-32}" --reps "${REPS:-2}" --set genai=none --set prefill_on=webgpu --set static_lens=1 --set charts=off \
     --out "$out/beyond"
   ;;
 kvshared)  # the window of the KV-shared sliding layer is 16: WebGPU runs only sequences within it (kvlab refuses more)
@@ -150,7 +150,7 @@ phases)
   bench_contexts=${PHASE_BENCH-1024,2048,4096,8192}  # PHASE_BENCH= (empty): the profiles only
   [ -z "$bench_contexts" ] || step bench 400 kv bench --models phi4-kv --set precisions="${BENCH_PRECISIONS:-fp32,fp16}" \
     --devices webgpu --contexts "$bench_contexts" --new-tokens 32 --reps "${REPS:-3}" --set genai=webgpu \
-    --set prefill_on=webgpu --set static_lens=1 --set token_on_device=on --no-charts --out "$out/bench"
+    --set prefill_on=webgpu --set static_lens=1 --set token_on_device=on --set charts=off --out "$out/bench"
   ;;
 argmax)  # the greedy token on the device, per vocabulary: host path, one ArgMax, the two-stage argmax in blocks
   step build 200 builds smollm2-shape:fp32 phi4-kv:fp16
@@ -173,7 +173,7 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
   for c in $cells; do
     IFS=: read -r m p ctx rest <<<"$c"; flags=()
     for x in ${rest//:/ }; do case $x in
-      graph) flags+=(--graph-capture) ;; host) flags+=(--token-on-device off) ;;
+      graph) flags+=(--set graph_capture=on) ;; host) flags+=(--token-on-device off) ;;
       check=*) flags+=(--set "check_every=${x#check=}") ;; block=*) flags+=(--set "block=${x#block=}") ;;
       sides=*) flags+=(--set "sides=${x#sides=}") ; flags[-1]=${flags[-1]//+/,} ;;
       mode=*) flags+=(--set "buffer_cache_mode=${x#mode=}") ;; valid=*) flags+=(--set "validation_mode=${x#valid=}") ;;
@@ -203,7 +203,7 @@ probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
     ALONE=${ALONE-genai,genai kvlab,kvlab}
   fi
   for sides in ${ALONE:-}; do
-    step "alone_${sides/,/_}" 120 kv profile lockstep --graph-capture --set "sides=$sides" --model "$m:$p" \
+    step "alone_${sides/,/_}" 120 kv profile lockstep --set graph_capture=on --set "sides=$sides" --model "$m:$p" \
       --context "$c" --device webgpu --new-tokens 96 --rounds 1 --out "$out/alone_${sides/,/_}.json"
   done
   ;;
@@ -214,7 +214,7 @@ matrix)  # the rest of the bench matrix: kv-heavy with the genai row in every mo
     local name=$1 model=$2 mode=$3 contexts=$4; shift 4
     step "$name" "${MATRIX_LIMIT:-100}" kv bench --models "$model" --devices webgpu --contexts "$contexts" \
       --new-tokens 16 --reps 1 --device-option "buffer_cache_mode=$mode" --set genai=webgpu --set prefill_on=webgpu \
-      --set static_lens=1 --no-charts --out "$out/$mode/$model" "$@"; }
+      --set static_lens=1 --set charts=off --out "$out/$mode/$model" "$@"; }
   for mode in bucket simple lazyRelease disabled; do
     gpu_bench "matrix_kv-heavy_$mode" kv-heavy "$mode" "${KV_CONTEXTS:-256,1024,4096,8000}"
   done
@@ -235,7 +235,7 @@ browser)  # the seed's staircase in onnxruntime-web's own WebGPU code: Dawn in N
   for p in ${BP//,/ }; do
     step "browser_phi4-kv_$p" "${BROWSER_LIMIT:-240}" kv browser-bench --host node --adapter auto \
       --models "phi4-kv:$p" --contexts "${BROWSER_CONTEXTS:-1024,2048,4096,8192}" --new-tokens "${NEW:-16}" \
-      --reps "${REPS:-2}" --set reference=caches --no-charts --out "$out/browser/phi4-kv-$p"
+      --reps "${REPS:-2}" --set reference=caches --set charts=off --out "$out/browser/phi4-kv-$p"
   done
   ;;
 colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine without a registry allows: a virtual
@@ -269,7 +269,7 @@ colab)  # the Colab recipe on this headless NVIDIA Linux, as far as a machine wi
   step build 400 builds smollm2-shape:fp32 phi4-kv:fp32
   step main_job 300 kv compare --model smollm2-shape --device cpu --prompt-file data/prompts/long.txt --max-new-tokens 64
   step advice 400 kv bench --models phi4-kv --devices webgpu --contexts 2048,4096 --new-tokens 16 --reps 1 \
-    --set genai=none --set prefill_on=webgpu --set static_lens=1 --no-charts --out "$out/advice"
+    --set genai=none --set prefill_on=webgpu --set static_lens=1 --set charts=off --out "$out/advice"
   ;;
 *) echo "record_gpu.sh: unknown phase '$phase' (check, bench, stairs, capture, beyond, kvshared, phases, argmax, lockstep, bar, probe, matrix, browser, colab)" >&2
    exit 2 ;;

@@ -806,10 +806,10 @@ CASES = [
     ),
     Case(
         "CLI",
-        "kvlab profile phases --graph-capture (a flag of lockstep)",
+        "kvlab profile phases --set graph_capture=on (a setting of lockstep)",
         "exit 2",
-        "unrecognized arguments: --graph-capture",
-        lambda e: e.cli("profile", "phases", "--model", "toy", "--graph-capture"),
+        "unrecognized arguments: --set graph_capture=on",
+        lambda e: e.cli("profile", "phases", "--model", "toy", "--set", "graph_capture=on"),
     ),
     Case(
         "CLI",
@@ -827,14 +827,14 @@ CASES = [
     ),
     Case(
         "CLI",
-        "kvlab profile lockstep --graph-capture on the CPU",
+        "kvlab profile lockstep --set graph_capture=on on the CPU",
         "exit 2",
         "graph_capture runs on webgpu, not on 'cpu'",
-        lambda e: e.cli("profile", "lockstep", "--model", "toy", "--graph-capture", "--device", "cpu"),
+        lambda e: e.cli("profile", "lockstep", "--model", "toy", "--set", "graph_capture=on", "--device", "cpu"),
     ),
     Case(
         "CLI",
-        "kvlab profile lockstep --graph-capture --token-on-device rows",
+        "kvlab profile lockstep --set graph_capture=on --token-on-device rows",
         "exit 2",
         "a captured step keeps the token on the device with 'single' or 'blocks'",
         lambda e: e.cli(
@@ -842,7 +842,8 @@ CASES = [
             "lockstep",
             "--model",
             "toy",
-            "--graph-capture",
+            "--set",
+            "graph_capture=on",
             "--token-on-device",
             "rows",
             "--device",

@@ -361,7 +361,8 @@ def test_bench_graph_capture_rows_are_paired_and_token_identical(tmp_path):
         "genai=webgpu",
         "--set",
         "static_lens=64",
-        "--no-charts",
+        "--set",
+        "charts=off",
         "--out",
         str(tmp_path),
     )

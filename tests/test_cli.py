@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -121,7 +122,7 @@ def test_generate_and_python_dash_m():
         (["generate", "--model", "toy", "--prompt-file", "/no/file.txt"], "--prompt-file '/no/file.txt'"),
         (["generate", "--model", "toy", "--cache", "static@99999"], "larger than model toy's context length 4096"),
         (["inspect", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
-        (["inspect", "toy", "--dtype", "q9"], "q9"),
+        (["inspect", "toy", "q9"], "q9"),
     ],
 )
 def test_errors_exit_nonzero_with_message_on_stderr(args, message):
@@ -191,3 +192,28 @@ def test_a_sigterm_is_ctrl_c_and_waits_for_an_atomic_block(ctrl_c):
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def _subparsers(ap: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(path, parser) of the kvlab parser and every subcommand's, each once (an alias is the same parser)."""
+    yield path, ap
+    for action in (a for a in ap._actions if isinstance(a, argparse._SubParsersAction)):
+        seen: set[int] = set()
+        for name, sub in action.choices.items():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                yield from _subparsers(sub, (*path, name))
+
+
+def test_the_command_has_at_most_80_flags_and_every_help_fits_a_screen(monkeypatch):
+    """A CLI a person can hold: flags counted per (sub)command, --help excluded; every --help at most 40 lines of an
+    80-column terminal."""
+    from kvlab.cli.commands import parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    parsers = list(_subparsers(parser()))
+    flags = [(p, a.option_strings[-1]) for p, ap in parsers for a in ap._actions if a.option_strings]
+    flags = [f for f in flags if f[1] != "--help"]
+    assert len(flags) <= 80, flags
+    long = {" ".join(p): n for p, ap in parsers if (n := len(ap.format_help().splitlines())) > 40}
+    assert not long, long

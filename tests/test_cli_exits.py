@@ -56,7 +56,7 @@ BAD = [
     (["browser-bench", "--set", "timeout=nan"], "--set 'timeout=nan': nan must be > 0"),
     (["doctor", "--verbose"], "unrecognized arguments: --verbose"),
     (["inspect", "/no/such/model"], "'/no/such/model' is neither a built-in name"),
-    (["prepare", "--models", "phi4-kv"], "phi4-kv is not one of the core path's models"),
+    (["prepare", "phi4-kv"], "'phi4-kv' is not one of the notebooks' models"),
 ]
 
 

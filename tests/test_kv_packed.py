@@ -108,7 +108,7 @@ def test_bench_runs_each_cache_again_with_packed_kv_or_refuses_before_measuring(
 
     argv = ["bench", "--models", "toy", "--devices", "webgpu", "--contexts", "16", "--new-tokens", "4", "--reps", "1"]
     argv += ["--set", "static_lens=1", "--set", "genai=none", "--set", "token_on_device=off"]
-    argv += ["--set", "kv_precisions=int8", "--no-charts"]
+    argv += ["--set", "kv_precisions=int8", "--set", "charts=off"]
     r = subprocess.run([sys.executable, "-m", "kvlab", *argv, "--out", str(tmp_path)], capture_output=True, text=True)
     if not installed():
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr

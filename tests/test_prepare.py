@@ -26,7 +26,7 @@ def kvlab(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # builds the toy model: tens of seconds on a 2-core machine
 def test_prepare_builds_what_is_missing_then_finds_it_built(tmp_path):
     env = {**os.environ, "KVLAB_CACHE_DIR": str(tmp_path)}
-    listed = kvlab("prepare", "--models", "toy", "--list", "--json", env=env)
+    listed = kvlab("prepare", "toy", "--list", "--json", env=env)
     assert listed.returncode == 1 and [r["status"] for r in json.loads(listed.stdout)] == ["missing"]
     built = kvlab("prepare", "--models", "toy", "--json", env=env)
     assert built.returncode == 0, built.stderr
@@ -39,9 +39,9 @@ def test_prepare_builds_what_is_missing_then_finds_it_built(tmp_path):
 
 
 def test_a_model_outside_the_list_is_one_line_naming_the_valid_ones():
-    r = kvlab("prepare", "--models", "phi4-kv")
+    r = kvlab("prepare", "phi4-kv")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert "phi4-kv is not one of the core path's models" in r.stderr and "'smollm2'" in r.stderr
+    assert "'phi4-kv' is not one of the notebooks' models: 'all' or" in r.stderr and "'smollm2'" in r.stderr
 
 
 def test_the_list_holds_every_preset_a_notebook_loads():

@@ -441,7 +441,7 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
     out = tmp_path / "bench"
     p = subprocess.run(
         [sys.executable, "-m", "kvlab", "browser-bench", "--contexts", "3", "--new-tokens", "3", "--reps", "1"]
-        + ["--adapter", "swiftshader", "--no-charts", "--out", str(out)],
+        + ["--adapter", "swiftshader", "--set", "charts=off", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=REPO,

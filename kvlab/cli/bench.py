@@ -28,6 +28,7 @@ PLAN = {
     "small_pages_twin": on_off,  # CPU: the fitted static cache again from weights in 4 KiB pages
     "matmuls_only": on_off,  # CPU: the model's matrix products alone
     "gpu_memory": on_off,  # WebGPU where NVML reports: an untimed run reading it at every step
+    "charts": on_off,  # not a Plan field: whether kvlab bench draws its charts (default on)
 }
 
 
@@ -40,9 +41,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.device_options(b)
     b.add_argument("--contexts", type=flags.positive_ints, help="comma-separated prompt lengths (every device)")
     flags.counts(b, new_tokens=(None, "new tokens per run (every device)"), reps=(None, "paired rounds"))
-    flags.settings(b, "kvlab.bench.Plan (genai: the devices with the genai row, or none)", PLAN)
+    flags.settings(b, "kvlab.bench.Plan (genai: the devices with the genai row, or none; charts=off: none drawn)", PLAN)
     flags.out(b, "artifacts/bench", "output folder (default artifacts/bench)", folder=True)
-    b.add_argument("--no-charts", action="store_true", help="write no charts")
     b.set_defaults(run=bench_command)
 
     tr = sub.add_parser("trace", help="one long generation per cache, every step recorded, with the GPU memory held")
@@ -73,7 +73,8 @@ def plan_of(args: argparse.Namespace) -> bench.Plan:
     if args.reps is not None:
         plan.reps = args.reps
     for key, value in flags.key_values(args.set, "--set", PLAN).items():
-        setattr(plan, key, value)
+        if key != "charts":
+            setattr(plan, key, value)
     options = flags.device_options_of(args)
     if "validation_mode" in options:
         raise ConfigError("--device-option validation_mode: kvlab bench opens WebGPU in its default validation mode")
@@ -99,7 +100,8 @@ def bench_command(args: argparse.Namespace) -> int:
                 f'"complete": false) to ' + ", ".join(str(f) for f in files)
             )
         raise
-    files = bench.write(result, args.out, charts=not args.no_charts)
+    charts = flags.key_values(args.set, "--set", PLAN).get("charts", True)
+    files = bench.write(result, args.out, charts=charts)
     print("\n" + bench.report(result))
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0

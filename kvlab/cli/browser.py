@@ -29,6 +29,7 @@ SETTINGS = {
     "reference": flags.nonempty,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
     "dynamic_impl": flags.nonempty,  # who runs the dynamic cache: transformers.js where it can (auto), or ort-web
     "buffer_cache_mode": flags.nonempty,  # the page's WebGPU storage buffer cache mode
+    "charts": flags.ON_OFF.__getitem__,  # not browser_bench's: whether the command draws its charts (default on)
 }
 
 
@@ -51,7 +52,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     flags.settings(p, "kvlab.web.bench.browser_bench", SETTINGS)
     flags.out(p, "artifacts/browser-bench", "output folder (default artifacts/browser-bench)", folder=True)
-    p.add_argument("--no-charts", action="store_true", help="write no charts")
     p.set_defaults(run=run)
 
 
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..web.bench import browser_bench
 
     names = args.cache or flags.cache_names("dynamic,static")
-    captured = any(kind == "graph" for kind, _ in names)  # the page's "captured" cache needs the capture build
+    captured = any(kind == "graph" for kind, _ in names)
+    settings = flags.key_values(args.set, "--set", SETTINGS)  # the page's "captured" cache needs the capture build
     result = browser_bench(
         [load(name, precision=precision, graph_capture=captured) for name, precision in flags.model_names(args.models)],
         args.contexts,
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         reps=args.reps,
         host=args.host,
         adapter=args.adapter,
-        **flags.key_values(args.set, "--set", SETTINGS),
+        **{k: v for k, v in settings.items() if k != "charts"},
     )
     env = result["environment"]
     print(f"host: {env['host']}; adapter: {env['adapter']}; onnxruntime-web {env['backend_version']}")
@@ -80,6 +81,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"transformers.js: {env['transformers_js']['error']}")
     for r in result["refused"]:
         print(f"{r['model']} context {r['context']}: {r['cache']} refused: {r['why']}")
-    files = write(result, args.out, charts=not args.no_charts)
+    files = write(result, args.out, charts=settings.get("charts", True))
     print("wrote " + ", ".join(str(f) for f in files))
     return 0

@@ -33,7 +33,7 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     """The ``inspect`` subcommand: what kvlab sees in a model directory (``kvlab.ort.checks.inspect.report``)."""
     p = sub.add_parser("inspect", help="what kvlab sees in a model: layers, inputs, which caches run it and why not")
     p.add_argument("dir", metavar="DIR", help="a model directory, or a built-in model's name")
-    p.add_argument("--dtype", default=None, help="a transformers.js directory's variant (fp32, fp16, q4f16, ...)")
+    p.add_argument("dtype", nargs="?", metavar="DTYPE", help="a transformers.js directory's variant (fp16, q4f16, ...)")
     p.set_defaults(run=lambda args: print(inspect_report(args.dir, dtype=args.dtype)) or 0)
 
 

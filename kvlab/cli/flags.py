@@ -85,8 +85,8 @@ def model(p: argparse.ArgumentParser, default: str | None = "toy", several: bool
         default=default,
         metavar="NAME[:PRECISION]" + (",..." if several else ""),
         help=("comma-separated: " if several else "")
-        + f"a built-in model ({', '.join(BUILTIN_NAMES[:4])}, ... : kvlab.presets) at a precision "
-        f"({', '.join(PRECISIONS)}; default fp32), or a model directory" + (f" (default {default})" if default else ""),
+        + f"a built-in model ({', '.join(BUILTIN_NAMES[:3])}, ...) at {'|'.join(PRECISIONS)}, or a model directory"
+        + (f" (default {default})" if default else ""),
     )
 
 
@@ -120,8 +120,7 @@ def device_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="how the device opens; CPU EP: threads=N, spinning=on|off, huge_pages=on|off; WebGPU: "
-        "buffer_cache_mode=M, validation_mode=M",
+        help="CPU: threads=N, spinning=on|off, huge_pages=on|off; WebGPU: buffer_cache_mode=M, validation_mode=M",
     )
 
 
@@ -205,8 +204,7 @@ def token_on_device(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=WHERE,
         metavar="WHERE",
-        help="greedy token chosen on the device (on, or a reduction: blocks, single, rows), on the host (off), "
-        "or as generate() does (auto: default)",
+        help="where the greedy token is chosen: device (on, blocks, single, rows), host (off), or auto (default)",
     )
 
 

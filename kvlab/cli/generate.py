@@ -39,8 +39,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.caches(
         p,
         "static; compare: dynamic,static",
-        "comma-separated: dynamic, static[@N] (N positions; default what the run needs, rounded up to 256), "
-        "graph[@N] (static, its step a captured WebGPU graph)",
+        "comma-separated: dynamic, static[@N] (N positions; default: what the run needs), graph[@N] (a captured "
+        "WebGPU step)",
     )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     flags.sample(p)

@@ -1,7 +1,8 @@
 """``kvlab prepare``: build, ahead of a workshop, every model the notebooks load, so that no attendee waits for a
 build in a lesson. Prints one line per model (built now or already there, its size on disk, the seconds it took)
-and a total; ``--json`` prints them as a list. ``--all`` adds the deep dives' models to the core path's; ``--list``
-says what is there without building anything."""
+and a total; ``--json`` prints them as a list. ``kvlab prepare all`` adds the deep dives' models to the core path's,
+``kvlab prepare NAME ...`` takes those presets of the list alone; ``--list`` says what is there without building
+anything."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from . import flags
 
 # what the notebooks load, by the part of the course they are in: "preset", "preset:precision" (default fp32), or
 # "preset:graph-capture" (its build for WebGPU graph capture)
-CORE = ("toy", "smollm2", "smollm2:fp16", "smollm2:int4", "kv-heavy")  # 00, 00b and 01-04
+CORE = ("toy", "toy:graph-capture", "smollm2", "smollm2:fp16", "smollm2:int4", "kv-heavy")  # 00, 00b, 01-04
 DEEP_DIVES = (  # 05-10
-    "toy:graph-capture", "sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy", "kv-shared-toy",
+    "sliding-toy", "gemma2-toy", "mistral-toy", "hybrid-toy", "conv-toy", "kv-shared-toy",
 )  # fmt: skip
 
 
@@ -32,29 +33,32 @@ def triple(spec: str) -> tuple[str, str, bool]:
 def add(sub: argparse._SubParsersAction) -> None:
     """The ``prepare`` subcommand."""
     p = sub.add_parser("prepare", help="build every model the notebooks need, ahead of the day (sizes and times)")
-    p.add_argument("--all", action="store_true", help="the deep dives' models too (05-10), not only the core path's")
-    p.add_argument("--list", action="store_true", help="say what is built and what is missing; build nothing")
     p.add_argument(
-        "--models", type=flags.nonempty, help="only these presets of the list, comma-separated (e.g. smollm2)"
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="'all': the deep dives' models (05-10) too; or only these presets of the list (e.g. smollm2); "
+        "none: the core path's models",
     )
+    p.add_argument("--list", action="store_true", help="say what is built and what is missing; build nothing")
     flags.json_flag(p, "one object per model as a JSON list")
     p.set_defaults(run=prepare_command)
 
 
-def wanted(everything: bool, names: str | None = None) -> tuple[tuple[str, str, bool], ...]:
-    """The (preset, precision, graph_capture) triples to build: the core path's, plus the deep dives' when
-    ``everything``; with ``names`` (comma-separated presets) only theirs. Raises ConfigError for a name that is
-    not in the list, naming the valid ones."""
-    models = tuple(triple(spec) for spec in (CORE + DEEP_DIVES if everything else CORE))
-    if names is None:
+def wanted(names: list[str]) -> tuple[tuple[str, str, bool], ...]:
+    """The (preset, precision, graph_capture) triples to build for ``kvlab prepare NAME ...``: none, the core
+    path's; ["all"], the deep dives' too; else those presets of either list alone. Raises ConfigError for a name
+    that is in neither list (or "all" beside other names), naming the valid ones."""
+    if not names:
+        return tuple(triple(spec) for spec in CORE)
+    models = tuple(triple(spec) for spec in CORE + DEEP_DIVES)
+    if names == ["all"]:
         return models
-    chosen = [n.strip() for n in names.split(",") if n.strip()]
     valid = list(dict.fromkeys(name for name, _, _ in models))
-    unknown = [n for n in chosen if n not in valid]
-    if unknown or not chosen:
-        where = "the notebooks' models" if everything else "the core path's models (--all: every notebook's)"
-        raise ConfigError(f"--models {names!r}: {', '.join(unknown) or 'no name'} is not one of {where}: {valid}")
-    return tuple(m for m in models if m[0] in chosen)
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ConfigError(f"{', '.join(map(repr, unknown))} is not one of the notebooks' models: 'all' or {valid}")
+    return tuple(m for m in models if m[0] in names)
 
 
 def size_of(folder: Path) -> int:
@@ -85,7 +89,7 @@ def prepare(models: tuple[tuple[str, str, bool], ...], build: bool = True) -> li
 def prepare_command(args: argparse.Namespace) -> int:
     """``kvlab prepare``: one line per model as it is done, and a total (or the JSON list); 0 when every model is
     there at the end (with ``--list``: 1 when one is missing)."""
-    models, rows = wanted(args.all, args.models), []
+    models, rows = wanted(args.names), []
     for triple in models:
         row = prepare((triple,), build=not args.list)[0]
         rows.append(row)

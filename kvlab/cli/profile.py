@@ -25,6 +25,7 @@ LOCKSTEP = {
     "tokens_per_read": flags.positive_int,  # kvlab's greedy steps read back together
     "buffer_cache_mode": flags.nonempty,  # WebGPU: the storage buffer cache mode both loops run in
     "validation_mode": flags.nonempty,  # WebGPU: the validation mode both loops run in
+    "graph_capture": flags.ON_OFF.__getitem__,  # WebGPU: both captured (CapturedStaticCache; genai enableGraphCapture)
 }
 
 # the modes: name -> (help, what --out writes, whether it pairs kvlab with genai)
@@ -55,11 +56,6 @@ def add(sub: argparse._SubParsersAction) -> None:
             flags.counts(mode, rounds=(3, "rounds of kvlab and genai"))
             flags.token_on_device(mode)
         mode.set_defaults(run=runs[name])
-    modes.choices["lockstep"].add_argument(
-        "--graph-capture",
-        action="store_true",
-        help="both captured: kvlab's CapturedStaticCache, genai with enableGraphCapture (WebGPU)",
-    )
     flags.settings(modes.choices["lockstep"], "kvlab.bench.lockstep.lockstep", LOCKSTEP)
 
 
@@ -173,7 +169,6 @@ def lockstep_command(args: argparse.Namespace) -> int:
         args.new_tokens,
         args.rounds,
         token_on_device=flags.WHERE[args.token_on_device],
-        graph_capture=args.graph_capture,
         **flags.key_values(args.set, "--set", LOCKSTEP),
     )
     print(summary(r))
