@@ -26,6 +26,8 @@ from kvlab import Conversation, StaticCache, Stepper, generate, open_device
 from kvlab.core.paths import check_output, write_atomic
 from kvlab.ort.models.graph import DERIVED
 
+REPO = Path(__file__).resolve().parents[1]
+
 A, B = [5, 6, 7, 8], [9, 10]
 
 
@@ -320,6 +322,23 @@ def test_chat_lines_ending_in_cr_lf_are_the_same_messages(capsys, monkeypatch):
         said[ending] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     same = [[(t["prefilled"], t["positions"], t["text"]) for t in said[e]] for e in ("\n", "\r\n")]
     assert len(same[0]) == 2 and same[0] == same[1]  # no CR in the prompts
+
+
+@pytest.mark.parametrize(
+    "shell, says",
+    [
+        ("generate --model \"$(printf 'x%.0s' $(seq 300))\"", "is neither a built-in name"),
+        ("chat --model toy <&-", "no messages: stdin is closed and no --turn was given"),
+        ("generate --model toy --max-new-tokens 2 >&-", "stdout is closed, so the command's output would be lost"),
+    ],
+    ids=["300-character model", "chat, stdin closed", "stdout closed"],
+)
+def test_inputs_a_shell_can_give_are_one_line_errors_and_exit_2(shell, says):
+    """A name the file system cannot hold, a closed stdin, a closed stdout: each one line on stderr, exit 2."""
+    r = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m kvlab {shell}"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, (r.returncode, r.stderr[-500:])
 
 
 # -- no setting silently dropped

@@ -38,7 +38,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import _interrupted_at_startup
-from .exits import BROKEN_PIPE, INTERRUPTED, say, silence_stdout
+from .exits import BROKEN_PIPE, INTERRUPTED, USER_ERROR, say, silence_stdout
 
 __all__ = ["main", "stop"]
 
@@ -46,6 +46,9 @@ __all__ = ["main", "stop"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status (the module
     docstring). argparse's errors and ``--help`` raise SystemExit, as argparse does."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): every line it prints would be lost
+        say("kvlab: error: stdout is closed, so the command's output would be lost: give it a file or /dev/null")
+        return USER_ERROR
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         # python -m kvlab: Ctrl-C is ours from here (inside the try, so no signal lands between the two handlers)

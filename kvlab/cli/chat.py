@@ -88,6 +88,8 @@ def _chat(args: argparse.Namespace) -> int:
         raise ConfigError("--cache graph: a conversation feeds turns of any length; a captured graph has one shape")
     cache = StaticCache(size or 2048) if kind == "static" else DynamicCache()
     lookup = PromptLookup(k=args.lookup) if args.lookup is not None else None
+    if not args.turn and sys.stdin is None:
+        raise ConfigError("no messages: stdin is closed and no --turn was given")
     model = _model(args)
     interactive = not args.turn and sys.stdin.isatty()
     with cache, Conversation(model, cache=cache, device=open_device(args.device), system=args.system) as conv:

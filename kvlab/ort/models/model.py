@@ -239,7 +239,7 @@ def load(
         precision = check_precision("fp32" if precision is None else precision)
         name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
         return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture), name=name))
-    if not key.strip() or not Path(key).exists():  # "" is no name, and not the current folder (Path("") is ".")
+    if not key.strip() or not _exists(Path(key)):  # "" is no name, and not the current folder (Path("") is ".")
         raise ModelError(
             f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing directory"
         )
@@ -252,3 +252,11 @@ def load(
     for note in model.info.notes:  # what kvlab read and does not apply: one line each, where a user sees it
         warnings.warn(f"model {model.name}: {note}", stacklevel=2)
     return model
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False, not an OSError, for a name the file system cannot hold (too long, a NUL)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
