@@ -15,6 +15,8 @@ import pytest
 from conftest import ctrl_c_as_in_a_terminal
 
 from kvlab.cli import main
+from kvlab.ort import open_device
+from kvlab.ort.decode.conversation import default_prefill_chunk
 
 TOY = ["chat", "--model", "toy", "--max-new-tokens", "6", "--json"]
 
@@ -87,6 +89,18 @@ def test_lookup_reports_drafts(capsys):
     assert main([*TOY, "--lookup", "4", "--max-new-tokens", "12", "--turn", text]) == 0
     (turn,) = _turns(capsys.readouterr().out)
     assert turn["new_tokens"] == 12 and 0 <= turn["accepted"] <= turn["drafted"]
+    assert turn["lookup_off"] == ""  # it ran
+
+
+def test_lookup_that_cannot_run_says_why_in_the_turn_line(capsys):
+    """Where multi-token steps are wrong (onnxruntime-webgpu 1.27 on a software adapter) --lookup runs one token a
+    step: the turn's line says so instead of nothing; where it runs, the line counts its drafts."""
+    text = "one two three four one two three four"
+    argv = ["chat", "--model", "toy", "--device", "webgpu", "--lookup", "3", "--max-new-tokens", "3", "--turn", text]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    wrong = bool(default_prefill_chunk(open_device("webgpu")))  # kvlab's own judgement of this package and adapter
+    assert (", no prompt lookup: " in line) is wrong, line
 
 
 def test_bench_writes_rows_with_their_environment(tmp_path, capsys):

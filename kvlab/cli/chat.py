@@ -152,12 +152,14 @@ def _print_turn(conv: Conversation, turn: Any, as_json: bool) -> None:
         "capacity": cap,
         "drafted": turn.drafted,
         "accepted": turn.accepted,
+        "lookup_off": turn.lookup,  # why --lookup proposed nothing this turn ("" when it ran or was not asked)
         "text": turn.text,
     }
     if as_json:
         print(json.dumps(fields), flush=True)
         return
     lookup = f", lookup {turn.accepted}/{turn.drafted} drafts accepted" if turn.drafted else ""
+    lookup += f", no prompt lookup: {turn.lookup}" if turn.lookup else ""
     print(
         f"[turn {turn.index}: reused {turn.reused}, prefilled {turn.prefilled} positions, TTFT {ttft:.1f} ms, "
         f"{len(turn.token_ids)} tokens ({turn.stop_reason or 'done'}){lookup}; {len(conv.ids)} of {cap} positions]"
