@@ -352,3 +352,20 @@ def test_a_ring_cache_with_a_kv_precision_is_refused_by_name_not_made_without_it
     with pytest.raises(kvlab.ConfigError, match=r"RingStaticCache\(kv_precision='int4'\)"):
         RingStaticCache(64, kv_precision="int4")
     assert type(make_cache(CacheSpec("static", 64, "ring"))) is RingStaticCache
+
+
+def test_keeping_another_models_sequence_is_refused_and_changes_nothing(toy):
+    """toy and its graph-capture build share a layout: a cache that holds toy's KV cannot be continued by the other
+    model with keep=True (it would mix two models' keys and values); a fresh use of the other model resets it."""
+    other = kvlab.load("toy", graph_capture=True)
+    assert other.info.layout == toy.info.layout and other.name != toy.name
+    with StaticCache(64) as cache:
+        generate(toy, [1, 2, 3], cache=cache, device="cpu", max_new_tokens=3, stop_on_eos=False)
+        held = cache.seq_length
+        with pytest.raises(kvlab.CacheStateError, match=r"holds 5 positions of model toy's KV; continuing them"):
+            with Stepper(other, cache, "cpu", held + 2, keep=True):
+                pass
+        assert cache.seq_length == held and not cache.in_use
+        with Stepper(toy, cache, "cpu", held + 2, keep=True):  # the same model goes on
+            pass
+        generate(other, [1, 2, 3], cache=cache, device="cpu", max_new_tokens=2, stop_on_eos=False)  # fresh: fine

@@ -192,7 +192,8 @@ class Cache:
         ``name``, ``layout`` and ``context_length``) on ``device``: from an empty sequence, or, ``keep=True``, from
         the one it holds (``positions`` counts those too). At the first use the cache binds to that layout and
         device and makes its slots; every use allocates what is missing, all or nothing, and counts in ``epoch``.
-        Raises CacheStateError (disposed, in use, bound to another model or device) and CapacityError
+        Raises CacheStateError (disposed, in use, bound to another model or device, or ``keep`` of another model's
+        sequence) and CapacityError
         (``positions`` do not fit); nothing changes then."""
         self._check_alive()
         busy = CacheStateError(
@@ -200,6 +201,13 @@ class Cache:
             "generation at a time (make one cache per concurrent generation)"
         )
         with self._user.hold(lambda: busy):
+            held = self._info
+            if keep and self.seq_length and held is not None and held.name != info.name:
+                raise CacheStateError(
+                    f"this cache holds {self.seq_length} positions of model {held.name}'s KV; continuing them with "
+                    f"model {info.name} (keep=True) would mix two models' keys and values: reset the cache, or "
+                    f"continue with {held.name}"
+                )
             self._attach(info, device)
             if positions > info.context_length:
                 raise CapacityError(
