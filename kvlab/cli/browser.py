@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..web.bench import browser_bench
 
     names = args.cache or flags.cache_names("dynamic,static")
-    captured = any(kind == "graph" for kind, _ in names)
-    settings = flags.key_values(args.set, "--set", SETTINGS)  # the page's "captured" cache needs the capture build
+    captured = any(kind == "graph" for kind, _ in names)  # the page's "captured" cache needs the capture build
+    settings = flags.key_values(args.set, "--set", SETTINGS)
     result = browser_bench(
         [load(name, precision=precision, graph_capture=captured) for name, precision in flags.model_names(args.models)],
         args.contexts,
