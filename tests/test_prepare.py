@@ -26,18 +26,18 @@ def kvlab(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.mark.slow  # builds the toy model: tens of seconds on a 2-core machine
 def test_prepare_builds_what_is_missing_then_finds_it_built(tmp_path):
     env = {**os.environ, "KVLAB_CACHE_DIR": str(tmp_path)}
-    listed = kvlab("prepare", "toy", "--list", "--json", env=env)  # toy, and its build for graph capture
-    assert listed.returncode == 1 and [r["status"] for r in json.loads(listed.stdout)] == ["missing"] * 2
-    built = kvlab("prepare", "toy", "--json", env=env)
+    listed = kvlab("prepare", "sliding-toy", "--list", "--json", env=env)  # a deep dive's model: one build
+    assert listed.returncode == 1 and [r["status"] for r in json.loads(listed.stdout)] == ["missing"]
+    built = kvlab("prepare", "sliding-toy", "--json", env=env)
     assert built.returncode == 0, built.stderr
-    rows = json.loads(built.stdout)
-    assert [r["graph_capture"] for r in rows] == [False, True]
-    for row in rows:
-        assert row["status"] == "built now" and row["bytes"] > 100_000 and row["seconds"] > 0
-        assert Path(row["path"]).parent == tmp_path / "models"
-    again = kvlab("prepare", "toy", env=env)
-    assert again.returncode == 0 and re.search(r"^toy fp32 +already built +\d+\.\d MiB", again.stdout, re.M)
-    assert "2 models," in again.stdout and str(tmp_path) in again.stdout
+    (row,) = json.loads(built.stdout)
+    assert row["status"] == "built now" and row["bytes"] > 100_000 and row["seconds"] > 0
+    assert Path(row["path"]).parent == tmp_path / "models"
+    again = kvlab("prepare", "sliding-toy", env=env)
+    assert again.returncode == 0 and re.search(r"^sliding-toy fp32 +already built +\d+\.\d MiB", again.stdout, re.M)
+    assert "1 models," in again.stdout and str(tmp_path) in again.stdout
+    toy = [r["graph_capture"] for r in json.loads(kvlab("prepare", "toy", "--list", "--json", env=env).stdout)]
+    assert toy == [False, True]  # toy and its build for graph capture (notebook 01's button runs the latter)
 
 
 def test_a_model_outside_the_list_is_one_line_naming_the_valid_ones():
