@@ -6,6 +6,7 @@ bad value or what would be valid), and no device tensor is left alive. Regenerat
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -1487,6 +1488,7 @@ def _live() -> dict[str, int]:
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.area}:{c.what}" for c in CASES])
 def test_a_bad_input_gets_a_clear_error(case, toy, tmp_path, capsys):
     env = Env(toy, tmp_path, capsys)
+    gc.collect()  # what earlier tests left to the collector goes now, not during this one
     before = _live()
     if case.error.startswith("exit "):
         rc, err = case.run(env)

@@ -112,7 +112,8 @@ def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium
             adapters.get_by_text("software (fallback adapter)").wait_for(timeout=120_000)
             shown = [r.locator("th, td").all_inner_texts() for r in adapters.locator("tr").all()]
             page.keyboard.press("Shift+Enter")  # the table as text, from the kernel: the browser's answer came back
-            printed = cells.nth(2).locator(".jp-OutputArea-output")
+            # the cell's live text (kvlab.lab.show.live_text): an output area inside the cell's output; its text
+            printed = cells.nth(2).locator(".jp-RenderedText").last
             printed.get_by_text("this browser (navigator.gpu)").wait_for(timeout=60_000)
             table = printed.inner_text()
             page.keyboard.press("Shift+Enter")  # the browser runner
