@@ -60,8 +60,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     co.set_defaults(run=conformance_command)
 
 
-def plan_of(args: argparse.Namespace) -> bench.Plan:
-    """The ``kvlab.bench.Plan`` the flags ask for; ConfigError for a bad value."""
+def plan_of(args: argparse.Namespace, settings: dict[str, Any]) -> bench.Plan:
+    """The ``kvlab.bench.Plan`` the flags and ``settings`` (``--set``'s Plan fields, read) ask for; ConfigError for a
+    bad value."""
     plan = bench.Plan.quick() if args.quick else bench.Plan()
     if args.models or args.devices:
         models = (args.models or ",".join(sorted({m for m, _ in plan.targets}))).split(",")
@@ -72,9 +73,8 @@ def plan_of(args: argparse.Namespace) -> bench.Plan:
         plan.new_tokens = dict.fromkeys(DEVICES, args.new_tokens)
     if args.reps is not None:
         plan.reps = args.reps
-    for key, value in flags.key_values(args.set, "--set", PLAN).items():
-        if key != "charts":
-            setattr(plan, key, value)
+    for key, value in settings.items():
+        setattr(plan, key, value)
     options = flags.device_options_of(args)
     if "validation_mode" in options:
         raise ConfigError("--device-option validation_mode: kvlab bench opens WebGPU in its default validation mode")
@@ -88,7 +88,9 @@ def plan_of(args: argparse.Namespace) -> bench.Plan:
 def bench_command(args: argparse.Namespace) -> int:
     """``kvlab bench``: run the plan, print its report and write its files. Ctrl-C: the contexts that finished are
     written first (``"complete": false``), then the interrupt goes on."""
-    plan = plan_of(args)
+    settings = flags.key_values(args.set, "--set", PLAN)
+    charts = settings.pop("charts", True)  # the command's own switch, not a Plan field
+    plan = plan_of(args, settings)
     try:
         result = bench.run_plan(plan)
     except bench.Interrupted as stop:  # keep what was measured, then stop as Ctrl-C does
@@ -100,7 +102,6 @@ def bench_command(args: argparse.Namespace) -> int:
                 f'"complete": false) to ' + ", ".join(str(f) for f in files)
             )
         raise
-    charts = flags.key_values(args.set, "--set", PLAN).get("charts", True)
     files = bench.write(result, args.out, charts=charts)
     print("\n" + bench.report(result))
     print("\nwrote " + ", ".join(str(f) for f in files))
