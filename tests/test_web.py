@@ -464,6 +464,7 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
     assert dynamic["runner"] == "transformers.js" and static["runner"] == "kvlab" and static["fitted"]
     assert static["storage_buffers_per_step"] == 0 and dynamic["tensors_per_step"] == 4
     assert result["environment"]["backend_version"] == "1.30.0" and "Chromium" in result["environment"]["host"]
+    assert static["validation_mode"] == "disabled" and static["dawn_toggles"] == "skip_validation,disable_robustness"
     assert len(result["runs"]) == 4  # a warm-up and a measured round of each cache
 
 

@@ -250,7 +250,7 @@ def write(
             "host_token": args.host_token,
             "native": native,
             "setting": {"validation_mode": "disabled", "dawn": pages[0]["fast"]["rows"][0]["dawn_toggles"]},
-            "old_setting": {"validation_mode": "basic", "dawn": []},
+            "old_setting": {"validation_mode": "basic", "dawn": ""},
         },
         "seed": SEED,
         "summary": summary(rounds, contexts),

@@ -59,7 +59,7 @@ def row_of(
     return {
         **_where(model, context, result, buffer_cache_mode),
         "validation_mode": g.label.device.validation_mode,
-        "dawn_toggles": list(result.host.dawn_toggles),
+        "dawn_toggles": ",".join(result.host.dawn_toggles),  # "" where Dawn runs as its host starts it
         "new_tokens": len(g.token_ids),
         "variant": spec.name,
         "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
