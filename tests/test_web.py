@@ -416,6 +416,7 @@ def test_token_on_the_gpu_in_bursts_on_the_host_and_in_a_captured_replay(chromiu
     assert str(by_host.label.device).endswith(", validation basic") and "Dawn" not in str(on_host.host)
     assert on_gpu.raw["validation_mode"] == "disabled" and on_host.raw["validation_mode"] == "basic"
     assert str(on_gpu.host).endswith(", Dawn skip_validation+disable_robustness"), on_gpu.host
+    assert on_gpu.raw["dawn_validates"] is False and on_host.raw["dawn_validates"] is True  # Chromium took the flag
     assert [g.job_cache for g in on_gpu.measured] == ["dynamic", "static@256", "static@256 graph"]
     for g in on_gpu.measured:
         assert g.label.token_on_device and g.label.tokens_per_read == 8, g.label
@@ -465,6 +466,7 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
     assert static["storage_buffers_per_step"] == 0 and dynamic["tensors_per_step"] == 4
     assert result["environment"]["backend_version"] == "1.30.0" and "Chromium" in result["environment"]["host"]
     assert static["validation_mode"] == "disabled" and static["dawn_toggles"] == "skip_validation,disable_robustness"
+    assert static["dawn_validates"] is False
     assert len(result["runs"]) == 4  # a warm-up and a measured round of each cache
 
 

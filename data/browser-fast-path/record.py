@@ -174,6 +174,7 @@ def one_context(model: Any, context: int, args: argparse.Namespace, native: bool
             for name, r in {**rows, OLD: old["rows"][0]}.items()
         },
         "hosts": {"page": fast["environment"]["host"], OLD: old["environment"]["host"]},
+        "dawn_validates": {"page": rows["static"]["dawn_validates"], OLD: old["rows"][0]["dawn_validates"]},
         "tokens_equal": all(t == tokens[0] for t in tokens),
         "refused": [r["why"] for r in fast["refused"]],
         "native": got["label"] if got else None,

@@ -52,7 +52,8 @@ def row_of(
     cache sized for this run, not given a size): where it ran, the cache, the median decode step over the rounds
     (each round's median) with its spread and its ratio to the dynamic cache's paired by round, the exact GPU buffer
     counts per decode step, whether every round's tokens equal ``reference``, and the first round's tokens and
-    per-step values; the validation mode the page ran in and the Dawn toggles its host was started with."""
+    per-step values; the validation mode the page ran in, the Dawn toggles its host was started with and whether
+    Dawn validated the device's calls."""
     g = runs[0]
     spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
@@ -60,6 +61,7 @@ def row_of(
         **_where(model, context, result, buffer_cache_mode),
         "validation_mode": g.label.device.validation_mode,
         "dawn_toggles": ",".join(result.host.dawn_toggles),  # "" where Dawn runs as its host starts it
+        "dawn_validates": result.raw.get("dawn_validates"),  # as the page's device showed it (None: not reported)
         "new_tokens": len(g.token_ids),
         "variant": spec.name,
         "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
