@@ -29,6 +29,7 @@ SETTINGS = {
     "reference": flags.nonempty,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
     "dynamic_impl": flags.nonempty,  # who runs the dynamic cache: transformers.js where it can (auto), or ort-web
     "buffer_cache_mode": flags.nonempty,  # the page's WebGPU storage buffer cache mode
+    "validation_mode": flags.nonempty,  # the page's WebGPU EP validation mode (default disabled, as native)
     "charts": flags.ON_OFF.__getitem__,  # not browser_bench's: whether the command draws its charts (default on)
 }
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..bench.plan import prompt_ids
+from ..core.devices import DEFAULT_VALIDATION
 from ..core.errors import ConfigError, check_choice
 from ..core.labels import cpu_adapter
 from ..ort import generate
@@ -51,12 +52,16 @@ def row_of(
     cache sized for this run, not given a size): where it ran, the cache, the median decode step over the rounds
     (each round's median) with its spread and its ratio to the dynamic cache's paired by round, the exact GPU buffer
     counts per decode step, whether every round's tokens equal ``reference``, and the first round's tokens and
-    per-step values."""
+    per-step values; the validation mode the page ran in, the Dawn toggles its host was started with and whether
+    Dawn validated the device's calls."""
     g = runs[0]
     spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
     return {
         **_where(model, context, result, buffer_cache_mode),
+        "validation_mode": g.label.device.validation_mode,
+        "dawn_toggles": ",".join(result.host.dawn_toggles),  # "" where Dawn runs as its host starts it
+        "dawn_validates": result.raw.get("dawn_validates"),  # as the page's device showed it (None: not reported)
         "new_tokens": len(g.token_ids),
         "variant": spec.name,
         "runner": "transformers.js" if g.impl == "transformers.js" else "kvlab",
@@ -198,7 +203,7 @@ def browser_bench(
     ``refused`` lists the caches a page could not run (a captured cache onnxruntime-web cannot capture) and why.
     ``on_line`` receives one progress line per finished page; a KeyboardInterrupt stops after releasing the page
     that was running. ``job_options``: the rest of ``make_job``'s keyword arguments (``reps``, default 2 here;
-    ``warmup``, ``dynamic_impl``, ``buffer_cache_mode``)."""
+    ``warmup``, ``dynamic_impl``, ``buffer_cache_mode``, ``validation_mode``: "disabled" unless given, as native)."""
     job_options.setdefault("reps", 2)
     buffer_cache_mode = job_options.get("buffer_cache_mode", "")
     check_choice(reference, REFERENCES, "reference=")
@@ -232,6 +237,7 @@ def browser_bench(
         "host": host,
         "adapter": adapter,
         "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "validation_mode": job_options.get("validation_mode", DEFAULT_VALIDATION),
         "reference": reference,
     }
     env = environment(results, host, adapter)

@@ -11,18 +11,30 @@ from typing import Any
 import numpy as np
 
 from ..core.cache_layout import check_max_cache_len
-from ..core.devices import BUFFER_CACHE_MODES
+from ..core.devices import BUFFER_CACHE_MODES, DEFAULT_VALIDATION
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..ort.decode.greedy import AUTO, NEXT, REDUCTIONS, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
+from ..ort.runtime.options import VALIDATION_MODES
 
 KV_DTYPES = ("float32", "float16")
 TRANSFORMERS_GRAPH = "model.transformers-js.onnx"
 DYNAMIC_IMPLS = ("auto", "transformers.js", "onnxruntime-web")
 CAPTURED = "graph"  # CacheSpec.variant of a static cache whose decode steps replay a captured graph
+# the Dawn device toggles native ONNX Runtime's WebGPU EP turns on when its validation mode is "disabled" and that
+# apply to every backend; a host kvlab starts (Node with Dawn, its own Chromium) makes its device with them
+SKIP_VALIDATION_TOGGLES = ("skip_validation", "disable_robustness")
+
+
+def dawn_toggles(validation_mode: str) -> tuple[str, ...]:
+    """The Dawn toggles a host kvlab starts enables for a job in ``validation_mode``: ``SKIP_VALIDATION_TOGGLES``
+    for "disabled" (Dawn's validation off, as native ONNX Runtime opens its device then), none for another mode
+    (Dawn validates every call). ConfigError for a mode not in ``VALIDATION_MODES``."""
+    check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
+    return SKIP_VALIDATION_TOGGLES if validation_mode == "disabled" else ()
 
 
 def _round_up(needed: int, context: int) -> int:
@@ -106,6 +118,7 @@ class Job:
     warmup: bool = True
     dynamic_impl: str = "auto"
     buffer_cache_mode: str = ""  # the WebGPU EP's storage buffer cache mode; "" = onnxruntime-web's default (bucket)
+    validation_mode: str = DEFAULT_VALIDATION  # the WebGPU EP's validation mode (``VALIDATION_MODES``), as native
     files: list[Path] = field(default_factory=list)
     transformers_graph: bytes = b""  # the decoder graph with concrete past shapes (``concrete_past_shapes``)
     concrete: dict[str, int] = field(default_factory=dict)  # the dimension names it made concrete
@@ -181,6 +194,7 @@ class Job:
             "warmup": self.warmup,
             "dynamic_impl": self.dynamic_impl,
             "buffer_cache_mode": self.buffer_cache_mode,
+            "validation_mode": self.validation_mode,
         }
 
 
@@ -292,6 +306,7 @@ def make_job(
     warmup: bool = True,
     dynamic_impl: str = "auto",
     buffer_cache_mode: str = "",
+    validation_mode: str = DEFAULT_VALIDATION,
     token_on_device: bool | str = AUTO,
     tokens_per_read: int | str = AUTO,
     stop_tokens: Sequence[int] = (),
@@ -299,6 +314,8 @@ def make_job(
     """A checked ``Job`` for ``model`` (a loaded kvlab ``Model`` or a name): caches as ``parse_cache`` takes them.
     Every bad value raises a kvlab error naming it and what would be valid; a model the runner cannot drive
     (``check_model``; presents that cannot share the past's buffer, for a static cache) is refused with the reason.
+    ``validation_mode``: the page opens onnxruntime-web's WebGPU EP in it (one of ``VALIDATION_MODES``; "disabled"
+    by default, as kvlab's native WebGPU device), and a host kvlab starts makes its device with ``dawn_toggles``.
 
     A "captured" cache needs a model built for capture (``check_capture``: ``kvlab.load(name, graph_capture=True)``).
     ``token_on_device``: kvlab's own runs open the greedy graph (``page_reduction``) and keep the token on the GPU,
@@ -332,8 +349,10 @@ def make_job(
         raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")
     if buffer_cache_mode != "":  # not a falsy 0 or None either: "" is onnxruntime-web's default
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
+    check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
     ids_list = [int(i) for i in ids]
-    job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, model_files(model))
+    job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, validation_mode)
+    job.files = model_files(model)
     job.reduction = page_reduction(model, token_on_device)
     job.greedy_file = greedy_graph(model, job.reduction) if job.reduction else None
     job.tokens_per_read = page_tokens_per_read(tokens_per_read, job.reduction)

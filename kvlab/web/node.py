@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,9 @@ def remove_orphaned_folders() -> list[Path]:
     return removed
 
 
-def run_node(job: Job, timeout: float = 600, adapter: str = "auto") -> dict[str, Any]:
-    """The page-shaped result dict node wrote for ``job`` (``adapter`` as ``node_env`` takes it). node runs in a
+def run_node(job: Job, timeout: float = 600, adapter: str = "auto", dawn: Sequence[str] = ()) -> dict[str, Any]:
+    """The page-shaped result dict node wrote for ``job`` (``adapter`` as ``node_env`` takes it), Dawn's instance
+    made with the toggles ``dawn`` enabled (``dawn_toggles``; none: Dawn's defaults). node runs in a
     temporary folder, in a process group of its own, killed once on timeout or KeyboardInterrupt, and by the kernel
     when this process dies (``_die_with_this_process``); folders that dead runs left are removed first
     (``remove_orphaned_folders``). DeviceError when it ran past ``timeout`` seconds or exited without a result
@@ -91,7 +93,7 @@ def run_node(job: Job, timeout: float = 600, adapter: str = "auto") -> dict[str,
         job_file, out_file, log_file = Path(tmp, "job.json"), Path(tmp, "result.json"), Path(tmp, "node.log")
         job_file.write_text(json.dumps(job.to_json()))
         host_js = str(JS_DIR / "node_host.mjs")
-        cmd = [node, host_js, str(job_file), str(job.model.info.path), str(npm_dir()), str(out_file)]
+        cmd = [node, host_js, str(job_file), str(job.model.info.path), str(npm_dir()), str(out_file), ",".join(dawn)]
         with log_file.open("wb") as log:
             process = subprocess.Popen(
                 cmd,

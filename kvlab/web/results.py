@@ -82,9 +82,11 @@ class BrowserHost:
     name: str  # the browser's brand and version, or "Node <version> + Dawn (npm webgpu <version>)"
     user_agent: str = ""
     headless: bool | None = None
+    dawn_toggles: tuple[str, ...] = ()  # the Dawn toggles kvlab started the host with (``dawn_toggles``)
 
     def __str__(self) -> str:
-        return self.name + (" (headless)" if self.headless else "")
+        toggles = f", Dawn {'+'.join(self.dawn_toggles)}" if self.dawn_toggles else ""
+        return self.name + (" (headless)" if self.headless else "") + toggles
 
 
 @dataclass
@@ -231,8 +233,9 @@ def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
     )
 
 
-def read_result(raw: Any, job: Job) -> BrowserResult:
-    """The page's result for ``job``, checked and turned into records. DeviceError when the page reported an error
+def read_result(raw: Any, job: Job, dawn_toggles: tuple[str, ...] = ()) -> BrowserResult:
+    """The page's result for ``job``, checked and turned into records; ``dawn_toggles``: those the host was started
+    with (named in its label), none for a browser kvlab did not start. DeviceError when the page reported an error
     (its message, one line) and when a field is missing or of the wrong kind (naming the field and what was
     expected)."""
     if isinstance(raw, dict) and "error" in raw:
@@ -241,7 +244,11 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
         raise DeviceError(f"the page's result has version {raw['version']!r}; this kvlab reads version 1")
     h = _need(raw, "host", dict, "")
     host = BrowserHost(
-        _need(h, "kind", str, "host."), _need(h, "name", str, "host."), h.get("user_agent", ""), h.get("headless")
+        _need(h, "kind", str, "host."),
+        _need(h, "name", str, "host."),
+        h.get("user_agent", ""),
+        h.get("headless"),
+        tuple(dawn_toggles),
     )
     adapter = adapter_label(_need(raw, "adapter", dict, ""), host)
     ort_version = _need(raw, "ort_version", str, "")
@@ -253,10 +260,11 @@ def read_result(raw: Any, job: Job) -> BrowserResult:
         spec = next(c for c in job.caches if c.name == run["cache"])
         if run["impl"] == "transformers.js":
             version = f"{(tjs or {}).get('version', '?')} (onnxruntime-web {ort_version})"
-            device = DeviceLabel("webgpu", adapter, "transformers.js", version, job.buffer_cache_mode or "bucket")
+            backend = ("transformers.js", version)
             spec = CacheSpec(spec.kind, spec.max_cache_len, "transformers.js")
         else:
-            device = DeviceLabel("webgpu", adapter, "onnxruntime-web", ort_version, job.buffer_cache_mode or "bucket")
+            backend = ("onnxruntime-web", ort_version)
+        device = DeviceLabel("webgpu", adapter, *backend, job.buffer_cache_mode or "bucket", job.validation_mode)
         label = RunLabel(info.name, info.dtype_name, device, spec)
         if run["impl"] == "onnxruntime-web" and job.reduction:  # kvlab's own runs of the greedy graph
             label = RunLabel(info.name, info.dtype_name, device, spec, None, True, job.reduction, job.tokens_per_read)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core.devices import DEFAULT_VALIDATION
 from ..core.errors import check_choice, check_flag
 from ..core.labels import CacheSpec
 from ..ort.models.model import Model, load
 from .chromium import Chromium
-from .job import Job, make_job
+from .job import Job, dawn_toggles, make_job
 from .node import run_node
 from .results import BrowserResult, read_result
 from .server import PageServer
@@ -29,13 +30,15 @@ def run_job(
     """``job`` run in headless Chromium ("chromium") or in Node with Dawn ("node"), its result read
     (``results.read_result``); ``adapter`` as ``chromium.adapter_flags`` takes it. ``on_progress`` gets each
     finished step (Chromium only). The browser or node process and the server are closed exactly once, also on
-    error and KeyboardInterrupt; DeviceError when the page failed or ran past ``timeout`` seconds."""
+    error and KeyboardInterrupt; DeviceError when the page failed or ran past ``timeout`` seconds. Either host is
+    started with the Dawn toggles of the job's validation mode (``dawn_toggles``), named in the result's host."""
     check_choice(host, HOSTS, "host=")
+    toggles = dawn_toggles(job.validation_mode)
     if host == "node":
-        return read_result(run_node(job, timeout, adapter), job)
-    with PageServer(job, on_progress) as server, Chromium(server.url, adapter=adapter) as browser:
+        return read_result(run_node(job, timeout, adapter, toggles), job, toggles)
+    with PageServer(job, on_progress) as server, Chromium(server.url, adapter=adapter, dawn=toggles) as browser:
         raw = server.wait_result(timeout, browser.alive)
-    return read_result(raw, job)
+    return read_result(raw, job, toggles)
 
 
 def browser_generate(
@@ -49,6 +52,7 @@ def browser_generate(
     warmup: bool = True,
     dynamic_impl: str = "auto",
     buffer_cache_mode: str = "",
+    validation_mode: str = DEFAULT_VALIDATION,
     host: str = "chromium",
     adapter: str = "auto",
     timeout: float = 600,
@@ -57,7 +61,8 @@ def browser_generate(
     """Greedy generations of ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids) with
     each cache, in a browser host. ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it
     runs the model, else onnxruntime-web directly, fresh outputs every step as transformers.js does),
-    "transformers.js" (or an error), "onnxruntime-web". Raises kvlab errors for bad inputs before anything starts
+    "transformers.js" (or an error), "onnxruntime-web"; ``validation_mode`` as ``make_job`` takes it. Raises
+    kvlab errors for bad inputs before anything starts
     (``make_job``), then runs as ``run_job``: a ``BrowserResult``, one ``BrowserGeneration`` per cache and round."""
     model = load(model)
     check_flag("chat", chat)
@@ -70,5 +75,6 @@ def browser_generate(
         warmup=warmup,
         dynamic_impl=dynamic_impl,
         buffer_cache_mode=buffer_cache_mode,
+        validation_mode=validation_mode,
     )
     return run_job(job, host=host, adapter=adapter, timeout=timeout, on_progress=on_progress)

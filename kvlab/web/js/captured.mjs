@@ -135,8 +135,11 @@ export class FixedStep {
 // The first replayed step (the second decode step: the first one captured) runs uncaptured first, on the plain
 // session with the same buffers (it writes the same KV position), and its logits are kept; compareReplay then
 // throws an Error named 'CaptureRefused' when the replay's logits differ from them by more than REPLAY_TOLERANCE
-// of their largest magnitude: the replay did not follow what changes between steps (the step's length: where the
-// model reads it, the job says in step_length_inputs).
+// of their largest magnitude: the replay did not reproduce the step (what changes between steps is the mask's
+// count of ones, the step's length: where the model reads it, the job says in step_length_inputs). The session
+// must be opened with the WebGPU EP as an options object (runner.mjs webgpuEp): onnxruntime-web hands the
+// session's enableGraphCapture to the EP only then, and a session that binds its inputs once but never captures
+// is what this check refuses.
 const REPLAY_TOLERANCE = 1e-3;
 async function checkReplay(args, fixed, feeds, fetches) {
   await args.session.run(feeds, fetches);
@@ -157,7 +160,8 @@ async function compareReplay(args, fixed, position) {
   const err = new Error(
     `graph capture refused for model ${args.model.name}: onnxruntime-web's replay of the captured decode step at ` +
       `position ${position} gave logits up to ${diff.toPrecision(3)} away from the same step run uncaptured: the ` +
-      `replay does not follow the step's length${where}. Run it with a plain static cache`,
+      `replay does not reproduce the step (the step's length reaches the model through the mask${where}). Run it ` +
+      `with a plain static cache`,
   );
   err.name = 'CaptureRefused';
   throw err;

@@ -1,16 +1,18 @@
 // The runner in Node with Dawn's bindings (the npm package "webgpu"): the same onnxruntime-web WebGPU code a
 // browser runs, on a machine without a browser. It is Dawn in Node, not a browser: results say so.
 //
-// Usage: node node_host.mjs JOB.json MODEL_DIR NODE_MODULES OUT.json
-// Reads the job kvlab/web/job.py wrote, the model's files from MODEL_DIR, the packages from NODE_MODULES;
-// writes the runner's result (or {"error": ...}) to OUT.json and exits 0, or 1 when it wrote an error.
+// Usage: node node_host.mjs JOB.json MODEL_DIR NODE_MODULES OUT.json [TOGGLES]
+// Reads the job kvlab/web/job.py wrote, the model's files from MODEL_DIR, the packages from NODE_MODULES; makes
+// Dawn's instance with TOGGLES (comma-separated Dawn toggles, e.g. "skip_validation,disable_robustness"; none:
+// Dawn's defaults) enabled and names them in the host; writes the runner's result (or {"error": ...}) to OUT.json
+// and exits 0, or 1 when it wrote an error.
 
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { errorResult, jobFiles, runJob } from './runner.mjs';
 
-const [jobFile, modelDir, modules, outFile] = process.argv.slice(2);
+const [jobFile, modelDir, modules, outFile, toggles = ''] = process.argv.slice(2);
 
 // dawn.node's queue.writeBuffer refuses a view onto shared memory ("Invalid argument"), and onnxruntime-web's
 // threaded wasm heap is shared: such a view is copied into plain memory first (one extra host copy per upload,
@@ -33,7 +35,7 @@ async function main() {
   const { create, globals } = await import(pathToFileURL(path.join(modules, 'webgpu', 'index.js')).href);
   Object.assign(globalThis, globals);
   shareableWrites(globals.GPUQueue);
-  const gpu = create([]);
+  const gpu = create(toggles ? [`enable-dawn-features=${toggles}`] : []);
   if (!globalThis.navigator) globalThis.navigator = {};
   Object.defineProperty(globalThis.navigator, 'gpu', { value: gpu, configurable: true });
   const ortFile = path.join(modules, 'onnxruntime-web', 'dist', 'ort.webgpu.bundle.min.mjs');

@@ -2,10 +2,11 @@
 // navigator.gpu: a browser page, the notebook widget, or Node with Dawn's bindings.
 //
 // Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep, cancelled}) gives onnxruntime-web gpu's
-// high-performance adapter, opens one session from bytes ({file name: Uint8Array}): the greedy graph where the job
-// sends one (the token stays on the GPU: decode.mjs), else the decoder; wraps the GPUDevice the WebGPU EP made for
-// it (counters.mjs: before any run; the session's weights are not counted), then runs every cache of the job for
-// job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
+// high-performance adapter, opens one session from bytes ({file name: Uint8Array}) on the WebGPU EP in the job's
+// validation mode (webgpuEp): the greedy graph where the job sends one (the token stays on the GPU: decode.mjs),
+// else the decoder; wraps the GPUDevice the WebGPU EP made for it (counters.mjs: before any run; the session's
+// weights are not counted; before that, whether Dawn validates its calls: dawnValidates), then runs every cache of
+// the job for job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
 // transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
 // cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
 // onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). A captured cache (variant
@@ -34,6 +35,25 @@ export function jobFiles(job) {
 // what a host reports when the job failed before it had a result
 export function errorResult(err) {
   return { error: `${err?.message ?? err}`, stack: `${err?.stack ?? ''}` };
+}
+
+// the WebGPU EP's options: the job's validation mode (onnxruntime-web's own default, "basic", where a job has
+// none) and storage buffer cache mode (onnxruntime-web's default where the job names none)
+export function webgpuEp(job) {
+  const ep = { name: 'webgpu' };
+  if (job.validation_mode) ep.validationMode = job.validation_mode;
+  if (job.buffer_cache_mode) ep.storageBufferCacheMode = job.buffer_cache_mode;
+  return ep;
+}
+
+// whether Dawn validates the device's calls (false where its host made it with skip_validation): one buffer of a
+// usage WebGPU forbids (MAP_READ with STORAGE), made inside an error scope and destroyed
+export async function dawnValidates(device) {
+  device.pushErrorScope('validation');
+  const probe = device.createBuffer({ size: 16, usage: 0x1 | 0x80 }); // GPUBufferUsage MAP_READ | STORAGE
+  const error = await device.popErrorScope();
+  probe.destroy();
+  return error !== null;
 }
 
 function rounds(job) {
@@ -125,7 +145,8 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
   const decoder = (job.model.greedy ?? job.model.files[0]).name; // kvlab's own runs: the greedy graph, when sent
   const externalData = job.model.files.slice(1).map((f) => ({ path: f.name, data: bytes[f.name] }));
   const t0 = performance.now();
-  const ep = job.buffer_cache_mode ? { name: 'webgpu', storageBufferCacheMode: job.buffer_cache_mode } : 'webgpu';
+  const ep = webgpuEp(job);
+  out.validation_mode = ep.validationMode ?? 'basic';
   const session = await ort.InferenceSession.create(bytes[decoder], {
     executionProviders: [ep],
     externalData,
@@ -134,6 +155,7 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
   out.session_ms = performance.now() - t0;
   // the EP's own device, wrapped before any run: every buffer a step creates or destroys is counted
   const device = await ort.env.webgpu.device;
+  out.dawn_validates = await dawnValidates(device); // before counting: the probe is not the run's
   const counters = countBuffers(device);
   out.device_features = [...device.features].sort();
   let tjs = null;
