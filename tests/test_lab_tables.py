@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import kvlab
+from kvlab.lab import plots
 from kvlab.lab.runs import dynamic_static_pairs
-from kvlab.lab.tables import adapter_report, agreement, cache_summary, comparisons, precision_drift
+from kvlab.lab.tables import adapter_report, agreement, cache_summary, comparisons, op_shares, precision_drift
 from kvlab.lab.timeline import TensorTimeline
 
 
@@ -86,3 +87,13 @@ def test_the_timeline_counts_live_tensors_at_every_event(toy):
     fig = timeline.figure("toy · cpu")
     assert list(fig.data[0].y) == [n for _, n in timeline.events]
     assert list(fig.layout.xaxis.ticktext) == ["created", "disposed"]
+
+
+def test_op_shares_sum_the_other_operators_and_leave_out_the_run():
+    live = [{"op": "MatMul", "share": 0.5}, {"op": "Add", "share": 0.1}, {"op": "Mul", "share": 0.2},
+            {"op": "(run)", "share": 1.0}]  # fmt: skip
+    share = op_shares({"live": live, "recorded": [{"op": "MatMul", "share": 0.9}]}, main=["MatMul"])
+    got = {(r.profile, r.part): round(r.share, 6) for r in share.itertuples()}
+    assert got == {("live", "MatMul"): 0.5, ("live", "other ops"): 0.3, ("recorded", "MatMul"): 0.9}
+    fig = plots.op_share_bars(share, "time by operator", "toy")
+    assert [t.name for t in fig.data] == ["MatMul", "other ops"] and "time by operator" in fig.layout.title.text

@@ -265,3 +265,31 @@ def test_notebook_02_leaves_its_dashboard_on_the_runs_of_its_lesson():
         f"notebook 02's cells set the dashboard's {sorted(changed - LESSON_CONTROLS)}: its chart would end on "
         "runs other than its lesson's after Run All"
     )
+
+
+MAX_PLUMBING_LINES = 12  # a core-path cell's code beyond this goes behind a named kvlab.lab function
+
+
+def plumbing_lines(source: str) -> int:
+    """A cell's lines of code that are neither blank, comments nor imports."""
+    lines = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return len([line for line in lines if not line.startswith(("import ", "from "))])
+
+
+def test_the_plumbing_count_leaves_out_imports_comments_and_blanks():
+    assert plumbing_lines("import a\nfrom b import c\n\n# note\nx = 1  # set\n    y = 2\n") == 2
+
+
+@pytest.mark.parametrize("stem", CORE_PATH)
+def test_no_core_path_cell_holds_more_than_12_lines_of_plumbing(stem):
+    """Code a lesson does not teach sits behind a named function (kvlab.lab): no code cell of the core path is
+    longer than MAX_PLUMBING_LINES, except a cell tagged 'lesson-code', whose code is what the lesson reads."""
+    notebook = by_number()[stem]
+    long = [
+        (i, plumbing_lines(text(c)))
+        for i, c in enumerate(cells(notebook))
+        if c["cell_type"] == "code"
+        and "lesson-code" not in c.get("metadata", {}).get("tags", [])
+        and plumbing_lines(text(c)) > MAX_PLUMBING_LINES
+    ]
+    assert not long, f"{notebook.name}: cells (index, lines) over {MAX_PLUMBING_LINES} lines of plumbing: {long}"

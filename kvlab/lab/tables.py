@@ -98,3 +98,16 @@ def comparisons(rows: Sequence[tuple[str, str, Sequence[int], Sequence[int], str
         {"compared": what, "on": on, "tokens": agreement(a, b), "logits": logits} for what, on, a, b, logits in rows
     ]
     return pd.DataFrame(table).style.hide(axis="index")
+
+
+def op_shares(profiles: dict[str, Any], main: Sequence[str]) -> Any:
+    """The share of a step's time per part, for each profile: ``profiles`` maps a profile's name to its per-operator
+    rows (a DataFrame or a list of dicts with ``op`` and ``share``, as ``kvlab.bench.op_profile`` and its recorded
+    CSV give them). The operators in ``main`` keep their name, every other one is summed into 'other ops'; the
+    '(run)' row (the whole run) is left out. A DataFrame with columns profile, part and share; reads only."""
+    import pandas as pd
+
+    ops = pd.concat([pd.DataFrame(rows).assign(profile=name) for name, rows in profiles.items()])
+    ops = ops[ops.op != "(run)"]
+    ops = ops.assign(part=ops.op.where(ops.op.isin(list(main)), "other ops"))
+    return ops.groupby(["profile", "part"], as_index=False, sort=False)["share"].sum()
