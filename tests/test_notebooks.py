@@ -79,7 +79,7 @@ def record_run_time(stem: str, seconds: float) -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         }
-        RUN_TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+        replace_text(RUN_TIMES, json.dumps(dict(sorted(times.items())), indent=1) + "\n")
         state_run_time(stem, round(seconds))
 
 
@@ -110,11 +110,19 @@ def state_run_time(stem: str, seconds: int) -> None:
     stated = restated(header, seconds)
     if stated != header:
         nb["cells"][0]["source"] = stated.splitlines(keepends=True)
-        notebook.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        replace_text(notebook, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     readme = REPO / "README.md"
     line = re.compile(rf"(\(notebooks/{re.escape(notebook.name)}\)[^\n]*\(\d+ min; (?:cells )?)(\d+)( s)")
     text = readme.read_text()
-    readme.write_text(line.sub(lambda m: f"{m.group(1)}{seconds}{m.group(3)}", text, count=1))
+    replace_text(readme, line.sub(lambda m: f"{m.group(1)}{seconds}{m.group(3)}", text, count=1))
+
+
+def replace_text(path: Path, text: str) -> None:
+    """``path`` holding ``text``, written beside it and moved over it: a test reading it meanwhile sees the old
+    file or the new one, never half of one."""
+    part = path.with_name(path.name + ".writing")
+    part.write_text(text)
+    part.replace(path)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
