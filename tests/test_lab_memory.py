@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 
 from kvlab.core.cache_layout import CacheEntry, CacheLayout, FullAttention, LayerSpec, LinearAttention, SlidingWindow
+from kvlab.core.errors import ConfigError
 from kvlab.lab.memory import (
     GiB,
     Line,
     bytes_figure,
     config_bytes_per_token,
+    format_of,
     kv_bytes,
     memory_by_layout,
+    precision_lines,
     tokens_that_fit,
 )
 
@@ -123,3 +126,13 @@ def test_memory_by_layout_draws_the_exact_bytes_and_the_measured_points(toy):
     line, points = fig.data
     assert line.x[-1] == 512 and line.y[-1] * 1024 == layout.report(512).total_bytes  # KiB at this size
     assert points.marker.symbol == "square-open" and points.y[0] == 12800 / 1024
+
+
+def test_precision_lines_draw_each_exact_layout_then_each_predicted_format():
+    lines = precision_lines({"fp32": SMOLLM2, "hybrid": HYBRID}, [0, 1024], SMOLLM2, ["int8", "int4"])
+    assert [line.name for line in lines] == ["fp32", "hybrid", "int8 (HQQ 8 bits)", "int4 (optimum-quanto 4 bits)"]
+    assert [line.exact for line in lines] == [True, True, False, False]
+    assert lines[0].bytes_at == [0, 1024 * 46080] and lines[1].bytes_at[0] == 16384  # the state, held from the start
+    assert lines[2].per_token == 46080 / 4 * (1 + 8 / 64) and lines[2].bytes_at[1] == 1024 * lines[2].per_token
+    with pytest.raises(ConfigError, match="kv_precision"):
+        format_of("int3")

@@ -1,7 +1,8 @@
 """The notebooks read as lessons, not as test logs: no nbval markers in any cell's text (their checks are cell tags),
 every notebook opens with what you will learn, what it needs and how long it takes, and closes with "You can now
 explain" and "Try this"; every cross-reference to a notebook or a section points at one that exists; the lesson
-lists (README.md, docs/lessons.md) name every notebook; the cheat sheet in docs/ is the one notebook 01 ends with.
+lists (README.md, docs/lessons.md) name every notebook; the cheat sheet in docs/ is the one notebook 01b ends with;
+the core path's notebooks list their new concepts, 8 at most each; notebook 02 leaves its dashboard on its lesson.
 
 Plain JSON reading, no kernel: the fast tier runs it."""
 
@@ -159,11 +160,11 @@ def test_the_lesson_lists_name_every_notebook_and_nothing_else():
             assert section in headings(by_number()[n]), f"{doc} refers to section {section} of notebook {n}"
 
 
-def test_notebook_01_ends_with_the_cheat_sheet_of_the_docs():
+def test_notebook_01b_ends_with_the_cheat_sheet_of_the_docs():
     sheet = (REPO / "docs" / "cheat-sheet.md").read_text().replace("# Cheat sheet", "## Cheat sheet", 1).strip()
-    last = cells(by_number()["01"])[-1]
+    last = cells(by_number()["01b"])[-1]
     assert last["cell_type"] == "markdown" and text(last).strip() == sheet, (
-        "notebook 01's last cell is not docs/cheat-sheet.md (heading one level down): change both together"
+        "notebook 01b's last cell is not docs/cheat-sheet.md (heading one level down): change both together"
     )
 
 
@@ -199,3 +200,96 @@ def test_stated_run_times_are_the_test_suites_measured_ones():
                 f"{where} says {notebook.name}'s cells run in {said} s; tests/test_notebooks.py measured {seconds} s "
                 f"on {measured['date']} ({measured['machine']}): state the measured time"
             )
+
+
+CORE_PATH = ("00", "00b", "01", "01b", "02", "03", "04")  # docs/workshop.md's 90 minutes
+MAX_NEW_CONCEPTS = 8  # what one lesson of the core path may introduce
+
+
+def new_concepts(header: str) -> list[str]:
+    """The concepts a header's '**new concepts**' row lists, split at its semicolons ([] when it has no such row)."""
+    row = re.search(r"\*\*new concepts\*\* \|([^\n]*)", header)
+    return [c.strip() for c in row.group(1).strip(" |").split(";") if c.strip()] if row else []
+
+
+def test_the_concept_count_reads_the_row():
+    assert new_concepts("| **new concepts** | a; b (c, d); e |\n| **needs** | x; y |") == ["a", "b (c, d)", "e"]
+    assert new_concepts("| **needs** | x; y |") == []
+
+
+@pytest.mark.parametrize("stem", CORE_PATH)
+def test_the_core_path_lists_its_new_concepts_8_at_most(stem):
+    """Each core-path notebook lists, at its top, the concepts it introduces, and introduces 8 at most."""
+    notebook = by_number()[stem]
+    concepts = new_concepts(text(cells(notebook)[0]))
+    assert concepts, (
+        f"{notebook.name}: its header has no '**new concepts**' row (the concepts it introduces, ';'-separated)"
+    )
+    assert len(concepts) <= MAX_NEW_CONCEPTS, (
+        f"{notebook.name} introduces {len(concepts)} concepts, more than {MAX_NEW_CONCEPTS}: {concepts}; split it"
+    )
+
+
+LESSON_CONTROLS = {"cache_type", "max_cache_len"}  # what notebook 02's cells may set on its dashboard
+
+
+def dashboard_settings(source: str) -> set[str]:
+    """The controls of the dashboard ``lab`` that a cell's code assigns (``lab.X.value = ...``, also in a tuple)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                inner = t.value if isinstance(t, ast.Attribute) and t.attr == "value" else None
+                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "lab":
+                    out.add(inner.attr)
+    return out
+
+
+def test_the_settings_reader_sees_tuple_assignments():
+    assert dashboard_settings('lab.model.value, lab.device.value = "toy", "webgpu"\nx.y.value = 1') == {
+        "model",
+        "device",
+    }
+
+
+def test_notebook_02_leaves_its_dashboard_on_the_runs_of_its_lesson():
+    """After Run All the dashboard's chart holds the last runs of one prompt length (``LivePlot.join``). Its lesson
+    (sections 1-3: the advised model and context, static against dynamic, a larger max_cache_len) stays on it only if
+    no cell switches the dashboard's model, device, prompt or buffer mode: those are the attendee's to try."""
+    code = [text(c) for c in cells(by_number()["02"]) if c["cell_type"] == "code"]
+    changed = set().union(*(dashboard_settings(s) for s in code))
+    assert changed and changed <= LESSON_CONTROLS, (
+        f"notebook 02's cells set the dashboard's {sorted(changed - LESSON_CONTROLS)}: its chart would end on "
+        "runs other than its lesson's after Run All"
+    )
+
+
+MAX_PLUMBING_LINES = 12  # a core-path cell's code beyond this goes behind a named kvlab.lab function
+
+
+def plumbing_lines(source: str) -> int:
+    """A cell's lines of code that are neither blank, comments nor imports."""
+    lines = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return len([line for line in lines if not line.startswith(("import ", "from "))])
+
+
+def test_the_plumbing_count_leaves_out_imports_comments_and_blanks():
+    assert plumbing_lines("import a\nfrom b import c\n\n# note\nx = 1  # set\n    y = 2\n") == 2
+
+
+@pytest.mark.parametrize("stem", CORE_PATH)
+def test_no_core_path_cell_holds_more_than_12_lines_of_plumbing(stem):
+    """Code a lesson does not teach sits behind a named function (kvlab.lab): no code cell of the core path is
+    longer than MAX_PLUMBING_LINES, except a cell tagged 'lesson-code', whose code is what the lesson reads."""
+    notebook = by_number()[stem]
+    long = [
+        (i, plumbing_lines(text(c)))
+        for i, c in enumerate(cells(notebook))
+        if c["cell_type"] == "code"
+        and "lesson-code" not in c.get("metadata", {}).get("tags", [])
+        and plumbing_lines(text(c)) > MAX_PLUMBING_LINES
+    ]
+    assert not long, f"{notebook.name}: cells (index, lines) over {MAX_PLUMBING_LINES} lines of plumbing: {long}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -65,8 +66,8 @@ def test_notebook_runs_under_nbval(notebook: Path) -> None:
 
 def record_run_time(stem: str, seconds: float) -> None:
     """The notebook's nbval run time (its kernel's start included) into ``RUN_TIMES``, with the machine and the
-    date: the stated times of the notebooks' headers and the lesson lists are checked against it
-    (``tests/test_notebook_lint.py``). Several workers may write at once: read, change and write under a lock."""
+    date, and stated from it in the notebook's header and README.md's lesson list (``state_run_time``; checked by
+    ``tests/test_notebook_lint.py``). Several workers may write at once: read, change and write under a lock."""
     import os
     import tempfile
 
@@ -78,7 +79,50 @@ def record_run_time(stem: str, seconds: float) -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         }
-        RUN_TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+        replace_text(RUN_TIMES, json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+        state_run_time(stem, round(seconds))
+
+
+HOW_LONG = re.compile(r"(\*\*how long\*\* \|[^\n]*?)(\d[\d,]*)( s\b)")
+
+
+def restated(header: str, seconds: int) -> str:
+    """``header`` with the first 'N s' of its 'how long' row made ``seconds`` (unchanged when it states none)."""
+    return HOW_LONG.sub(lambda m: f"{m.group(1)}{seconds:,}{m.group(3)}", header, count=1)
+
+
+def test_the_stated_time_is_the_first_seconds_of_the_how_long_row():
+    header = "| **needs** | 5 s |\n| **how long** | 20 minutes. The cells run in about 1,310 s (plus 3 s) |\n"
+    assert (
+        restated(header, 95)
+        == "| **needs** | 5 s |\n| **how long** | 20 minutes. The cells run in about 95 s (plus 3 s) |\n"
+    )
+    assert restated("| **how long** | 20 minutes |", 95) == "| **how long** | 20 minutes |"
+
+
+def state_run_time(stem: str, seconds: int) -> None:
+    """``seconds`` written where the run time of notebook ``stem`` is stated: the first 'N s' of its header's
+    'how long' row and the 'M s' of README.md's '(N min; M s)' for it; the rest of both files is left as it was
+    (``tests/test_notebook_lint.py`` checks that the two agree with ``RUN_TIMES``). Call it under the lock."""
+    notebook = REPO / "notebooks" / f"{stem}.ipynb"
+    nb = json.loads(notebook.read_text())
+    header = "".join(nb["cells"][0]["source"])
+    stated = restated(header, seconds)
+    if stated != header:
+        nb["cells"][0]["source"] = stated.splitlines(keepends=True)
+        replace_text(notebook, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    readme = REPO / "README.md"
+    line = re.compile(rf"(\(notebooks/{re.escape(notebook.name)}\)[^\n]*\(\d+ min; (?:cells )?)(\d+)( s)")
+    text = readme.read_text()
+    replace_text(readme, line.sub(lambda m: f"{m.group(1)}{seconds}{m.group(3)}", text, count=1))
+
+
+def replace_text(path: Path, text: str) -> None:
+    """``path`` holding ``text``, written beside it and moved over it: a test reading it meanwhile sees the old
+    file or the new one, never half of one."""
+    part = path.with_name(path.name + ".writing")
+    part.write_text(text)
+    part.replace(path)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -104,6 +148,6 @@ def check_tagged(notebook: Path) -> list[int]:
 
 def test_there_are_notebooks_and_check_marks() -> None:
     numbers = [p.name.split("_")[0] for p in NOTEBOOKS]
-    assert numbers == ["00", "00b", *(f"{i:02d}" for i in range(1, 11))], [p.name for p in NOTEBOOKS]
+    assert numbers == ["00", "00b", "01", "01b", *(f"{i:02d}" for i in range(2, 11))], [p.name for p in NOTEBOOKS]
     for nb in NOTEBOOKS:
         assert check_tagged(nb), f"{nb.name} checks no deterministic output (tag a cell nbval-check-output)"

@@ -37,7 +37,7 @@ def test_prepare_builds_what_is_missing_then_finds_it_built(tmp_path):
     assert again.returncode == 0 and re.search(r"^sliding-toy fp32 +already built +\d+\.\d MiB", again.stdout, re.M)
     assert "1 models," in again.stdout and str(tmp_path) in again.stdout
     toy = [r["graph_capture"] for r in json.loads(kvlab("prepare", "toy", "--list", "--json", env=env).stdout)]
-    assert toy == [False, True]  # toy and its build for graph capture (notebook 01's button runs the latter)
+    assert toy == [False, True]  # toy and its build for graph capture (notebook 01b's button runs the latter)
 
 
 def test_a_model_outside_the_list_is_one_line_naming_the_valid_ones():

@@ -23,7 +23,7 @@ from kvlab.web.chromium import adapter_flags, find_chromium
 WIDGET_CELL = "from kvlab.web.widget import BrowserLab\nlab = BrowserLab('toy', [5, 6, 7], new_tokens=6)\nlab"
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOK_00 = NOTEBOOKS / "00_setup_check.ipynb"
-BUTTON_S = 90  # notebook 01's browser button, pressed, finishes within this on SwiftShader
+BUTTON_S = 90  # notebook 01b's browser button, pressed, finishes within this on SwiftShader
 
 
 def notebook_00_adapter_cells() -> list[str]:
@@ -36,9 +36,9 @@ def notebook_00_adapter_cells() -> list[str]:
 FLAGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan", *adapter_flags("swiftshader")]
 
 
-def notebook_01_button_cell() -> str:
-    """Notebook 01's cell that shows the browser button, as the lesson has it."""
-    nb = json.loads((NOTEBOOKS / "01_dynamic_vs_static.ipynb").read_text())
+def notebook_01b_button_cell() -> str:
+    """Notebook 01b's cell that shows the browser button, as the lesson has it."""
+    nb = json.loads((NOTEBOOKS / "01b_on_a_gpu.ipynb").read_text())
     return next("".join(c["source"]) for c in nb["cells"] if "BrowserLab(" in "".join(c["source"]))
 
 
@@ -60,12 +60,12 @@ def _up(url: str) -> bool:
 @pytest.fixture(scope="module")
 def lab_server(chromium, tmp_path_factory):
     """JupyterLab on 127.0.0.1 serving two notebooks (widget.ipynb: notebook 00's adapter cells and a BrowserLab;
-    button.ipynb: notebook 01's browser button); yields a function of a notebook's name giving its URL."""
+    button.ipynb: notebook 01b's browser button); yields a function of a notebook's name giving its URL."""
     root = tmp_path_factory.mktemp("weblab")
     sources = [*notebook_00_adapter_cells(), WIDGET_CELL]
     blank = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
     kernel = {"name": "kvlab", "display_name": "Python (kvlab)", "language": "python"}
-    for name, cells in (("widget", sources), ("button", ["import kvlab", notebook_01_button_cell()])):
+    for name, cells in (("widget", sources), ("button", ["import kvlab", notebook_01b_button_cell()])):
         nb = {"cells": [{**blank, "source": s} for s in cells], "metadata": {"kernelspec": kernel}}
         (root / f"{name}.ipynb").write_text(json.dumps({**nb, "nbformat": 4, "nbformat_minor": 5}))
     with socket.socket() as s:
@@ -147,8 +147,8 @@ def test_widget_runs_in_the_notebooks_browser_over_the_comm(lab_server, chromium
     assert "0 fresh KV tensors, 0 new GPU storage buffers and" in text, text
 
 
-def test_notebook_01_button_fits_the_adapter_finishes_and_cancels(lab_server, chromium):
-    """Notebook 01's "Run it on this browser's GPU" on SwiftShader: the run is sized to the software adapter (said in
+def test_notebook_01b_button_fits_the_adapter_finishes_and_cancels(lab_server, chromium):
+    """Notebook 01b's "Run it on this browser's GPU" on SwiftShader: the run is sized to the software adapter (said in
     one line), shows steps done of the total with the elapsed time, finishes within BUTTON_S and draws its result
     over the recorded curves; pressed again and cancelled, the page releases every buffer it made (exact counts)."""
     from playwright.sync_api import sync_playwright

@@ -441,6 +441,18 @@ def test_the_chart_compares_runs_of_one_prompt_length_only(toy):
     assert lab.figure.data[0].line.color == lab.figure.data[1].line.color  # the kind's first shade again
 
 
+def test_a_refused_run_draws_nothing_in_the_chart(toy):
+    """A run refused before allocating (max_cache_len too small) is a row of the table, not a line of the chart: the
+    chart keeps its room for the runs that ran (notebook 02's refusal sits between its lesson's runs)."""
+    lab = CacheLab(toy, device="cpu", prompt_tokens=8, new_tokens=3, max_cache_len=64)
+    lab.run()
+    lab.max_cache_len.value = 8
+    lab.run()
+    assert type(lab.last_error).__name__ == "CapacityError" and len(lab.results) == 2
+    assert [t.name for t in lab.figure.data if t.showlegend is not False] == [lab.figure.data[0].name]
+    assert lab.figure.data[0].name.startswith("#1 static") and len(lab.figure.data) == 3
+
+
 def test_the_chat_shows_its_newest_message_and_its_labels_in_full():
     """The transcript box starts scrolled to its end (a column-reverse flex box), so the newest message shows; the
     buttons and the checkbox are wide enough for their labels."""

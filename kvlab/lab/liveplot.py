@@ -119,11 +119,14 @@ class LivePlot:
         self._last = time.perf_counter()
 
     def finish(self) -> None:
-        """The live run drawn in full, and the chart replaced inside ``box`` by a fresh widget holding the figure
-        (see the class docstring)."""
+        """The live run drawn in full (a run that made no step, e.g. one refused before allocating, leaves the chart
+        with its lines taken out), and the chart replaced inside ``box`` by a fresh widget holding the figure (see
+        the class docstring)."""
         import plotly.graph_objects as go
 
         self.flush()
+        if self._traces is not None and not self._records:
+            self.figure.data = self.figure.data[:-3]
         self._traces, self._records = None, []
         old, self.figure = self.figure, go.FigureWidget(self.figure)
         self.box.children = (self.figure,)

@@ -150,6 +150,30 @@ class Line:
     exact: bool = True
 
 
+def format_of(kv_precision: str) -> str:
+    """The format a KV precision of ``KV_FORMATS`` stands for, without its runtime: 'HQQ 8 bits' for int8.
+    ConfigError for an unknown one."""
+    check_choice(kv_precision, KV_FORMATS, "kv_precision=")
+    return KV_FORMATS[kv_precision][1].split(", ", 1)[-1]
+
+
+def precision_lines(
+    exact: dict[str, CacheLayout], lengths: Sequence[int], base: CacheLayout, predicted: Sequence[str]
+) -> list[Line]:
+    """The curves of ``bytes_figure`` for one model across KV precisions: one exact ``Line`` per layout of ``exact``
+    (legend name -> layout: its memory report at each of ``lengths``), then one predicted (dashed) per precision of
+    ``predicted``: ``kv_bytes`` of ``base`` at that precision, named by its format. ConfigError for an unknown
+    precision."""
+    lines = [
+        Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
+        for name, layout in exact.items()
+    ]
+    for p in predicted:
+        per_token = kv_bytes(base, 1, p) - kv_bytes(base, 0, p)
+        lines.append(Line(f"{p} ({format_of(p)})", [kv_bytes(base, n, p) for n in lengths], per_token, exact=False))
+    return lines
+
+
 # the markers of point series, recorded (open) or not (filled), in the order the series come
 POINT_SYMBOLS = {True: ("square-open", "circle-open", "triangle-up-open", "diamond-open"),
                  False: ("diamond", "circle", "triangle-up", "square")}  # fmt: skip

@@ -283,3 +283,17 @@ def _draw_watch(fig: Any, w: Any, color: str, row: int, n: int) -> None:
         row=n + 2,
         col=1,
     )
+
+
+def op_share_bars(share: Any, what: str, common: str, note: str = "") -> Any:
+    """One horizontal bar per profile, split by part, of ``share`` (``kvlab.lab.tables.op_shares``: columns profile,
+    part, share), each segment labelled with its percentage, 'other ops' last; the title says ``what``, ``common``
+    (what produced every profile) and ``note``."""
+    import plotly.express as px
+
+    parts = [p for p in dict.fromkeys(share["part"]) if p != "other ops"] + ["other ops"]
+    fig = px.bar(share, x="share", y="profile", color="part", orientation="h", height=340,
+                 category_orders={"part": parts}, text=share["share"].map("{:.0%}".format))  # fmt: skip
+    fig.update_traces(textangle=0)
+    fig.update_xaxes(tickformat=".0%", title="share of the step")
+    return finish(fig, title(what, common, note), legend_y=-0.35)
