@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..core.errors import KvlabError
+from ..core.errors import KvlabError, clip_message
 from ..core.paths import check_output
 from . import bench, browser, chat, doctor, generate, prepare, profile
-from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone
+from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone, stdout_refused
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,7 +29,9 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         """Print ``message`` as one line naming the command and exit 2."""
         where = "" if self.prog == "kvlab" else self.prog.removeprefix("kvlab ") + ": "
-        self.exit(2, f"kvlab: error: {where}{message} (see {self.prog} --help)\n")
+        # argparse names a type function that raised ValueError by its Python name ("invalid cache_names value")
+        message = re.sub(r"invalid \w+ value: (.*)", r"\1 is not a valid value", message)
+        self.exit(2, f"kvlab: error: {where}{clip_message(message)} (see {self.prog} --help)\n")
 
 
 class Commands(argparse._SubParsersAction):
@@ -82,8 +85,8 @@ def command(args: argparse.Namespace) -> int:
         say("kvlab: interrupted (every cache and device tensor was released)")
         return INTERRUPTED
     except Exception as exc:  # a defect in kvlab or below it: still one line, with what to report
-        if isinstance(exc, BrokenPipeError) and stdout_gone():
-            raise  # stdout's reader went away: kvlab.cli.main stops quietly
+        if isinstance(exc, BrokenPipeError) and stdout_gone() or stdout_refused(exc):
+            raise  # stdout's reader went away (kvlab.cli.main stops quietly), or its device is full (main says so)
         if os.environ.get("KVLAB_TRACEBACK"):
             raise
         where = traceback.extract_tb(exc.__traceback__)[-1]

@@ -68,7 +68,7 @@ def cache_names(text: str) -> list[tuple[str, int | None]]:
     out = []
     for name in text.split(","):
         kind, at, size = name.partition("@")
-        sized = size.isascii() and size.isdigit() and int(size) > 0 and kind != "dynamic"
+        sized = size.isascii() and size.isdigit() and len(size) < 19 and int(size) > 0 and kind != "dynamic"
         if kind not in ("dynamic", "static", "graph") or (at and not sized):
             raise argparse.ArgumentTypeError(
                 f"cache {name!r} is not valid; choose dynamic, static, static@N, graph or graph@N"
