@@ -20,6 +20,7 @@ import pytest
 
 import kvlab
 from kvlab.cli import main
+from kvlab.ort.models.describe import describe
 
 KVLAB = str(Path(sys.executable).parent / "kvlab")
 REPO = Path(__file__).resolve().parents[1]
@@ -228,3 +229,77 @@ def test_make_cache_makes_or_refuses_every_pair_of_variant_parts(kind):
             continue
         parts = set(filter(None, made.variant.split("+"))) | {"states-swap"}
         assert {a, b} <= parts and made.max_cache_len == spec.max_cache_len, (spec, made)
+
+
+# -- what a model's config declares: done as it says and said, or refused by name
+def _with_config(toy, tmp_path: Path, **model_keys) -> Path:
+    """A copy of the toy whose genai_config.json's "model" section has ``model_keys`` (``search`` for the search
+    section)."""
+    out = tmp_path / "configured"
+    shutil.copytree(toy.info.path, out, ignore=shutil.ignore_patterns("*.kvlab-*"))
+    config = json.loads((out / "genai_config.json").read_text())
+    config["search"] = {**config.get("search", {}), **model_keys.pop("search", {})}
+    config["model"].update(model_keys)
+    (out / "genai_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("eos", [[], None], ids=["empty", "null"])
+def test_a_model_without_eos_says_so_and_runs_to_max_new_tokens(toy, tmp_path, eos):
+    path = _with_config(toy, tmp_path, eos_token_id=eos)
+    with pytest.warns(UserWarning, match=r"declares no EOS token .* only at max_new_tokens"):
+        model = kvlab.load(path)
+    assert model.info.eos_token_ids == () and "no EOS token" in describe(model.info)
+    assert len(kvlab.generate(model, [1, 2, 3], max_new_tokens=5).token_ids) == 5
+    argv = [KVLAB, "generate", "--model", str(path), "hi", "--max-new-tokens", "2"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and _lines(r.stderr) == [
+        "kvlab: note: model configured: genai_config.json declares no EOS token "
+        f"(eos_token_id {eos!r}): generation never stops on one, only at max_new_tokens"
+    ], r.stderr
+
+
+def test_a_search_section_that_samples_is_said_to_be_greedy_in_kvlab(toy, tmp_path):
+    with pytest.warns(UserWarning, match=r"search section samples \(do_sample=true.*kvlab decodes greedily"):
+        kvlab.load(_with_config(toy, tmp_path, search={"do_sample": True, "top_k": 5}))
+
+
+@pytest.mark.parametrize("key", ["pad_token_id", "bos_token_id"])
+@pytest.mark.parametrize("value", [10**6, -1, "1", True])
+def test_a_malformed_pad_or_bos_id_is_refused_by_name(toy, tmp_path, key, value):
+    with pytest.raises(kvlab.ModelError, match=rf"{key} {value!r:.10}.* must be a token id in the vocabulary"):
+        kvlab.load(_with_config(toy, tmp_path, **{key: value}))
+
+
+# -- non-finite logits in the prefill on every token path, bursts of 1 and 8: the host path's ModelError
+@pytest.fixture(scope="module")
+def nan_prefill(toy, tmp_path_factory):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path_factory.mktemp("nan-prefill")
+    for f in toy.info.path.iterdir():
+        if f.is_file() and not f.name.startswith("model."):
+            shutil.copy(f, out / f.name)
+    graph = onnx.load(str(toy.info.path / "model.onnx"))
+    for init in graph.graph.initializer:
+        if init.name == "lm_head.MatMul.weight":
+            weights = numpy_helper.to_array(init).copy()
+            weights[:, 7] = np.inf  # one Inf weight column: every position's logit 7 is +-Inf or NaN
+            init.CopyFrom(numpy_helper.from_array(weights, init.name))
+    onnx.save(graph, str(out / "model.onnx"))
+    return kvlab.load(out)
+
+
+@pytest.mark.parametrize("per_read", [1, 8])
+@pytest.mark.parametrize("where", [True, "blocks", "single", "rows", False])
+def test_non_finite_prefill_logits_are_the_same_model_error_on_every_path(nan_prefill, where, per_read):
+    if where is False and per_read > 1:
+        pytest.skip("the host path reads every token")
+    cache = kvlab.StaticCache(32)
+    with pytest.raises(kvlab.ModelError, match=r"non-finite logits at step 0 \(position 5\)"):
+        run = {"cache": cache, "token_on_device": where, "tokens_per_read": per_read}
+        kvlab.generate(nan_prefill, [1, 2, 3, 4, 5, 6], max_new_tokens=4, **run)
+    assert cache.seq_length == 0
+    cache.dispose()

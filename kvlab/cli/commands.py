@@ -8,6 +8,7 @@ import argparse
 import os
 import re
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -72,12 +73,15 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def command(args: argparse.Namespace) -> int:
-    """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (``kvlab.cli``). An
-    output path kvlab cannot write is refused before anything is measured."""
+    """Run one parsed subcommand; every failure becomes one line on stderr and an exit status (``kvlab.cli``), and
+    every warning one line, ``kvlab: note: ...``. An output path kvlab cannot write is refused before anything is
+    measured."""
     try:
         if isinstance(getattr(args, "out", None), Path):
             check_output(args.out, "--out", args.out_is_folder)
-        return args.run(args)
+        with warnings.catch_warnings():  # a note (e.g. what a model's config declares and kvlab does not apply)
+            warnings.showwarning = lambda message, *_: say(f"kvlab: note: {one_line(message)}")  # one line each
+            return args.run(args)
     except KvlabError as exc:  # a user error, the environment's included (kvlab.cli's docstring)
         say(f"kvlab: error: {one_line(exc)}")
         return USER_ERROR
