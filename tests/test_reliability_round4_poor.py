@@ -303,3 +303,27 @@ def test_non_finite_prefill_logits_are_the_same_model_error_on_every_path(nan_pr
         kvlab.generate(nan_prefill, [1, 2, 3, 4, 5, 6], max_new_tokens=4, **run)
     assert cache.seq_length == 0
     cache.dispose()
+
+
+# -- the sweep's own finds
+def test_an_endless_prompt_file_or_chat_line_is_refused_not_read_forever():
+    r = subprocess.run([KVLAB, "generate", "--prompt-file", "/dev/zero"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "holds more than 16777216 bytes" in r.stderr, r.stderr[-500:]
+    with open("/dev/zero") as zeros:
+        r = subprocess.run([KVLAB, "chat"], stdin=zeros, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "a stdin line holds more than" in r.stderr, r.stderr[-500:]
+
+
+def test_a_table_setting_names_its_values_and_a_file_is_not_called_missing(tmp_path):
+    r = subprocess.run([KVLAB, "generate", "--device-option", "spinning=maybe", "hi"], capture_output=True, text=True)
+    assert r.returncode == 2 and "'maybe' is not a valid spinning; choose one of on, off" in r.stderr, r.stderr
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(kvlab.ModelError, match="is a file, not a directory"):
+        kvlab.load(tmp_path / "model.onnx")
+
+
+def test_a_full_device_as_out_is_named_without_a_disk_s_room(tmp_path):
+    r = subprocess.run(
+        [KVLAB, "trace", "--steps", "2", "--out", str(_full_device(tmp_path))], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "No space left on device" in r.stderr and "bytes free" not in r.stderr, r.stderr

@@ -122,9 +122,11 @@ def _messages(args: argparse.Namespace, interactive: bool) -> Iterator[str]:
         print("kvlab chat: type a message (/back takes the last turn back; Ctrl-D ends)", file=sys.stderr)
     while True:
         try:
-            line = input("you> ") if interactive else sys.stdin.readline()
+            line = input("you> ") if interactive else sys.stdin.readline(flags.MAX_TEXT_BYTES + 1)
         except EOFError:
             return
+        if len(line) > flags.MAX_TEXT_BYTES:  # read no further: a line that never ends (/dev/zero)
+            raise ConfigError(f"a stdin line holds more than {flags.MAX_TEXT_BYTES} characters; give shorter messages")
         if not interactive and not line:
             return
         if line.strip():

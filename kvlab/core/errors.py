@@ -20,9 +20,9 @@ def clip(text: str, most: int = VALUE_CHARS) -> str:
 
 
 def clip_message(message: str) -> str:
-    """``message`` with every quoted value longer than ``VALUE_CHARS`` clipped, then the whole clipped to
-    ``MESSAGE_CHARS``."""
-    if len(message) <= VALUE_CHARS:
+    """``message`` as it is up to half of ``MESSAGE_CHARS``; longer, every quoted value longer than ``VALUE_CHARS``
+    clipped, then the whole clipped to ``MESSAGE_CHARS``."""
+    if len(message) <= MESSAGE_CHARS // 2:  # a message of kvlab's own length: its quotes may span words
         return message
     message = _QUOTED.sub(lambda m: m.group(0)[0] + clip(m.group(0)[1:-1]) + m.group(0)[-1], message)
     return clip(message, MESSAGE_CHARS)

@@ -86,7 +86,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        room = f"; it needs {len(data)} bytes, more than {room_left(target.parent)}" if no_room(exc) else ""
+        full = no_room(exc) and not _special(target)  # a device's "full" is the device's, not a disk's room
+        room = f"; it needs {len(data)} bytes, more than {room_left(target.parent)}" if full else ""
         what = f"cannot write {len(data)} bytes to {clip(str(path))!r}"
         raise ConfigError(f"{what} ({exc.strerror or exc}{room})") from None
     return path
