@@ -327,3 +327,9 @@ def test_a_full_device_as_out_is_named_without_a_disk_s_room(tmp_path):
         [KVLAB, "trace", "--steps", "2", "--out", str(_full_device(tmp_path))], capture_output=True, text=True
     )
     assert r.returncode == 2 and "No space left on device" in r.stderr and "bytes free" not in r.stderr, r.stderr
+
+
+def test_a_cache_size_too_small_is_named_by_the_flag_the_user_gave():
+    r = subprocess.run([KVLAB, "compare", "--cache", "dynamic,static@8", "hi"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--cache static@8 holds 8 positions; this run needs" in r.stderr, r.stderr
+    assert "StaticCache(" not in r.stderr
