@@ -333,3 +333,11 @@ def test_a_cache_size_too_small_is_named_by_the_flag_the_user_gave():
     r = subprocess.run([KVLAB, "compare", "--cache", "dynamic,static@8", "hi"], capture_output=True, text=True)
     assert r.returncode == 2 and "--cache static@8 holds 8 positions; this run needs" in r.stderr, r.stderr
     assert "StaticCache(" not in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["profile", "ops", "--steps", "0"], ["chat-bench", "--set", "x=1"]])
+def test_an_unknown_argument_points_at_its_subcommand_s_help(argv):
+    r = subprocess.run([KVLAB, *argv], capture_output=True, text=True, timeout=120)
+    where = " ".join(argv[:2] if argv[0] == "profile" else argv[:1])
+    assert r.returncode == 2 and r.stderr.startswith(f"kvlab: error: {where}: unrecognized arguments"), r.stderr
+    assert r.stderr.rstrip().endswith(f"(see kvlab {where} --help)"), r.stderr

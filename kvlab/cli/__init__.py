@@ -13,9 +13,13 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   adapter, an execution provider that refuses the graph): its fix is the user's all the same (another
   ``--device``, a driver, ``kvlab doctor``'s advice), and one status for "kvlab refused" keeps scripts simple; the
   line says which. An output path kvlab cannot write is found before anything is measured (``commands.command``).
+  Also stdout closed (``>&-``) or on a device that takes no more (a full disk, ``/dev/full``): the output is lost,
+  and one line says where it went.
 - 130 (128 + SIGINT): Ctrl-C, at any point from the moment the ``kvlab`` package is imported (the subcommands' imports
   load inside ``main``): ``kvlab: interrupted ...``. SIGTERM (``timeout``, a job scheduler) stops a command as
-  Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished.
+  Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished. Once the first has
+  landed, a second Ctrl-C or SIGTERM is ignored (the releases run whole; the status stays 130, also when one lands
+  in Python's teardown).
 - 141 (128 + SIGPIPE): stdout's reader went away (``kvlab generate --json | head -1``): the command stops
   quietly, nothing on stderr. The status a Unix tool killed by SIGPIPE has in a shell, so ``set -o pipefail``
   sees ``kvlab ... | head -1`` as it sees ``yes | head -1``; without pipefail the pipeline's status is

@@ -26,6 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+        self.register("action", "parsers", Commands)  # every level of subcommands (profile ops|phases|lockstep too)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         """Print ``message`` as one line naming the command and exit 2."""
@@ -42,6 +43,7 @@ class Commands(argparse._SubParsersAction):
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
         if values and values[0] in self._name_parser_map:
             self._name_parser_map[values[0]].prog = f"{parser.prog} {values[0]}"
+            namespace.subcommand_parser = self._name_parser_map[values[0]]  # the innermost: it names the errors
         super().__call__(parser, namespace, values, option_string)
 
 
@@ -49,7 +51,6 @@ def parser() -> argparse.ArgumentParser:
     """The ``kvlab`` parser: one subparser per subcommand, each added by its module (in ``--help`` order); each
     sets ``run``, the function that runs it on the parsed arguments."""
     ap = OneLineParser(prog="kvlab", description="See and measure KV caches in LLM decoding.")
-    ap.register("action", "parsers", Commands)
     ap.add_argument("--version", action="version", version=f"kvlab {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
@@ -68,8 +69,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run its subcommand; returns the exit status (argparse's errors and ``--help`` exit)."""
-    return command(parser().parse_args(argv))
+    """Parse ``argv`` and run its subcommand; returns the exit status (argparse's errors and ``--help`` exit). An
+    argument no parser takes is named by the subcommand it was given to (its ``--help``), not by ``kvlab``."""
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        getattr(args, "subcommand_parser", ap).error(f"unrecognized arguments: {' '.join(extra)}")
+    return command(args)
 
 
 def command(args: argparse.Namespace) -> int:
