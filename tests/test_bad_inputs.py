@@ -927,7 +927,7 @@ CASES = [
         "CLI",
         "kvlab generate --cache static@4 hi --max-new-tokens 8",
         "exit 2",
-        "positions are needed but max_cache_len is 4",
+        "--cache static@4 holds 4 positions; this run needs",
         lambda e: e.cli("generate", "--cache", "static@4", "hi", "--max-new-tokens", "8"),
     ),
     Case(

@@ -113,7 +113,7 @@ def test_generate_and_python_dash_m():
         (["generate", "--model", "toy", "--cache", "static@0"], "cache 'static@0' is not valid"),
         (
             ["generate", "--model", "toy", "--cache", "static@3", "far too long a prompt"],
-            "positions are needed but max_cache_len is 3",
+            "--cache static@3 holds 3 positions; this run needs",
         ),
         (["generate", "--model", "/no/such/dir"], "'/no/such/dir' is neither a built-in name"),
         (["generate", "--model", "toy", ""], "the prompt is empty"),

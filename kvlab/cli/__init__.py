@@ -13,9 +13,13 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   adapter, an execution provider that refuses the graph): its fix is the user's all the same (another
   ``--device``, a driver, ``kvlab doctor``'s advice), and one status for "kvlab refused" keeps scripts simple; the
   line says which. An output path kvlab cannot write is found before anything is measured (``commands.command``).
+  Also stdout closed (``>&-``) or on a device that takes no more (a full disk, ``/dev/full``): the output is lost,
+  and one line says where it went.
 - 130 (128 + SIGINT): Ctrl-C, at any point from the moment the ``kvlab`` package is imported (the subcommands' imports
   load inside ``main``): ``kvlab: interrupted ...``. SIGTERM (``timeout``, a job scheduler) stops a command as
-  Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished.
+  Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished. Once the first has
+  landed, a second Ctrl-C or SIGTERM is ignored (the releases run whole; the status stays 130, also when one lands
+  in Python's teardown).
 - 141 (128 + SIGPIPE): stdout's reader went away (``kvlab generate --json | head -1``): the command stops
   quietly, nothing on stderr. The status a Unix tool killed by SIGPIPE has in a shell, so ``set -o pipefail``
   sees ``kvlab ... | head -1`` as it sees ``yes | head -1``; without pipefail the pipeline's status is
@@ -38,22 +42,26 @@ import sys
 from collections.abc import Sequence
 
 from .. import _interrupted_at_startup
-from .exits import BROKEN_PIPE, INTERRUPTED, USER_ERROR, say, silence_stdout
+from .exits import BROKEN_PIPE, INTERRUPTED, USER_ERROR, say, silence_stdout, stdout_failed, stdout_refused
 
 __all__ = ["main", "stop"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvlab`` command on ``argv`` (default ``sys.argv[1:]``); returns its exit status (the module
-    docstring). argparse's errors and ``--help`` raise SystemExit, as argparse does."""
+    docstring). argparse's errors and ``--help`` raise SystemExit, as argparse does. The first Ctrl-C or SIGTERM
+    stops the command (130, one line); those after it, while its releases run, are ignored. Called as the process's
+    command (``argv`` None) it leaves signals ignored for the interpreter's teardown, so that a late signal cannot
+    turn the status into "killed"; called with ``argv`` it gives the caller's handlers back."""
     if sys.stdout is None:  # started with stdout closed (`>&-`): every line it prints would be lost
         say("kvlab: error: stdout is closed, so the command's output would be lost: give it a file or /dev/null")
         return USER_ERROR
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         # python -m kvlab: Ctrl-C is ours from here (inside the try, so no signal lands between the two handlers)
-        if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if previous[signal.SIGINT] in (_interrupted_at_startup, signal.default_int_handler):
+            signal.signal(signal.SIGINT, _interrupt)
         try:
             from .commands import run  # the subcommands and all they import
 
@@ -62,13 +70,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a reader gone shows here, not in Python's flush at exit
     except KeyboardInterrupt:
+        _stopping()
         say("kvlab: interrupted")
         return INTERRUPTED
     except BrokenPipeError:
         silence_stdout()
         return BROKEN_PIPE
+    except OSError as exc:  # stdout's device took no more (a full disk, /dev/full): said as the command's failure
+        if not stdout_refused(exc):
+            raise
+        say(f"kvlab: error: {stdout_failed(exc)}")
+        silence_stdout()
+        return USER_ERROR
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if argv is None:
+            _stopping()
+        else:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def stop(signum: int, frame: object) -> None:
@@ -79,3 +98,25 @@ def stop(signum: int, frame: object) -> None:
     if not callable(handler):
         raise KeyboardInterrupt
     handler(signum, frame)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """``main``'s SIGINT handler: the first Ctrl-C (or a SIGTERM passed on as one) stops the command; from then on
+    both signals are ignored, so that a second one cannot cut the first one's releases short."""
+    _stopping()
+    raise KeyboardInterrupt
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """``main``'s SIGTERM handler: ``stop``, and where Ctrl-C is ignored (so ``_interrupt`` never runs) the later
+    signals ignored as ``_interrupt`` does."""
+    if not callable(signal.getsignal(signal.SIGINT)):
+        _stopping()
+    stop(signum, frame)
+
+
+def _stopping() -> None:
+    """Ignore SIGINT and SIGTERM from now on, in the kernel's sense (SIG_IGN): Python's own finalization keeps an
+    ignored signal ignored, where it would put a Python handler back to the default (killed by the signal)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

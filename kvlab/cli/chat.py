@@ -15,13 +15,14 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.errors import ConfigError, KvlabError
+from ..core.errors import CapacityError, ConfigError, KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
 from . import flags
 from .exits import USER_ERROR, one_line, say
 
 BACK = "/back"
+DEFAULT_SIZE = 2048  # the static cache's positions where --cache is not given
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     flags.device(p)
     p.add_argument("--turn", action="append", help="a user message (repeat for several turns; default: stdin)")
     p.add_argument("--system", help="a system prompt")
-    flags.caches(p, "static@2048", "the cache: dynamic, static or static@N")
+    flags.caches(p, f"static@{DEFAULT_SIZE}", "the cache: dynamic, static or static@N")
     flags.counts(p, max_new_tokens=(64, "tokens per reply at most"))
     p.add_argument("--lookup", type=flags.positive_int, metavar="K", help="prompt-lookup decoding, K drafts a step")
     flags.json_flag(p, "one JSON object per turn on stdout")
@@ -83,10 +84,10 @@ def _model(args: argparse.Namespace) -> Any:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    [(kind, size)] = _one(args.cache or flags.cache_names("static@2048"), "--cache", "cache")
+    [(kind, size)] = _one(args.cache or flags.cache_names(f"static@{DEFAULT_SIZE}"), "--cache", "cache")
     if kind == "graph":
         raise ConfigError("--cache graph: a conversation feeds turns of any length; a captured graph has one shape")
-    cache = StaticCache(size or 2048) if kind == "static" else DynamicCache()
+    cache = StaticCache(size or DEFAULT_SIZE) if kind == "static" else DynamicCache()
     lookup = PromptLookup(k=args.lookup) if args.lookup is not None else None
     if not args.turn and sys.stdin is None:
         raise ConfigError("no messages: stdin is closed and no --turn was given")
@@ -95,12 +96,16 @@ def _chat(args: argparse.Namespace) -> int:
     with cache, Conversation(model, cache=cache, device=open_device(args.device), system=args.system) as conv:
         for message in _messages(args, interactive):
             if message.strip() == BACK:
-                _back(conv, args.json)
+                if not _back(conv, args.json) and not interactive:
+                    return USER_ERROR  # a scripted /back that failed: the script's later turns would mean otherwise
                 continue
             try:
                 turn = conv.say(message, args.max_new_tokens, lookup=lookup)
             except KvlabError as exc:
-                say(f"kvlab: error: chat: turn {len(conv.turns) + 1}: {one_line(exc)}")
+                where = ""
+                if isinstance(exc, CapacityError) and args.cache is None:  # a size the user never gave: say whose
+                    where = f" ({DEFAULT_SIZE} is chat's default, --cache static@{DEFAULT_SIZE}: give --cache static@N)"
+                say(f"kvlab: error: chat: turn {len(conv.turns) + 1}: {one_line(exc)}{where}")
                 if interactive:
                     continue
                 return USER_ERROR
@@ -117,25 +122,29 @@ def _messages(args: argparse.Namespace, interactive: bool) -> Iterator[str]:
         print("kvlab chat: type a message (/back takes the last turn back; Ctrl-D ends)", file=sys.stderr)
     while True:
         try:
-            line = input("you> ") if interactive else sys.stdin.readline()
+            line = input("you> ") if interactive else sys.stdin.readline(flags.MAX_TEXT_BYTES + 1)
         except EOFError:
             return
+        if len(line) > flags.MAX_TEXT_BYTES:  # read no further: a line that never ends (/dev/zero)
+            raise ConfigError(f"a stdin line holds more than {flags.MAX_TEXT_BYTES} characters; give shorter messages")
         if not interactive and not line:
             return
         if line.strip():
             yield line.rstrip("\r\n")  # a line ending of either kind (a Windows file: CR LF) is not the message
 
 
-def _back(conv: Conversation, as_json: bool) -> None:
+def _back(conv: Conversation, as_json: bool) -> bool:
+    """Take the last turn back and say so; False (the error said on stderr) where there is none to take back."""
     try:
         turn = conv.rewind_turn()
     except ConfigError as exc:
         say(f"kvlab: error: chat: {BACK}: {one_line(exc)}")
-        return
+        return False
     if as_json:
         print(json.dumps({"back": turn.index, "positions": len(conv.ids)}))
     else:
         print(f"[took turn {turn.index} back: the conversation has {len(conv.ids)} positions]", flush=True)
+    return True
 
 
 def _print_turn(conv: Conversation, turn: Any, as_json: bool) -> None:

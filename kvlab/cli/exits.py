@@ -4,6 +4,7 @@ Standard library only: ``kvlab.cli.main`` uses these before the subcommands are 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import sys
@@ -46,3 +47,33 @@ def silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO}  # a device or file that takes no more bytes
+
+
+def stdout_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is stdout's device refusing the output (a full disk, ``/dev/full``, a file-size limit): an
+    OSError of that kind naming no file (a file kvlab writes is named in its error), or any OSError while stdout
+    still holds bytes it cannot write (flushing it fails again)."""
+    if not isinstance(exc, OSError) or isinstance(exc, BrokenPipeError) or sys.stdout is None:
+        return False
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    except ValueError:  # stdout closed meanwhile
+        return False
+    return exc.errno in NO_ROOM and exc.filename is None
+
+
+def stdout_failed(exc: OSError) -> str:
+    """The line for stdout refusing the output: where it points and why."""
+    try:
+        where = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (AttributeError, OSError, ValueError):
+        where = "its file"
+    return (
+        f"stdout ({where}) took no more of the output ({exc.strerror or exc}), so the output is incomplete: "
+        "give it a file on a disk with room, or /dev/null"
+    )

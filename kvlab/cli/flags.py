@@ -68,7 +68,7 @@ def cache_names(text: str) -> list[tuple[str, int | None]]:
     out = []
     for name in text.split(","):
         kind, at, size = name.partition("@")
-        sized = size.isascii() and size.isdigit() and int(size) > 0 and kind != "dynamic"
+        sized = size.isascii() and size.isdigit() and len(size) < 19 and int(size) > 0 and kind != "dynamic"
         if kind not in ("dynamic", "static", "graph") or (at and not sized):
             raise argparse.ArgumentTypeError(
                 f"cache {name!r} is not valid; choose dynamic, static, static@N, graph or graph@N"
@@ -141,7 +141,9 @@ def key_values(items: list[str], flag: str, keys: dict[str, Any]) -> dict[str, A
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"{flag} {item!r}: {exc}") from None
         except (KeyError, ValueError):
-            raise ConfigError(f"{flag} {item!r}: {value!r} is not a valid {key}") from None
+            table = getattr(keys[key], "__self__", None)  # a table's lookup (e.g. on/off): name its entries
+            valid = f"; choose one of {', '.join(map(str, table))}" if isinstance(table, dict) else ""
+            raise ConfigError(f"{flag} {item!r}: {value!r} is not a valid {key}{valid}") from None
     return out
 
 
@@ -161,11 +163,22 @@ def prompt(p: argparse.ArgumentParser) -> None:
 DEFAULT_PROMPT = "Explain in two sentences why a language model keeps a cache of keys and values."
 
 
+MAX_TEXT_BYTES = 16 * 2**20  # the most bytes of a prompt file or a chat line read: far past any model's context
+
+
 def prompt_of(args: argparse.Namespace) -> str:
-    """The prompt text; ConfigError for a prompt file that cannot be read or is not UTF-8."""
+    """The prompt text; ConfigError for a prompt file that cannot be read, is not UTF-8 or holds more than
+    ``MAX_TEXT_BYTES`` (read no further: ``/dev/zero`` never ends)."""
     if args.prompt_file is not None:
         try:
-            return args.prompt_file.read_text(encoding="utf-8")
+            with open(args.prompt_file, "rb") as f:
+                data = f.read(MAX_TEXT_BYTES + 1)
+            if len(data) > MAX_TEXT_BYTES:
+                raise ConfigError(
+                    f"--prompt-file {str(args.prompt_file)!r} holds more than {MAX_TEXT_BYTES} bytes, far more "
+                    "than any model's context; give a shorter prompt"
+                )
+            return data.decode("utf-8")
         except OSError as exc:
             raise ConfigError(f"--prompt-file {str(args.prompt_file)!r}: {exc.strerror}") from exc
         except UnicodeDecodeError as exc:

@@ -90,8 +90,16 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
     device = open_device(args.device, **flags.device_options_of(args))
     model = load(name, precision=precision, progress=not args.json)
     ids = model.encode(flags.prompt_of(args), chat=args.chat)
-    fitted = default_max_cache_len(positions_needed(len(ids), args.max_new_tokens), model.info.context_length)
+    needed = positions_needed(len(ids), args.max_new_tokens)
+    fitted = default_max_cache_len(needed, model.info.context_length)
     sizes = [size or fitted for _, size in names]
+    for kind, size in names:  # a size the user gave, judged in the user's terms (the flag, not the class)
+        if size is not None and size < needed <= model.info.context_length:
+            raise ConfigError(
+                f"--cache {kind}@{size} holds {size} positions; this run needs {needed} (a prompt of {len(ids)} "
+                f"tokens and --max-new-tokens {args.max_new_tokens}): give {kind}@{needed} or more, or {kind} "
+                "(sized to the run)"
+            )
     statics = [s for (kind, _), s in zip(names, sizes) if kind != "dynamic"]
     memory = str(make_cache("static", statics[0], kv).memory_report(model.info)) if statics else ""
     sampling, token = flags.sampling_of(args), flags.WHERE[args.token_on_device]

@@ -1,11 +1,41 @@
-"""kvlab's exceptions. Every message names the offending value and what would be valid."""
+"""kvlab's exceptions. Every message names the offending value and what would be valid, and stays readable: a user's
+value echoed in it (a prompt, a path, a ``--set`` value) is clipped to ``VALUE_CHARS`` characters, once, here."""
 
 import numbers
+import re
 from collections.abc import Iterable
+
+VALUE_CHARS = 200  # the most characters of one echoed value a message keeps
+MESSAGE_CHARS = 2000  # the most characters of a whole message
+_QUOTED = re.compile(rf"'[^'\n]{{{VALUE_CHARS},}}'|\"[^\"\n]{{{VALUE_CHARS},}}\"")
+
+
+def clip(text: str, most: int = VALUE_CHARS) -> str:
+    """``text`` when it has at most ``most`` characters; else its head and tail around a note of how many
+    characters were left out (so a 1 MB prompt or path reads as one line)."""
+    if len(text) <= most:
+        return text
+    tail = most // 5
+    return f"{text[: most - tail]}...[{len(text) - most} characters left out]...{text[len(text) - tail :]}"
+
+
+def clip_message(message: str) -> str:
+    """``message`` as it is up to half of ``MESSAGE_CHARS``; longer, every quoted value longer than ``VALUE_CHARS``
+    clipped, then the whole clipped to ``MESSAGE_CHARS``."""
+    if len(message) <= MESSAGE_CHARS // 2:  # a message of kvlab's own length: its quotes may span words
+        return message
+    message = _QUOTED.sub(lambda m: m.group(0)[0] + clip(m.group(0)[1:-1]) + m.group(0)[-1], message)
+    return clip(message, MESSAGE_CHARS)
 
 
 class KvlabError(Exception):
-    """Base class of every error kvlab raises on purpose."""
+    """Base class of every error kvlab raises on purpose. Its message (the first argument, when a string) is
+    clipped as the module says; the other arguments are kept as given."""
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (clip_message(args[0]), *args[1:])
+        super().__init__(*args)
 
 
 class ConfigError(KvlabError, ValueError):

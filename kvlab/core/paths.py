@@ -9,11 +9,12 @@ one (a character device such as /dev/null, a FIFO) is opened and written, never 
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, clip
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -64,21 +65,63 @@ def _special(path: Path) -> bool:
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path``, returned as a Path: a regular file (new or replaced) through a temporary file in
     its folder (made first) and ``os.replace``; a symlink's target so (the link stays); a file that is not a
-    regular one (a device, a FIFO: its reader gets ``data``) opened and written in place. Raises OSError."""
+    regular one (a device, a FIFO: its reader gets ``data``) opened and written in place. Raises ConfigError
+    naming the path, the bytes and the reason when it cannot be written (a full disk: the room there too); the old
+    file, if any, is then as it was and no temporary file is left."""
     path = Path(path)
     data = data.encode() if isinstance(data, str) else data
     target = Path(os.path.realpath(path))  # a symlink is written through
-    if _special(target):
-        with open(target, "wb") as f:
-            f.write(data)
-        return path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if _special(target):
+            with open(target, "wb") as f:
+                f.write(data)
+            return path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        full = no_room(exc) and not _special(target)  # a device's "full" is the device's, not a disk's room
+        room = f"; it needs {len(data)} bytes, more than {room_left(target.parent)}" if full else ""
+        what = f"cannot write {len(data)} bytes to {clip(str(path))!r}"
+        raise ConfigError(f"{what} ({exc.strerror or exc}{room})") from None
     return path
+
+
+NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_NO_ROOM_TEXT = ("No space left on device", "File too large", "Disk quota exceeded", "os error 28", "os error 27")
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or during) says a disk or a file-size limit took no more
+    bytes: an OSError with ENOSPC, EFBIG or EDQUOT, or the text of one (a library that reports it as its own error,
+    a subprocess's stderr)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM or any(t in str(exc) for t in _NO_ROOM_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def room_left(folder: Path) -> str:
+    """What ``folder``'s disk (or its nearest existing ancestor's) still takes, as words for a message: "the N
+    bytes free in <folder>", and the process's file-size limit where one is set."""
+    try:
+        st = os.statvfs(_nearest_existing(folder))
+        free = f"the {st.f_bavail * st.f_frsize} bytes free in {str(folder)!r}"
+    except OSError:
+        free = f"what is free in {str(folder)!r}"
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        limit = -1
+    return free + (f" (and files are limited to {limit} bytes: ulimit -f)" if limit >= 0 else "")

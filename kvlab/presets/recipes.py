@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError
-from ..core.paths import check_output
+from ..core.errors import ConfigError, ModelError
+from ..core.paths import check_output, no_room, room_left
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 of the byte tokenizer
 CHECKPOINT_VERSION = 1  # bump to force rebuilds of the checkpoints when the code writing them changes
@@ -248,6 +248,17 @@ def recipe_key(r: Recipe, version: int, **more: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def checkpoint_dir(name: str) -> Path:
     """The Hugging Face checkpoint of a built-in model (kept: the PyTorch backend and references load it)."""
     return cache_dir() / "hf" / f"{name}-{recipe_key(recipe(name), CHECKPOINT_VERSION)}"
@@ -259,13 +270,25 @@ def building(final: Path, marker: str) -> Iterator[Path]:
     half-built model never counts), and is removed when it fails. ``marker``: the file whose presence in ``final``
     marks a finished build. Where another process finished ``final`` while this block ran (two builds of one key at
     once: same recipe, same result), that build is kept, untouched for anyone already loading from it, and this one
-    is discarded; an unfinished ``final`` (no marker) is replaced."""
+    is discarded; an unfinished ``final`` (no marker) is replaced. The scratch of a build whose process died is
+    removed by the next build of ``final``. A disk (or file-size limit) that takes no more raises ModelError naming
+    the folder, the bytes written and the room left; nothing half-written stays."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    for left in final.parent.glob(f".{final.name}-*-*"):  # the scratch of a build whose process died (killed)
+        owner = left.name.removeprefix(f".{final.name}-").split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(left, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and no_room(exc):
+            raise ModelError(
+                f"{final.parent} has no room to write {final.name}: the disk (or the file-size limit) took no more "
+                f"bytes, so it needs more than {room_left(final.parent)}: free some, or set KVLAB_CACHE_DIR to a "
+                "folder with room (nothing half-written was kept)"
+            ) from exc
         raise
     if not (final / marker).is_file():
         if final.exists():

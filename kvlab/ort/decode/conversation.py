@@ -247,11 +247,18 @@ class Conversation:
             closed = m.tokenizer.id_to_token(last[0]) if last and last[0] in m.info.eos_token_ids else ""
             text = chat_delta(m.apply_chat_template, self.history.messages, message, closed)
             try:
-                return m.tokenizer.encode(text, add_special_tokens=False).ids, message
+                ids = m.tokenizer.encode(text, add_special_tokens=False).ids
             except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a lone surrogate)
                 raise ConfigError(
                     f"the tokenizer refused the message {message!r:.40} ({exc}); give valid text"
                 ) from exc
+            if not ids:  # a template that renders nothing new for this message
+                raise ModelError(
+                    f"the chat template of model {m.name} rendered nothing for turn {len(self.history.turns) + 1}'s "
+                    f"message ({len(self.history.messages) + 1} message(s) in all); fix the template, or say the turn "
+                    "as token ids"
+                )
+            return ids, message
         if isinstance(message, (list, tuple, np.ndarray)) and len(message):
             ids = m.check_ids(message).tolist()
             return ids, m.decode(ids)

@@ -96,6 +96,36 @@ def _eos(value: Any, file: Path) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _special_ids(config: dict, file: Path, vocab: int) -> None:
+    """ModelError naming the key and value where ``bos_token_id`` or ``pad_token_id`` is set but is not a token id
+    of the vocabulary (kvlab does not apply either: one sequence is never padded, and the tokenizer adds its BOS;
+    a malformed one is still a broken config)."""
+    for key in ("bos_token_id", "pad_token_id"):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
+            raise ModelError(f"{file}: {key} {value!r} must be a token id in the vocabulary [0, {vocab}) or absent")
+
+
+def _unapplied(config: dict, eos: tuple[int, ...], file: Path) -> tuple[str, ...]:
+    """Notes for what ``config`` declares and kvlab does what it says of only in part: no EOS id (generation then
+    stops at max_new_tokens only), and a genai ``search`` section that samples (kvlab decodes greedily unless
+    given a Sampling)."""
+    notes = []
+    if not eos:
+        notes.append(
+            f"{file.name} declares no EOS token (eos_token_id {config.get('eos_token_id', 'absent')!r}): generation "
+            "never stops on one, only at max_new_tokens"
+        )
+    search = config.get("search") if isinstance(config.get("search"), dict) else {}
+    if search.get("do_sample") is True:
+        keys = ", ".join(f"{k}={search[k]!r}" for k in ("temperature", "top_k", "top_p") if k in search)
+        notes.append(
+            f"{file.name}'s search section samples (do_sample=true{', ' + keys if keys else ''}); kvlab decodes "
+            "greedily unless given sampling=Sampling(...) (kvlab generate --sample)"
+        )
+    return tuple(notes)
+
+
 def _checked(declared: Declared, file: Path) -> Declared:
     """``declared`` when its numbers make a usable decoder (a context of at least one position, EOS ids inside the
     vocabulary); else a ModelError naming the key and value."""
@@ -170,6 +200,8 @@ def declared_genai(path: Path) -> Declared:
         notes=_other_eps(dec, file),
         past_formats=formats,
     )
+    _special_ids(model, file, declared.vocab)
+    declared.notes += _unapplied({**model, "search": config.get("search")}, declared.eos, file)
     return _checked(declared, file)
 
 
@@ -205,6 +237,10 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
         else _int(text, "hidden_size", file) // max(heads, 1)
     )
     past = _names("past_key_values.%d.key", "past_key_values.%d.value", layers, file)
+    eos = _eos(text.get("eos_token_id"), file)
+    generation = path / "generation_config.json"
+    if not eos and generation.is_file():  # where transformers keeps it for many exports
+        eos = _eos(_load_json(generation).get("eos_token_id"), generation)
     roles = {
         "input_ids": "input_ids",
         "attention_mask": "attention_mask",
@@ -221,13 +257,15 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
         head_dim,
         _int(text, "vocab_size", file),
         _int(text, "max_position_embeddings", file),
-        _eos(text.get("eos_token_id"), file),
+        eos,
         roles,
         past,
         _names("present.%d.key", "present.%d.value", layers, file),
         "logits",
         head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
     )
+    _special_ids(text, file, declared.vocab)
+    declared.notes += _unapplied({"eos_token_id": text.get("eos_token_id")}, declared.eos, file)
     return _checked(declared, file)
 
 

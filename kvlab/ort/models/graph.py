@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import ModelError
+from ...core.errors import ConfigError, ModelError
 from ...core.paths import write_atomic
 
 # ONNX TensorProto element types kvlab meets in KV caches
@@ -88,10 +88,10 @@ def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str
     edit(m)
     try:
         write_atomic(dst, m.SerializeToString())
-    except OSError as exc:
+    except ConfigError as exc:  # write_atomic's: the bytes, the reason, the room
         raise ModelError(
             f"kvlab writes model {model.name}'s {what} beside its model.onnx, in {dst.parent}, which failed "
-            f"({exc.strerror or exc}); copy the model directory somewhere writable and load it from there"
+            f"({exc}); copy the model directory somewhere writable and load it from there"
         ) from exc
     return dst
 

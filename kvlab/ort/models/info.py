@@ -84,7 +84,8 @@ def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | Non
     ConfigError for a dtype it does not know or one given for a builder directory (which holds one graph)."""
     path = Path(path)
     if not path.is_dir():
-        raise ModelError(f"model directory {str(path)!r} does not exist (built-in names: {', '.join(BUILTIN_NAMES)})")
+        what = "is a file, not a directory" if path.exists() else "does not exist"  # a file: its folder, perhaps
+        raise ModelError(f"model directory {str(path)!r} {what} (built-in names: {', '.join(BUILTIN_NAMES)})")
     d = _declared(path, dtype)
     onnx_file = path / d.decoder_file
     if not onnx_file.is_file():

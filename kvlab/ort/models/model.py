@@ -101,9 +101,15 @@ class Model:
             )
         return template
 
+    @property
+    def _template_file(self) -> str:
+        """The file the chat template is read from."""
+        return "chat_template.jinja" if (self.info.path / "chat_template.jinja").is_file() else "tokenizer_config.json"
+
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
-        ModelError (no template, a broken one), ConfigError (a malformed message, the template's own error)."""
+        ModelError (no template, a broken one, one that renders nothing), ConfigError (a malformed message, the
+        template's own error)."""
         if self.chat_template is None:
             raise ModelError(f"model {self.name} has no chat template; pass plain text without --chat")
         for m in messages:
@@ -119,9 +125,15 @@ class Model:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
+            text = env.from_string(self.chat_template).render(
                 messages=list(messages), add_generation_prompt=add_generation_prompt
             )
+            if not text:  # nothing to feed: said by name here, not as an empty prompt somewhere later
+                raise ModelError(
+                    f"the chat template of model {self.name} ({self._template_file}) rendered nothing for "
+                    f"{len(messages)} message(s); fix the template, or pass plain text without --chat"
+                )
+            return text
         except TemplateSyntaxError as exc:
             raise ModelError(
                 f"the chat template of model {self.name} is broken: {exc.message} (template line "
