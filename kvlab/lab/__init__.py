@@ -1,7 +1,8 @@
 """The live lab, for notebooks: figures of per-step records (``plots``, ``memory``), the ``CacheLab`` dashboard
 (``widgets`` with its ``controls``, ``readouts`` and ``liveplot``), the ``BufferWatch`` step hook (``buffers``),
 ``ChatLab`` (``chat``), exercises with checked answers (``exercises``), a KV cache written by hand in numpy with
-its checks and exact byte counts (``by_hand``), the tables and reports a lesson prints (``tables``), live tensors
+its checks and exact byte counts (``by_hand``), the tables and reports a lesson prints (``tables``), which layers of
+a model grow and what each cache holds and saves, per architecture (``layer_kinds``), live tensors
 counted through a cache's lifecycle (``timeline``) and one visual language (``style``).
 
 It may import ``kvlab.core``, ``kvlab.presets``, the ``kvlab.ort`` facade and ``kvlab.ort.decode``, never
