@@ -7,6 +7,7 @@ convolutions)? The five toy presets beyond full attention on an NVIDIA H200's We
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,39 @@ def figure(rec: Any) -> Any:
     )
     finish(fig, t, barmode="group", yaxis_title="static / dynamic (paired)")
     return fig
+
+
+def by_preset(rec: Any, presets: Sequence[str], growing: Any) -> Any:
+    """The recorded decode steps as a table: one column per preset of ``presets`` (in that order), with its growing
+    layers (``growing[preset]``), and per recorded context each cache's mean decode ms, the paired ratio static /
+    dynamic (the median over rounds of each round's ratio) and the dynamic cache's new buffers per step. A pandas
+    DataFrame (rows: the quantities); KeyError for a preset or context the recording lacks."""
+    import numpy as np
+    import pandas as pd
+
+    by = {(r["model"], r["context"], r["cache_kind"]): r for r in rec.results["rows"]}
+    rows = []
+    for name in presets:
+        row = {"preset": name, "growing layers": growing[name]}
+        for context in sorted({c for _, c, _ in by}):
+            d, s = by[(name, context, "dynamic")], by[(name, context, "static")]
+            row[f"{context}: dynamic ms"] = round(d["decode_ms"], 2)
+            row[f"{context}: static ms"] = round(s["decode_ms"], 2)
+            ratio = np.median(np.array(s["decode_ms_runs"]) / np.array(d["decode_ms_runs"]))
+            row[f"{context}: static / dynamic"] = round(float(ratio), 2)
+            row[f"{context}: new buffers / step (dynamic)"] = int(d["new_buffers_per_step"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("preset").T
+
+
+def dynamic_points(rec: Any) -> list[tuple[int, int]]:
+    """(length, bytes) per recorded dynamic-cache run: the KV bytes it allocated per decode step, at the mean length
+    of its steps (its context plus half its new tokens)."""
+    return [
+        (r["context"] + r["new_tokens"] // 2, r["bytes_per_step"])
+        for r in rec.results["rows"]
+        if r["cache_kind"] == "dynamic"
+    ]
 
 
 if __name__ == "__main__":  # python data/<question>/figure.py: figure.png beside it

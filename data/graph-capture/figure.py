@@ -51,6 +51,34 @@ def figure(rec: Any) -> Any:
     return _draw([rec.read(run) for run in H200])
 
 
+def swiftshader_runs(rec: Any) -> Any:
+    """The SwiftShader runs of both packages (``swiftshader-*``), one row per package, context and variant: package
+    ("name version"), context, variant, the medians per decode step (wall ms, process CPU ms, loop thread CPU ms),
+    whether its tokens equal the reference, and each round's wall ms ("runs") and loop-thread CPU ms ("thread
+    runs"), for paired ratios. A pandas DataFrame; ConfigError where a package's run is missing."""
+    import pandas as pd
+
+    rows = []
+    for package in ("onnxruntime-webgpu", "plugin-ep"):
+        result = rec.read(f"swiftshader-{package}/results.json")
+        runtime = f"{result['environment']['backend_package']} {result['environment']['backend_version']}"
+        for r in result["rows"]:
+            rows.append(
+                {
+                    "package": runtime,
+                    "context": r["context"],
+                    "variant": r["variant"],
+                    "wall ms": r["decode_ms"],
+                    "process CPU ms": r["cpu_ms"],
+                    "loop thread CPU ms": r["thread_cpu_ms"],
+                    "tokens equal": r["tokens_equal"],
+                    "runs": r["decode_ms_runs"],
+                    "thread runs": r["thread_cpu_ms_runs"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """A recorded ``kvlab bench --graph-capture`` run, one row per context and static cache size: the decode step
     (median ms) of kvlab's static cache uncaptured and captured and of onnxruntime-genai plain and captured, the

@@ -284,3 +284,37 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     show()
     wrap = w.Layout(flex_flow="row wrap")  # rows wrap at a narrow width instead of clipping a control
     return w.VBox([w.HBox([model, precision], layout=wrap), w.HBox([window, budget, reserve], layout=wrap), out])
+
+
+def per_token_sources(models: dict[str, Any], architectures: dict[str, str]) -> Any:
+    """The KV bytes per token of each model (preset name -> loaded ``kvlab.Model``, built from a preset whose
+    checkpoint is on disk) two ways: predicted from its checkpoint's ``config.json`` (``config_bytes_per_token``) and
+    read from its graph's layout. One row per preset: architecture (``architectures[name]``), layers, layers keeping
+    KV, KV heads, head_dim, dtype, the two bytes per token and the fixed state bytes. A pandas DataFrame indexed by
+    preset; KeyError for a model ``architectures`` does not name, OSError where a checkpoint's config is missing."""
+    import json
+
+    import pandas as pd
+
+    from ..presets.recipes import checkpoint_dir
+
+    rows = []
+    for name, m in models.items():
+        config = json.loads((checkpoint_dir(name) / "config.json").read_text())
+        c = config.get("text_config", config)
+        layout = m.info.layout
+        rows.append(
+            {
+                "preset": name,
+                "architecture": architectures[name],
+                "layers": len(layout.layers),
+                "layers keeping KV": len([layer for layer in layout.layers if layer.bytes_per_token]),
+                "KV heads": c["num_key_value_heads"],
+                "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+                "dtype": m.info.dtype_name,
+                "predicted B/token (config)": config_bytes_per_token(config, m.info.dtype.itemsize),
+                "memory report B/token (graph)": layout.bytes_per_token,
+                "fixed state bytes": layout.fixed_bytes,
+            }
+        )
+    return pd.DataFrame(rows).set_index("preset")

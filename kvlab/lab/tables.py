@@ -111,3 +111,18 @@ def op_shares(profiles: dict[str, Any], main: Sequence[str]) -> Any:
     ops = ops[ops.op != "(run)"]
     ops = ops.assign(part=ops.op.where(ops.op.isin(list(main)), "other ops"))
     return ops.groupby(["profile", "part"], as_index=False, sort=False)["share"].sum()
+
+
+def low_decode_ms(generation: Any) -> float:
+    """The 10th percentile of a generation's (a ``kvlab.Generation``'s) decode steps' wall ms: other work on a shared
+    machine only ever adds time, so the low end is the step's own cost. NaN for a run without a decode step."""
+    f = generation.frame()
+    return float(f[f.phase == "decode"].wall_ms.quantile(0.1))
+
+
+def text_until_eos(model: Any, token_ids: Sequence[int]) -> str:
+    """``model``'s text of ``token_ids`` up to and including the first of its ``eos_token_ids`` (all of them where
+    none is one): a run generated past the end on purpose, so that token lists compare like for like, reads as the
+    model's answer."""
+    end = next((i + 1 for i, t in enumerate(token_ids) if t in model.eos_token_ids), len(token_ids))
+    return model.decode(token_ids[:end])
