@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.lab import recorded
-from kvlab.lab.style import KIND_COLORS, SECOND_COLORS, finish, go, title
+from kvlab.lab.style import KIND_COLORS, SHADES, finish, go, title
+
+SECOND_COLORS = {kind: shades[1] for kind, shades in SHADES.items() if len(shades) > 1}  # each kind's second shade
 
 RUNS = {  # (machine, competing processes): recording
     ("2 cores", 1): "one-fewer-2-core/load1.json",
