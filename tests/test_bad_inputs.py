@@ -975,6 +975,13 @@ CASES = [
     ),
     Case(
         "CLI",
+        "kvlab trace --out /proc/version (an existing file in a folder where no file can be made)",
+        "exit 2",
+        "cannot write in '/proc': making a file there failed",
+        lambda e: e.cli("trace", "--out", "/proc/version"),
+    ),
+    Case(
+        "CLI",
         "kvlab trace --out /dev/null/t.json",
         "exit 2",
         "'/dev/null' is not a folder",

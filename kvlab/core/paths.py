@@ -30,7 +30,10 @@ def _probe(folder: Path, what: str, path: Path) -> None:
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvlab-probe-")
     except OSError as exc:
-        raise ConfigError(f"{what} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"{what} {str(path)!r}: cannot write in {str(folder)!r}: making a file there failed "
+            f"({exc.strerror or exc}); choose a path in a folder this user can write in"
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
