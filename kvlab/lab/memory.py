@@ -154,7 +154,7 @@ def format_of(kv_precision: str) -> str:
     """The format a KV precision of ``KV_FORMATS`` stands for, without its runtime: 'HQQ 8 bits' for int8.
     ConfigError for an unknown one."""
     check_choice(kv_precision, KV_FORMATS, "kv_precision=")
-    return KV_FORMATS[kv_precision][1].split(", ", 1)[-1]
+    return KV_FORMATS[kv_precision][1].split(" (", 1)[0].split("PyTorch QuantizedCache, ", 1)[-1]
 
 
 def precision_lines(

@@ -121,8 +121,9 @@ def low_decode_ms(generation: Any) -> float:
 
 
 def text_until_eos(model: Any, token_ids: Sequence[int]) -> str:
-    """``model``'s text of ``token_ids`` up to and including the first of its ``eos_token_ids`` (all of them where
-    none is one): a run generated past the end on purpose, so that token lists compare like for like, reads as the
-    model's answer."""
-    end = next((i + 1 for i, t in enumerate(token_ids) if t in model.eos_token_ids), len(token_ids))
+    """``model``'s text of ``token_ids`` up to and including the first of its ``eos_token_ids`` (a PyTorch model's,
+    or a ``kvlab.Model``'s ``info.eos_token_ids``; all of them where none is one): a run generated past the end on
+    purpose, so that token lists compare like for like, reads as the model's answer."""
+    eos = model.eos_token_ids if hasattr(model, "eos_token_ids") else model.info.eos_token_ids
+    end = next((i + 1 for i, t in enumerate(token_ids) if t in eos), len(token_ids))
     return model.decode(token_ids[:end])
