@@ -17,6 +17,7 @@ from kvlab.lab.graph_edits import with_constant_of_shape
 from kvlab.lab.layer_kinds import decode_step_times, held_against_report, layer_kinds, memory_at_lengths, static_gains
 from kvlab.lab.memory import KV_FORMATS, format_of, per_token_sources
 from kvlab.lab.tables import low_decode_ms, text_until_eos
+from kvlab.ort import Stepper
 from kvlab.presets.recipes import checkpoint_dir
 
 ARCH = {"toy": "llama (tiny)"}
@@ -34,9 +35,10 @@ def kv_per_token(config: dict) -> int:
 
 def test_low_decode_ms_is_the_10th_percentile_of_the_decode_steps(toy):
     with kvlab.DynamicCache() as cache:
-        g = kvlab.generate(toy, [5, 6, 7], cache=cache, device="cpu", max_new_tokens=12, stop_on_eos=False)
-    decode = [r.wall_ms for r in g.records if r.phase == "decode"]
-    assert len(decode) == 11
+        g = kvlab.generate(toy, [5, 6, 7], cache=cache, device="cpu", max_new_tokens=12, stop_on_eos=False,
+                           token_on_device=False)  # fmt: skip
+    decode = [r.wall_ms for r in g.records if r.phase == "decode"]  # each step timed on its own
+    assert len(decode) == 11 and np.percentile(decode, 10) < np.median(decode)
     assert low_decode_ms(g) == pytest.approx(np.percentile(decode, 10))
     with kvlab.DynamicCache() as cache:
         assert math.isnan(low_decode_ms(kvlab.generate(toy, [5, 6], cache=cache, device="cpu", max_new_tokens=1)))
@@ -49,6 +51,7 @@ def test_text_until_eos_keeps_the_first_end_token_and_nothing_after(toy, config)
     assert text_until_eos(toy, ids) == toy.decode([5, 6, eos])
     assert text_until_eos(toy, [5, 6, 7]) == toy.decode([5, 6, 7])  # no end token: all of them
     assert text_until_eos(toy, [eos, 5]) == toy.decode([eos])
+    assert text_until_eos(toy, ids) != toy.decode(ids)  # the tokens after the end token are left out
 
 
 def test_every_format_is_named_without_its_runtime():
@@ -172,11 +175,14 @@ def test_the_constant_of_shape_copy_adds_three_nodes_and_keeps_the_tokens(toy, t
     added = [n for n in edited.graph.node if n.name.startswith("lesson/")]
     assert [n.op_type for n in added] == ["Shape", "ConstantOfShape", "Add"]
     assert len(edited.graph.node) == len(original.graph.node) + 3 and added[-1].output == ["logits"]
-    runs = []
+    runs, logits = [], []
     for model in (toy, kvlab.load(out)):
         with kvlab.DynamicCache() as cache:
             runs.append(kvlab.generate(model, [5, 6, 7], cache=cache, device="cpu", max_new_tokens=6))
+        with kvlab.DynamicCache() as cache, Stepper(model, cache, "cpu", 8) as stepper:
+            logits.append(np.asarray(stepper.step([5, 6, 7])[0]))
     assert runs[0].token_ids == runs[1].token_ids
+    assert logits[0].shape == logits[1].shape and np.array_equal(logits[0], logits[1])  # + zeros: the same logits
     with pytest.raises(FileExistsError):
         with_constant_of_shape(src, out)
     renamed = onnx.load(str(out / "model.onnx"))  # weights inline: no node outputs logits
