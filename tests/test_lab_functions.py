@@ -1,6 +1,6 @@
 """The kvlab.lab functions the notebooks call that tests/test_lab_tables.py and tests/test_lab_memory.py leave out,
 each against a reference worked out here from other sources (the checkpoint's config.json, the records, numpy): on
-real runs of the toy model on the CPU EP and on its built folder."""
+real runs of the toy model on the CPU EP, its built folder and the recorded profiles of data/where-a-cpu-step-goes."""
 
 from __future__ import annotations
 
@@ -193,3 +193,31 @@ def test_the_constant_of_shape_copy_adds_three_nodes_and_keeps_the_tokens(toy, t
     (tmp_path / "no-logits" / "model.onnx.data").write_bytes(b"")
     with pytest.raises(StopIteration):
         with_constant_of_shape(tmp_path / "no-logits", tmp_path / "no-logits-out")
+
+
+def test_op_shares_of_the_recorded_profiles_sum_every_other_operator():
+    import csv
+
+    from kvlab.lab import recorded
+    from kvlab.lab.plots import op_share_bars
+    from kvlab.lab.tables import op_shares
+
+    rec = recorded.load("where-a-cpu-step-goes")
+    main = ["MatMul", "GroupQueryAttention", "(between nodes)"]
+    names = ["ops_256.csv", "ops_3072.csv"]
+    share = op_shares({name: rec.read(name) for name in names}, main)
+    expected = {}
+    for name in names:  # the CSV read here, without kvlab
+        with (rec.folder / name).open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row["op"] != "(run)":
+                    key = (name, row["op"] if row["op"] in main else "other ops")
+                    expected[key] = expected.get(key, 0.0) + float(row["share"])
+    got = {(r.profile, r.part): r.share for r in share.itertuples()}
+    assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v, abs=1e-12) for k, v in expected.items())
+    fig = op_share_bars(share, "time by operator", "SmolLM2 · CPU EP", "recorded")
+    assert [t.name for t in fig.data][-1] == "other ops"
+    for trace in fig.data:  # one bar segment per profile, labelled with its percentage
+        mine = {p: v for (p, part), v in expected.items() if part == trace.name}
+        assert dict(zip(trace.y, trace.x)) == pytest.approx(mine)
+        assert list(trace.text) == [f"{mine[p]:.0%}" for p in trace.y]
