@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import gc
 import math
-import shutil
 import weakref
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,6 +16,7 @@ from conftest import run_python
 
 import kvlab
 from kvlab import CacheStateError, ConfigError, DeviceError, ModelError, StaticCache, generate, open_device
+from kvlab.lab.graph_edits import with_constant_of_shape
 from kvlab.ort.checks import faults
 from kvlab.ort.decode.caches.captured import CAPTURE_OPTIONS, CapturedStaticCache, capture_cost, capture_problem
 from kvlab.ort.runtime.device import backend
@@ -209,36 +208,8 @@ def test_an_optimum_export_is_refused(optimum_toy):
         generate(kvlab.load(optimum_toy), PROMPT, cache=cache, device="webgpu", max_new_tokens=4)
 
 
-def _with_constant_of_shape(src: Path, out: Path) -> Path:
-    """The graph build with one node ONNX Runtime has no WebGPU kernel for (in either package): logits + a
-    ConstantOfShape of zeros shaped like them (the seed PR's first problem, as a minimal case)."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    shutil.copytree(src, out)
-    model = onnx.load(str(out / "model.onnx"))
-    last = next(n for n in model.graph.node if "logits" in n.output)
-    last.output[list(last.output).index("logits")] = "logits_before"
-    model.graph.node.extend(
-        [
-            helper.make_node("Shape", ["logits_before"], ["logits_shape"], name="kvlab_test/Shape"),
-            helper.make_node(
-                "ConstantOfShape",
-                ["logits_shape"],
-                ["logits_zeros"],
-                name="kvlab_test/ConstantOfShape",
-                value=helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
-            ),
-            helper.make_node("Add", ["logits_before", "logits_zeros"], ["logits"], name="kvlab_test/Add"),
-        ]
-    )
-    (out / "model.onnx.data").unlink()
-    onnx.save(model, str(out / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
-    return out
-
-
 def test_a_node_on_the_cpu_ep_is_refused_by_name(toy_graph, tmp_path):
-    model = kvlab.load(_with_constant_of_shape(toy_graph.info.path, tmp_path / "cos"))
+    model = kvlab.load(with_constant_of_shape(toy_graph.info.path, tmp_path / "cos"))
     dev = open_device("webgpu")
     base = dev.live_tensors
     with (
@@ -246,7 +217,7 @@ def test_a_node_on_the_cpu_ep_is_refused_by_name(toy_graph, tmp_path):
         pytest.raises(
             DeviceError,
             match=r"graph capture refused for model cos .*"
-            r"ConstantOfShape 'kvlab_test/Constant"
+            r"ConstantOfShape 'lesson/Constant"
             r"OfShape'",
         ),
     ):
