@@ -1,0 +1,136 @@
+// Where the page's decode step goes: the runner (kvlab/web/js/runner.mjs) in Node with Dawn, as node_host.mjs runs
+// it, with one of onnxruntime-web's two WebGPU builds and one of three modes over a window of decode steps.
+//
+// Usage: node profile_host.mjs JOB.json MODEL_DIR NODE_MODULES OUT.json TOGGLES BUNDLE MODE FROM STEPS
+//   BUNDLE  webgpu: ort.webgpu.bundle.min.mjs, the WebGPU EP built from C++ (asyncify wasm; kvlab's runner uses it)
+//           jsep:   ort.bundle.min.mjs, the JavaScript WebGPU EP (JSEP wasm)
+//   MODE    time:    nothing added
+//           profile: V8's sampling profiler (node:inspector) over the steps FROM .. FROM+STEPS-1 (counted over the
+//                    whole job, warm-up included); the profile goes to OUT.json's name with .cpuprofile
+//           count:   every WebGPU call the runtime makes in that window counted by name
+// Writes the runner's result, plus {bundle, mode, window: {from, steps, ms}, calls}, to OUT.json.
+
+import fs from 'node:fs';
+import path from 'node:path';
+import inspector from 'node:inspector';
+import { pathToFileURL } from 'node:url';
+import { errorResult, jobFiles, runJob } from '../../kvlab/web/js/runner.mjs';
+
+const [jobFile, modelDir, modules, outFile, toggles, bundle, mode, fromArg, stepsArg] = process.argv.slice(2);
+const from = Number(fromArg);
+const last = from + Number(stepsArg) - 1;
+const BUNDLES = {
+  webgpu: ['ort.webgpu.bundle.min.mjs', 'ort-wasm-simd-threaded.asyncify.wasm'],
+  jsep: ['ort.bundle.min.mjs', 'ort-wasm-simd-threaded.jsep.wasm'],
+};
+const COUNTED = {
+  GPUDevice: ['createBindGroup', 'createBuffer', 'createCommandEncoder', 'createComputePipeline'],
+  GPUQueue: ['writeBuffer', 'submit', 'onSubmittedWorkDone'],
+  GPUCommandEncoder: ['beginComputePass', 'copyBufferToBuffer', 'finish'],
+  GPUComputePassEncoder: ['setPipeline', 'setBindGroup', 'dispatchWorkgroups', 'end'],
+  GPUBuffer: ['mapAsync', 'getMappedRange', 'unmap', 'destroy'],
+};
+
+const calls = {};
+let counting = false;
+
+function countCalls(globals) {
+  for (const [cls, names] of Object.entries(COUNTED)) {
+    for (const name of names) {
+      const original = globals[cls].prototype[name];
+      if (typeof original !== 'function') continue;
+      const key = `${cls}.${name}`;
+      globals[cls].prototype[name] = function counted(...args) {
+        if (counting) calls[key] = (calls[key] ?? 0) + 1;
+        return original.apply(this, args);
+      };
+    }
+  }
+}
+
+// as node_host.mjs: dawn.node refuses a view onto shared memory, which onnxruntime-web's threaded heap is
+function shareableWrites(GPUQueue) {
+  const write = GPUQueue.prototype.writeBuffer;
+  GPUQueue.prototype.writeBuffer = function writeBufferUnshared(buffer, offset, data, dataOffset, size) {
+    if (data instanceof SharedArrayBuffer) {
+      if (counting) calls['copies of shared views'] = (calls['copies of shared views'] ?? 0) + 1;
+      const copy = new Uint8Array(data, dataOffset ?? 0, size ?? data.byteLength - (dataOffset ?? 0)).slice();
+      return write.call(this, buffer, offset, copy, 0, copy.byteLength);
+    }
+    if (ArrayBuffer.isView(data) && data.buffer instanceof SharedArrayBuffer) {
+      if (counting) calls['copies of shared views'] = (calls['copies of shared views'] ?? 0) + 1;
+      const start = data.byteOffset + (dataOffset ?? 0) * (data.BYTES_PER_ELEMENT ?? 1);
+      const length = (size ?? data.length - (dataOffset ?? 0)) * (data.BYTES_PER_ELEMENT ?? 1);
+      const copy = new Uint8Array(data.buffer, start, length).slice();
+      return write.call(this, buffer, offset, copy, 0, copy.byteLength);
+    }
+    return write.call(this, buffer, offset, data, dataOffset, size);
+  };
+}
+
+const session = new inspector.Session();
+const post = (method, params = {}) =>
+  new Promise((resolve, reject) => session.post(method, params, (err, r) => (err ? reject(err) : resolve(r))));
+let step = 0;
+let t0 = 0;
+const window = { from, steps: last - from + 1, ms: null };
+let profiling = null;
+
+// asked before every step (the runner's cancelled hook): opens and closes the window, never cancels
+function atStep() {
+  step += 1;
+  if (step === from) {
+    t0 = performance.now();
+    if (mode === 'count') counting = true;
+    if (mode === 'profile') profiling = post('Profiler.start');
+  }
+  if (step === last + 1) {
+    window.ms = performance.now() - t0;
+    counting = false;
+    if (mode === 'profile') {
+      profiling = profiling
+        .then(() => post('Profiler.stop'))
+        .then(({ profile }) => fs.writeFileSync(outFile.replace(/\.json$/, '.cpuprofile'), JSON.stringify(profile)));
+    }
+  }
+  return false;
+}
+
+async function main() {
+  const job = JSON.parse(fs.readFileSync(jobFile, 'utf8'));
+  const { create, globals } = await import(pathToFileURL(path.join(modules, 'webgpu', 'index.js')).href);
+  Object.assign(globalThis, globals);
+  shareableWrites(globals.GPUQueue);
+  if (mode === 'count') countCalls(globals);
+  const gpu = create(toggles ? [`enable-dawn-features=${toggles}`] : []);
+  if (!globalThis.navigator) globalThis.navigator = {};
+  Object.defineProperty(globalThis.navigator, 'gpu', { value: gpu, configurable: true });
+  const [bundleFile, wasmFile] = BUNDLES[bundle];
+  const ort = await import(pathToFileURL(path.join(modules, 'onnxruntime-web', 'dist', bundleFile)).href);
+  const wasm = fs.readFileSync(path.join(modules, 'onnxruntime-web', 'dist', wasmFile));
+  ort.env.wasm.wasmBinary = wasm.buffer.slice(wasm.byteOffset, wasm.byteOffset + wasm.byteLength);
+  const bytes = {};
+  for (const f of jobFiles(job).filter((f) => f !== job.model.transformers_graph)) {
+    bytes[f.name] = new Uint8Array(fs.readFileSync(path.join(modelDir, f.name)));
+  }
+  session.connect();
+  if (mode === 'profile') {
+    await post('Profiler.enable');
+    await post('Profiler.setSamplingInterval', { interval: 100 });
+  }
+  const host = { kind: 'node', name: `Node ${process.versions.node} + Dawn`, user_agent: '', node: process.versions.node };
+  const result = await runJob({ ort, gpu, job, bytes, host, transformers: null, cancelled: atStep });
+  if (profiling) await profiling;
+  return { ...result, bundle, mode, window, calls };
+}
+
+let code = 0;
+let result;
+try {
+  result = await main();
+} catch (err) {
+  result = errorResult(err);
+  code = 1;
+}
+fs.writeFileSync(outFile, JSON.stringify(result));
+process.exit(code);
