@@ -26,7 +26,7 @@ def test_webgpu_adapter_is_found_and_labelled():
 
 def test_webgpu_sessions_run_on_webgpu(toy):
     session = open_device("webgpu").session(toy.onnx_path)
-    assert session.providers[0] == "WebGpuExecutionProvider"
+    assert session.ort.get_providers()[0] == "WebGpuExecutionProvider"
     # only small shape/mask ops may stay on the CPU EP; GQA and MatMul run on WebGPU
     assert session.cpu_nodes and not any(n.startswith(("GroupQueryAttention", "MatMul")) for n in session.cpu_nodes)
 
