@@ -21,7 +21,7 @@ import numpy as np
 
 from ...core.errors import ConfigError, check_choice, check_flag, check_int
 from ...core.generation import greedy
-from ...core.guards import OneBlock, atomic, atomic_enter, check_token_ids
+from ...core.guards import OneBlock, atomic, check_token_ids
 from ...core.records import CacheStep, StepHook, StepRecord, hook_list, step_record
 from ..models.model import Model, load
 from ..runtime.device import Device, open_device
@@ -79,19 +79,16 @@ class Stepper:
     def __enter__(self) -> Stepper:
         with self._block.opening():
             held = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep)
-
-            def take() -> None:  # the cache's use begins and is recorded here as one: a Ctrl-C lands after
-                held.__enter__()  # capacity checked: the positions fit the model and the cache
-                self._cache_held = held
-
-            atomic_enter(take, self._leave)  # a Ctrl-C raised after it: the use ends there, exactly once
             try:
+                with atomic():  # the cache's use begins and is recorded here as one: a Ctrl-C lands after
+                    held.__enter__()  # capacity checked: the positions fit the model and the cache
+                    self._cache_held = held
                 self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed
                 if self.token_on_device:
                     size = min(self.tokens_per_read, self.positions) + 1  # the input ids and a burst's tokens
                     self._device_token = self.cache.device_token(self.device, self._ids_dtype, size)
-            except BaseException:  # the block never opens: its use ends here, exactly once
-                self._leave()
+            except BaseException:  # the block never opens: the use ends here, once (``_leave`` ends what began)
+                self._leave(None, None, None)
                 raise
         return self
 
@@ -109,7 +106,7 @@ class Stepper:
                     token.release()
             finally:
                 if held is not None:
-                    held.__exit__(*(exc or (None, None, None)))
+                    held.__exit__(*exc)
 
     def step(
         self,
