@@ -182,9 +182,11 @@ class Conversation:
             check_flag("stop_on_eos", stop_on_eos)
             choose = check_sampling(sampling, self.model.info.vocab_size).chooser()
             if lookup is not None and not isinstance(lookup, PromptLookup):
-                raise ConfigError(f"lookup={lookup!r:.60} must be a kvlab.PromptLookup (PromptLookup(k=5)) or None")
+                raise ConfigError(
+                    f"lookup={lookup!r:.60} must be a kvlab.PromptLookup (e.g. PromptLookup(k=5)) or None"
+                )
             if lookup is not None and sampling is not None and sampling.do_sample:
-                raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample) needs lookup=None")
+                raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
             chunk = default_prefill_chunk(self.device)
             chunk = chunk if prefill_chunk is None else check_new_tokens(prefill_chunk, "prefill_chunk")
             new_ids, user = self._input(message)
