@@ -151,7 +151,7 @@ def test_dispose_releases_the_graph_and_every_tensor(toy_graph):
     if isinstance(backend(), PluginWebGpu):
         assert set(cache.graph_ids) <= set(session.ort._captured_graph_bindings)
     cache.dispose()
-    assert dev.live_tensors == base and cache.step_tensors == () and cache.tensors == ()
+    assert dev.live_tensors == base and cache.tensors == ()
     if isinstance(backend(), PluginWebGpu):  # released on its own; the session stays for the next cache
         assert not set(cache.graph_ids) & set(session.ort._captured_graph_bindings)
     else:  # 1.27 cannot release one graph: the capturing session, which owns it, is let go

@@ -150,15 +150,3 @@ def test_a_state_refuses_to_be_cropped_by_name_and_nothing_changes(kind):
         out, _ = s.step([tokens[-1]])
         cache.crop(0)
         assert _greedy(s, PROMPT, 2)[0] == tokens
-
-
-@pytest.mark.parametrize("kind", ["dynamic", "static", "static in place"])
-def test_every_slot_says_the_bytes_it_holds(kind):
-    """Each slot's fixed and growing bytes at the cache's length are the bytes of the tensors it holds."""
-    model = kvlab.load("hybrid-toy")
-    with _cache(kind) as cache, Stepper(model, cache, "cpu", 16) as s:
-        _greedy(s, PROMPT, 2)
-        for slot in cache.slots:
-            fixed, growing = slot.bytes(cache.seq_length)
-            assert fixed + growing == sum(t.nbytes for t in slot.tensors), slot.entry
-        assert sum(sum(slot.bytes(cache.seq_length)) for slot in cache.slots) == cache.live_bytes

@@ -46,7 +46,7 @@ def test_labels_name_the_package_that_runs_each_device():
 @on_plugin
 def test_plugin_sessions_run_on_the_ep_with_their_options(toy):
     session = open_device("webgpu").session(toy.onnx_path)
-    assert session.providers[0] == "WebGpuExecutionProvider"
+    assert session.ort.get_providers()[0] == "WebGpuExecutionProvider"
     assert not any(n.startswith(("GroupQueryAttention", "MatMul")) for n in session.cpu_nodes)
     if open_device("webgpu").adapter.kind == "software":  # SwiftShader: the EP lists it only when told it may
         assert os.environ.get("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER") == "1"

@@ -33,7 +33,7 @@ from kvlab.bench.plan import prompt_ids
 from kvlab.bench.results import environment
 from kvlab.bench.variants import GenaiPeer, run_kvlab
 from kvlab.core.paths import write_atomic
-from kvlab.ort.runtime.options import ort_defaults
+from kvlab.ort.runtime.options import physical_cores
 
 # the CPU EP options of each setting: kvlab's defaults (chosen when the device opens: kvlab.ort.runtime.options),
 # ONNX Runtime's (a thread per physical core, spinning), ONNX Runtime's threads not spinning, one thread
@@ -44,7 +44,7 @@ def check_setting(name: str) -> dict[str, Any]:
     """The ``open_device("cpu", ...)`` arguments of setting ``name``; ConfigError for a name not in SETTINGS."""
     if name not in SETTINGS:
         raise ConfigError(f"setting {name!r} is not valid; choose from {', '.join(SETTINGS)}")
-    ort = ort_defaults()
+    ort = {"threads": physical_cores(), "spinning": True}  # ONNX Runtime's own: a thread per physical core, spinning
     return {"default": {}, "ort": ort, "spinning=off": {**ort, "spinning": False}, "threads=1": {"threads": 1}}[name]
 
 

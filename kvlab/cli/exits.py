@@ -49,22 +49,21 @@ def silence_stdout() -> None:
         os.close(devnull)
 
 
-NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO}  # a device or file that takes no more bytes
-
-
 def stdout_refused(exc: BaseException) -> bool:
     """Whether ``exc`` is stdout's device refusing the output (a full disk, ``/dev/full``, a file-size limit): an
     OSError of that kind naming no file (a file kvlab writes is named in its error), or any OSError while stdout
     still holds bytes it cannot write (flushing it fails again)."""
     if not isinstance(exc, OSError) or isinstance(exc, BrokenPipeError) or sys.stdout is None:
         return False
+    from ..core.paths import NO_ROOM  # here: the module is standard library only at import
+
     try:
         sys.stdout.flush()
     except OSError:
         return True
     except ValueError:  # stdout closed meanwhile
         return False
-    return exc.errno in NO_ROOM and exc.filename is None
+    return exc.errno in NO_ROOM | {errno.EIO} and exc.filename is None  # EIO: a device that takes no more
 
 
 def stdout_failed(exc: OSError) -> str:

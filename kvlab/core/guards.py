@@ -103,6 +103,21 @@ class OneAtATime:
         return _Held(self, refusal)
 
 
+def atomic_enter(enter: Callable[[], object], undo: Callable[[], object]) -> None:
+    """Run ``enter()`` (take a hold, open a use) in a block no Ctrl-C splits. A Ctrl-C raised as the block ends,
+    after ``enter`` succeeded, runs ``undo()`` before it propagates: the ``with`` never opens, so what ``enter``
+    took is given back exactly once. Raises what ``enter`` raises (nothing taken then)."""
+    entered = False
+    try:
+        with atomic():
+            enter()
+            entered = True
+    except BaseException:
+        if entered:
+            undo()
+        raise
+
+
 class _Held:
     __slots__ = ("_holder", "_refusal")
 
@@ -110,16 +125,13 @@ class _Held:
         self._holder, self._refusal = holder, refusal
 
     def __enter__(self) -> None:
-        holder, taken = self._holder, False
-        try:
-            with atomic():  # held and its owner set, or neither: a Ctrl-C lands before or after, never between
-                if not holder._lock.acquire(blocking=False):
-                    raise self._refusal()
-                holder.owner, taken = threading.get_ident(), True
-        except BaseException:  # a Ctrl-C raised as the block ended: the with never opens, so it is given back
-            if taken:
-                self.__exit__()
-            raise
+        atomic_enter(self._take, self.__exit__)
+
+    def _take(self) -> None:
+        """Held and its owner set, or neither (inside ``atomic_enter``'s block)."""
+        if not self._holder._lock.acquire(blocking=False):
+            raise self._refusal()
+        self._holder.owner = threading.get_ident()
 
     def __exit__(self, *exc: object) -> None:
         with atomic():  # released exactly once, also when a Ctrl-C arrives meanwhile (it is raised after)

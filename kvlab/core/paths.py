@@ -96,7 +96,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     return path
 
 
-NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # a disk or a file-size limit that takes no more bytes
 _NO_ROOM_TEXT = ("No space left on device", "File too large", "Disk quota exceeded", "os error 28", "os error 27")
 
 

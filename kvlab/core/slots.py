@@ -49,11 +49,6 @@ class Slot:
         """The tensors holding the entry now (empty before ``allocate`` and after ``release``)."""
         raise NotImplementedError
 
-    def bytes(self, length: int) -> tuple[int, int]:
-        """(fixed, growing): the bytes the slot holds at a sequence of ``length``, whatever the length and growing
-        with it."""
-        raise NotImplementedError
-
     def allocate(self) -> list[Any]:
         """Allocate what the slot owns for good; returns the tensors made (the cache releases them when a later
         slot's allocation fails)."""

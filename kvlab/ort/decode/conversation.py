@@ -20,7 +20,7 @@ import numpy as np
 from ...core.conversation import History, Turn, TurnPlan, chat_delta, plan_turn
 from ...core.errors import CacheStateError, ConfigError, ModelError, check_flag, check_int
 from ...core.generation import attach_partial, check_new_tokens, check_sampling, stop_reason
-from ...core.guards import OneAtATime, atomic
+from ...core.guards import OneAtATime, atomic, atomic_enter
 from ...core.labels import RunLabel
 from ...core.lookup import PromptLookup, propose, verify
 from ...core.records import StepHook, StepRecord, hook_list
@@ -177,35 +177,24 @@ class Conversation:
         ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
         conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
         with self._call("say"):
-            return self._say(message, max_new_tokens, sampling, stop_on_eos, lookup, prefill_chunk)
-
-    def _say(
-        self,
-        message: Any,
-        max_new_tokens: int,
-        sampling: Any,
-        stop_on_eos: bool,
-        lookup: PromptLookup | None,
-        prefill_chunk: int | None,
-    ) -> Turn:
-        self._check_open()
-        new_tokens = check_new_tokens(max_new_tokens)
-        check_flag("stop_on_eos", stop_on_eos)
-        choose = check_sampling(sampling, self.model.info.vocab_size).chooser()
-        if lookup is not None and not isinstance(lookup, PromptLookup):
-            raise ConfigError(f"lookup={lookup!r:.60} must be a kvlab.PromptLookup (e.g. PromptLookup(k=5)) or None")
-        if lookup is not None and sampling is not None and sampling.do_sample:
-            raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
-        if prefill_chunk is not None:
-            prefill_chunk = check_new_tokens(prefill_chunk, "prefill_chunk")
-        else:
-            prefill_chunk = default_prefill_chunk(self.device)
-        new_ids, user = self._input(message)
-        plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
-        text = message if isinstance(message, str) else None
-        turn = self._steps(plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, prefill_chunk)
-        self.history.add(turn, user)
-        return turn
+            self._check_open()
+            new_tokens = check_new_tokens(max_new_tokens)
+            check_flag("stop_on_eos", stop_on_eos)
+            choose = check_sampling(sampling, self.model.info.vocab_size).chooser()
+            if lookup is not None and not isinstance(lookup, PromptLookup):
+                raise ConfigError(
+                    f"lookup={lookup!r:.60} must be a kvlab.PromptLookup (e.g. PromptLookup(k=5)) or None"
+                )
+            if lookup is not None and sampling is not None and sampling.do_sample:
+                raise ConfigError("prompt lookup verifies drafts greedily; sampling (do_sample=True) needs lookup=None")
+            chunk = default_prefill_chunk(self.device)
+            chunk = chunk if prefill_chunk is None else check_new_tokens(prefill_chunk, "prefill_chunk")
+            new_ids, user = self._input(message)
+            plan = plan_turn(self.history, self.held, new_ids, new_tokens, *self.capacity)
+            text = message if isinstance(message, str) else None
+            turn = self._steps(plan, new_ids, text, new_tokens, choose, stop_on_eos, lookup, chunk)
+            self.history.add(turn, user)
+            return turn
 
     def rewind(self, n: int) -> None:
         """Keep the first ``n`` positions of the conversation (0 <= n <= len(ids)); the cache keeps what it holds of
@@ -402,16 +391,13 @@ class _Running:
         self._conversation, self._what, self._held = conversation, what, held
 
     def __enter__(self) -> None:
-        taken = False
-        try:
-            with atomic():  # held and named together: a Ctrl-C lands after
-                self._held.__enter__()
-                self._conversation._running, taken = self._what, True
-                self._conversation._frame = sys._getframe(1)  # the public call's frame, while it runs
-        except BaseException:  # a Ctrl-C raised as the block ended: the with never opens, so it is given back
-            if taken:
-                self.__exit__()
-            raise
+        frame = sys._getframe(1)  # the public call's frame, while it runs
+
+        def take() -> None:  # held and named together: a Ctrl-C lands after
+            self._held.__enter__()
+            self._conversation._running, self._conversation._frame = self._what, frame
+
+        atomic_enter(take, self.__exit__)
 
     def __exit__(self, *exc: object) -> None:
         with atomic():

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from ...core.cache import Cache
 from ...core.errors import ConfigError, check_flag
 from ...core.generation import (
     Generation,
@@ -26,7 +25,7 @@ from ..models.model import Model, load
 from ..runtime.device import Device, open_device
 from .caches.dynamic import DynamicCache
 from .caches.ort_cache import OrtCache
-from .greedy import AUTO, reduction_for, reduction_of, tokens_per_read_for
+from .greedy import AUTO, reduction_of, tokens_per_read_for
 from .stepper import Stepper
 
 
@@ -34,7 +33,7 @@ def generate(
     model: Model | str,
     prompt: Any,
     *,
-    cache: Cache | None = None,
+    cache: OrtCache | None = None,
     device: Device | str = "cpu",
     max_new_tokens: int = 32,
     chat: bool = False,
@@ -71,7 +70,7 @@ def generate(
     ids = model.encode(prompt, chat=chat)
     own_cache = cache is None  # a default cache nobody else can reach: disposed when the generation ends
     cache = DynamicCache() if own_cache else cache
-    if not isinstance(cache, Cache):
+    if not isinstance(cache, OrtCache):
         raise ConfigError(f"cache must be a kvlab cache (DynamicCache(), StaticCache(n)), got {cache!r}")
     choose, reduction = _choice(model, sampling, token_on_device, dev, cache)
     per_read = tokens_per_read_for(tokens_per_read, reduction, cache)
@@ -98,7 +97,7 @@ class _Run:
 
     model: Model
     device: Device
-    cache: Cache
+    cache: OrtCache
     ids: np.ndarray
     new_tokens: int
     stop_on_eos: bool
@@ -118,10 +117,6 @@ class _Run:
         if record.phase in ("prefill", "decode"):
             self.tokens.append(record.token)
 
-    def until(self) -> frozenset[int]:
-        """The tokens a decode stops after."""
-        return frozenset(self.model.info.eos_token_ids) if self.stop_on_eos else frozenset()
-
     def generation(self, stop: str) -> Generation:
         """The ``Generation`` so far, labelled, stopped for ``stop``."""
         m, pre, r = self.model, self.pre.device.label if self.pre else None, self.reduction
@@ -132,18 +127,14 @@ class _Run:
 
 
 def _choice(
-    model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device, cache: Cache
+    model: Model, sampling: Sampling | None, token_on_device: bool | str, dev: Device, cache: OrtCache
 ) -> tuple[Any, str]:
     """How each token is chosen: the host's chooser, and the greedy graph's reduction ("" for none). "auto" picks
     the host when sampling, else what the cache says (``OrtCache.auto_reduction``)."""
     choose = check_sampling(sampling, model.info.vocab_size).chooser()
     sampled = sampling is not None and sampling.do_sample
     if isinstance(token_on_device, str) and token_on_device == AUTO:
-        if sampled:
-            return choose, ""
-        if isinstance(cache, OrtCache):
-            return choose, cache.auto_reduction(model.info.vocab_size, dev)
-        return choose, reduction_for(AUTO, model.info.vocab_size, dev)
+        return choose, "" if sampled else cache.auto_reduction(model.info.vocab_size, dev)
     reduction = reduction_of(token_on_device)
     if reduction and sampled:
         raise ConfigError(
@@ -155,7 +146,7 @@ def _choice(
 
 def _prefill_stepper(
     model: Model,
-    cache: Cache,
+    cache: OrtCache,
     ids: np.ndarray,
     hooks: list[StepHook],
     prefill_device: Device | str | None,
@@ -184,7 +175,8 @@ def _decode(stepper: Stepper, run: _Run, choose: Any, prefill_choose: Any) -> No
         next_ids = np.array([record.token], np.int64)
     while not run.stop():
         if run.tokens and choose is None and stepper.tokens_per_read > 1:
-            stepper.decode(run.tokens[-1], run.new_tokens - len(run.tokens), run.until())
+            until = run.model.info.eos_token_ids if run.stop_on_eos else ()  # the tokens a decode stops after
+            stepper.decode(run.tokens[-1], run.new_tokens - len(run.tokens), until)
             continue
         _, record = stepper.step(next_ids, choose, logits_out="none")
         next_ids = np.array([record.token], np.int64)

@@ -78,18 +78,17 @@ class Stepper:
 
     def __enter__(self) -> Stepper:
         with self._block.opening():
-            held, entered = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep), False
+            held = self.cache.use(self.model.info, self.device, self.positions, keep=self.keep)
             try:
                 with atomic():  # the cache's use begins and is recorded here as one: a Ctrl-C lands after
                     held.__enter__()  # capacity checked: the positions fit the model and the cache
-                    self._cache_held, entered = held, True
+                    self._cache_held = held
                 self._mask = np.ones((1, self.positions), np.int64)  # all ones; the first (position + n) are fed
                 if self.token_on_device:
                     size = min(self.tokens_per_read, self.positions) + 1  # the input ids and a burst's tokens
                     self._device_token = self.cache.device_token(self.device, self._ids_dtype, size)
-            except BaseException:
-                if entered:  # the block never opens: its use ends here, exactly once
-                    self._leave(None, None, None)
+            except BaseException:  # the block never opens: the use ends here, once (``_leave`` ends what began)
+                self._leave(None, None, None)
                 raise
         return self
 

@@ -92,11 +92,6 @@ def _spin_words(flag: str) -> str:
     return "spinning" if flag == "1" else "not spinning"
 
 
-def ort_defaults() -> dict[str, Any]:
-    """ONNX Runtime's own CPU EP defaults as ``open_device`` arguments: a thread per physical core, spinning on."""
-    return {"threads": physical_cores(), "spinning": True}
-
-
 def check_threads(threads: Any) -> int:
     """``threads`` when it is an int in [1, the logical CPU count]; else a ConfigError naming it and the range."""
     return check_int(threads, "threads", 1, cpu_count(), note=" (the logical CPUs this process may run on)")

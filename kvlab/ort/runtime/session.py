@@ -59,11 +59,6 @@ class Session:
         refuse_cpu_fallback(device.name, self.cpu_nodes, label)
         _SESSIONS.add(self)
 
-    @property
-    def providers(self) -> list[str]:
-        """The execution providers in force for this session, as ONNX Runtime lists them."""
-        return self.ort.get_providers()
-
     def binding(self) -> Binding:
         """A new IOBinding of this session (nothing bound yet)."""
         return Binding(self)

@@ -51,14 +51,9 @@ class StepBuffers:
         self.host_writes = 0  # copies from the host into these buffers (exact: counted at each copy)
         self.host_mask = np.zeros((1, max_cache_len), np.int64)  # a mask written from the host is built here
 
-    @property
-    def tensors(self) -> tuple[DeviceTensor, ...]:
-        """ids (two), mask (two), logits."""
-        return (*self.ids, *self.mask, self.logits)
-
     def release(self) -> None:
         """Release every buffer."""
-        release_all(list(self.tensors))
+        release_all([*self.ids, *self.mask, self.logits])
 
 
 class CapturedBindings(Bindings):

@@ -35,9 +35,8 @@ import numpy as np
 
 from ....core.errors import ConfigError, DeviceError, ModelError
 from ....core.guards import atomic
-from ....core.labels import CacheSpec
 from ...models.graph import load_graph, uses
-from ...runtime.session import DeviceTensor, Session
+from ...runtime.session import Session
 from .capture_binding import CapturedBindings, CapturedToken
 from .replay_graph import captured_graph
 from .shared_kv import shared_capture_problem
@@ -162,18 +161,13 @@ class CapturedStaticCache(StaticCache):
     capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
 
     reductions = CAPTURED_REDUCTIONS
+    variant = VARIANT
     burst_reads = False  # a captured step copies its token to the host with each replay
 
     def __init__(self, max_cache_len: int, check_every: int | None = None):
         super().__init__(max_cache_len, check_every)
         self.graph_ids = (next(_GRAPH_IDS), next(_GRAPH_IDS))
         self.bindings = CapturedBindings(self.graph_ids)
-
-    @property
-    def spec(self) -> CacheSpec:
-        """ "static@N graph" (with "+checked/N" for a ``check_every``)."""
-        checked = f"+checked/{self.check_every}" if self.check_every is not None else ""
-        return CacheSpec(self.kind, self.max_cache_len, VARIANT + checked)
 
     @property
     def captures(self) -> int:
@@ -195,12 +189,6 @@ class CapturedStaticCache(StaticCache):
         buffers = self.bindings.buffers
         return buffers.host_writes if buffers is not None else 0
 
-    @property
-    def step_tensors(self) -> tuple[DeviceTensor, ...]:
-        """The fixed device tensors of the captured step besides the KV buffers: ids and mask (two each), logits."""
-        buffers = self.bindings.buffers
-        return buffers.tensors if buffers is not None else ()
-
     def empty_like(self) -> StaticCache:
         """The other side of a handoff (e.g. a CPU prefill): a plain StaticCache of the same size."""
         return StaticCache(self.max_cache_len, self.check_every)
@@ -214,14 +202,7 @@ class CapturedStaticCache(StaticCache):
                 f"a captured step keeps the greedy token on the device with reduction "
                 f"{' or '.join(map(repr, CAPTURED_REDUCTIONS))}, not {reduction!r} (its ids are int32)"
             )
-        if device.name != "webgpu":
-            raise DeviceError(
-                f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
-                "device 'webgpu', or a plain StaticCache on the CPU"
-            )
-        problem = capture_problem(model.info)
-        if problem:
-            raise ModelError(f"model {model.name} cannot be captured: {problem}")
+        _check_capturable(model.info, device)
         session = open_capture_session(device, model, reduction)  # first: the nodes the CPU EP takes, named
         problem = shared_capture_problem(model.info, device.backend)
         if problem:
@@ -233,11 +214,7 @@ class CapturedStaticCache(StaticCache):
         return CapturedToken(self.bindings.buffers)
 
     def _attach(self, info: Any, device: Any) -> None:
-        if device.name != "webgpu":
-            raise DeviceError(f"graph capture needs device 'webgpu', not {device.name!r}")
-        problem = capture_problem(info)
-        if problem:
-            raise ModelError(f"model {info.name} cannot be captured: {problem}")
+        _check_capturable(info, device)
         super()._attach(info, device)
 
     def _allocate(self) -> None:
@@ -252,3 +229,15 @@ class CapturedStaticCache(StaticCache):
             with atomic():
                 self._release_all()
             raise
+
+
+def _check_capturable(info: Any, device: Any) -> None:
+    """DeviceError on a device other than WebGPU, ModelError for a model ``capture_problem`` refuses."""
+    if device.name != "webgpu":
+        raise DeviceError(
+            f"graph capture records WebGPU command buffers; device {device.name!r} has none: use "
+            "device 'webgpu', or a plain StaticCache on the CPU"
+        )
+    problem = capture_problem(info)
+    if problem:
+        raise ModelError(f"model {info.name} cannot be captured: {problem}")

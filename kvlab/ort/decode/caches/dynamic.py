@@ -44,11 +44,6 @@ class RuntimeState(Slot):
         """The present the last step returned (none before the first step)."""
         return (self.present,) if self.present is not None else ()
 
-    def bytes(self, length: int) -> tuple[int, int]:
-        """A state's bytes are fixed; keys and values grow with ``length``."""
-        e = self.entry
-        return (0, e.nbytes(length)) if e.grows else (e.nbytes(0), 0)
-
     def bind(self, binding: Binding, length: int) -> dict[str, int]:
         """The last present as the past (zeros at first), and a new output the runtime allocates."""
         e = self.entry

@@ -58,6 +58,7 @@ class OrtCache(Cache):
         self._shared_window = shared_window_on(info, device)
         super()._attach(info, device)
 
-    def _kv_variant(self, variant: str = "") -> str:
-        """``variant`` with the KV precision added where it is not the model's ("kv-int8")."""
-        return "+".join(filter(None, [variant, self.kv_precision and f"kv-{self.kv_precision}"]))
+    def _kv_variant(self, *parts: str) -> str:
+        """A spec's variant: the ``parts`` that are not "", then the KV precision where it is not the model's
+        ("kv-int8"), "+"-joined."""
+        return "+".join(filter(None, [*parts, self.kv_precision and f"kv-{self.kv_precision}"]))

@@ -22,7 +22,6 @@ from typing import Any
 
 from ....core.cache_layout import CacheEntry, MemoryReport, SlidingWindow
 from ....core.errors import CacheStateError, ConfigError, DeviceError, ModelError
-from ....core.labels import CacheSpec
 from ....core.slots import Crop, Slot
 from ...models.rewrites import ring_graph
 from ...runtime.device import Device
@@ -50,10 +49,6 @@ class RingKV(FixedKV):
     def held(self, length: int) -> int:
         """Positions the buffer holds at a sequence of ``length``: the newest ``min(length, capacity)``."""
         return min(length, self.capacity)
-
-    def bytes(self, length: int) -> tuple[int, int]:
-        """Fixed: the window, whatever the length."""
-        return self.entry.nbytes(self.capacity), 0
 
     def can_crop(self, length: int, n: int) -> bool:
         """To 0, or anywhere while nothing was evicted (``length`` within the window)."""
@@ -86,6 +81,7 @@ class RingStaticCache(StaticCache):
     token on the device; what a StaticCache raises otherwise."""
 
     reductions = ()  # its ring graph has no greedy-token variant
+    variant = VARIANT
 
     def __init__(
         self, max_cache_len: int, check_every: int | None = None, states: str = "swap", kv_precision: str | None = None
@@ -104,11 +100,6 @@ class RingStaticCache(StaticCache):
         if window and entry.grows:
             return RingKV(entry, device, window)
         return super()._slot(entry, device)
-
-    @property
-    def spec(self) -> CacheSpec:
-        """ "static@N ring" (and a StaticCache's variants)."""
-        return CacheSpec(self.kind, self.max_cache_len, "+".join(filter(None, [VARIANT, super().spec.variant])))
 
     def used_bytes_at(self, length: int) -> int:
         """Bytes of what the buffers hold at ``length``: a sliding layer its newest ``min(length, window)``

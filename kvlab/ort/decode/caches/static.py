@@ -51,10 +51,6 @@ class FixedKV(Slot):
         """The buffer, once allocated."""
         return (self.buffer,) if self.buffer is not None else ()
 
-    def bytes(self, length: int) -> tuple[int, int]:
-        """The whole buffer, as KV bytes, whatever the length."""
-        return 0, self.entry.nbytes(self.capacity)
-
     def allocate(self) -> list[DeviceTensor]:
         """One zeroed buffer of ``capacity`` positions: [1, kv_heads, capacity, head_dim]."""
         self.buffer = zeros_all(self.device, [(self.entry.shape(self.capacity), self.entry.dtype)])[0]
@@ -102,6 +98,7 @@ class StaticCache(OrtCache):
     runtime wrote a present elsewhere."""
 
     kind = "static"
+    variant = ""  # the kind's own part of its spec's variant (a captured cache's "graph", a ring's "ring")
 
     def __init__(
         self, max_cache_len: int, check_every: int | None = None, states: str = "swap", kv_precision: str | None = None
@@ -123,11 +120,11 @@ class StaticCache(OrtCache):
 
     @property
     def spec(self) -> CacheSpec:
-        """ "static@N", with its variants: "checked/N", "states-in-place", "kv-int8" / "kv-int4"."""
-        variant = f"checked/{self.check_every}" if self.check_every is not None else ""
-        if self.states != "swap":
-            variant = "+".join(filter(None, [variant, f"states-{self.states}"]))
-        return CacheSpec(self.kind, self.max_cache_len, self._kv_variant(variant))
+        """ "static@N", with its variants "+"-joined: the kind's own (``variant``), "checked/N", "states-in-place",
+        "kv-int8" / "kv-int4"."""
+        checked = f"checked/{self.check_every}" if self.check_every is not None else ""
+        states = f"states-{self.states}" if self.states != "swap" else ""
+        return CacheSpec(self.kind, self.max_cache_len, self._kv_variant(self.variant, checked, states))
 
     @property
     def capacity(self) -> int:
