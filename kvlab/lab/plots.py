@@ -27,10 +27,6 @@ def _recorded_note(runs: Sequence[Run]) -> str:
     return ("recorded: " + "; ".join(notes)) if notes else ""
 
 
-def _buckets_default(runs: Sequence[Run]) -> bool:
-    return any(r.label.device.name == "webgpu" for r in runs)
-
-
 def lines(runs: Sequence[Run], labels: Sequence[str], phases: Sequence[str] | None = None) -> Iterator[tuple]:
     """Per run: (run, its records (of ``phases``), cache length after each step, legend name, colour)."""
     for r, name, color in zip(runs, labels, cache_colors(r.label.cache for r in runs)):
@@ -87,7 +83,8 @@ def latency(
             )
         )
     note = _recorded_note(runs)
-    if (_buckets_default(runs) if buckets is None else buckets) and runs:
+    on_webgpu = any(r.label.device.name == "webgpu" for r in runs)  # the CPU EP has no bucket pool
+    if runs and (on_webgpu if buckets is None else buckets):
         note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
     t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
     finish(
