@@ -48,17 +48,9 @@ def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_tok
     return add_bucket_lines(fig, bpt, xmax)
 
 
-def latency(
-    runs: Any,
-    *,
-    y: str = "wall_ms",
-    phases: Sequence[str] = ("decode",),
-    buckets: bool | None = None,
-    bytes_per_tensor_token: float | None = None,
-) -> Any:
-    """Per-step latency vs cache length, one line per run; dotted lines where a KV tensor reaches 4/8/12/16 MiB.
-
-    ``buckets``: draw the WebGPU bucket lines (default: when any run is on WebGPU; the CPU EP has no such pool)."""
+def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",)) -> Any:
+    """Per-step latency vs cache length, one line per run; where any run is on WebGPU (the CPU EP has no bucket
+    pool), dotted lines where a KV tensor reaches 4/8/12/16 MiB. ConfigError for a ``y`` not in ``Y_COLUMNS``."""
     check_choice(y, Y_COLUMNS, "y=")
     runs = as_runs(runs)
     common, labels = common_and_labels(runs)
@@ -83,9 +75,8 @@ def latency(
             )
         )
     note = _recorded_note(runs)
-    on_webgpu = any(r.label.device.name == "webgpu" for r in runs)  # the CPU EP has no bucket pool
-    if runs and (on_webgpu if buckets is None else buckets):
-        note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
+    if any(r.label.device.name == "webgpu" for r in runs):
+        note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, None)) if n)
     t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
     finish(
         fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)", yaxis_rangemode="tozero"
