@@ -116,14 +116,16 @@ def test_bench_writes_rows_with_their_environment(tmp_path, capsys):
         assert r["ratio"] == pytest.approx(r["reuse_ttft_ms"] / r["reprefill_ttft_ms"])
     assert rows[1]["history_tokens"] > rows[0]["history_tokens"]
     assert "turn 2: history" in capsys.readouterr().out
-    # notebook 09 reads such a file back beside the recorded ones, and leaves out other recordings in the folder
-    from kvlab.lab import chat
+    # notebook 09 reads such a file back beside the recorded ones (data/conversation/figure.py's runs), and leaves
+    # out other recordings in the folder
+    from kvlab.lab import recorded
 
     (tmp_path / "bench").mkdir()
     (tmp_path / "results.json").rename(tmp_path / "bench" / "results.json")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "results.json").write_text(json.dumps({"rows": [{"check": "a held-out check"}]}))
-    assert [r["source"] for r in chat.recorded_results(tmp_path)] == ["bench/results.json"]
+    (tmp_path / "figure.py").write_text(recorded.load("conversation").read("figure.py"))
+    assert recorded.Recording("conversation", tmp_path).draw("runs") == ["bench/results.json"]
 
 
 def test_ctrl_c_exits_130():

@@ -487,14 +487,15 @@ def test_a_live_text_prints_itself_again_when_its_source_changes():
     assert repr(shown) == "browser: no answer yet"  # the plain text stays what the cell printed
 
 
-def test_the_recorded_chat_figure_keeps_the_kept_cache_visible_on_genais_line():
-    """09's recorded H200 run: genai's append_tokens costs what the kept cache costs, so its line is drawn first,
-    wider and dashed, with its own marker: both stay visible."""
-    from kvlab.lab.chat import recorded_figure
-
+def test_the_recorded_chat_figure_keeps_the_kept_cache_visible_on_genais_line(tmp_path):
+    """09's recorded H200 run (data/conversation/figure.py): genai's append_tokens costs what the kept cache costs,
+    so its line is drawn first, wider and dashed, with its own marker: both stay visible."""
     rows = [{"history_tokens": h, "reuse_ttft_ms": [t], "reprefill_ttft_ms": [4 * t], "genai_ttft_ms": [t]}
             for h, t in ((520, 30.7), (1008, 47.5))]  # fmt: skip
-    fig = recorded_figure({"rows": rows, "model": "phi4-kv", "device": "webgpu", "source": "x/results.json"})
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "results.json").write_text(json.dumps({"rows": rows, "model": "phi4-kv", "device": "webgpu"}))
+    (tmp_path / "figure.py").write_text(recorded.load("conversation").read("figure.py"))
+    fig = recorded.Recording("conversation", tmp_path).figure("x/results.json")
     genai, kept, reprefill = fig.data
     assert genai.name.startswith("onnxruntime-genai") and kept.name == "kept cache" and reprefill.name == "re-prefill"
     assert genai.line.dash == "dash" and genai.line.width > kept.line.width and list(genai.y) == list(kept.y)

@@ -19,7 +19,6 @@ from kvlab.lab.runs import Run, as_runs, common_and_labels
 from kvlab.lab.style import (
     KIND_COLORS,
     MODE_DASHES,
-    RATIO_TICKS,
     MiB,
     finish,
     go,
@@ -27,6 +26,7 @@ from kvlab.lab.style import (
     title,
 )
 
+RATIO_TICKS = (1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100)  # the ratio axis' ticks, labelled in full
 # the recorded lines of ``figure``: (name, folder here, which rows: ``gains``'s filters)
 CURVES = (
     ("phi4-kv fp32, NVIDIA H200, onnxruntime-webgpu 1.27", "phi4-kv-webgpu", {"precision": "fp32"}),

@@ -1,6 +1,6 @@
 """Notebook 09's chat: ``ChatLab``, a conversation widget (a text box, Send, Edit last message) over a
 ``kvlab.Conversation``, with each turn's time to first token beside a from-scratch prefill of the same history, the
-cache's fill bar and prompt lookup's accept rate; and the figures of those turns, live and recorded.
+cache's fill bar and prompt lookup's accept rate; and the figure of those turns.
 
     from kvlab.lab.chat import ChatLab
     lab = ChatLab("smollm2", cache=kvlab.StaticCache(384))
@@ -15,10 +15,8 @@ it does not fit the cache) is shown, not raised; ``last_error`` keeps it.
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from itertools import accumulate
-from pathlib import Path
 from typing import Any
 
 from ..core.errors import KvlabError
@@ -27,7 +25,7 @@ from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
 from .show import with_plain_text
 from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 
-REUSE, REPREFILL, GENAI = KIND_COLORS["static"], OTHER_COLORS[0], KIND_COLORS["genai"]
+REUSE, REPREFILL = KIND_COLORS["static"], OTHER_COLORS[0]
 
 
 def ttft_ms(turn: Any) -> float:
@@ -220,71 +218,6 @@ def ttft_figure(lab: ChatLab) -> Any:
     return fig
 
 
-TTFT_COLUMNS = {"history_tokens", "reuse_ttft_ms", "reprefill_ttft_ms"}  # what a recorded TTFT row holds
-
-
-def recorded_results(folder: Path) -> list[dict[str, Any]]:
-    """The recorded time-to-first-token results under ``folder`` (``ttft-*.json`` and ``*/results.json`` of
-    ``kvlab chat-bench``: rows of kept against re-prefilled turns), each with its file name as ``source``; other
-    recordings there (a held-out check, a profile) are left out."""
-    out = []
-    for path in sorted([*folder.glob("ttft-*.json"), *folder.glob("*/results.json")]):
-        result = json.loads(path.read_text())
-        rows = result.get("rows") if isinstance(result, dict) else None
-        if not rows or not all(isinstance(r, dict) and r.keys() >= TTFT_COLUMNS for r in rows):
-            continue
-        result["source"] = path.relative_to(folder).as_posix()
-        out.append(result)
-    return out
-
-
-def environment_text(result: dict[str, Any]) -> str:
-    """Where a recorded result was measured: package, CPU or adapter, date, commit."""
-    env, row = result.get("environment", {}), result["rows"][0]
-    where = row.get("adapter") or env.get("cpu", "?")
-    return (
-        f"{env.get('backend_package', '?')} {env.get('backend_version', '?')} · {row.get('device', result['device'])}"
-        f" [{where}] · {env.get('date', 'undated')} · commit {env.get('commit', '?')}"
-    )
-
-
-def _median(v: Any) -> float:
-    import statistics
-
-    return statistics.median(v) if isinstance(v, list) else v
-
-
-def recorded_figure(result: dict[str, Any]) -> Any:
-    """One recorded result: time to first token against the history's length, kept, re-prefilled (and genai's
-    append_tokens where it was measured, under the kept cache's line it lies on), on a log scale."""
-    rows = result["rows"]
-    x = [r["history_tokens"] for r in rows]
-    fig = go().Figure()
-    # genai's line lies on the kept cache's (the same cost): drawn first, wider and dashed, so both show
-    series = [
-        ("genai_ttft_ms", "onnxruntime-genai append_tokens", {"color": GENAI, "width": 6, "dash": "dash"}, "square"),
-        ("reuse_ttft_ms", "kept cache", {"color": REUSE, "width": 2}, "circle"),
-        ("reprefill_ttft_ms", "re-prefill", {"color": REPREFILL, "width": 2}, "diamond"),
-    ]
-    for key, name, line, symbol in series:
-        if key in rows[0]:
-            y = [_median(r[key]) for r in rows]
-            marker = {"symbol": symbol, "size": 10 if key == "genai_ttft_ms" else 7}
-            fig.add_scatter(x=x, y=y, name=name, mode="lines+markers", line=line, marker=marker)
-    dtype = rows[0].get("dtype", "float32")
-    what = f"RECORDED: time to first token vs history, {result['model']} ({dtype}), cache {result.get('cache', '?')}"
-    t = title(what, environment_text(result), f"file data/conversation/{result['source']}")
-    finish(
-        fig,
-        t,
-        xaxis_title="history before the message (positions)",
-        yaxis_title="time to first token (ms)",
-        yaxis_type="log",
-        height=440,
-    )
-    return fig
-
-
 def rewind_rows(names: Sequence[str], turns: Sequence[Sequence[int]], edited: Sequence[int], new: int = 6) -> list:
     """Per model and cache kind (CPU EP): two turns of ``turns``, the second taken back and ``edited`` said instead;
     what the cache held after the rewind, what the edited turn reused and fed, and whether its tokens equal a
@@ -310,13 +243,3 @@ def rewind_rows(names: Sequence[str], turns: Sequence[Sequence[int]], edited: Se
                          "held after rewind": held, "edited turn reused": turn.reused, "fed": turn.prefilled,
                          "tokens = from scratch": turn.token_ids == same})  # fmt: skip
     return rows
-
-
-def conversation_data() -> Path:
-    """The checkout's data/conversation/ folder, found from the working directory up (a notebook runs in
-    notebooks/), else beside kvlab's source."""
-    here = Path.cwd()
-    for root in (here, *here.parents, Path(__file__).resolve().parents[2]):
-        if (root / "data" / "conversation").is_dir():
-            return root / "data" / "conversation"
-    raise FileNotFoundError(f"no data/conversation/ in {here} or its parents: run this from a kvlab checkout")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import check_choice
 from ..core.generation import positions_needed
 from ..ort import DynamicCache, Stepper, generate, load, open_device
 
@@ -124,8 +125,7 @@ def verdict(table: Any, name: str, expect: str) -> str:
     The effect is told apart from the noise only when the median's notch and the band do not overlap (the notched
     box plot's rule): "slower" or "faster" then, on that side; "same" when they overlap, and then a difference
     expected is one the machine was too noisy to show. Raises ValueError for another ``expect``."""
-    if expect not in EXPECTATIONS:
-        raise ValueError(f"expect is one of {EXPECTATIONS}, not {expect!r}")
+    check_choice(expect, EXPECTATIONS, "expect=", ValueError)
     base, n = table.attrs["baseline"], table.attrs["steps"]
     r, (lo, hi) = table.loc[name], noise_band(table)
     median, notch = r["median ratio"], r["notch"]

@@ -27,10 +27,6 @@ def _recorded_note(runs: Sequence[Run]) -> str:
     return ("recorded: " + "; ".join(notes)) if notes else ""
 
 
-def _buckets_default(runs: Sequence[Run]) -> bool:
-    return any(r.label.device.name == "webgpu" for r in runs)
-
-
 def lines(runs: Sequence[Run], labels: Sequence[str], phases: Sequence[str] | None = None) -> Iterator[tuple]:
     """Per run: (run, its records (of ``phases``), cache length after each step, legend name, colour)."""
     for r, name, color in zip(runs, labels, cache_colors(r.label.cache for r in runs)):
@@ -52,17 +48,9 @@ def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_tok
     return add_bucket_lines(fig, bpt, xmax)
 
 
-def latency(
-    runs: Any,
-    *,
-    y: str = "wall_ms",
-    phases: Sequence[str] = ("decode",),
-    buckets: bool | None = None,
-    bytes_per_tensor_token: float | None = None,
-) -> Any:
-    """Per-step latency vs cache length, one line per run; dotted lines where a KV tensor reaches 4/8/12/16 MiB.
-
-    ``buckets``: draw the WebGPU bucket lines (default: when any run is on WebGPU; the CPU EP has no such pool)."""
+def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",)) -> Any:
+    """Per-step latency vs cache length, one line per run; where any run is on WebGPU (the CPU EP has no bucket
+    pool), dotted lines where a KV tensor reaches 4/8/12/16 MiB. ConfigError for a ``y`` not in ``Y_COLUMNS``."""
     check_choice(y, Y_COLUMNS, "y=")
     runs = as_runs(runs)
     common, labels = common_and_labels(runs)
@@ -87,8 +75,8 @@ def latency(
             )
         )
     note = _recorded_note(runs)
-    if (_buckets_default(runs) if buckets is None else buckets) and runs:
-        note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, bytes_per_tensor_token)) if n)
+    if any(r.label.device.name == "webgpu" for r in runs):
+        note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, None)) if n)
     t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
     finish(
         fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)", yaxis_rangemode="tozero"

@@ -23,7 +23,6 @@ OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
 MODE_DASHES = {"": "solid", "bucket": "solid", "disabled": "dash", "simple": "dot", "lazyRelease": "dashdot"}
 # ticks of a log axis, labelled in full (plotly's own "D2" ticks label 20 and 50 as "2" and "5")
 LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
-RATIO_TICKS = (1, 1.5, 2, 3, 5, 10, 20, 30, 50, 100)
 PNG_RENDERER, PNG_ATTEMPTS = "kvlab_png", 3
 
 
