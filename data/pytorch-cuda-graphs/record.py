@@ -232,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix for the JSON file names")
     ap.add_argument(
-        "--attention", default="sdpa", help="decode attention of the fused graph modes (kvlab.pytorch.fuse.ATTENTIONS)"
+        "--attention", default="sdpa", help="decode attention of the fused graph modes (attention.ATTENTIONS)"
     )
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of graph-compile*")
     ap.add_argument(
