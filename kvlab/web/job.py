@@ -37,10 +37,6 @@ def dawn_toggles(validation_mode: str) -> tuple[str, ...]:
     return SKIP_VALIDATION_TOGGLES if validation_mode == "disabled" else ()
 
 
-def _round_up(needed: int, context: int) -> int:
-    return min(context, -(-needed // 256) * 256)
-
-
 def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
     """A cache name ("dynamic", "static", "static@N", "captured", "captured@N") or CacheSpec as a CacheSpec sized and
     checked for a run of ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256
@@ -67,7 +63,7 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
         return CacheSpec("dynamic")
     if kind != "static" or variant not in ("", CAPTURED):
         raise ConfigError(f"cache kind {kind!r} {variant!r} is not valid; choose one of ('dynamic', 'static')")
-    size = _round_up(needed, context) if size is None else check_max_cache_len(size)
+    size = min(context, -(-needed // 256) * 256) if size is None else check_max_cache_len(size)
     if size > context:
         raise ConfigError(f"max_cache_len={size} is larger than the model's context length ({context})")
     if size < needed:
@@ -129,16 +125,14 @@ class Job:
 
     @property
     def served(self) -> dict[str, Path | bytes]:
-        """Every file the page may ask for, by name: the model's, the greedy graph, the blobs made here."""
+        """Every file the page may ask for, by name: the model's, the greedy graph, the graph made here for
+        transformers.js (as bytes)."""
         files: dict[str, Path | bytes] = {f.name: f for f in self.files}
         if self.greedy_file is not None:
             files[self.greedy_file.name] = self.greedy_file
-        return {**files, **self.blobs}
-
-    @property
-    def blobs(self) -> dict[str, bytes]:
-        """Model files made here rather than read from the model directory, by name."""
-        return {TRANSFORMERS_GRAPH: self.transformers_graph} if self.transformers_graph else {}
+        if self.transformers_graph:
+            files[TRANSFORMERS_GRAPH] = self.transformers_graph
+        return files
 
     def to_json(self) -> dict[str, Any]:
         """What the page receives: the model's geometry and files (the decoder graph and its external data, by name
