@@ -15,7 +15,7 @@ from ..core.devices import BUFFER_CACHE_MODES, DEFAULT_VALIDATION
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
-from ..ort.decode.greedy import AUTO, NEXT, REDUCTIONS, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype
+from ..ort.decode.greedy import AUTO, NEXT, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype, reduction_of
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
 from ..ort.runtime.options import VALIDATION_MODES
@@ -243,24 +243,19 @@ def step_length_inputs(model: Model) -> list[str]:
 
 
 def page_reduction(model: Model, token_on_device: bool | str) -> str:
-    """The greedy graph's reduction the page runs: "" for False (the token chosen by the page, from the logits);
-    "auto" (or True) as a hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's
-    input ids cannot become the int32 ids "rows" needs; or the reduction named. ConfigError for anything else."""
-    if token_on_device is False:
-        return ""
-    if token_on_device is True or (isinstance(token_on_device, str) and token_on_device == AUTO):
-        reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
-        if reduction == "rows":
-            try:
-                greedy_graph(model, "rows")
-            except ModelError:
-                return "blocks"
-        return reduction
-    if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
-        return token_on_device
-    raise ConfigError(
-        f"token_on_device={token_on_device!r} is not valid; choose True, False, {AUTO!r} or one of {REDUCTIONS}"
-    )
+    """The greedy graph's reduction the page runs: as native ``reduction_of`` takes ``token_on_device`` ("" for
+    False: the token chosen by the page, from the logits; "blocks" for True; a reduction named), with "auto" as a
+    hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's input ids cannot
+    become the int32 ids "rows" needs. ConfigError for anything else."""
+    if not (isinstance(token_on_device, str) and token_on_device == AUTO):
+        return reduction_of(token_on_device)
+    reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
+    if reduction == "rows":
+        try:
+            greedy_graph(model, "rows")
+        except ModelError:
+            return "blocks"
+    return reduction
 
 
 def page_tokens_per_read(asked: int | str, reduction: str) -> int:
