@@ -98,16 +98,18 @@ def graph(work: Workload, mode: str, fuse: bool, reference: list[int] | None, ma
     """kvlab's GraphRunner in ``mode`` ("capture", "compile" or "eager"), fused or not: its setup and first run,
     the best of ``repeats`` replay loops, the generate API's per-step cost, agreement with eager DynamicCache's
     ``reference`` tokens when there are some, and on CUDA the kernels of 20 replays."""
+    from attention import use
+
     from kvlab.pytorch.graphs import GraphRunner
 
     t = time.perf_counter()
+    attention = use(work.model, work.attention) if fuse else 0  # fused: the decode attention asked for
     runner = GraphRunner(
         work.model,
         work.max_len,
         mode=mode,
         fuse=fuse,
         keep_logits=not fuse,  # fused: the lean step
-        attention=work.attention if fuse else "sdpa",
         compile_mode=work.compile_mode,
     )
     setup = time.perf_counter() - t
@@ -120,7 +122,7 @@ def graph(work: Workload, mode: str, fuse: bool, reference: list[int] | None, ma
     out = {
         "setup_s": setup,
         **runner.setup_s,
-        "fused": runner.fused,
+        "fused": {**runner.fused, "attention": attention} if fuse else {},
         "first_call_s": first,
         "ms_per_token": dt * 1e3,
         "tokens_per_s": 1 / dt,

@@ -42,6 +42,33 @@ MODES = (
 )
 DEFAULT_MODES = MODES[:8]  # graph-*-fused rewrite the model, so they run last; graph-eager: a CPU plumbing check
 DEFAULT_CONFIGS = "smollm2-135m:float16,smollm2-135m:bfloat16,llama-1b:bfloat16"
+# the random-weight shapes recorded here (timings do not depend on weight values): hidden size, MLP size, layers,
+# query heads, KV heads, vocabulary, rope theta; head_dim 64, tied embeddings, 8192 positions. Any other name is one
+# of kvlab.pytorch.SHAPES ("tiny": the CPU check)
+SHAPES = {
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 100000.0),
+    "llama-1b": (2048, 8192, 16, 32, 8, 128256, 500000.0),
+}
+
+
+def llama_fields(shape: str) -> dict[str, Any] | str:
+    """The LlamaConfig fields of a shape of ``SHAPES``, else ``shape`` itself (a name kvlab.pytorch knows)."""
+    if shape not in SHAPES:
+        return shape
+    hidden, mlp, layers, heads, kv_heads, vocab, theta = SHAPES[shape]
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        rope_theta=theta,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+    )
 
 
 def run_config(
@@ -66,7 +93,8 @@ def run_config(
     dev = torch.device(device)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = tb.random_model(shape, device=device, dtype=dtype)
+    model = tb.random_model(llama_fields(shape), device=device, dtype=dtype)
+    model.name = f"{shape}-random"
     model.hf.generation_config.eos_token_id = None  # never stop early: every mode makes exactly `new` tokens
     info = _describe(shape, dtype, prompt_len, new, model, time.perf_counter() - t0, attention, compile_mode, inductor)
     set_inductor(inductor or {})
@@ -232,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tag", default="", help="suffix for the JSON file names")
     ap.add_argument(
-        "--attention", default="sdpa", help="decode attention of the fused graph modes (kvlab.pytorch.fuse.ATTENTIONS)"
+        "--attention", default="sdpa", help="decode attention of the fused graph modes (attention.ATTENTIONS)"
     )
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode of graph-compile*")
     ap.add_argument(

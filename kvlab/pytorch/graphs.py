@@ -22,9 +22,9 @@ from ..core.generation import Generation, Sampling, check_new_tokens, positions_
 from ..core.labels import CacheSpec
 from ..core.records import CacheStep, StepHook, hook_list
 from .counters import AllocCounter, kv_tensors
-from .fuse import DECODE_ATTENTION, fuse_modules
+from .fuse import fuse_modules
 from .generate import StepLog, check_capacity, sync
-from .models import ATTENTION, TorchModel, cache_kwarg
+from .models import TorchModel, cache_kwarg
 
 MODES = ("eager", "capture", "compile")
 
@@ -40,7 +40,8 @@ class GraphRunner:
       graph stays valid across generations.
 
     ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused
-    RMSNorm), ``attention`` its decode attention (``fuse.ATTENTIONS``). ``compile_mode``, ``compile_backend``:
+    RMSNorm). The model's attention is "eager" or one that takes sdpa's bool mask ("sdpa" or one registered with
+    transformers' mask interface as sdpa's). ``compile_mode``, ``compile_backend``:
     ``torch.compile``'s. ``keep_logits=False``: the step keeps only its argmax (greedy only). ``warmup``: steps run
     before the capture. Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for
     ``mode="capture"`` off CUDA.
@@ -53,7 +54,6 @@ class GraphRunner:
         *,
         mode: str = "capture",
         fuse: bool = False,
-        attention: str = "sdpa",
         compile_mode: str = "default",
         compile_backend: str = "inductor",
         keep_logits: bool = True,
@@ -61,8 +61,8 @@ class GraphRunner:
     ):
         from transformers import StaticCache
 
-        check_runner(model, max_cache_len, mode, attention, fuse)
-        self.fused = fuse_modules(model, attention=attention) if fuse else {}
+        check_runner(model, max_cache_len, mode)
+        self.fused = fuse_modules(model) if fuse else {}
         self.model, self.mode, self.max_cache_len, self.keep_logits = model, mode, max_cache_len, keep_logits
         self.attn = "eager" if model.hf.config._attn_implementation == "eager" else "sdpa"  # the mask's format
         self.kw = cache_kwarg(model.hf)
@@ -262,17 +262,19 @@ class GraphRunner:
         self.setup_s = {"compile_warmup_s": t1 - t0, "capture_s": time.perf_counter() - t1}
 
 
-def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse: bool) -> None:
+def check_runner(model: Any, max_cache_len: Any, mode: str) -> None:
     """GraphRunner's arguments: ConfigError for a bad one or a model it cannot drive, DeviceError for
     ``mode="capture"`` off CUDA."""
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
     check_choice(mode, MODES, "mode=")
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
     attn = getattr(model.hf.config, "_attn_implementation", "sdpa")
-    if attn not in (*ATTENTION, *(name for name, _ in DECODE_ATTENTION.values())):
+    if attn != "eager" and ALL_MASK_ATTENTION_FUNCTIONS.get(attn) is not sdpa_mask:
         raise ConfigError(
-            f"the model's attention implementation is {attn!r}; GraphRunner drives {ATTENTION} "
-            "with a 4-D mask (load(..., attn_implementation='sdpa'))"
+            f"the model's attention implementation is {attn!r}; GraphRunner drives 'eager' or one that takes "
+            "sdpa's 4-D mask (load(..., attn_implementation='sdpa'))"
         )
     max_cache_len = check_int(max_cache_len, "max_cache_len", 2)
     ctx = getattr(model.config, "max_position_embeddings", None)
@@ -283,8 +285,6 @@ def check_runner(model: Any, max_cache_len: Any, mode: str, attention: str, fuse
             f"mode={mode!r} captures a CUDA graph but the model is on {model.device}; move it to "
             "'cuda' or use mode='eager'"
         )
-    if attention != "sdpa" and not fuse:
-        raise ConfigError(f"attention={attention!r} is one of fuse_modules' rewrites: pass fuse=True with it")
 
 
 def argmax_cols(n: int) -> int:

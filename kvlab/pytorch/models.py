@@ -28,34 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 TRANSFORMERS_RANGE = (5, 6)  # [5.0, 6.0): per-layer StaticLayer with a device cumulative_length
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("sdpa", "eager")  # the attention implementations a 4-D mask can drive
-# Random-weight shapes for benchmarks (timings do not depend on weight values).
+# Random-weight shapes by name (``random_model``; a recording passes its own LlamaConfig fields instead)
 SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        rope_theta=100000.0,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-    ),
-    "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -253,7 +227,7 @@ def load(
 
 
 def random_model(
-    shape: str = "smollm2-135m",
+    shape: str | dict[str, Any] = "tiny",
     *,
     device: str = "cpu",
     dtype: str = "float32",
@@ -261,14 +235,15 @@ def random_model(
     std: float = 0.02,
     attn_implementation: str = "sdpa",
 ) -> TorchModel:
-    """A random-weight Llama of a named shape (``SHAPES``), built directly on ``device`` (no tokenizer); raises as
-    ``load`` does."""
+    """A random-weight Llama of a named shape (``SHAPES``) or of the LlamaConfig fields ``shape`` gives, built
+    directly on ``device`` (no tokenizer); named ``"<shape>-random"`` ("custom" for fields). Raises as ``load``
+    does, ConfigError for a shape not in ``SHAPES``."""
     torch = need_torch()
-    check_choice(shape, sorted(SHAPES), "shape=")
+    fields = shape if isinstance(shape, dict) else SHAPES[check_choice(shape, sorted(SHAPES), "shape=")]
     dev, dt = _placement(device, dtype, attn_implementation)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(**fields, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     with dev:
@@ -277,4 +252,4 @@ def random_model(
         for p in hf.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, std)
-    return TorchModel(hf.to(dt).eval(), f"{shape}-random")
+    return TorchModel(hf.to(dt).eval(), f"{'custom' if isinstance(shape, dict) else shape}-random")

@@ -39,11 +39,6 @@ def npm_dir() -> Path:
     return Path(override) if override else WEB_DIR / "node_modules"
 
 
-def pinned() -> dict[str, str]:
-    """The exact versions kvlab/web/package.json pins."""
-    return json.loads(PACKAGE_JSON.read_text())["dependencies"]
-
-
 def versions(root: Path | None = None) -> dict[str, str]:
     """Installed version of each package ("missing" when it is not there), read from its package.json."""
     root = root or npm_dir()

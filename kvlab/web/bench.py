@@ -33,11 +33,6 @@ def _decode(g: BrowserGeneration, column: str = "wall_ms") -> list[float]:
     return [getattr(r, column) for r in g.records if r.phase == "decode"]
 
 
-def _per_step(g: BrowserGeneration, column: str) -> float:
-    values = _decode(g, column)
-    return float(np.mean(values)) if values else 0.0
-
-
 def row_of(
     model: Model,
     context: int,
@@ -58,7 +53,18 @@ def row_of(
     spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
     return {
-        **_where(model, context, result, buffer_cache_mode),
+        "model": model.name,
+        "device": "webgpu",
+        "adapter": str(result.adapter),
+        "adapter_kind": result.adapter.kind,
+        "host": str(result.host),
+        "host_kind": result.host.kind,
+        "precision": precision_of(model),
+        "weights": model.info.weights,
+        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "dtype": model.info.dtype_name,
+        "context": context,
+        "kv_tensor_mib": model.info.entries[0].nbytes(context) / MiB,
         "validation_mode": g.label.device.validation_mode,
         "dawn_toggles": ",".join(result.host.dawn_toggles),  # "" where Dawn runs as its host starts it
         "dawn_validates": result.raw.get("dawn_validates"),  # as the page's device showed it (None: not reported)
@@ -84,24 +90,6 @@ def row_of(
         "step_gpu_buffers_destroyed": [r.gpu_buffers_destroyed for r in g.records],
         "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
         "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
-    }
-
-
-def _where(model: Model, context: int, result: BrowserResult, buffer_cache_mode: str) -> dict[str, Any]:
-    """The row's model, the host and adapter the page ran on, and the context with one KV tensor's size there."""
-    return {
-        "model": model.name,
-        "device": "webgpu",
-        "adapter": str(result.adapter),
-        "adapter_kind": result.adapter.kind,
-        "host": str(result.host),
-        "host_kind": result.host.kind,
-        "precision": precision_of(model),
-        "weights": model.info.weights,
-        "buffer_cache_mode": buffer_cache_mode or "bucket",
-        "dtype": model.info.dtype_name,
-        "context": context,
-        "kv_tensor_mib": model.info.entries[0].nbytes(context) / MiB,
     }
 
 
@@ -133,7 +121,7 @@ def _buffers_per_step(runs: list[BrowserGeneration]) -> dict[str, float]:
         "staging_buffers_per_step": "staging_buffers_created",
         "new_buffers_per_step": "new_buffers",
     }
-    return {key: float(np.mean([_per_step(r, column) for r in runs])) for key, column in columns.items()}
+    return {key: float(np.mean([np.mean(_decode(r, col) or [0.0]) for r in runs])) for key, col in columns.items()}
 
 
 def precision_of(model: Model) -> str:

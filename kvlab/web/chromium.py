@@ -57,17 +57,13 @@ def find_chromium() -> str:
     )
 
 
-def hardware_vulkan() -> bool:
-    """Whether a hardware Vulkan driver is installed (then Chromium's default adapter is a GPU)."""
-    return any(not is_software_icd(f) for f in icd_manifests())
-
-
 def adapter_flags(adapter: str) -> list[str]:
     """Chromium's flags for ``adapter`` (one of ``ADAPTERS``): "swiftshader" asks for its SwiftShader (software)
     adapter, "default" for whatever it picks (a GPU when its driver works), "auto" for SwiftShader exactly when no
     hardware Vulkan driver is installed. ConfigError for another value."""
     check_choice(adapter, ADAPTERS, "adapter=")
-    software = adapter == "swiftshader" or (adapter == "auto" and not hardware_vulkan())
+    no_gpu = all(is_software_icd(f) for f in icd_manifests())  # no hardware Vulkan driver installed
+    software = adapter == "swiftshader" or (adapter == "auto" and no_gpu)
     return ["--use-webgpu-adapter=swiftshader"] if software else []
 
 
@@ -112,11 +108,11 @@ class Chromium:
         self._closed = True
         try:
             if self.process.poll() is None:
-                _signal_group(self.process, signal.SIGTERM)
+                signal_group(self.process, signal.SIGTERM)
                 try:
                     self.process.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    _signal_group(self.process, signal.SIGKILL)
+                    signal_group(self.process, signal.SIGKILL)
                     self.process.wait(timeout=10)
         finally:
             self._cleanup()
@@ -132,6 +128,7 @@ class Chromium:
         self.close()
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+    """``sig`` sent to ``process``'s process group (nothing when the group already ended)."""
     with contextlib.suppress(ProcessLookupError):  # the group already ended
         os.killpg(process.pid, sig)

@@ -15,7 +15,7 @@ from ..core.devices import BUFFER_CACHE_MODES, DEFAULT_VALIDATION
 from ..core.errors import CapacityError, ConfigError, ModelError, check_choice, check_flag, check_int
 from ..core.generation import check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
-from ..ort.decode.greedy import AUTO, NEXT, REDUCTIONS, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype
+from ..ort.decode.greedy import AUTO, NEXT, TOKENS_PER_READ, auto_reduction, greedy_graph, ids_dtype, reduction_of
 from ..ort.models.graph import load_graph
 from ..ort.models.model import Model, load
 from ..ort.runtime.options import VALIDATION_MODES
@@ -35,10 +35,6 @@ def dawn_toggles(validation_mode: str) -> tuple[str, ...]:
     (Dawn validates every call). ConfigError for a mode not in ``VALIDATION_MODES``."""
     check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
     return SKIP_VALIDATION_TOGGLES if validation_mode == "disabled" else ()
-
-
-def _round_up(needed: int, context: int) -> int:
-    return min(context, -(-needed // 256) * 256)
 
 
 def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
@@ -67,7 +63,7 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
         return CacheSpec("dynamic")
     if kind != "static" or variant not in ("", CAPTURED):
         raise ConfigError(f"cache kind {kind!r} {variant!r} is not valid; choose one of ('dynamic', 'static')")
-    size = _round_up(needed, context) if size is None else check_max_cache_len(size)
+    size = min(context, -(-needed // 256) * 256) if size is None else check_max_cache_len(size)
     if size > context:
         raise ConfigError(f"max_cache_len={size} is larger than the model's context length ({context})")
     if size < needed:
@@ -129,16 +125,14 @@ class Job:
 
     @property
     def served(self) -> dict[str, Path | bytes]:
-        """Every file the page may ask for, by name: the model's, the greedy graph, the blobs made here."""
+        """Every file the page may ask for, by name: the model's, the greedy graph, the graph made here for
+        transformers.js (as bytes)."""
         files: dict[str, Path | bytes] = {f.name: f for f in self.files}
         if self.greedy_file is not None:
             files[self.greedy_file.name] = self.greedy_file
-        return {**files, **self.blobs}
-
-    @property
-    def blobs(self) -> dict[str, bytes]:
-        """Model files made here rather than read from the model directory, by name."""
-        return {TRANSFORMERS_GRAPH: self.transformers_graph} if self.transformers_graph else {}
+        if self.transformers_graph:
+            files[TRANSFORMERS_GRAPH] = self.transformers_graph
+        return files
 
     def to_json(self) -> dict[str, Any]:
         """What the page receives: the model's geometry and files (the decoder graph and its external data, by name
@@ -249,24 +243,19 @@ def step_length_inputs(model: Model) -> list[str]:
 
 
 def page_reduction(model: Model, token_on_device: bool | str) -> str:
-    """The greedy graph's reduction the page runs: "" for False (the token chosen by the page, from the logits);
-    "auto" (or True) as a hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's
-    input ids cannot become the int32 ids "rows" needs; or the reduction named. ConfigError for anything else."""
-    if token_on_device is False:
-        return ""
-    if token_on_device is True or (isinstance(token_on_device, str) and token_on_device == AUTO):
-        reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
-        if reduction == "rows":
-            try:
-                greedy_graph(model, "rows")
-            except ModelError:
-                return "blocks"
-        return reduction
-    if isinstance(token_on_device, str) and token_on_device in REDUCTIONS:
-        return token_on_device
-    raise ConfigError(
-        f"token_on_device={token_on_device!r} is not valid; choose True, False, {AUTO!r} or one of {REDUCTIONS}"
-    )
+    """The greedy graph's reduction the page runs: as native ``reduction_of`` takes ``token_on_device`` ("" for
+    False: the token chosen by the page, from the logits; "blocks" for True; a reduction named), with "auto" as a
+    hardware adapter's native run chooses it (``auto_reduction``), "blocks" where the model's input ids cannot
+    become the int32 ids "rows" needs. ConfigError for anything else."""
+    if not (isinstance(token_on_device, str) and token_on_device == AUTO):
+        return reduction_of(token_on_device)
+    reduction = auto_reduction(model.info.vocab_size, "hardware", "webgpu")
+    if reduction == "rows":
+        try:
+            greedy_graph(model, "rows")
+        except ModelError:
+            return "blocks"
+    return reduction
 
 
 def page_tokens_per_read(asked: int | str, reduction: str) -> int:

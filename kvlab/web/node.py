@@ -18,7 +18,7 @@ from typing import Any
 from ..core.errors import DeviceError, check_choice
 from ..ort.runtime.adapters import SWIFTSHADER_ICD, configure_vulkan
 from .assets import JS_DIR, dawn_node, npm_dir, npm_file
-from .chromium import ADAPTERS, executable_override
+from .chromium import ADAPTERS, executable_override, signal_group
 from .job import Job
 
 
@@ -110,8 +110,7 @@ def run_node(job: Job, timeout: float = 600, adapter: str = "auto", dawn: Sequen
                 raise DeviceError(f"node ran past {timeout:g} s without a result; stopped it") from exc
             finally:
                 if process.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
+                    signal_group(process, signal.SIGKILL)
                     process.wait()
         if not out_file.is_file():
             tail = log_file.read_text(errors="replace")[-800:]

@@ -203,15 +203,15 @@ class BrowserLab(anywidget.AnyWidget):
             self.ran = self._small_job() if kind == "small" else self.job
             self.running, self.steps, self.result = True, [], None
             npm = versions()
-            assets = {"ort": f"npm:{NPM_FILES['ort']}@{npm['onnxruntime-web']}"}
-            assets["wasm"] = f"npm:{NPM_FILES['ort-wasm']}@{npm['onnxruntime-web']}"
-            if self.ran.transformers_graph:
-                assets["transformers"] = f"npm:{NPM_FILES['transformers']}@{npm['@huggingface/transformers']}"
-            keys = {"ort": "ort", "wasm": "ort-wasm", "transformers": "transformers"}
-            for role, name in assets.items():
+            assets = {  # the npm files the page needs, each named with its package's version
+                key: f"npm:{path}@{npm['@huggingface/transformers' if key == 'transformers' else 'onnxruntime-web']}"
+                for key, path in NPM_FILES.items()
+                if key != "transformers" or self.ran.transformers_graph
+            }
+            for key, name in assets.items():
                 if name not in have:
-                    self.status = f"sending {NPM_FILES[keys[role]]} to the browser"
-                    self._send_blob(name, npm_file(keys[role]).read_bytes())
+                    self.status = f"sending {NPM_FILES[key]} to the browser"
+                    self._send_blob(name, npm_file(key).read_bytes())
             info = self.ran.model.info
             for name, file in self.ran.served.items():
                 self._send_blob(f"model:{info.name}:{name}", file if isinstance(file, bytes) else file.read_bytes())
@@ -249,10 +249,6 @@ class BrowserLab(anywidget.AnyWidget):
             fn(self.result)
 
     # -- results
-    def frames(self) -> list[Any]:
-        """One DataFrame per measured run (``Generation.frame()``; label and host in ``attrs``)."""
-        return [g.frame() for g in self.result.measured] if self.result else []
-
     def over_recorded(self, question: str = RECORDED) -> Any:
         """The recorded curves of ``question`` (``kvlab.lab.recorded``: the dynamic cache's decode step over the
         static cache's against the context) with this browser's measured (dynamic, static) pairs drawn over them;
@@ -268,14 +264,6 @@ class BrowserLab(anywidget.AnyWidget):
             live = [(where, list(zip(dyn, sta)))] if dyn and sta else []
         note = self.plan or "recorded runs only: press the button to add this browser's"
         return recorded.load(question).figure(live=live, note=note)
-
-    def figure(self, **kwargs: Any) -> Any:
-        """The measured runs' decode-step latency (``kvlab.lab.plots.latency``)."""
-        from ..lab import plots
-
-        if self.result is None:
-            raise DeviceError("no result yet: press the widget's button and wait for 'done'")
-        return plots.latency(self.result.measured, **kwargs)
 
 
 def with_chart(lab: BrowserLab, question: str = RECORDED) -> Any:

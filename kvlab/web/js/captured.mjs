@@ -15,18 +15,7 @@
 // of tokensPerRead, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly once,
 // also on error.
 
-import {
-  READ_USAGE,
-  TOKEN_USAGE,
-  checkCancelled,
-  halfToFloat,
-  ids,
-  int64,
-  notAToken,
-  record,
-  reportBurst,
-} from './decode.mjs';
-
+import { READ_USAGE, TOKEN_USAGE, decodeWith, halfToFloat, ids, int64, mapTokens } from './decode.mjs';
 
 // onnxruntime-web registers a GPU buffer of the caller's with the wasm runtime for the length of one run and drops
 // the registration after it, so the next run binds the same buffer under a new handle, which a captured graph
@@ -118,11 +107,8 @@ export class FixedStep {
     return [values.slice(0, n), values.slice(n)];
   }
 
-  async read(k) {
-    await this.staging.mapAsync(1, 0, k * this.bytes); // GPUMapMode.READ
-    const range = this.staging.getMappedRange(0, k * this.bytes).slice(0);
-    this.staging.unmap();
-    return Array.from(this.idsDtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
+  read(k) {
+    return mapTokens(this.staging, k, this.idsDtype);
   }
 
   release() {
@@ -167,67 +153,52 @@ async function compareReplay(args, fixed, position) {
   throw err;
 }
 
-export async function decodeCaptured(args) {
-  const { ort, device, session, capture, model, cache, counters, onStep, greedy, cancelled } = args;
-  const stop = new Set(args.stopTokens ?? []);
-  const perRead = Math.max(1, args.tokensPerRead ?? 1);
-  const prompt = args.promptIds;
-  const tokens = [];
-  const steps = [];
-  checkCancelled(cancelled);
-  const first = counters.snapshot();
-  const t0 = performance.now();
-  const fixed = new FixedStep(ort, device, greedy.ids_dtype, args.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
-  try {
-    const n = prompt.length;
-    const feeds = {
-      [model.input_ids]: ids(ort, greedy.ids_dtype, prompt),
-      [model.attention_mask]: int64(ort, new Array(n).fill(1), [1, n]),
-      ...cache.feeds(0, n),
-    };
-    const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
-    const t1 = performance.now();
-    const out = await session.run(feeds, fetches);
-    const run0 = performance.now() - t1;
-    const memory0 = cache.commit(out, n);
-    pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.kvBuffers]);
-    fixed.ones(0, n);
-    fixed.keep(0, out[greedy.next].gpuBuffer);
-    out[greedy.next].dispose();
-    const [token0] = await fixed.read(1);
-    notAToken(token0, model, 0, 0);
-    const r0 = record(0, 0, n, token0, { wall: performance.now() - t0, run: run0 }, memory0, null, 0);
-    r0.gpu = counters.delta(first, counters.snapshot());
-    steps.push(r0);
-    tokens.push(token0);
-    if (onStep) onStep(r0);
-    let position = n;
-    while (tokens.length < args.maxNewTokens && !stop.has(tokens[tokens.length - 1])) {
-      const k = Math.min(perRead, args.maxNewTokens - tokens.length);
-      const start = performance.now();
-      const burst = [];
-      for (let slot = 0; slot < k; slot += 1) {
-        checkCancelled(cancelled);
-        const before = counters.snapshot();
+export function decodeCaptured(args) {
+  const { ort, device, session, capture, model, cache, greedy } = args;
+  return decodeWith(args, (perRead) => {
+    const fixed = new FixedStep(ort, device, greedy.ids_dtype, args.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
+    let slot = 0; // steps run since the last read: the staging slot of the next token
+    let decoded = 0;
+    return {
+      async prefill() {
+        const n = args.promptIds.length;
+        const feeds = {
+          [model.input_ids]: ids(ort, greedy.ids_dtype, args.promptIds),
+          [model.attention_mask]: int64(ort, new Array(n).fill(1), [1, n]),
+          ...cache.feeds(0, n),
+        };
+        const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
+        const t1 = performance.now();
+        const out = await session.run(feeds, fetches);
+        const run = performance.now() - t1;
+        const memory = cache.commit(out, n);
+        pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.kvBuffers]);
+        fixed.ones(0, n);
+        fixed.keep(0, out[greedy.next].gpuBuffer);
+        out[greedy.next].dispose();
+        slot = 1;
+        return { run, memory };
+      },
+      async step(position) {
+        decoded += 1;
         fixed.ones(position, position + 1);
-        const stepFeeds = { [model.input_ids]: fixed.ids, [model.attention_mask]: fixed.mask, ...cache.feeds(position, 1) };
-        const stepFetches = { ...cache.fetches(), [greedy.next]: fixed.next, [model.logits]: fixed.logits };
-        if (steps.length + slot === 2) await checkReplay(args, fixed, stepFeeds, stepFetches);
+        const feeds = { [model.input_ids]: fixed.ids, [model.attention_mask]: fixed.mask, ...cache.feeds(position, 1) };
+        const fetches = { ...cache.fetches(), [greedy.next]: fixed.next, [model.logits]: fixed.logits };
+        if (decoded === 2) await checkReplay(args, fixed, feeds, fetches);
         const t = performance.now();
-        const outputs = await capture.run(stepFeeds, stepFetches);
+        const outputs = await capture.run(feeds, fetches);
         const run = performance.now() - t;
-        if (steps.length + slot === 2) await compareReplay(args, fixed, position);
+        if (decoded === 2) await compareReplay(args, fixed, position);
         const memory = cache.commit(outputs, 1);
         fixed.keep(slot);
-        burst.push({ position, run, memory, gpu: counters.delta(before, counters.snapshot()) });
-        position += 1;
-      }
-      const read = counters.snapshot();
-      const values = await fixed.read(k);
-      reportBurst({ steps, tokens, stop, model, onStep, counters }, burst, values, start, read);
-    }
-  } finally {
-    fixed.release();
-  }
-  return { tokens, steps };
+        slot += 1;
+        return { run, memory };
+      },
+      read(k) {
+        slot = 0;
+        return fixed.read(k);
+      },
+      release: () => fixed.release(),
+    };
+  });
 }

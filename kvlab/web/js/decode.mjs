@@ -58,10 +58,19 @@ export function ids(ort, dtype, values) {
 export const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
 export const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
 
+// a burst's k tokens of type dtype, read from the staging buffer they were copied into: one mapAsync
+export async function mapTokens(staging, k, dtype) {
+  const bytes = dtype === 'int32' ? 4 : 8;
+  await staging.mapAsync(1, 0, k * bytes); // GPUMapMode.READ
+  const range = staging.getMappedRange(0, k * bytes).slice(0);
+  staging.unmap();
+  return Array.from(dtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
+}
+
 // The greedy token kept on the GPU: a ring of `size` [1, 1] tensors of the graph's id type, one buffer each, and
 // one staging buffer a burst's tokens are copied into and mapped from. tensor(k): k places after the current one
-// (the last token read); read(k) copies tensors 1..k into the staging buffer and maps it once; advance(k) moves
-// current over them. All buffers are made at once (none, if one fails) and destroyed by release(), once.
+// (the last token read); read(k) copies tensors 1..k into the staging buffer, maps it once and moves current over
+// them. All buffers are made at once (none, if one fails) and destroyed by release(), once.
 export class TokenRing {
   constructor(ort, device, dtype, size) {
     this.device = device;
@@ -79,10 +88,6 @@ export class TokenRing {
     this.current = 0;
   }
 
-  get burstLimit() {
-    return this.tensors.length - 1;
-  }
-
   tensor(ahead) {
     return this.tensors[(this.current + ahead) % this.tensors.length];
   }
@@ -93,15 +98,9 @@ export class TokenRing {
       encoder.copyBufferToBuffer(this.tensor(j).gpuBuffer, 0, this.staging, (j - 1) * this.bytes, this.bytes);
     }
     this.device.queue.submit([encoder.finish()]);
-    await this.staging.mapAsync(1, 0, k * this.bytes); // GPUMapMode.READ
-    const range = this.staging.getMappedRange(0, k * this.bytes).slice(0);
-    this.staging.unmap();
-    const values = this.dtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range);
-    return Array.from(values, Number);
-  }
-
-  advance(k) {
+    const values = await mapTokens(this.staging, k, this.dtype);
     this.current = (this.current + k) % this.tensors.length;
+    return values;
   }
 
   release() {
@@ -161,50 +160,30 @@ export async function decode(args) {
   return args.greedy ? decodeOnDevice(args) : decodeOnHost(args);
 }
 
-async function decodeOnHost({ ort, session, model, cache, promptIds, maxNewTokens, counters, onStep, stopTokens, cancelled }) {
-  const tokens = [];
-  const steps = [];
-  const stop = new Set(stopTokens ?? []);
-  let position = 0;
-  let feed = promptIds;
-  for (let step = 0; step < maxNewTokens && !stop.has(tokens[tokens.length - 1]); step += 1) {
-    checkCancelled(cancelled);
-    const before = counters.snapshot();
-    const t0 = performance.now();
-    const n = feed.length;
-    const feeds = stepFeeds(ort, model, cache, ids(ort, 'int64', feed), position, n);
-    const fetches = cache.fetches();
-    if (fetches) fetches[model.logits] = null;
-    const t1 = performance.now();
-    const outputs = fetches ? await session.run(feeds, fetches) : await session.run(feeds);
-    const t2 = performance.now();
-    const token = argmaxLast(outputs[model.logits]);
-    outputs[model.logits].dispose();
-    const memory = cache.commit(outputs, n);
-    const t3 = performance.now();
-    const gpu = counters.delta(before, counters.snapshot());
-    const r = record(step, position, n, token, { wall: t3 - t0, run: t2 - t1 }, memory, gpu, 0);
-    steps.push(r);
-    tokens.push(token);
-    if (onStep) onStep(r);
-    position += n;
-    feed = [token];
-  }
-  return { tokens, steps };
-}
-
-// one run of the greedy graph: input ids from idsTensor, the token written into ring tensor `ahead`
-async function runGreedy({ ort, session, model, cache, greedy, counters }, ring, idsTensor, position, n, ahead) {
-  const before = counters.snapshot();
-  const feeds = stepFeeds(ort, model, cache, idsTensor, position, n);
-  const fetches = cache.fetches() ?? {};
-  for (const e of model.entries) if (!(e.present in fetches)) fetches[e.present] = null;
-  fetches[greedy.next] = ring.tensor(ahead);
-  const t1 = performance.now();
-  const outputs = await session.run(feeds, fetches);
-  const run = performance.now() - t1;
-  const memory = cache.commit(outputs, n);
-  return { position, n, run, memory, before };
+// the host path: every step's logits downloaded and their argmax taken here, each token on its own (read_with 0)
+function decodeOnHost(args) {
+  const { ort, session, model, cache } = args;
+  return decodeWith({ ...args, tokensPerRead: 1 }, () => {
+    let token = null;
+    const run = async (feed, position) => {
+      const feeds = stepFeeds(ort, model, cache, ids(ort, 'int64', feed), position, feed.length);
+      const fetches = cache.fetches();
+      if (fetches) fetches[model.logits] = null;
+      const t1 = performance.now();
+      const outputs = fetches ? await session.run(feeds, fetches) : await session.run(feeds);
+      const ms = performance.now() - t1;
+      token = argmaxLast(outputs[model.logits]);
+      outputs[model.logits].dispose();
+      return { run: ms, memory: cache.commit(outputs, feed.length) };
+    };
+    return {
+      alone: true,
+      prefill: () => run(args.promptIds, 0),
+      step: (position) => run([token], position),
+      read: async () => [token],
+      release() {},
+    };
+  });
 }
 
 export function notAToken(token, model, step, position) {
@@ -217,8 +196,8 @@ export function notAToken(token, model, step, position) {
 
 // a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first stop
 // token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the rest
-// undone; state: {steps, tokens, stop, model, onStep, counters}, extended in place
-export function reportBurst(state, burst, values, start, read) {
+// undone; state: {steps, tokens, stop, model, onStep, counters, alone (read_with 0)}, extended in place
+function reportBurst(state, burst, values, start, read) {
   const k = burst.length;
   const readDelta = state.counters.delta(read, state.counters.snapshot());
   const last = burst[k - 1].gpu;
@@ -232,54 +211,82 @@ export function reportBurst(state, burst, values, start, read) {
   const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
   for (let i = 0; i < kept; i += 1) {
     const s = burst[i];
-    const rec = record(state.steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, k);
+    const rec = record(state.steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, state.alone ? 0 : k);
     state.steps.push(rec);
     state.tokens.push(values[i]);
     if (state.onStep) state.onStep(rec);
   }
 }
 
-async function decodeOnDevice(args) {
-  const { ort, device, model, promptIds, maxNewTokens, counters, onStep, greedy, cancelled } = args;
+// The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay): makePath(perRead)
+// makes the path's buffers (counted in the prefill) and returns {prefill(), step(position), read(k), release(),
+// alone}: prefill and step run the prompt and one decode token, each returning {run (session.run's ms), memory (the
+// cache's commit)}; read(k) reads the k tokens written since the last read; release() frees the path's buffers,
+// once (also on error); alone: each token is read on its own (read_with 0).
+export async function decodeWith(args, makePath) {
+  const { model, promptIds, maxNewTokens, counters, onStep, cancelled } = args;
   const stop = new Set(args.stopTokens ?? []);
   const perRead = Math.max(1, args.tokensPerRead ?? 1);
-  const tokens = [];
-  const steps = [];
   checkCancelled(cancelled);
   const t0 = performance.now();
   const first = counters.snapshot();
-  const ring = new TokenRing(ort, device, greedy.ids_dtype, perRead + 1);
+  const path = makePath(perRead);
+  const state = { steps: [], tokens: [], stop, model, onStep, counters, alone: Boolean(path.alone) };
   try {
-    // the prefill: its token read at once
-    const ran = await runGreedy(args, ring, ids(ort, greedy.ids_dtype, promptIds), 0, promptIds.length, 1);
-    const [token] = await ring.read(1);
+    const ran = await path.prefill();
+    const [token] = await path.read(1);
     notAToken(token, model, 0, 0);
-    ring.advance(1);
-    const wall = performance.now() - t0;
     const gpu = counters.delta(first, counters.snapshot());
-    const r = record(0, 0, ran.n, token, { wall, run: ran.run }, ran.memory, gpu, 0);
-    steps.push(r);
-    tokens.push(token);
+    const r = record(0, 0, promptIds.length, token, { wall: performance.now() - t0, run: ran.run }, ran.memory, gpu, 0);
+    state.steps.push(r);
+    state.tokens.push(token);
     if (onStep) onStep(r);
-    let position = ran.n;
-    while (tokens.length < maxNewTokens && !stop.has(tokens[tokens.length - 1])) {
-      const k = Math.min(perRead, maxNewTokens - tokens.length, ring.burstLimit);
+    let position = promptIds.length;
+    while (state.tokens.length < maxNewTokens && !stop.has(state.tokens[state.tokens.length - 1])) {
+      const k = Math.min(perRead, maxNewTokens - state.tokens.length);
       const start = performance.now();
       const burst = [];
-      for (let ahead = 1; ahead <= k; ahead += 1) {
+      for (let i = 0; i < k; i += 1) {
         checkCancelled(cancelled);
-        const one = await runGreedy(args, ring, ring.tensor(ahead - 1), position, 1, ahead);
-        one.gpu = counters.delta(one.before, counters.snapshot());
-        burst.push(one);
+        const before = counters.snapshot();
+        const one = await path.step(position);
+        burst.push({ position, ...one, gpu: counters.delta(before, counters.snapshot()) });
         position += 1;
       }
       const read = counters.snapshot();
-      const values = await ring.read(k);
-      reportBurst({ steps, tokens, stop, model, onStep, counters }, burst, values, start, read);
-      ring.advance(k);
+      reportBurst(state, burst, await path.read(k), start, read);
     }
   } finally {
-    ring.release();
+    path.release();
   }
-  return { tokens, steps };
+  return { tokens: state.tokens, steps: state.steps };
+}
+
+// the greedy graph on args.session: step k of a burst reads its input ids from the ring tensor step k - 1 wrote
+function decodeOnDevice(args) {
+  const { ort, device, session, model, cache, greedy } = args;
+  return decodeWith(args, (perRead) => {
+    const ring = new TokenRing(ort, device, greedy.ids_dtype, perRead + 1);
+    let ahead = 0; // steps run since the last read
+    const run = async (idsTensor, position, n) => {
+      const feeds = stepFeeds(ort, model, cache, idsTensor, position, n); // first: a static cache allocates here
+      const fetches = cache.fetches() ?? {};
+      for (const e of model.entries) if (!(e.present in fetches)) fetches[e.present] = null;
+      fetches[greedy.next] = ring.tensor(ahead + 1);
+      const t1 = performance.now();
+      const outputs = await session.run(feeds, fetches);
+      const ms = performance.now() - t1;
+      ahead += 1;
+      return { run: ms, memory: cache.commit(outputs, n) };
+    };
+    return {
+      prefill: () => run(ids(ort, greedy.ids_dtype, args.promptIds), 0, args.promptIds.length),
+      step: (position) => run(ring.tensor(ahead), position, 1),
+      read: (k) => {
+        ahead = 0;
+        return ring.read(k);
+      },
+      release: () => ring.release(),
+    };
+  });
 }

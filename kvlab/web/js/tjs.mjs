@@ -13,6 +13,7 @@
 // 'Cancelled' (the model disposed after).
 
 import { cacheBytes, countFresh } from './caches.mjs';
+import { checkCancelled, record } from './decode.mjs';
 
 export async function loadTransformers(ortUrl, sourceText) {
   const patched = sourceText
@@ -77,9 +78,7 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep, 
   session.run = async (feeds, ...rest) => {
     if (cancelled?.()) {
       for (const t of Object.values(last ?? {})) t.dispose?.(); // a tensor's dispose() frees its buffer once
-      const err = new Error('cancelled: the run was stopped before it finished; its buffers were released');
-      err.name = 'Cancelled';
-      throw err;
+      checkCancelled(cancelled);
     }
     const span = { start: performance.now(), before: counters.snapshot() };
     spans.push(span);
@@ -119,20 +118,9 @@ function stepsOf(spans, finished, tokens, n, model, counters) {
     const end = next ? next.start : finished.time;
     const gpu = counters.delta(span.before, next ? next.before : finished.counts);
     const position = i === 0 ? 0 : n + i - 1;
-    const length = position + (i === 0 ? n : 1);
-    return {
-      step: i,
-      phase: i === 0 ? 'prefill' : 'decode',
-      position,
-      n_tokens: i === 0 ? n : 1,
-      token: tokens[i],
-      wall_ms: end - span.start,
-      run_ms: span.end - span.start,
-      cache_tensors_allocated: span.tensors,
-      cache_bytes_allocated: cacheBytes(model, length),
-      new_buffers: span.fresh,
-      live_cache_bytes: cacheBytes(model, length),
-      gpu,
-    };
+    const length = i === 0 ? n : 1;
+    const bytes = cacheBytes(model, position + length);
+    const memory = { tensors: span.tensors, bytes, new_buffers: span.fresh, live_bytes: bytes };
+    return record(i, position, length, tokens[i], { wall: end - span.start, run: span.end - span.start }, memory, gpu, 0);
   });
 }

@@ -4,7 +4,7 @@
 // Contract (messages; kvlab/web/widget.py is the other side):
 //   front end -> kernel  {type: 'start', have: [blob names it already holds], browser: describeBrowser()}  on Run
 //   kernel -> front end  {type: 'blob', name, index, count} + one binary buffer  (npm assets, model files: chunks)
-//   kernel -> front end  {type: 'job', job, assets: {ort, wasm, transformers}}  the job; its files were sent as blobs
+//   kernel -> front end  {type: 'job', job, assets: {ort, 'ort-wasm', transformers}}  the job; its files were sent as blobs
 //   kernel -> front end  {type: 'recorded'}  nothing runs here (no WebGPU adapter): the kernel shows the recording
 //   front end -> kernel  {type: 'step', step} per finished step, then {type: 'result', result}; a cancelled run's
 //                        result is {cancelled: true, counters} (every cache and the session released first)
@@ -54,7 +54,7 @@ async function loadOrt(assets) {
     const text = new TextDecoder().decode(blob(assets.ort));
     pageState.ortUrl = URL.createObjectURL(new Blob([text], { type: 'text/javascript' }));
     pageState.ort = await import(pageState.ortUrl);
-    const wasm = blob(assets.wasm);
+    const wasm = blob(assets['ort-wasm']);
     pageState.ort.env.wasm.wasmBinary = wasm.buffer.slice(wasm.byteOffset, wasm.byteOffset + wasm.byteLength);
     pageState.ort.env.wasm.wasmPaths = { wasm: URL.createObjectURL(new Blob([wasm], { type: 'application/wasm' })) };
   }
