@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..ort import Conversation, Model, StaticCache, generate, load, open_device
@@ -190,14 +189,3 @@ def _line(row: dict[str, Any]) -> str:
         f"reuse TTFT {row['reuse_ttft_ms']:8.1f} ms, re-prefill {row['reprefill_ttft_ms']:8.1f} ms "
         f"(x{row['ratio']:.3f}){genai} | tokens equal: {row['tokens_equal']}"
     )
-
-
-def write(result: dict[str, Any], out: Path) -> Path:
-    """results.json under ``out``, with the environment it was measured in."""
-    import json
-
-    from ..core.paths import write_atomic
-    from .results import environment
-
-    result["environment"] = environment({"note": "not measured by kvlab chat-bench"})
-    return write_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")

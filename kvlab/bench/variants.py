@@ -133,7 +133,7 @@ def run_kvlab(
 ) -> Run:
     """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after).
     Each step's token is read back on its own (``tokens_per_read=1``): a step's figures (its CPU time, its Python
-    time) are its own; ``kvlab profile lockstep`` measures the steps read back in bursts."""
+    time) are its own; data/kvlab-vs-genai-on-a-gpu/lockstep.py measures the steps read back in bursts."""
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(
