@@ -105,7 +105,11 @@ def run(plan: ConversationPlan, progress: Any = print) -> dict[str, Any]:
     generate(model, text_ids(model, 0, 16), device=device, max_new_tokens=2)  # a warm-up, not measured
     peer = _Genai(model, plan.device, size) if plan.genai else None
     rows = []
-    with Conversation(model, cache=StaticCache(size), device=device) as conv, StaticCache(size) as scratch:
+    with (
+        StaticCache(size) as kept,
+        Conversation(model, cache=kept, device=device) as conv,
+        StaticCache(size) as scratch,
+    ):
         for i in range(plan.turns):
             built = conv.say(
                 text_ids(model, i, plan.turn_tokens), plan.new_tokens, stop_on_eos=False, prefill_chunk=chunk
