@@ -181,7 +181,7 @@ lockstep)  # cells: model:precision:context, then any of :graph (both captured),
     esac; done
     base="lockstep_${c//[:=+]/_}"; name=$base; n=1  # a cell named twice runs twice: ..._2 for the second
     while [[ -e "$out/$name.log" ]]; do n=$((n + 1)); name="${base}_$n"; done
-    step "$name" "${LOCKSTEP_LIMIT:-150}" kv profile lockstep --model "$m:$p" \
+    step "$name" "${LOCKSTEP_LIMIT:-150}" python3 data/kvlab-vs-genai-on-a-gpu/lockstep.py --model "$m:$p" \
       --device webgpu --context "$ctx" --new-tokens "${NEW:-256}" --rounds "${REPS:-3}" "${flags[@]}" \
       --out "$out/$name.json"
   done
@@ -203,7 +203,7 @@ probe)  # PROBE="model:precision:context" (default phi4-kv:int4:1024)
     ALONE=${ALONE-genai,genai kvlab,kvlab}
   fi
   for sides in ${ALONE:-}; do
-    step "alone_${sides/,/_}" 120 kv profile lockstep --set graph_capture=on --set "sides=$sides" --model "$m:$p" \
+    step "alone_${sides/,/_}" 120 python3 data/kvlab-vs-genai-on-a-gpu/lockstep.py --set graph_capture=on --set "sides=$sides" --model "$m:$p" \
       --context "$c" --device webgpu --new-tokens 96 --rounds 1 --out "$out/alone_${sides/,/_}.json"
   done
   ;;

@@ -5,6 +5,7 @@ environment and a row per turn (reused against re-prefilled). All on the toy mod
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import signal
@@ -105,7 +106,13 @@ def test_lookup_that_cannot_run_says_why_in_the_turn_line(capsys):
 
 def test_bench_writes_rows_with_their_environment(tmp_path, capsys):
     argv = ["chat-bench", "--model", "toy", "--turns", "2", "--turn-tokens", "24", "--probe", "6"]
-    assert main([*argv, "--new-tokens", "4", "--reps", "2", "--out", str(tmp_path)]) == 0
+    gc.collect()
+    gc.disable()  # both caches released by the command itself, not left to the collector
+    try:
+        assert main([*argv, "--new-tokens", "4", "--reps", "2", "--out", str(tmp_path)]) == 0
+        assert open_device("cpu").live_tensors == 0
+    finally:
+        gc.enable()
     result = json.loads((tmp_path / "results.json").read_text())
     assert {"versions", "backend_package", "cpu", "commit", "date"} <= set(result["environment"])
     rows = result["rows"]

@@ -5,17 +5,19 @@ recorded quality rows of data/kv-quality/."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kvlab
-from kvlab.bench import kv_quality
 from kvlab.pytorch import quantized as q
 
 pytest.importorskip("torch")
 QUALITY = Path(__file__).resolve().parents[1] / "data" / "kv-quality" / "kv-quality.json"
+sys.path.insert(0, str(QUALITY.parent))
+import kv_quality  # noqa: E402  (the recording's own script, imported by path)
 
 
 def test_pytorch_kv_precision_settings_are_checked():

@@ -1,5 +1,5 @@
-"""``kvlab profile lockstep``: kvlab's static step and onnxruntime-genai's taken in turns, on the real toy sessions
-(the CPU EP, and WebGPU on whatever adapter this machine has) and the real onnxruntime-genai."""
+"""data/kvlab-vs-genai-on-a-gpu/lockstep.py: kvlab's static step and onnxruntime-genai's taken in turns, on the real
+toy sessions (the CPU EP, and WebGPU on whatever adapter this machine has) and the real onnxruntime-genai."""
 
 import json
 import subprocess
@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from kvlab import generate
-from kvlab.bench import loops
-from kvlab.bench.lockstep import lockstep, summary
 from kvlab.bench.plan import prompt_ids
 from kvlab.ort import Stepper
 from kvlab.ort.checks.references import genai_greedy
 
-KVLAB = str(Path(sys.executable).parent / "kvlab")
+HERE = Path(__file__).resolve().parents[1] / "data" / "kvlab-vs-genai-on-a-gpu"
+sys.path.insert(0, str(HERE))
+import lockstep as loops  # noqa: E402  (the recording's own script, imported by path)
+from lockstep import lockstep, summary  # noqa: E402
 
 
 def test_steps_alternate_and_pair_one_to_one(toy, monkeypatch):
@@ -132,7 +133,7 @@ def test_both_captured_on_webgpu(toy):
 def test_cli_writes_the_result(tmp_path):
     out = tmp_path / "lockstep.json"
     proc = subprocess.run(
-        [KVLAB, "profile", "lockstep", "--model", "toy", "--context", "12", "--new-tokens", "4"]
+        [sys.executable, str(HERE / "lockstep.py"), "--model", "toy", "--context", "12", "--new-tokens", "4"]
         + ["--rounds", "1", "--out", str(out)],
         capture_output=True,
         text=True,
@@ -150,12 +151,13 @@ def test_both_loops_run_in_the_modes_given():
     genai's sessions (on onnxruntime-webgpu genai's context is its own): the result and its summary name them; the
     tokens stay equal. In a process of its own: the modes fix the process's WebGPU context."""
     code = """
-import json
-from kvlab.bench.lockstep import lockstep, summary
+import json, sys
+sys.path.insert(0, HERE)
+from lockstep import lockstep, summary
 r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1, buffer_cache_mode="simple", validation_mode="basic")
 print(json.dumps({k: r[k] for k in ("buffer_cache_mode", "validation_mode", "genai_options", "tokens_equal")}))
 print(summary(r))
-"""
+""".replace("HERE", repr(str(HERE)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, *rest = proc.stdout.splitlines()
@@ -171,3 +173,30 @@ def test_without_modes_each_loop_runs_its_own_default(toy):
     r = lockstep("toy", "webgpu", context=12, new_tokens=4, rounds=1)
     assert r["validation_mode"] == "disabled" and r["genai_options"] == {}
     assert "validation mode disabled (genai: its config's)" in summary(r)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--set", "graph_capture=on", "--device", "cpu"], "graph_capture runs on webgpu, not on 'cpu'"),
+        (
+            ["--set", "graph_capture=on", "--token-on-device", "rows", "--device", "webgpu"],
+            "a captured step keeps the token on the device with 'single' or 'blocks'",
+        ),
+        (
+            ["--token-on-device", "single", "--set", "tokens_per_read=1000000000"],
+            "tokens_per_read=1000000000 must be an int from 1 to 4096",
+        ),
+        (["--set", "block=0"], "--set 'block=0': 0 must be >= 1"),
+        (["--token-on-device", "sideways"], "argument --token-on-device: invalid choice"),
+        (["--model", "toy,toy"], "names several models; lockstep runs one"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(argv, says, capsys):
+    """As ``kvlab``'s commands: a bad flag or setting is one line on stderr, exit 2, before anything runs."""
+    try:
+        rc = loops.main(["--model", "toy", *argv])
+    except SystemExit as exc:  # argparse's own refusals
+        rc = exc.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("kvlab: error: ") and says in lines[0], lines

@@ -1,7 +1,7 @@
 """What no CPU decode step of a model can beat: streaming its weights from memory once. Prints (and writes to
 OUT.json) the machine's read bandwidth (numpy reading an array of the weights' size, split over the cores in
 threads, the fastest of several passes), the weights' bytes, the floor they give (bytes / bandwidth), and, beside
-it, kvlab's default step and onnxruntime-genai's, timed from outside as the CI guard does (kvlab.bench.outside),
+it, kvlab's default step and onnxruntime-genai's, timed from outside as the CI guard does (per_token.py),
 paired and interleaved:
 
     python data/cpu-default/floor.py OUT.json [MODEL[:PRECISION]] [CONTEXT,...]
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from per_token import per_token_vs_genai, summary
 
-from kvlab.bench.outside import per_token_vs_genai, summary
 from kvlab.ort import load
 
 

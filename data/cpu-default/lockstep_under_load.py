@@ -1,5 +1,6 @@
-"""kvlab's static-cache loop and onnxruntime-genai's in turns (``kvlab.bench.lockstep``), every round run quiet and
-with N CPU-bound processes competing for the cores (was ``kvlab profile --lockstep --under-load N``).
+"""kvlab's static-cache loop and onnxruntime-genai's in turns (data/kvlab-vs-genai-on-a-gpu/lockstep.py), every
+round run quiet and with N CPU-bound processes competing for the cores (was ``kvlab profile --lockstep --under-load
+N``).
 
     .venv/bin/python data/cpu-default/lockstep_under_load.py --load N [--model smollm2] [--context 1024]
         [--new-tokens 64] [--rounds 7] [--block 16] [--out loadN.json]
@@ -14,6 +15,7 @@ side's slowdown over the second's (below 1: the first slows down less).
 from __future__ import annotations
 
 import argparse
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,10 @@ from typing import Any
 import numpy as np
 from competing import check_load, competing
 
-from kvlab.bench.lockstep import pair_rounds, prepare, summary
 from kvlab.bench.results import write_recording
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvlab-vs-genai-on-a-gpu"))
+from lockstep import pair_rounds, prepare, summary  # noqa: E402  (the lockstep recording's script)
 
 
 def under_load(load: int, rounds: int, model: str = "smollm2", **settings: Any) -> dict[str, Any]:

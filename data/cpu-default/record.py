@@ -1,4 +1,4 @@
-"""Record kvlab's CPU EP step against onnxruntime-genai's, timed from outside both (kvlab.bench.outside), for
+"""Record kvlab's CPU EP step against onnxruntime-genai's, timed from outside both (per_token.py), for
 kvlab's default and the settings it chooses between, on a quiet machine and with CPU-bound processes competing.
 
     .venv/bin/python data/cpu-default/record.py [--contexts 256,2048] [--loads 0,1,2] [--rounds 5] [--new 64]
@@ -15,9 +15,9 @@ import platform
 from pathlib import Path
 
 from competing import competing
+from per_token import per_token_vs_genai, summary
 
 import kvlab
-from kvlab.bench.outside import per_token_vs_genai, summary
 from kvlab.ort.runtime.backend import versions
 from kvlab.ort.runtime.device import private_device
 

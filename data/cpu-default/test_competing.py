@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from competing import check_load, competing
-from lockstep_under_load import loaded_line, under_load
+from lockstep_under_load import loaded_line, summary, under_load  # summary: lockstep.py's
 from under_load import main
 
 from kvlab import ConfigError
-from kvlab.bench.lockstep import summary
 
 HERE = Path(__file__).parent
 

@@ -1,5 +1,5 @@
 """kvlab's step against onnxruntime-genai's (its own default) on the CPU EP, for several intra-op thread counts of
-kvlab's device (spinning), timed from outside (kvlab.bench.outside), paired and interleaved:
+kvlab's device (spinning), timed from outside (per_token.py), paired and interleaved:
 
     python data/cpu-default/threads.py OUT.json MODEL[:PRECISION] THREADS,... CONTEXT,...
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from kvlab.bench.outside import per_token_vs_genai, summary
+from per_token import per_token_vs_genai, summary
+
 from kvlab.ort import close_device, load, open_device
 
 

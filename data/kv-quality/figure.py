@@ -1,6 +1,6 @@
 """What does quantizing the KV cache cost in quality, per byte saved? SmolLM2-135M over 4,096 tokens of real text in
 PyTorch, teacher-forced: each KV precision's bytes per token against how often its next-token choice agrees with
-float32's (``python -m kvlab.bench.kv_quality``).
+float32's (``python data/kv-quality/kv_quality.py``).
 
     python data/kv-quality/figure.py   # writes figure.png beside it
 """

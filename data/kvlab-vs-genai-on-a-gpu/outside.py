@@ -1,6 +1,6 @@
 """The CI guard's loop (tests/test_guards.py) on a GPU: kvlab's default decode step against onnxruntime-genai's on
-the WebGPU EP, each timed from outside its whole generate call ((T(1+K) - T(1)) / K, kvlab.bench.outside), paired
-and interleaved in one process, tokens compared.
+the WebGPU EP, each timed from outside its whole generate call ((T(1+K) - T(1)) / K, data/cpu-default/per_token.py),
+paired and interleaved in one process, tokens compared.
 
     python data/kvlab-vs-genai-on-a-gpu/outside.py OUT.json DEVICE [MODEL:PRECISION ...]
 
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from kvlab.bench.outside import per_token_vs_genai, summary
 from kvlab.ort import load
 from kvlab.ort.runtime.device import backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu-default"))
+from per_token import per_token_vs_genai, summary  # noqa: E402  (the CI guard's loop, in data/cpu-default/)
 
 CONTEXTS = {"webgpu": (1024, 4096), "cpu": (256, 2048)}
 

@@ -1,13 +1,11 @@
 """Measurements a user runs from the package: ``kvlab bench``'s paired, interleaved decode sweep of the caches with
 onnxruntime-genai as a peer and the machine's memory bandwidth as the roofline (``plan``, ``sweep``, ``variants``,
-``machine``, ``weights``, ``results``); ``kvlab profile``'s modes: a decode step by ONNX operator (``profile``), by
-phase (``phases``), kvlab's and genai's loops in turns (``lockstep``, ``loops``); ``kvlab trace`` (``trace``);
-``kvlab chat-bench`` (``ttft``); the CI guard's loop timed from outside (``outside``); and the quantized-KV quality
-table (``kv_quality``, ``python -m kvlab.bench.kv_quality``).
+``machine``, ``weights``, ``results``, ``chart``); ``kvlab profile``'s modes: a decode step by ONNX operator
+(``profile``), by phase (``phases``); ``kvlab trace`` (``trace``); ``kvlab chat-bench`` (``ttft``).
 
-Imports: ``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.pytorch`` (``kv_quality``) and
-``kvlab.lab.recorded`` (``results``: the charts); never ``kvlab.cli`` or ``kvlab.web``, which import it. Recordings'
-own experiments live beside their results in ``data/<question>/``."""
+Imports: ``kvlab.core``, ``kvlab.ort``, ``kvlab.presets`` and ``kvlab.lab.recorded`` (``results``: the charts); never
+``kvlab.cli`` or ``kvlab.web``, which import it. Recordings' own experiments live beside their results in
+``data/<question>/``."""
 
 from .machine import memory_bandwidth, roofline_ms
 from .phases import step_phases

@@ -24,16 +24,15 @@ def trace(
     device: str,
     context: int,
     steps: int,
-    caches: tuple[str, ...] = ("dynamic", "static"),
     prefill_device: str | None = None,
 ) -> dict[str, Any]:
-    """``steps`` decode steps after ``context`` tokens of real text, once per cache kind (each disposed of after its
-    run): per kind its step medians, tensor and buffer counts, the GPU memory the process held after every step
-    (NVML; empty elsewhere), every record and the tokens; whether the kinds' tokens are equal, and what ran.
-    ``prefill_device``: prefill there and hand off (``generate``'s). ConfigError for a bad count."""
+    """``steps`` decode steps after ``context`` tokens of real text, once with a dynamic and once with a static cache
+    (each disposed of after its run): per kind its step medians, tensor and buffer counts, the GPU memory the process
+    held after every step (NVML; empty elsewhere), every record and the tokens; whether the kinds' tokens are equal,
+    and what ran. ``prefill_device``: prefill there and hand off (``generate``'s). ConfigError for a bad count."""
     ids = prompt_ids(model, context)
     runs = {}
-    for kind in caches:
+    for kind in ("dynamic", "static"):
         memory = GpuMemory()
         memory.sample(-1)  # before the cache exists
         with StaticCache(context + steps) if kind == "static" else DynamicCache() as cache:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..ort import Conversation, Model, StaticCache, generate, load, open_device
@@ -106,7 +105,11 @@ def run(plan: ConversationPlan, progress: Any = print) -> dict[str, Any]:
     generate(model, text_ids(model, 0, 16), device=device, max_new_tokens=2)  # a warm-up, not measured
     peer = _Genai(model, plan.device, size) if plan.genai else None
     rows = []
-    with Conversation(model, cache=StaticCache(size), device=device) as conv, StaticCache(size) as scratch:
+    with (
+        StaticCache(size) as kept,
+        Conversation(model, cache=kept, device=device) as conv,
+        StaticCache(size) as scratch,
+    ):
         for i in range(plan.turns):
             built = conv.say(
                 text_ids(model, i, plan.turn_tokens), plan.new_tokens, stop_on_eos=False, prefill_chunk=chunk
@@ -190,14 +193,3 @@ def _line(row: dict[str, Any]) -> str:
         f"reuse TTFT {row['reuse_ttft_ms']:8.1f} ms, re-prefill {row['reprefill_ttft_ms']:8.1f} ms "
         f"(x{row['ratio']:.3f}){genai} | tokens equal: {row['tokens_equal']}"
     )
-
-
-def write(result: dict[str, Any], out: Path) -> Path:
-    """results.json under ``out``, with the environment it was measured in."""
-    import json
-
-    from ..core.paths import write_atomic
-    from .results import environment
-
-    result["environment"] = environment({"note": "not measured by kvlab chat-bench"})
-    return write_atomic(out / "results.json", json.dumps(result, indent=1, default=str) + "\n")

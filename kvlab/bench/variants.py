@@ -133,7 +133,7 @@ def run_kvlab(
 ) -> Run:
     """One kvlab generation of ``new`` tokens after ``ids`` with a fresh cache from ``make_cache`` (disposed after).
     Each step's token is read back on its own (``tokens_per_read=1``): a step's figures (its CPU time, its Python
-    time) are its own; ``kvlab profile lockstep`` measures the steps read back in bursts."""
+    time) are its own; data/kvlab-vs-genai-on-a-gpu/lockstep.py measures the steps read back in bursts."""
     clock = CpuClock()
     with make_cache() as cache:
         g = generate(
@@ -218,15 +218,9 @@ class GenaiPeer:
         clock = CpuClock()
         clock()  # before the first call (it samples the prefill's logits, then every call runs one decode step)
         tokens, times = genai_decode(self.model, ids, new, on_token=lambda: [clock(), *[h() for h in hooks]])
-        cpu, thread = CpuClock.medians(_from_second(clock))
+        clock.stamps = clock.stamps[1:]  # the first call samples the prefill's logits (no forward pass): left out
+        cpu, thread = clock.medians()
         return Run(tokens, float(np.median(times[1:])), cpu_ms=cpu, thread_cpu_ms=thread)
-
-
-def _from_second(clock: CpuClock) -> CpuClock:
-    """genai's first call samples the prefill's logits (no forward pass): its step is left out, as its time is."""
-    out = CpuClock()
-    out.stamps = clock.stamps[1:]
-    return out
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The ``kvlab`` command: doctor, inspect, generate (compare), chat, chat-bench, bench, profile ops|phases|lockstep,
+"""The ``kvlab`` command: doctor, inspect, generate (compare), chat, chat-bench, bench, profile ops|phases,
 trace, conformance, browser-bench, prepare.
 
 Every failure is one line on stderr, never a traceback. The exit statuses (``kvlab.cli.exits``):

@@ -112,7 +112,7 @@ def trace_command(args: argparse.Namespace) -> int:
     """``kvlab trace``: ``kvlab.bench.trace``'s runs, a line each, written as JSON."""
     from ..bench.trace import trace, write_json
 
-    [(name, precision)] = flags.model_names(args.model)
+    name, precision = flags.one_model(args.model, "kvlab trace")
     result = trace(load(name, precision=precision), args.device, args.context, args.steps)
     for r in result["runs"].values():
         memory = r["gpu_memory"]["bytes"]

@@ -71,27 +71,19 @@ def chat_command(args: argparse.Namespace) -> int:
         return USER_ERROR
 
 
-def _one(items: list, flag: str, what: str) -> list:
-    """``items`` when it holds one; ConfigError naming ``flag`` otherwise."""
-    if len(items) != 1:
-        raise ConfigError(f"{flag} names {len(items)} of them: a conversation runs one {what}")
-    return items
-
-
-def _model(args: argparse.Namespace) -> Any:
-    [(name, precision)] = _one(flags.model_names(args.model), "--model", "model")
-    return load(name, precision=precision)
-
-
 def _chat(args: argparse.Namespace) -> int:
-    [(kind, size)] = _one(args.cache or flags.cache_names(f"static@{DEFAULT_SIZE}"), "--cache", "cache")
+    names = args.cache or flags.cache_names(f"static@{DEFAULT_SIZE}")
+    if len(names) != 1:
+        raise ConfigError(f"--cache names {len(names)} of them: a conversation runs one cache")
+    [(kind, size)] = names
     if kind == "graph":
         raise ConfigError("--cache graph: a conversation feeds turns of any length; a captured graph has one shape")
     cache = StaticCache(size or DEFAULT_SIZE) if kind == "static" else DynamicCache()
     lookup = PromptLookup(k=args.lookup) if args.lookup is not None else None
     if not args.turn and sys.stdin is None:
         raise ConfigError("no messages: stdin is closed and no --turn was given")
-    model = _model(args)
+    name, precision = flags.one_model(args.model, "a conversation")
+    model = load(name, precision=precision)
     interactive = not args.turn and sys.stdin.isatty()
     with cache, Conversation(model, cache=cache, device=open_device(args.device), system=args.system) as conv:
         for message in _messages(args, interactive):
@@ -178,10 +170,11 @@ def _print_turn(conv: Conversation, turn: Any, as_json: bool) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..bench import ttft
+    from ..bench.results import write_recording
 
     if args.probe < 0:
         raise ConfigError(f"--probe {args.probe} must be 0 or a positive int")
-    [(name, precision)] = _one(flags.model_names(args.model), "--model", "model")
+    name, precision = flags.one_model(args.model, "a conversation")
     plan = ttft.ConversationPlan(
         model=name,
         device=args.device,
@@ -194,7 +187,7 @@ def _bench(args: argparse.Namespace) -> int:
         precision=precision,
     )
     result = ttft.run(plan, progress=lambda line: print(line, flush=True))
-    path = ttft.write(result, args.out)
+    path = write_recording(args.out / "results.json", result, note="not measured by kvlab chat-bench")
     print(f"wrote {path}")
     differ = [r["turn"] for r in result["rows"] if not (r["tokens_equal"] and r.get("genai_tokens_equal", True))]
     if differ:

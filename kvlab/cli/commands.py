@@ -26,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
-        self.register("action", "parsers", Commands)  # every level of subcommands (profile ops|phases|lockstep too)
+        self.register("action", "parsers", Commands)  # every level of subcommands (profile ops|phases too)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         """Print ``message`` as one line naming the command and exit 2."""

@@ -96,6 +96,15 @@ def model_names(text: str) -> list[tuple[str, str | None]]:
     return [untag(item) for item in text.split(",")]
 
 
+def one_model(text: str, command: str) -> tuple[str, str | None]:
+    """``--model``'s one (name or directory, precision or None); ConfigError where it names several (``command``,
+    which runs one, named in the message) or a bad precision."""
+    (name, precision), *more = model_names(text)
+    if more:
+        raise ConfigError(f"--model {text!r} names several models; {command} runs one")
+    return name, precision
+
+
 def device(p: argparse.ArgumentParser, default: str = "cpu", several: bool = False) -> None:
     """``--device`` (or ``--devices``, comma-separated): where the model runs."""
     if several:

@@ -84,9 +84,7 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
             )
         if kv:
             raise ConfigError(f"--kv-precision {kv} with --cache graph: the captured cache holds the model's KV dtype")
-    (name, precision), *more = flags.model_names(args.model)
-    if more:
-        raise ConfigError(f"--model {args.model!r} names several models; give one")
+    name, precision = flags.one_model(args.model, f"kvlab {args.command}")
     device = open_device(args.device, **flags.device_options_of(args))
     model = load(name, precision=precision, progress=not args.json)
     ids = model.encode(flags.prompt_of(args), chat=args.chat)
@@ -152,24 +150,31 @@ def _summary(g: Generation) -> dict[str, Any]:
     }
 
 
+def table(rows: list[list[str]]) -> str:
+    """``rows`` (the first a header) as aligned columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    )
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
+    """The runs' step figures (``_summary``), a row per cache."""
     head = ["cache", "tok/s", "first ms", "last ms", "tensors/step", "MiB/step", "new bufs/step", "py ms/step"]
-    lines = [head]
-    for r in rows:
-        lines.append(
-            [
-                r["cache"],
-                f"{r['tokens_per_s']:.1f}",
-                f"{r['first_steps_ms']:.1f}",
-                f"{r['last_steps_ms']:.1f}",
-                f"{r['tensors_per_step']:g}",
-                f"{r['bytes_per_step'] / 2**20:.3f}",
-                f"{r['new_buffers_per_step']:g}",
-                f"{r['overhead_ms']:.2f}",
-            ]
-        )
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in lines)
+    cells = [
+        [
+            r["cache"],
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['first_steps_ms']:.1f}",
+            f"{r['last_steps_ms']:.1f}",
+            f"{r['tensors_per_step']:g}",
+            f"{r['bytes_per_step'] / 2**20:.3f}",
+            f"{r['new_buffers_per_step']:g}",
+            f"{r['overhead_ms']:.2f}",
+        ]
+        for r in rows
+    ]
+    return table([head, *cells])
 
 
 def emit(result: dict[str, Any], as_json: bool) -> None:

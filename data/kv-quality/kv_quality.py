@@ -12,7 +12,9 @@
 The text: "Special method names" of the Python Language Reference, as every CPython ships it in
 ``pydoc_data.topics`` (no download, nothing committed; its sha256 and the interpreter version go into the rows).
 
-    python -m kvlab.bench.kv_quality --out data/kv-quality/
+    python data/kv-quality/kv_quality.py --out data/kv-quality/
+
+(Was ``python -m kvlab.bench.kv_quality``.)
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import ConfigError, check_int
-from ..pytorch.counters import held_bytes
-from ..pytorch.quantized import KV_PRECISIONS, QuantizedKV, make_quantized
+from kvlab.core.errors import ConfigError, check_int
+from kvlab.pytorch.counters import held_bytes
+from kvlab.pytorch.quantized import KV_PRECISIONS, QuantizedKV, make_quantized
 
 TEXT_SOURCE = "CPython pydoc_data.topics['specialnames'] (the Python Language Reference, 'Special method names')"
 DEFAULT_PRECISIONS = ("int8", "int4", "int2", "fp8")
@@ -104,7 +106,7 @@ def teacher_forced(model: Any, ids: list[int], settings: dict[str, QuantizedKV |
     import torch
     from transformers import DynamicCache
 
-    from ..pytorch.models import cache_kwarg
+    from kvlab.pytorch.models import cache_kwarg
 
     kw = cache_kwarg(model.hf)
     caches = {
@@ -136,7 +138,7 @@ def teacher_forced(model: Any, ids: list[int], settings: dict[str, QuantizedKV |
 def greedy(model: Any, prompt: list[dict], settings: dict[str, QuantizedKV | None], new_tokens: int) -> dict:
     """Greedy tokens per setting through kvlab.pytorch.generate; the first index where they leave the reference's
     (None: identical)."""
-    from ..pytorch.generate import generate
+    from kvlab.pytorch.generate import generate
 
     runs = {
         name: generate(
@@ -156,7 +158,7 @@ def environment_row() -> dict[str, Any]:
     """kvlab's environment record plus the packages this benchmark runs on."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from .results import environment
+    from kvlab.bench.results import environment
 
     env = environment({})
     for pkg in ("torch", "transformers", "optimum-quanto", "hqq"):
@@ -177,7 +179,7 @@ def run(
 ) -> dict[str, Any]:
     """The quality table: one row per KV precision (the full-precision reference first). ConfigError for a bad
     argument; ModelError when a precision's package is missing."""
-    from ..pytorch.models import load
+    from kvlab.pytorch.models import load
 
     for name, v in (("n_tokens", n_tokens), ("chunk", chunk), ("new_tokens", new_tokens)):
         check_int(v, name, 1)
@@ -232,8 +234,8 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvlab.bench.kv_quality``: print the table (and write kv-quality.json with ``--out``); returns 0."""
-    p = argparse.ArgumentParser(prog="python -m kvlab.bench.kv_quality", description=__doc__.split("\n\n")[0])
+    """The command line: print the table (and write kv-quality.json with ``--out``); returns 0."""
+    p = argparse.ArgumentParser(prog="kv_quality.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="directory for kv-quality.json (printed only when absent)")
     p.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help=f"of {', '.join(KV_PRECISIONS)}")
     p.add_argument("--tokens", type=int, default=4096)
@@ -249,5 +251,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":
     raise SystemExit(main())

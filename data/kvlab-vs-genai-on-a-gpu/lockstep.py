@@ -1,5 +1,8 @@
-"""``kvlab profile lockstep``: kvlab's static-cache decode loop and onnxruntime-genai's, taken in turns, a block of
-steps each, in one process.
+"""kvlab's static-cache decode loop and onnxruntime-genai's, taken in turns, a block of steps each, in one process
+(was ``kvlab profile lockstep``; ``data/record_gpu.sh lockstep`` runs it per cell).
+
+    python data/kvlab-vs-genai-on-a-gpu/lockstep.py --model M[:P] --device webgpu --context C --new-tokens N
+        --rounds R [--token-on-device WHERE] [--set KEY=VALUE ...] [--out FILE.json]
 
 Why: on a GPU, whole runs of either loop can sit at one speed or another for reasons outside both loops, so a ratio
 paired by round may compare two runs at different speeds. Here each block of one loop's steps is paired with the
@@ -13,7 +16,7 @@ loops of the same kind read alike: ``block=1`` is for that check, not for compar
 Either side can be kvlab or genai: "kvlab" against "genai" is the measurement, "kvlab" against "kvlab" (two caches)
 or "genai" against "genai" (two generators) checks that the pairing itself favours neither side.
 
-Each loop runs as it does alone (``kvlab.bench.loops``): kvlab's steps are ``generate()``'s (``Stepper.step`` on the
+Each loop runs as it does alone (``Loop`` below): kvlab's steps are ``generate()``'s (``Stepper.step`` on the
 last token, the token chosen as ``token_on_device`` says, "auto" by default; with the token on the device, bursts of
 ``tokens_per_read`` steps read back together, ``Stepper.decode``), genai's are ``generate_next_token`` and
 ``get_next_tokens``. Each step is timed from the call to the token in hand (``time.perf_counter``: exact wall time of
@@ -23,24 +26,122 @@ same device (not timed); the tokens are compared.
 
 from __future__ import annotations
 
+import argparse
+import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
-from ..core.cache import check_every_of, check_every_text
-from ..core.errors import ConfigError, check_choice, check_flag, check_int
-from ..core.generation import positions_needed
-from ..core.labels import read_back_text
-from ..ort import CapturedStaticCache, Model, StaticCache, load, open_device
-from ..ort.decode.caches.captured import CAPTURED_REDUCTIONS
-from ..ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
-from ..ort.runtime.options import webgpu_options
-from .loops import GenaiLoop, KvlabLoop
-from .plan import prompt_ids
-from .variants import GenaiPeer
+from kvlab.bench.plan import prompt_ids
+from kvlab.bench.results import write_recording
+from kvlab.bench.variants import GenaiPeer
+from kvlab.cli import flags
+from kvlab.cli.commands import OneLineParser, command
+from kvlab.core.cache import check_every_of, check_every_text
+from kvlab.core.errors import ConfigError, check_choice, check_flag, check_int
+from kvlab.core.generation import positions_needed
+from kvlab.core.labels import read_back_text
+from kvlab.ort import CapturedStaticCache, Model, StaticCache, Stepper, load, open_device
+from kvlab.ort.checks.references import genai_generator
+from kvlab.ort.decode.caches.captured import CAPTURED_REDUCTIONS
+from kvlab.ort.decode.greedy import AUTO, reduction_of, tokens_per_read_for
+from kvlab.ort.runtime.options import webgpu_options
 
 SIDES = ("kvlab", "genai")
+
+
+class Loop:
+    """A decode loop taken in turns: ``step()`` decodes one token (``_advance``) and keeps its wall time (``ms``) and
+    the calling thread's CPU time (``cpu_ms``: exact for that thread; work on the runtime's other threads is not
+    in it). Where the two part, the thread waited (for the GPU, or for a core)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.ms: list[float] = []
+        self.cpu_ms: list[float] = []
+
+    def step(self) -> None:
+        """One decode step, timed: its token, wall time and CPU time appended."""
+        self._timed(lambda: [self._advance()])
+
+    def _timed(self, advance: Callable[[], list[int]]) -> None:
+        """Run ``advance`` (it decodes and returns tokens) and keep its tokens, each with an equal share of its
+        wall and CPU time."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        tokens = advance()
+        k = len(tokens)
+        self.cpu_ms += [(time.thread_time() - cpu) * 1e3 / k] * k
+        self.ms += [(time.perf_counter() - wall) * 1e3 / k] * k
+        self.tokens += tokens
+
+    def steps(self, n: int) -> None:
+        """``n`` decode steps, one at a time."""
+        for _ in range(n):
+            self.step()
+
+    def _advance(self) -> int:
+        raise NotImplementedError
+
+
+class KvlabLoop(Loop):
+    """kvlab's loop on a new static cache: prefilled on entry. With ``per_read`` > 1 its steps run in bursts whose
+    tokens are read back together (``Stepper.decode``, as ``generate`` runs them): each step of a burst is given
+    the burst's wall and CPU time divided by its steps, the time per token."""
+
+    def __init__(self, model: Model, dev: Any, ids: np.ndarray, reduction: str, cache: StaticCache, per_read: int):
+        super().__init__()
+        self.model, self.dev, self.ids, self.reduction, self.cache = model, dev, ids, reduction, cache
+        self.per_read = per_read
+
+    def __enter__(self) -> KvlabLoop:
+        with ExitStack() as stack:
+            stack.enter_context(self.cache)
+            on_device = self.reduction or False
+            self.stepper = stack.enter_context(
+                Stepper(self.model, self.cache, self.dev, self.cache.max_cache_len, (), on_device, False, self.per_read)
+            )
+            _, first = self.stepper.step(self.ids, logits_out="none")  # the prefill, as generate() runs it
+            self.tokens.append(first.token)
+            self._close = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close.__exit__(*exc)
+
+    def _advance(self) -> int:
+        return self.stepper.step(np.array([self.tokens[-1]], np.int64), logits_out="none")[1].token
+
+    def steps(self, n: int) -> None:
+        """``n`` decode steps: one at a time, or in bursts of ``per_read`` read back together."""
+        if self.per_read <= 1:
+            super().steps(n)
+            return
+        for start in range(0, n, self.per_read):
+            k = min(self.per_read, n - start)
+            self._timed(lambda k=k: [r.token for r in self.stepper.decode(self.tokens[-1], k)])
+
+
+class GenaiLoop(Loop):
+    """onnxruntime-genai's loop: a generator prefilled on entry."""
+
+    def __init__(self, peer: GenaiPeer, ids: np.ndarray, new: int):
+        super().__init__()
+        self.peer, self.ids, self.new = peer, ids, new
+
+    def __enter__(self) -> GenaiLoop:
+        self.gen = genai_generator(self.peer.model, self.ids, self.new)
+        self.gen.generate_next_token()  # the first call samples the prefill's logits: no forward pass
+        self.tokens.append(int(self.gen.get_next_tokens()[0]))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.gen = None
+
+    def _advance(self) -> int:
+        self.gen.generate_next_token()
+        return int(self.gen.get_next_tokens()[0])
 
 
 def prepare(
@@ -228,3 +329,61 @@ def _mode(r: dict[str, Any]) -> str:
         genai = r["genai_options"].get("validationMode", "its config's")
         mode += f", validation mode {r['validation_mode']} (genai: {genai})"
     return mode
+
+
+# --set KEY=VALUE: lockstep's keywords beyond the flags, and how each value is read
+SETTINGS = {
+    "block": flags.positive_int,  # steps each loop takes per turn (default 32)
+    "sides": lambda text: tuple(text.split(",")),  # the two loops (default kvlab,genai)
+    "check_every": flags.positive_int,  # the static cache reads back all its presents every k steps
+    "tokens_per_read": flags.positive_int,  # kvlab's greedy steps read back together
+    "buffer_cache_mode": flags.nonempty,  # WebGPU: the storage buffer cache mode both loops run in
+    "validation_mode": flags.nonempty,  # WebGPU: the validation mode both loops run in
+    "graph_capture": flags.ON_OFF.__getitem__,  # WebGPU: both captured (CapturedStaticCache; genai enableGraphCapture)
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (module docstring), parsed as ``kvlab``'s commands are: a bad flag is one line, exit 2."""
+    p = OneLineParser(prog="lockstep.py", description=__doc__.split("\n\n")[0])
+    flags.model(p)
+    flags.device(p)
+    flags.counts(
+        p,
+        context=(256, "prompt tokens before the decode steps"),
+        new_tokens=(16, "tokens decoded (the first decode step is left out)"),
+        rounds=(3, "rounds of both loops"),
+    )
+    flags.token_on_device(p)
+    flags.settings(p, "lockstep()", SETTINGS)
+    flags.out(p, None, "also write the result as JSON")
+    p.set_defaults(run=run_command)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``lockstep``'s summary for the parsed flags (and its result as JSON with ``--out``); returns 0."""
+    name, precision = flags.one_model(args.model, "lockstep")
+    r = lockstep(
+        name,
+        args.device,
+        precision,
+        args.context,
+        args.new_tokens,
+        args.rounds,
+        token_on_device=flags.WHERE[args.token_on_device],
+        **flags.key_values(args.set, "--set", SETTINGS),
+    )
+    print(summary(r))
+    if args.out:
+        write_recording(args.out, r, note="not measured by lockstep.py")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on ``argv``: every failure one line on stderr and an exit status, as ``kvlab``'s."""
+    return command(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""kvlab's decode step against onnxruntime-genai's, timed from outside both: the wall time of whole calls.
+"""kvlab's decode step against onnxruntime-genai's, timed from outside both: the wall time of whole calls (the CI
+guard's loop, tests/test_guards.py, and this folder's recordings; was ``kvlab.bench.outside``).
 
 One call is a whole generation from a fresh start (kvlab: ``generate`` with its defaults and a static cache; genai:
 a new generator, its prefill, then its tokens). A side's time per token is ``(T(1 + new) - T(1)) / new``: two calls
@@ -15,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import check_int
-from ..ort import Device, Model, StaticCache, generate, load, open_device
-from ..ort.checks.references import genai_generator, genai_model
+from kvlab.core.errors import check_int
+from kvlab.ort import Device, Model, StaticCache, generate, load, open_device
+from kvlab.ort.checks.references import genai_generator, genai_model
 
 
 def per_token_vs_genai(
