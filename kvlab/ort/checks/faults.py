@@ -57,8 +57,7 @@ def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> I
     at_call = check_int(at_call, "at_call", 1)
     state = {"calls": 0, "raised": 0}
     exc = error if error is not None else Injected(f"injected fault: {point} (call {at_call})")
-    saved = [(cls, name, cls.__dict__[name]) for cls, name in _targets(point) if name in cls.__dict__]
-    saved += [(cls, name, None) for cls, name in _targets(point) if name not in cls.__dict__]
+    saved = [(cls, name, cls.__dict__.get(name)) for cls, name in _targets(point)]  # None: inherited
 
     def due() -> bool:
         state["calls"] += 1
