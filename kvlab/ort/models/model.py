@@ -101,11 +101,6 @@ class Model:
             )
         return template
 
-    @property
-    def _template_file(self) -> str:
-        """The file the chat template is read from."""
-        return "chat_template.jinja" if (self.info.path / "chat_template.jinja").is_file() else "tokenizer_config.json"
-
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
         ModelError (no template, a broken one, one that renders nothing), ConfigError (a malformed message, the
@@ -128,8 +123,10 @@ class Model:
                 messages=list(messages), add_generation_prompt=add_generation_prompt
             )
             if not text:  # nothing to feed: said by name here, not as an empty prompt somewhere later
+                jinja = (self.info.path / "chat_template.jinja").is_file()
                 raise ModelError(
-                    f"the chat template of model {self.name} ({self._template_file}) rendered nothing for "
+                    f"the chat template of model {self.name} "
+                    f"({'chat_template.jinja' if jinja else 'tokenizer_config.json'}) rendered nothing for "
                     f"{len(messages)} message(s); fix the template, or pass plain text without --chat"
                 )
             return text
