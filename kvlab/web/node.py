@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.errors import DeviceError, check_choice
 from ..ort.runtime.adapters import SWIFTSHADER_ICD, configure_vulkan
+from ..presets.recipes import alive
 from .assets import JS_DIR, dawn_node, npm_dir, npm_file
 from .chromium import ADAPTERS, executable_override, signal_group
 from .job import Job
@@ -65,11 +66,9 @@ def remove_orphaned_folders() -> list[Path]:
     for folder in Path(tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
         try:
             pid = int((folder / OWNER_FILE).read_text())
-            os.kill(pid, 0)
-            continue  # its owner still runs
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError):  # no owner file yet, another user's process: not ours to judge
+        except (OSError, ValueError):  # no owner file yet: not ours to judge
+            continue
+        if alive(pid):  # its owner still runs (or is another user's process: not ours to judge)
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)

@@ -57,32 +57,23 @@ def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> I
     at_call = check_int(at_call, "at_call", 1)
     state = {"calls": 0, "raised": 0}
     exc = error if error is not None else Injected(f"injected fault: {point} (call {at_call})")
-    saved = [(cls, name, cls.__dict__[name]) for cls, name in _targets(point) if name in cls.__dict__]
-    saved += [(cls, name, None) for cls, name in _targets(point) if name not in cls.__dict__]
-
-    def due() -> bool:
-        state["calls"] += 1
-        if state["calls"] == at_call:
-            state["raised"] += 1
-            return True
-        return False
+    saved = [(cls, name, cls.__dict__.get(name)) for cls, name in _targets(point)]  # None: inherited
 
     def wrap(real: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(self, Binding) and self.session.label == HELPER_LABEL:
                 return real(self, *args, **kwargs)  # an allocation's run: the "allocate" point covers those
-            if point in ("after-run", "in-place"):
-                result: RunResult = real(self, *args, **kwargs)
-                if due():
-                    if point == "after-run":
-                        raise exc
-                    name = next(iter(result.returned_ptrs), None)
-                    if name is not None:
-                        result.returned_ptrs[name] += 64
-                return result
-            if due():
-                raise exc
-            return real(self, *args, **kwargs)
+            after = point in ("after-run", "in-place")  # these fail once the run is done
+            result: RunResult | None = real(self, *args, **kwargs) if after else None
+            state["calls"] += 1
+            if state["calls"] == at_call:
+                state["raised"] += 1
+                if point != "in-place":
+                    raise exc
+                name = next(iter(result.returned_ptrs), None)
+                if name is not None:
+                    result.returned_ptrs[name] += 64
+            return result if after else real(self, *args, **kwargs)
 
         return wrapper
 

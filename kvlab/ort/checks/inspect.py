@@ -12,7 +12,8 @@ from typing import Any
 from ..decode.caches.captured import capture_problem
 from ..decode.caches.ring import sliding_windows
 from ..decode.caches.shared_kv import shared_capture_problem
-from ..models.describe import Verdict, set_judge
+from ..models import describe
+from ..models.describe import Verdict
 from ..models.graph import load_graph
 from ..models.model import load
 from ..runtime.device import backend
@@ -23,10 +24,6 @@ RING_ON_WEBGPU = (
     "no WebGPU GroupQueryAttention evicts in place: the built-in EP does not know sliding_window_cache, the plugin "
     "EP refuses it when the kernel is created (kvlab.ort.decode.caches.ring)"
 )
-
-
-def _ring_known(runtime_schemas: Any) -> bool:
-    return any(s.name == "GroupQueryAttention" and RING_ATTRIBUTE in s.attributes for s in runtime_schemas)
 
 
 def verdicts(info: Any) -> list[Verdict]:
@@ -52,7 +49,9 @@ def verdicts(info: Any) -> list[Verdict]:
             ring = "no sliding-window layer: a ring holds a sliding layer's window (use a StaticCache)"
         elif device == "webgpu":
             ring = RING_ON_WEBGPU
-        elif not _ring_known(C.get_all_operator_schema()):
+        elif not any(
+            s.name == "GroupQueryAttention" and RING_ATTRIBUTE in s.attributes for s in C.get_all_operator_schema()
+        ):
             ring = f"{runtime}'s GroupQueryAttention has no {RING_ATTRIBUTE}: it cannot evict in place"
         else:
             ring = ""
@@ -73,4 +72,4 @@ def report(path: str | os.PathLike, dtype: str | None = None) -> str:
     return load(path, dtype=dtype).describe()
 
 
-set_judge(verdicts)
+describe.judge = verdicts

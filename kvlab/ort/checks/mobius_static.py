@@ -41,7 +41,6 @@ class StaticRun:
 
     token_ids: list[int]
     seconds: list[float] = field(default_factory=list)
-    cpu_nodes: list[str] = field(default_factory=list)  # "op:name" the WebGPU EP did not take
 
     @property
     def step_ms(self) -> float:
@@ -70,7 +69,7 @@ class MobiusStatic:
                 f"{self.max_seq_len} (its cache buffers are that long)"
             )
         buffers = dict(zip(self.caches, zeros_all(self.device, [(s, np.float32) for s in self.caches.values()])))
-        run, ids, pos = StaticRun([], cpu_nodes=list(self.session.cpu_nodes)), list(prompt), 0
+        run, ids, pos = StaticRun([]), list(prompt), 0
         try:
             for _ in range(max_new_tokens):
                 logits, seconds, buffers = self._step(ids, pos, buffers)

@@ -8,13 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -55,33 +53,6 @@ def ensure_built(name: str, precision: str = "fp32", progress: bool = True, grap
     if not (out / DONE).is_file():
         build(name, out, precision, progress=progress, graph_capture=graph_capture)
     return out
-
-
-def ensure_all(wanted: Iterable[tuple[str, str, bool]], jobs: int = 2) -> list[Path]:
-    """``ensure_built`` for every (name, precision, graph_capture) in ``wanted``, the missing ones built ``jobs``
-    presets at a time, each in a process of its own (the builds of one preset run one after another in one
-    process: they share its checkpoint). Returns the directories in the order asked. Raises ModelError for the
-    first build that failed (the others still finish), ConfigError for an unknown name or precision."""
-    wanted = list(wanted)
-    dirs = [model_dir(name, precision, graph) for name, precision, graph in wanted]
-    missing: dict[str, list[tuple[str, bool]]] = {}
-    for (name, precision, graph), out in zip(wanted, dirs):
-        if not (out / DONE).is_file():
-            missing.setdefault(name, []).append((precision, graph))
-    if len(missing) > 1 and jobs > 1:
-        context = multiprocessing.get_context("spawn")  # no fork of a process that holds ONNX Runtime's threads
-        with ProcessPoolExecutor(min(jobs, len(missing)), mp_context=context) as pool:
-            for done in [pool.submit(_build_preset, name, todo) for name, todo in missing.items()]:
-                done.result()
-    else:
-        for name, todo in missing.items():
-            _build_preset(name, todo)
-    return dirs
-
-
-def _build_preset(name: str, todo: list[tuple[str, bool]]) -> None:
-    for precision, graph in todo:
-        ensure_built(name, precision, progress=False, graph_capture=graph)
 
 
 def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:

@@ -33,35 +33,23 @@ def shim(config: Any) -> list[str]:
 
 
 def main() -> None:
-    """The builder's own command line, with ``shim`` applied to the config it reads."""
-    import onnxruntime_genai.models.builder as builder
+    """The builder's own command line, run as its ``__main__``, with ``shim`` applied to the first config it reads
+    (its ``get_hf_details``; later reads, such as transformers' own while loading the weights, stay as saved)."""
+    import runpy
 
-    original = builder.get_hf_details
+    from transformers import AutoConfig
 
-    def get_hf_details(*args: Any, **kwargs: Any) -> Any:
-        details = original(*args, **kwargs)
-        for line in shim(details["hf_config"]):
+    original = AutoConfig.from_pretrained
+
+    def first_read(*args: Any, **kwargs: Any) -> Any:
+        AutoConfig.from_pretrained = original
+        config = original(*args, **kwargs)
+        for line in shim(config):
             print(f"kvlab shim: {line}")
-        return details
+        return config
 
-    builder.get_hf_details = get_hf_details
-    a = builder.get_args()
-    extra = builder.parse_extra_options(
-        a.model_name,
-        a.input,
-        a.output,
-        a.precision,
-        a.execution_provider,
-        a.cache_dir,
-        a.extra_options,
-        builder_config_version=a.builder_config_version,
-        target_options=a.target_options,
-        drafter_options=a.drafter_options,
-        speculative_options=a.speculative_options,
-        runtime_config=a.runtime_config,
-        search=a.search,
-    )
-    builder.create_model(a.model_name, a.input, a.output, a.precision, a.execution_provider, a.cache_dir, **extra)
+    AutoConfig.from_pretrained = first_read
+    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -96,46 +96,35 @@ def _eos(value: Any, file: Path) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _special_ids(config: dict, file: Path, vocab: int) -> None:
-    """ModelError naming the key and value where ``bos_token_id`` or ``pad_token_id`` is set but is not a token id
-    of the vocabulary (kvlab does not apply either: one sequence is never padded, and the tokenizer adds its BOS;
-    a malformed one is still a broken config)."""
+def _checked(declared: Declared, config: dict, file: Path, search: Any = None) -> Declared:
+    """``declared``, with a note for each thing ``config`` (the decoder's section) or a genai ``search`` section
+    declares and kvlab applies only in part: no EOS id (generation stops at max_new_tokens only), sampling (kvlab
+    decodes greedily unless given a Sampling). ModelError naming the key and value where ``bos_token_id`` or
+    ``pad_token_id`` is set but is not a token id of the vocabulary (kvlab applies neither, but a malformed one is
+    a broken config), the context holds no position, or an EOS id is outside the vocabulary."""
+    vocab = declared.vocab
     for key in ("bos_token_id", "pad_token_id"):
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise ModelError(f"{file}: {key} {value!r} must be a token id in the vocabulary [0, {vocab}) or absent")
-
-
-def _unapplied(config: dict, eos: tuple[int, ...], file: Path) -> tuple[str, ...]:
-    """Notes for what ``config`` declares and kvlab does what it says of only in part: no EOS id (generation then
-    stops at max_new_tokens only), and a genai ``search`` section that samples (kvlab decodes greedily unless
-    given a Sampling)."""
-    notes = []
-    if not eos:
-        notes.append(
+    if not declared.eos:
+        declared.notes += (
             f"{file.name} declares no EOS token (eos_token_id {config.get('eos_token_id', 'absent')!r}): generation "
-            "never stops on one, only at max_new_tokens"
+            "never stops on one, only at max_new_tokens",
         )
-    search = config.get("search") if isinstance(config.get("search"), dict) else {}
+    search = search if isinstance(search, dict) else {}
     if search.get("do_sample") is True:
         keys = ", ".join(f"{k}={search[k]!r}" for k in ("temperature", "top_k", "top_p") if k in search)
-        notes.append(
+        declared.notes += (
             f"{file.name}'s search section samples (do_sample=true{', ' + keys if keys else ''}); kvlab decodes "
-            "greedily unless given sampling=Sampling(...) (kvlab generate --sample)"
+            "greedily unless given sampling=Sampling(...) (kvlab generate --sample)",
         )
-    return tuple(notes)
-
-
-def _checked(declared: Declared, file: Path) -> Declared:
-    """``declared`` when its numbers make a usable decoder (a context of at least one position, EOS ids inside the
-    vocabulary); else a ModelError naming the key and value."""
     if declared.context < 1:
         raise ModelError(f"{file}: the context length is {declared.context}; a decoder must hold at least 1 position")
-    bad = [e for e in declared.eos if not 0 <= e < declared.vocab]
+    bad = [e for e in declared.eos if not 0 <= e < vocab]
     if bad:
         raise ModelError(
-            f"{file}: eos_token_id {bad[0]} is outside the vocabulary [0, {declared.vocab}); generation could never "
-            "stop on it"
+            f"{file}: eos_token_id {bad[0]} is outside the vocabulary [0, {vocab}); generation could never stop on it"
         )
     return declared
 
@@ -200,9 +189,7 @@ def declared_genai(path: Path) -> Declared:
         notes=_other_eps(dec, file),
         past_formats=formats,
     )
-    _special_ids(model, file, declared.vocab)
-    declared.notes += _unapplied({**model, "search": config.get("search")}, declared.eos, file)
-    return _checked(declared, file)
+    return _checked(declared, model, file, config.get("search"))
 
 
 def _other_eps(decoder: dict, file: Path) -> tuple[str, ...]:
@@ -264,9 +251,7 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
         "logits",
         head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
     )
-    _special_ids(text, file, declared.vocab)
-    declared.notes += _unapplied({"eos_token_id": text.get("eos_token_id")}, declared.eos, file)
-    return _checked(declared, file)
+    return _checked(declared, text, file)
 
 
 def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ...core.cache_layout import ConvState, FullAttention, LayerSpec, LinearAttention, SharedKV, SlidingWindow
-from .layers import ATTENTION_OPS
+from .layers import ATTENTION_OPS, OPS
 
 WIDTH = 100  # columns
 MAX_LINES = 40
@@ -38,14 +38,9 @@ class Verdict:
     why_not: str = ""
 
 
-# the judge of the caches: ModelInfo -> a Verdict per cache and device; set by the room that holds the caches
+# the judge of the caches: ModelInfo -> a Verdict per cache and device; set (assigned) by the room that holds the
+# caches: kvlab.ort.checks.inspect
 judge: Callable[[object], Iterable[Verdict]] | None = None
-
-
-def set_judge(fn: Callable[[object], Iterable[Verdict]]) -> None:
-    """Make ``fn`` (a ModelInfo -> its Verdicts) the judge ``describe`` asks which caches run a model."""
-    global judge
-    judge = fn
 
 
 def _span(layers: list[int]) -> str:
@@ -77,16 +72,13 @@ def cache_kind(layer: LayerSpec) -> str:
     return kind.name
 
 
-STATE_OPS = ("CausalConvWithState", "LinearAttention")  # the ops that keep a state, named beside the attention's
-
-
 def _op(layer: LayerSpec) -> str:
     """The op a layer attends (or keeps its state) with: the attention node its KV reaches, where one does (an
     unfused attention: its Softmax), else the op that writes its cache."""
     if isinstance(layer.kind, SharedKV):
         return "GroupQueryAttention (borrows)"
     ops = list(dict.fromkeys(e.op for e in layer.entries))
-    attention = [op for op in ops if op in ATTENTION_OPS or op in STATE_OPS]
+    attention = [op for op in ops if op in ATTENTION_OPS or op in OPS]  # (OPS: those that keep a state too)
     names = {"Softmax": "MatMul + Softmax (unfused)"}
     return " + ".join(names.get(op, op) for op in attention or ops) or "?"
 
@@ -156,7 +148,7 @@ def _caches(info: object, note_lines: int) -> list[str]:
 
 def describe(info: object) -> str:
     """``info`` (a ModelInfo) as one screen of text: at most ``MAX_LINES`` lines, none over ``WIDTH`` columns.
-    Reads nothing but ``info`` and the judge's verdicts (``set_judge``)."""
+    Reads nothing but ``info`` and the judge's verdicts (``judge``)."""
     layout = "onnxruntime-genai builder" if info.config_file == "genai_config.json" else "Hugging Face ONNX"
     path = str(info.path)
     if len(path) > WIDTH - 8:

@@ -36,11 +36,6 @@ from ...core.errors import ModelError
 from .graph import ONNX_DTYPES, attr, elem_type, producers, uses
 
 
-def _attention_kind(node: Any) -> LayerKind:
-    window = attr(node, "local_window_size", -1)
-    return SlidingWindow(window) if window > 0 else FullAttention()
-
-
 @dataclass(frozen=True)
 class StateOp:
     """How one op keeps state: past input index -> (present output index, role), and the layer kind it makes."""
@@ -51,7 +46,11 @@ class StateOp:
 
 
 OPS: dict[str, StateOp] = {
-    "GroupQueryAttention": StateOp({3: (1, "key"), 4: (2, "value")}, _attention_kind, "KV (full or sliding window)"),
+    "GroupQueryAttention": StateOp(
+        {3: (1, "key"), 4: (2, "value")},
+        lambda node: SlidingWindow(w) if (w := attr(node, "local_window_size", -1)) > 0 else FullAttention(),
+        "KV (full or sliding window)",
+    ),
     "CausalConvWithState": StateOp({3: (1, "conv")}, lambda node: ConvState(), "a conv state"),
     "LinearAttention": StateOp({3: (1, "recurrent")}, lambda node: LinearAttention(), "a recurrent state"),
 }
@@ -86,16 +85,6 @@ def attention_reading(read_by: dict, present: str, depth: int = 12) -> Any:
     return None
 
 
-def _readers(read_by: dict, name: str) -> str:
-    found = read_by.get(name, [])
-    return ", ".join(f"{n.op_type} node {n.name!r}" for n, _ in found) or "no node"
-
-
-def _writer(made_by: dict, name: str) -> str:
-    node = made_by.get(name)
-    return f"{node.op_type} node {node.name!r}" if node is not None else "no node"
-
-
 def read_layers(
     graph: Any, layers: int, declared: dict[str, tuple[int, str, str]], head_dim: int, kv_heads: int, path: Path
 ) -> CacheLayout:
@@ -125,9 +114,11 @@ def read_layers(
             node = attention_reading(read_by, present) or made_by.get(present)
         else:
             raise ModelError(
-                f"{path}: the state input {past!r} / output {present!r} is read by {_readers(read_by, past)}"
-                f" and written by {_writer(made_by, present)}"
-                f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
+                f"{path}: the state input {past!r} / output {present!r} is read by "
+                + (", ".join(f"{n.op_type} node {n.name!r}" for n, _ in readers) or "no node")
+                + " and written by "
+                + (f"{w.op_type} node {w.name!r}" if (w := made_by.get(present)) is not None else "no node")
+                + f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
                 "that state changes from step to step"
             )
         per_layer[layer].append((_entry(inputs[past], layer, role, present, node, head_dim, kv_heads, path), node))

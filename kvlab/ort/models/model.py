@@ -101,11 +101,6 @@ class Model:
             )
         return template
 
-    @property
-    def _template_file(self) -> str:
-        """The file the chat template is read from."""
-        return "chat_template.jinja" if (self.info.path / "chat_template.jinja").is_file() else "tokenizer_config.json"
-
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
         ModelError (no template, a broken one, one that renders nothing), ConfigError (a malformed message, the
@@ -115,12 +110,11 @@ class Model:
         for m in messages:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ConfigError(f"chat message {m!r} must be a dict with 'role' and 'content'")
+        from jinja2 import TemplateError, TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str) -> None:
             raise ConfigError(f"chat template error: {message}")
-
-        from jinja2 import TemplateError, TemplateSyntaxError
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
@@ -129,8 +123,10 @@ class Model:
                 messages=list(messages), add_generation_prompt=add_generation_prompt
             )
             if not text:  # nothing to feed: said by name here, not as an empty prompt somewhere later
+                jinja = (self.info.path / "chat_template.jinja").is_file()
                 raise ModelError(
-                    f"the chat template of model {self.name} ({self._template_file}) rendered nothing for "
+                    f"the chat template of model {self.name} "
+                    f"({'chat_template.jinja' if jinja else 'tokenizer_config.json'}) rendered nothing for "
                     f"{len(messages)} message(s); fix the template, or pass plain text without --chat"
                 )
             return text
@@ -222,8 +218,7 @@ def load(
     graph capture (``enable_webgpu_graph=true``; named "<name>-graph"; see kvlab.ort.decode.caches.captured).
     Raises ConfigError for a bad argument, ModelError for a directory kvlab cannot use or a build that fails."""
     check_flag("progress", progress)
-    if not isinstance(graph_capture, bool):
-        raise ConfigError(f"graph_capture={graph_capture!r} must be True or False")
+    check_flag("graph_capture", graph_capture)
     if graph_capture and not (isinstance(name_or_dir, str) and name_or_dir in BUILTIN_NAMES):
         raise ConfigError(
             f"graph_capture=True builds a built-in model ({', '.join(BUILTIN_NAMES)}) for capture; "
@@ -251,7 +246,11 @@ def load(
         precision = check_precision("fp32" if precision is None else precision)
         name = (key if precision == "fp32" else f"{key}-{precision}") + ("-graph" if graph_capture else "")
         return Model(read_info(ensure_built(key, precision, progress=progress, graph_capture=graph_capture), name=name))
-    if not key.strip() or not _exists(Path(key)):  # "" is no name, and not the current folder (Path("") is ".")
+    try:  # "" is no name, and not the current folder (Path("") is "."); a name no file system holds is no folder
+        exists = bool(key.strip()) and Path(key).exists()
+    except (OSError, ValueError):
+        exists = False
+    if not exists:
         raise ModelError(
             f"model {key!r} is neither a built-in name ({', '.join(BUILTIN_NAMES)}) nor an existing directory"
         )
@@ -264,11 +263,3 @@ def load(
     for note in model.info.notes:  # what kvlab read and does not apply: one line each, where a user sees it
         warnings.warn(f"model {model.name}: {note}", stacklevel=2)
     return model
-
-
-def _exists(path: Path) -> bool:
-    """Whether ``path`` exists; False, not an OSError, for a name the file system cannot hold (too long, a NUL)."""
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False

@@ -48,19 +48,17 @@ def replace_nodes(model: Any, rewrite: Any) -> list[str]:
     return done
 
 
-STATE_OPS = ("CausalConvWithState", "LinearAttention")
-STATE_WINDOWS = frozenset((op, "state_window") for op in STATE_OPS)  # 0: the whole state, what 1.27 computes
+STATE_OPS = ("CausalConvWithState", "LinearAttention")  # the ops whose state_window 0 is what 1.27 computes
 
 
-def drop_zero_attributes(model: Any, pairs: frozenset[tuple[str, str]]) -> list[str]:
-    """Drop each (op, attribute) of ``pairs`` whose value is 0 from every node of that op (0 being what a runtime
-    without the attribute computes); one set to another value is left as it is. Returns one line per node changed."""
+def drop_zero_state_windows(model: Any) -> list[str]:
+    """Drop ``state_window=0`` from every ``STATE_OPS`` node (0 being what a runtime without the attribute
+    computes); one set to another value is left as it is. Returns one line per node changed."""
     done = []
-    for node in model.graph.node:
-        for a in list(node.attribute):
-            if (node.op_type, a.name) in pairs and a.type == a.INT and a.i == 0:
-                node.attribute.remove(a)
-                done.append(f"{node.name}: {a.name}=0 dropped (0 is what a runtime without the attribute computes)")
+    for node in (n for n in model.graph.node if n.op_type in STATE_OPS):
+        for a in [a for a in node.attribute if a.name == "state_window" and a.type == a.INT and a.i == 0]:
+            node.attribute.remove(a)
+            done.append(f"{node.name}: state_window=0 dropped (0 is what a runtime without the attribute computes)")
     return done
 
 
@@ -72,8 +70,8 @@ def plain_attention(model: Any) -> list[str]:
     builder's ``-e cpu`` sets to 1 on sliding layers: the op then evicts from a buffer of at least its window, and
     refuses a past shorter than that, as a DynamicCache's is; without it a sliding layer attends to the same last
     ``local_window_size`` positions of a buffer that keeps every one; RingStaticCache sets it again on its own
-    graph), and the state ops without ``state_window=0`` (``drop_zero_attributes``). One line per node changed."""
-    done = drop_zero_attributes(model, STATE_WINDOWS)
+    graph), and the state ops without ``state_window=0`` (``drop_zero_state_windows``). One line per node changed."""
+    done = drop_zero_state_windows(model)
     for node in model.graph.node:
         found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
         if node.op_type == "GroupQueryAttention" and found is not None:
@@ -84,13 +82,10 @@ def plain_attention(model: Any) -> list[str]:
 
 
 def needs_plain(graph: Any) -> bool:
-    """Whether ``plain_attention`` would change ``graph``."""
-    return any(
-        (n.op_type == "GroupQueryAttention" and a.name == "sliding_window_cache")
-        or ((n.op_type, a.name) in STATE_WINDOWS and a.i == 0)
-        for n in graph.graph.node
-        for a in n.attribute
-    )
+    """Whether ``plain_attention`` would change ``graph`` (``graph`` itself is left as it is)."""
+    copy = type(graph)()
+    copy.graph.node.extend(graph.graph.node)
+    return bool(plain_attention(copy))
 
 
 def plain_graph(model: Any) -> Path:
@@ -101,7 +96,7 @@ def plain_graph(model: Any) -> Path:
 
 def strip_state_window(model: Any) -> list[str]:
     """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
-    node (``drop_zero_attributes``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
+    node (``drop_zero_state_windows``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
     ModelError."""
     for node in model.graph.node:
         window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
@@ -110,7 +105,7 @@ def strip_state_window(model: Any) -> list[str]:
                 f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
                 "has no such attribute and computes the whole state (state_window 0) only"
             )
-    return drop_zero_attributes(model, STATE_WINDOWS)
+    return drop_zero_state_windows(model)
 
 
 def decompose_linear_attention_gate(model: Any) -> list[str]:
