@@ -68,8 +68,12 @@ def prebuild(wanted: list[tuple[str, str, bool]], reporter: object | None) -> No
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With worker processes (pytest-xdist), the controller builds the models once, before any worker starts: two
+    """Ctrl-C as an interactive shell gives it: a suite started as a shell's background job (``pytest ... &``)
+    inherits SIGINT ignored, and so would every process it starts, where the tests of Ctrl-C need it delivered.
+    With worker processes (pytest-xdist), the controller builds the models once, before any worker starts: two
     workers needing one missing model would each build it (the first to finish is kept; the other's time is lost)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         slow = "slow" in config.getoption("markexpr", "").replace("not slow", "")
         prebuild(MODELS + (SLOW_MODELS if slow else []), None)
@@ -81,6 +85,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if len({item.path for item in session.items}) > 1:
         slow = any(item.get_closest_marker("slow") for item in session.items)
         prebuild(MODELS + (SLOW_MODELS if slow else []), session.config.pluginmanager.get_plugin("terminalreporter"))
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_left_as_found() -> Iterator[None]:
+    """Every test leaves SIGINT's handler as it found it: one left ignored would make every later test (and every
+    process it starts, which inherits an ignored signal) see no Ctrl-C. A test that changed it fails, and the
+    handler is put back."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"this test left SIGINT's handler {after!r}; it found {before!r}")
 
 
 @pytest.fixture(scope="session")
