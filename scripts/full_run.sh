@@ -22,10 +22,9 @@ mkdir -p artifacts
 .venv/bin/python - <<'PY'
 import sys, time
 sys.path.insert(0, "tests")
-from conftest import MODELS, SLOW_MODELS
-from kvlab.ort.models.build import ensure_all
+from conftest import MODELS, SLOW_MODELS, prebuild
 t = time.perf_counter()
-ensure_all(MODELS + SLOW_MODELS, jobs=2)
+prebuild(MODELS + SLOW_MODELS, None)
 print(f"[kvlab full run] models built in {time.perf_counter() - t:.0f} s")
 PY
 
