@@ -11,18 +11,13 @@
 // Writes the runner's result, plus {bundle, mode, window: {from, steps, ms}, calls}, to OUT.json.
 
 import fs from 'node:fs';
-import path from 'node:path';
 import inspector from 'node:inspector';
-import { pathToFileURL } from 'node:url';
-import { errorResult, jobFiles, runJob } from '../../kvlab/web/js/runner.mjs';
+import { runJob } from '../../kvlab/web/js/runner.mjs';
+import { finish, jobBytes, nodeHost, openNodeRuntime } from '../../kvlab/web/js/node_runtime.mjs';
 
 const [jobFile, modelDir, modules, outFile, toggles, bundle, mode, fromArg, stepsArg] = process.argv.slice(2);
 const from = Number(fromArg);
 const last = from + Number(stepsArg) - 1;
-const BUNDLES = {
-  webgpu: ['ort.webgpu.bundle.min.mjs', 'ort-wasm-simd-threaded.asyncify.wasm'],
-  jsep: ['ort.bundle.min.mjs', 'ort-wasm-simd-threaded.jsep.wasm'],
-};
 const COUNTED = {
   GPUDevice: ['createBindGroup', 'createBuffer', 'createCommandEncoder', 'createComputePipeline'],
   GPUQueue: ['writeBuffer', 'submit', 'onSubmittedWorkDone'],
@@ -46,26 +41,6 @@ function countCalls(globals) {
       };
     }
   }
-}
-
-// as node_host.mjs: dawn.node refuses a view onto shared memory, which onnxruntime-web's threaded heap is
-function shareableWrites(GPUQueue) {
-  const write = GPUQueue.prototype.writeBuffer;
-  GPUQueue.prototype.writeBuffer = function writeBufferUnshared(buffer, offset, data, dataOffset, size) {
-    if (data instanceof SharedArrayBuffer) {
-      if (counting) calls['copies of shared views'] = (calls['copies of shared views'] ?? 0) + 1;
-      const copy = new Uint8Array(data, dataOffset ?? 0, size ?? data.byteLength - (dataOffset ?? 0)).slice();
-      return write.call(this, buffer, offset, copy, 0, copy.byteLength);
-    }
-    if (ArrayBuffer.isView(data) && data.buffer instanceof SharedArrayBuffer) {
-      if (counting) calls['copies of shared views'] = (calls['copies of shared views'] ?? 0) + 1;
-      const start = data.byteOffset + (dataOffset ?? 0) * (data.BYTES_PER_ELEMENT ?? 1);
-      const length = (size ?? data.length - (dataOffset ?? 0)) * (data.BYTES_PER_ELEMENT ?? 1);
-      const copy = new Uint8Array(data.buffer, start, length).slice();
-      return write.call(this, buffer, offset, copy, 0, copy.byteLength);
-    }
-    return write.call(this, buffer, offset, data, dataOffset, size);
-  };
 }
 
 const session = new inspector.Session();
@@ -96,41 +71,20 @@ function atStep() {
   return false;
 }
 
-async function main() {
+await finish(outFile, async () => {
   const job = JSON.parse(fs.readFileSync(jobFile, 'utf8'));
-  const { create, globals } = await import(pathToFileURL(path.join(modules, 'webgpu', 'index.js')).href);
-  Object.assign(globalThis, globals);
-  shareableWrites(globals.GPUQueue);
+  const onSharedCopy = () => {
+    if (counting) calls['copies of shared views'] = (calls['copies of shared views'] ?? 0) + 1;
+  };
+  const { ort, gpu, globals } = await openNodeRuntime({ modules, toggles, bundle, onSharedCopy });
   if (mode === 'count') countCalls(globals);
-  const gpu = create(toggles ? [`enable-dawn-features=${toggles}`] : []);
-  if (!globalThis.navigator) globalThis.navigator = {};
-  Object.defineProperty(globalThis.navigator, 'gpu', { value: gpu, configurable: true });
-  const [bundleFile, wasmFile] = BUNDLES[bundle];
-  const ort = await import(pathToFileURL(path.join(modules, 'onnxruntime-web', 'dist', bundleFile)).href);
-  const wasm = fs.readFileSync(path.join(modules, 'onnxruntime-web', 'dist', wasmFile));
-  ort.env.wasm.wasmBinary = wasm.buffer.slice(wasm.byteOffset, wasm.byteOffset + wasm.byteLength);
-  const bytes = {};
-  for (const f of jobFiles(job).filter((f) => f !== job.model.transformers_graph)) {
-    bytes[f.name] = new Uint8Array(fs.readFileSync(path.join(modelDir, f.name)));
-  }
   session.connect();
   if (mode === 'profile') {
     await post('Profiler.enable');
     await post('Profiler.setSamplingInterval', { interval: 100 });
   }
-  const host = { kind: 'node', name: `Node ${process.versions.node} + Dawn`, user_agent: '', node: process.versions.node };
-  const result = await runJob({ ort, gpu, job, bytes, host, transformers: null, cancelled: atStep });
+  const bytes = jobBytes(job, modelDir);
+  const result = await runJob({ ort, gpu, job, bytes, host: nodeHost(modules), transformers: null, cancelled: atStep });
   if (profiling) await profiling;
   return { ...result, bundle, mode, window, calls };
-}
-
-let code = 0;
-let result;
-try {
-  result = await main();
-} catch (err) {
-  result = errorResult(err);
-  code = 1;
-}
-fs.writeFileSync(outFile, JSON.stringify(result));
-process.exit(code);
+});

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from record import native_static  # this folder's recording: the same native step, sized the same way
+
 import kvlab
 from kvlab.bench.plan import prompt_ids
 from kvlab.web.assets import npm_dir
@@ -31,7 +33,6 @@ from kvlab.web.job import dawn_toggles, make_job
 from kvlab.web.node import find_node, node_env
 
 HERE = Path(__file__).resolve().parent
-WEBGPU_CALLS = ("GPU", "copies of shared views")
 
 
 def decode_ms(result: dict[str, Any]) -> tuple[float, list[int]]:
@@ -77,14 +78,6 @@ def summarize_profile(path: Path, steps: int) -> dict[str, Any]:
     }
 
 
-def native_static(model: Any, ids: list[int], new_tokens: int, size: int) -> tuple[float, list[int]]:
-    """kvlab's native static step (median decode ms) and tokens on this machine's WebGPU."""
-    g = kvlab.generate(
-        model, ids, device="webgpu", cache=kvlab.StaticCache(size), max_new_tokens=new_tokens, stop_on_eos=False
-    )
-    return g.decode_ms(), list(g.token_ids)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
@@ -104,9 +97,9 @@ def main() -> None:
     start = args.new_tokens + 6  # the measured round's prefill is call new_tokens + 1 of the hook
     toggles = ",".join(dawn_toggles("disabled"))
     report: dict[str, Any] = {"context": args.context, "new_tokens": args.new_tokens, "runs": []}
-    native = native_static(model, ids, args.new_tokens, size)
-    report["runs"].append({"what": "native static", "decode_ms": native[0], "tokens": native[1]})
-    print(f"native static: {native[0]:.2f} ms", flush=True)
+    native = native_static(model, args.context, args.new_tokens)
+    report["runs"].append({"what": "native static", "decode_ms": native["decode_ms"], "tokens": native["tokens"]})
+    print(f"native static: {native['decode_ms']:.2f} ms", flush=True)
     jobs = {}
     for cache in args.caches.split(","):
         job = make_job(model, ids, max_new_tokens=args.new_tokens, caches=(f"{cache}@{size}",), reps=1, warmup=True)
@@ -130,16 +123,16 @@ def main() -> None:
             row["decode_ms"], row["tokens"] = decode_ms(result)
             row["window_ms_per_step"] = result["window"]["ms"] / args.window
             row["calls_per_step"] = {k: v / args.window for k, v in sorted(result["calls"].items())}
-            row["tokens_equal_native"] = row["tokens"] == native[1]
+            row["tokens_equal_native"] = row["tokens"] == native["tokens"]
             profile = out_file.with_suffix(".cpuprofile")
             if profile.is_file():
                 row["profile"] = summarize_profile(profile, args.window)
             print(json.dumps({k: v for k, v in row.items() if k != "tokens"}, indent=1)[:4000], flush=True)
         report["runs"].append(row)
         (args.out / "profile.json").write_text(json.dumps(report, indent=1))
-    native = native_static(model, ids, args.new_tokens, size)
-    report["runs"].append({"what": "native static, again", "decode_ms": native[0], "tokens": native[1]})
-    print(f"native static again: {native[0]:.2f} ms", flush=True)
+    again = native_static(model, args.context, args.new_tokens)
+    report["runs"].append({"what": "native static, again", "decode_ms": again["decode_ms"], "tokens": again["tokens"]})
+    print(f"native static again: {again['decode_ms']:.2f} ms", flush=True)
     (args.out / "profile.json").write_text(json.dumps(report, indent=1))
 
 
