@@ -1,8 +1,10 @@
 // Where the page's decode step goes: the runner (kvlab/web/js/runner.mjs) in Node with Dawn, as node_host.mjs runs
-// it, with one of onnxruntime-web's two WebGPU builds and one of three modes over a window of decode steps.
+// it, with one of onnxruntime-web's WebGPU builds and one of three modes over a window of decode steps.
 //
 // Usage: node profile_host.mjs JOB.json MODEL_DIR NODE_MODULES OUT.json TOGGLES BUNDLE MODE FROM STEPS
 //   BUNDLE  webgpu: ort.webgpu.bundle.min.mjs, the WebGPU EP built from C++ (asyncify wasm; kvlab's runner uses it)
+//           jspi:   ort.jspi.bundle.min.mjs, the same EP on WebAssembly's promise integration (onnxruntime-web
+//                   >= 1.31; a Node with JSPI: 24 with --experimental-wasm-jspi)
 //           jsep:   ort.bundle.min.mjs, the JavaScript WebGPU EP (JSEP wasm)
 //   MODE    time:    nothing added
 //           profile: V8's sampling profiler (node:inspector) over the steps FROM .. FROM+STEPS-1 (counted over the

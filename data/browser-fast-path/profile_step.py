@@ -1,6 +1,7 @@
 """Where the page's uncaptured static step goes, against kvlab's native one on the same GPU: the page's static cache
-(token on the GPU, bursts of 8) in Node with Dawn under onnxruntime-web's two WebGPU builds (``webgpu``: the EP
-built from C++, asyncify wasm, kvlab's runner's; ``jsep``: the JavaScript EP), each run timed alone, once with every
+(token on the GPU, bursts of 8) in Node with Dawn under onnxruntime-web's WebGPU builds (``webgpu``: the EP
+built from C++, asyncify wasm, kvlab's runner's; ``jspi``: the same EP on WebAssembly's promise integration;
+``jsep``: the JavaScript EP), each run timed alone, once with every
 WebGPU call counted and once under V8's sampling profiler over a window of decode steps (``profile_host.mjs``),
 beside kvlab's native static step (onnxruntime-webgpu from Python) before and after. Writes ``profile.json`` (and the
 ``.cpuprofile`` files) to OUT and prints a summary: per-step times, WebGPU calls per step, the profiler's self time
@@ -120,6 +121,8 @@ def main() -> None:
             row["error"] = result["error"][:600]
             print(f"{row['what']}: ERROR {row['error'][:300]}", flush=True)
         else:
+            row["runtime"] = f"onnxruntime-web {result['ort_version']} ({bundle}), {result['host']['name']}"
+            row["adapter"] = result["adapter"]["description"] or result["adapter"]["architecture"]
             row["decode_ms"], row["tokens"] = decode_ms(result)
             row["window_ms_per_step"] = result["window"]["ms"] / args.window
             row["calls_per_step"] = {k: v / args.window for k, v in sorted(result["calls"].items())}

@@ -5,7 +5,9 @@
 // - openNodeRuntime({modules, toggles, bundle, onSharedCopy}) makes Dawn's instance with TOGGLES (comma-separated
 //   Dawn toggles; '' for Dawn's defaults) enabled, installs it as navigator.gpu beside WebGPU's globals, imports
 //   onnxruntime-web's BUNDLE from the node_modules folder MODULES ('webgpu': the EP built from C++, asyncify wasm,
-//   the one the runner uses; 'jsep': the JavaScript EP) with its wasm, and returns {ort, gpu, globals}. Every
+//   the one the runner uses; 'jspi': the same EP on WebAssembly's promise integration instead of asyncify, from
+//   onnxruntime-web 1.31 on, in a Node whose V8 has JSPI; 'jsep': the JavaScript EP) with its wasm, and returns
+//   {ort, gpu, globals}. Every
 //   queue.writeBuffer of shared memory is copied into plain memory first, onSharedCopy() called once per copy.
 // - jobBytes(job, modelDir): {file name: Uint8Array} of the job's files read from MODEL_DIR (the transformers.js
 //   graph, made by kvlab and sent in the job, left out).
@@ -20,6 +22,7 @@ import { errorResult, jobFiles } from './runner.mjs';
 
 const BUNDLES = {
   webgpu: ['ort.webgpu.bundle.min.mjs', 'ort-wasm-simd-threaded.asyncify.wasm'],
+  jspi: ['ort.jspi.bundle.min.mjs', 'ort-wasm-simd-threaded.jspi.wasm'],
   jsep: ['ort.bundle.min.mjs', 'ort-wasm-simd-threaded.jsep.wasm'],
 };
 
