@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from floor import read_bandwidth, weight_bytes  # noqa: E402
-from per_token import _genai_tokens  # noqa: E402
+from per_token import _genai_tokens, per_token_ms  # noqa: E402
 
 from kvlab.ort import StaticCache, generate, load, open_device  # noqa: E402
 from kvlab.ort.checks.references import genai_model  # noqa: E402
@@ -46,36 +46,29 @@ def main(out: str, cell: str = "smollm2:fp32", context: str = "256", rounds: str
     cache = StaticCache(int(context) + NEW + 1)
     tokens: dict[str, list[int]] = {}
 
+    def kvlab_call(n: int) -> float:
+        start = time.perf_counter()
+        tokens["kvlab"] = generate(model, ids, cache=cache, device=dev, max_new_tokens=n, stop_on_eos=False).token_ids
+        return time.perf_counter() - start
+
+    def genai_call(n: int) -> float:
+        start = time.perf_counter()
+        tokens["genai"] = _genai_tokens(peer, ids, n)
+        return time.perf_counter() - start
+
     def kvlab_ms() -> float:
-        def call(n: int) -> float:
-            start = time.perf_counter()
-            tokens["kvlab"] = generate(
-                model, ids, cache=cache, device=dev, max_new_tokens=n, stop_on_eos=False
-            ).token_ids
-            return time.perf_counter() - start
-
-        one = call(1)
-        return (call(1 + NEW) - one) * 1e3 / NEW
-
-    def genai_ms() -> float:
-        def call(n: int) -> float:
-            start = time.perf_counter()
-            tokens["genai"] = _genai_tokens(peer, ids, n)
-            return time.perf_counter() - start
-
-        one = call(1)
-        return (call(1 + NEW) - one) * 1e3 / NEW
+        return per_token_ms(kvlab_call, NEW)
 
     rows, equal = [], True
     try:
-        kvlab_ms(), genai_ms()  # warm-up
+        kvlab_ms(), per_token_ms(genai_call, NEW)  # warm-up
         start = time.time()
         for r in range(int(rounds)):
             row: dict[str, float] = {"t_s": round(time.time() - start, 1)}
             row["floor"] = nbytes / read_bandwidth(nbytes, cores, passes=3) * 1e3
             row["after_read"] = kvlab_ms()
             row["again"] = kvlab_ms()
-            row["genai"] = genai_ms()
+            row["genai"] = per_token_ms(genai_call, NEW)
             row["after_genai"] = kvlab_ms()
             time.sleep(2)
             row["after_idle"] = kvlab_ms()

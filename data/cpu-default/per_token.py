@@ -64,8 +64,7 @@ def per_token_vs_genai(
     try:
         for r in range(rounds + 1):
             for name in ("kvlab", "genai") if r % 2 else ("genai", "kvlab"):
-                one = sides[name](1)
-                per_token = (sides[name](1 + new_tokens) - one) * 1e3 / new_tokens
+                per_token = per_token_ms(sides[name], new_tokens)
                 if r:  # round 0 warms both up (sessions, buffers, caches of the CPU)
                     ms[name].append(per_token)
             equal = equal and tokens["kvlab"] == tokens["genai"]
@@ -86,6 +85,13 @@ def per_token_vs_genai(
         "ratio_quartiles": (float(q1), float(q3)),
         "tokens_equal": equal,
     }
+
+
+def per_token_ms(call: Callable[[int], float], new_tokens: int) -> float:
+    """A side's time per decode token, timed from outside (module docstring): ``call(n)`` runs a whole generation of
+    ``n`` tokens and returns its wall seconds; returns ``(T(1 + new_tokens) - T(1)) / new_tokens`` in ms."""
+    one = call(1)
+    return (call(1 + new_tokens) - one) * 1e3 / new_tokens
 
 
 def _genai_tokens(og_model: Any, ids: np.ndarray, n: int) -> list[int]:

@@ -25,6 +25,8 @@ MODES = ("none", "before", "after")
 
 
 def child(mode: str, cell: str, context: int, rounds: int) -> dict:
+    from per_token import per_token_ms  # this folder's outside timing (the child runs with it on sys.path)
+
     from kvlab.ort import StaticCache, generate, load, open_device
     from kvlab.ort.runtime import memory
 
@@ -44,10 +46,7 @@ def child(mode: str, cell: str, context: int, rounds: int) -> dict:
         call(1 + NEW)
         if mode == "after":
             block = np.ones(515 << 18, np.float32)
-        ms = []
-        for _ in range(rounds):
-            one = call(1)
-            ms.append((call(1 + NEW) - one) * 1e3 / NEW)
+        ms = [per_token_ms(call, NEW) for _ in range(rounds)]
     finally:
         cache.dispose()
     del block
