@@ -7,8 +7,8 @@
 //   onnxruntime-web's BUNDLE from the node_modules folder MODULES ('webgpu': the EP built from C++, asyncify wasm,
 //   the one the runner uses; 'jspi': the same EP on WebAssembly's promise integration instead of asyncify, from
 //   onnxruntime-web 1.31 on, in a Node whose V8 has JSPI; 'jsep': the JavaScript EP) with its wasm, and returns
-//   {ort, gpu, globals}. Every
-//   queue.writeBuffer of shared memory is copied into plain memory first, onSharedCopy() called once per copy.
+//   {ort, gpu, globals}. Every queue.writeBuffer of shared memory is copied into plain memory first, onSharedCopy()
+//   called once per copy.
 // - jobBytes(job, modelDir): {file name: Uint8Array} of the job's files read from MODEL_DIR (the transformers.js
 //   graph, made by kvlab and sent in the job, left out).
 // - nodeHost(modules): the host a result names.
