@@ -2,7 +2,7 @@
 
 A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
 that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
-(data/inside-a-decode-step/). Here the model's graph also outputs the greedy token (an ArgMax over the last
+(data/token-on-the-device/). Here the model's graph also outputs the greedy token (an ArgMax over the last
 position's logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token
 never travels to the device. The host reads the tokens back when it needs them, after every step or after a burst
 of steps (``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next
