@@ -56,8 +56,12 @@ def names_something(path: str) -> bool:
 
 
 def cited_texts() -> list[tuple[str, str]]:
-    """(where, text) of the README, every docs page, and every notebook cell's source and text outputs."""
-    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in markdown_files()]
+    """(where, text) of the README, every docs page, every notebook cell's source and text outputs, and every
+    source file of the package (its docstrings point at the data/ folder that holds a measurement)."""
+    package = sorted(
+        p for p in (ROOT / "kvlab").rglob("*") if p.suffix in (".py", ".mjs") and "node_modules" not in p.parts
+    )
+    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in [*markdown_files(), *package]]
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
             texts = ["".join(cell["source"])]
@@ -86,7 +90,7 @@ def test_every_relative_link_points_to_a_file_that_exists(markdown):
     assert not missing, f"{markdown.relative_to(ROOT)} links to paths that do not exist: {missing}"
 
 
-def test_every_data_and_scripts_path_named_in_the_docs_and_notebooks_exists():
+def test_every_data_and_scripts_path_named_in_the_docs_notebooks_and_package_exists():
     missing = sorted({(where, path) for where, text in cited_texts() for path in repository_paths(text)
                       if not names_something(path)})  # fmt: skip
     assert not missing, f"paths into data/ or scripts/ that do not exist: {missing}"
