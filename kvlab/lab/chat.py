@@ -22,7 +22,7 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
-from .show import with_plain_text
+from .show import error_html, with_plain_text
 from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 
 REUSE, REPREFILL = KIND_COLORS["static"], OTHER_COLORS[0]
@@ -103,7 +103,7 @@ class ChatLab:
         except KvlabError as exc:
             self.last_error = exc
             self.text.value = message
-            self.status.value = _error_html(exc)
+            self.status.value = error_html(exc)
             self._render(refused=True)
             return None
         self.last_error, self.text.value = None, ""
@@ -155,10 +155,6 @@ class ChatLab:
         self.transcript.value = _transcript_html(self.conv)
         self.fill.value = _fill_html(len(self.conv.ids), *self.conv.capacity, refused)
         self.chart.value = _bars_html(self.rows)
-
-
-def _error_html(exc: Exception) -> str:
-    return f"<div style='color:#d62728'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
 
 
 def _transcript_html(conv: Conversation) -> str:

@@ -8,6 +8,7 @@ viewer. The widget itself is displayed as usual; only the plain-text fallback ch
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 
@@ -18,6 +19,14 @@ def with_plain_text(bundle: Any, text: str) -> Any:
         data, metadata = bundle
         return {**data, "text/plain": text}, metadata
     return {**bundle, "text/plain": text} if isinstance(bundle, dict) else {"text/plain": text}
+
+
+def error_html(exc: Exception) -> str:
+    """``exc`` as a widget's status line: its type in bold, then its message."""
+    return (
+        "<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;background:#fdeaea'>"
+        f"<b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
+    )
 
 
 class LiveWidget:
