@@ -1,15 +1,11 @@
-"""Notebook 09's chat: ``ChatLab``, a conversation widget (a text box, Send, Edit last message) over a
-``kvlab.Conversation``, with each turn's time to first token beside a from-scratch prefill of the same history, the
-cache's fill bar and prompt lookup's accept rate; and the figure of those turns.
+"""``ChatLab``, a conversation widget (a text box, Send, Edit last message) over a ``kvlab.Conversation``, with each
+turn's time to first token beside a from-scratch prefill of the same history, the cache's fill bar and prompt
+lookup's accept rate; and the figure of those turns.
 
-    from kvlab.lab.chat import ChatLab
     lab = ChatLab("smollm2", cache=kvlab.StaticCache(384))
     lab                                  # the widget
     lab.send("What is a KV cache?")      # what the Send button does, from code
     lab.edit_last()                      # the last message back in the box, its turn taken back (rewind_turn)
-
-Every control is an ipywidget; ``send`` and ``edit_last`` are what the buttons call. A refused turn (CapacityError:
-it does not fit the cache) is shown, not raised; ``last_error`` keeps it.
 """
 
 from __future__ import annotations
@@ -41,8 +37,9 @@ def reprefill_positions(sizes: Sequence[int]) -> list[int]:
 
 class ChatLab:
     """A chat with ``model`` on ``device`` over ``cache`` (default StaticCache(512)); ``reprefill``: after each
-    turn, time a from-scratch prefill of the same history too (into a second cache of the same kind and size, made
-    once); ``lookup``: the prompt lookup a ticked box uses. ``rows``: one dict per turn said and kept."""
+    turn, time a from-scratch prefill of the same history too (into a second cache of the same kind and size);
+    ``lookup``: the prompt lookup a ticked box uses. ``rows``: one dict per turn kept. A refused turn (a kvlab
+    error, e.g. CapacityError) is shown, not raised, and kept in ``last_error``."""
 
     def __init__(
         self,

@@ -86,11 +86,11 @@ def legend_below(y: float = -0.18) -> dict[str, Any]:
 
 def finish(fig: Any, t: dict[str, Any], *, legend_y: float = -0.18, top_extra: int = 0, **layout: Any) -> Any:
     """What every kvlab figure ends with: the title ``t`` (from ``title``) with a top margin that fits its lines
-    (plus ``top_extra`` pixels), the legend below the plot at ``legend_y``, the white template, and ``layout``, the
-    figure's own settings (axes, height, barmode), all in one ``fig.update_layout``. Returns ``fig``."""
-    fig.update_layout(
-        title=t, legend=legend_below(legend_y), template="plotly_white", margin=top_margin(t, top_extra), **layout
-    )
+    (plus ``top_extra`` pixels; ``layout``'s ``margin`` adds the other sides), the legend below the plot at
+    ``legend_y``, the white template, and ``layout``, the figure's own settings (axes, height, barmode), all in one
+    ``fig.update_layout``. Returns ``fig``."""
+    margin = {**top_margin(t, top_extra), **layout.pop("margin", {})}
+    fig.update_layout(title=t, legend=legend_below(legend_y), template="plotly_white", margin=margin, **layout)
     return fig
 
 
