@@ -81,12 +81,6 @@ class ChatLab:
         text = "kvlab ChatLab (a live widget): run this cell to chat; the cells below drive it"
         return with_plain_text(self.widget._repr_mimebundle_(**kwargs), text)
 
-    @property
-    def label(self) -> str:
-        """What ran this chat: model, precision, runtime, device, cache."""
-        m, d = self.model, self.conv.device.label
-        return f"{m.name} ({m.info.dtype_name}) · {runtime_text(d)} · {d} · cache {self.cache.spec}"
-
     def send(self, text: str | None = None) -> Any:
         """Say ``text`` (default: the box's) and return the turn; None when it was refused (``last_error``)."""
         message = self.text.value if text is None else text
@@ -198,15 +192,17 @@ def _bars_html(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def ttft_figure(lab: ChatLab) -> Any:
-    """The lab's turns: time to first token kept against re-prefilled, per turn, with the history's length."""
-    rows = lab.rows
+    """The lab's turns: time to first token kept against re-prefilled, per turn, with the history's length; the title
+    names the model, precision, runtime, device and cache."""
+    rows, m, d = lab.rows, lab.model, lab.conv.device.label
+    ran = f"{m.name} ({m.info.dtype_name}) · {runtime_text(d)} · {d} · cache {lab.cache.spec}"
     x = [f"turn {r['turn']}<br>{r['history']:,} positions" for r in rows]
     fig = go().Figure()
     fig.add_bar(x=x, y=[r["reuse_ms"] for r in rows], name="kept cache (feeds the new positions)", marker_color=REUSE)
     fig.add_bar(
         x=x, y=[r["reprefill_ms"] for r in rows], name="re-prefill (feeds the whole history)", marker_color=REPREFILL
     )
-    t = title("Time to first token per turn, live: kept cache vs re-prefill", lab.label, "one run each, this machine")
+    t = title("Time to first token per turn, live: kept cache vs re-prefill", ran, "one run each, this machine")
     finish(fig, t, legend_y=-0.25, barmode="group", yaxis_title="time to first token (ms)", height=440)
     return fig
 

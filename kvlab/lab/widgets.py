@@ -70,13 +70,12 @@ def open_webgpu(mode: str) -> Device:
 
 class CacheLab:
     """Controls for model, cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode
-    (each an ipywidget with its ``kvlab-...`` CSS class); a Run button; a live chart; the plan and status lines; a
-    table with one row per run. The arguments are the controls' first values (``models``: the other choices of the
-    model control; ``allow_slow``: run a model too big for a software adapter anyway). ``browser``: a widget that
-    runs a job on the notebook's own browser GPU (``kvlab.web.widget.BrowserLab``: anything with ``on_result(fn)``
-    whose result has ``measured`` generations): shown under the controls, and every run it sends back joins the
-    chart and the table, labelled with the browser and its adapter. Raises ConfigError for a bad choice, ValueError
-    for an unknown model."""
+    (ipywidgets, each with its ``kvlab-...`` CSS class), set to the arguments; a Run button; a live chart; the plan
+    and status lines; a table with one row per run. ``models``: the model control's other choices; ``allow_slow``:
+    run a model too big for a software adapter anyway; ``browser``: a widget running jobs on the browser's GPU
+    (anything with ``on_result(fn)`` whose result has ``measured`` generations, e.g. ``kvlab.web.widget.BrowserLab``),
+    shown under the controls, each run it sends back joining the chart and the table. ConfigError for a bad choice,
+    ValueError for an unknown model."""
 
     def __init__(
         self,
@@ -285,9 +284,8 @@ class CacheLab:
         return g
 
     def _warm_up(self, model: Model, ids: np.ndarray, dev: Device, s: Settings) -> None:
-        """One untimed two-token run the first time a setting is used: a fresh WebGPU context compiles its shaders in
-        its first steps, which would make the first timed run look slower than the next. Skipped when the run would
-        not fit: the timed run reports that."""
+        """One untimed two-token run the first time a setting is used (a fresh WebGPU context compiles its shaders in
+        its first steps); skipped when the run would not fit, which the timed run reports."""
         key = (model.name, dev.name, s.mode, s.cache, s.size, len(ids))
         if key in self._warmed or (s.size is not None and positions_needed(len(ids), 2) > s.size):
             return
