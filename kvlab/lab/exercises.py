@@ -86,12 +86,8 @@ def check(
         right = math.isclose(answer, expected, rel_tol=1e-6)
     if right:
         return Verdict(True, f"{what} is {_fmt(expected, unit)}")
-    off = answer / expected if expected else math.inf
-    direction = f"{off:.2g}x the right value" if expected else "not 0"
-    return Verdict(
-        False,
-        f"{_fmt(answer, unit)} is {direction} for {what}" + (f"; hint: {hint}" if hint else ""),
-    )
+    direction = f"{answer / expected:.2g}x the right value" if expected else "not 0"
+    return Verdict(False, f"{_fmt(answer, unit)} is {direction} for {what}" + (f"; hint: {hint}" if hint else ""))
 
 
 def check_prediction(guess: Any, measured: float, *, what: str, unit: str = "", close: float = 0.25) -> Verdict:
