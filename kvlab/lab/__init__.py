@@ -1,10 +1,7 @@
-"""The live lab, for notebooks: figures of per-step records (``plots``, ``memory``), the ``CacheLab`` dashboard
-(``widgets`` with its ``controls``, ``readouts`` and ``liveplot``), the ``BufferWatch`` step hook (``buffers``),
-``ChatLab`` (``chat``), exercises with checked answers (``exercises``), a KV cache written by hand in numpy with
-its checks and exact byte counts (``by_hand``), the tables and reports a lesson prints (``tables``), which layers of
-a model grow and what each cache holds and saves, per architecture (``layer_kinds``), a model edited to show what a
-runtime refuses (``graph_edits``), live tensors counted through a cache's lifecycle (``timeline``) and one visual
-language (``style``).
+"""The live lab, for notebooks: figures of per-step records (``plots``, ``memory``, ``timeline``), the ``CacheLab``
+dashboard (``widgets``, ``readouts``, ``liveplot``) and ``ChatLab`` (``chat``), step hooks (``buffers``), the
+exercises and their checks (``exercises``, ``by_hand``), the tables and measurements a lesson prints (``tables``,
+``layer_kinds``, ``noise``), recorded experiments read by question (``recorded``) and one visual language (``style``).
 
 It may import ``kvlab.core``, ``kvlab.presets``, the ``kvlab.ort`` facade and ``kvlab.ort.decode``, never
 ``kvlab.ort.runtime`` or ``kvlab.ort.models``, nor the packages that import it (``kvlab.web``, ``kvlab.bench``,

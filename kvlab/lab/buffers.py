@@ -1,9 +1,6 @@
-"""The buffers themselves: which device buffer holds each KV tensor after every step, and whether it is the same
-one as the step before, one the pool handed back, or one never seen before.
-
-A buffer's identity is its ``data_ptr`` (on WebGPU, the WGPUBuffer handle). "Fresh" means a handle this run has not
-held before: a proxy for a CreateBuffer, exact unless Dawn gives a new buffer the address of a destroyed one (then
-it reads as recycled, so fresh counts are a lower bound).
+"""Which device buffer holds each KV tensor after every step: the same one as the step before, one the pool handed
+back, or one never seen before. A buffer's identity is its ``data_ptr`` (on WebGPU, the WGPUBuffer handle); "fresh",
+a handle this run has not held before, is a lower bound of CreateBuffer calls (Dawn may reuse an address).
 
     watch = BufferWatch(cache)
     kvlab.generate(model, ids, cache=cache, on_step=watch)
@@ -30,7 +27,6 @@ class BufferWatch:
     lengths: list[int] = field(default_factory=list)  # cache length after the step
     wall_ms: list[float] = field(default_factory=list)
     states: list[list[str]] = field(default_factory=list)  # [step][tensor] -> one of STATES
-    label: Any = None  # the RunLabel of the generation, when set by the caller (for titles)
 
     def __post_init__(self) -> None:
         self.name = self.name or str(self.cache.spec)
@@ -60,9 +56,8 @@ class BufferWatch:
 def watched_runs(
     model: Any, ids: Any, caches: Any, device: str, new_tokens: int, prefill_device: str | None = None
 ) -> tuple[list[BufferWatch], list[Any]]:
-    """One greedy generation of ``new_tokens`` per cache of ``caches`` (fresh kvlab caches, each disposed after its
-    run), each watched by a ``BufferWatch``: (the watches, the generations), in the caches' order. Raises what
-    ``generate`` raises."""
+    """One greedy generation of ``new_tokens`` per fresh kvlab cache of ``caches`` (each disposed after its run),
+    watched: (the ``BufferWatch``es, the generations), in order. Raises what ``generate`` raises."""
     from ..ort import generate
 
     watches, runs = [], []

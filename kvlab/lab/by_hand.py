@@ -1,15 +1,12 @@
-"""A KV cache written by hand: one tiny attention layer in numpy, decoded three ways (no cache, a cache grown by
-concatenation, a cache written in place into one pre-allocated buffer), the checks of an attendee's caches against
-the no-cache result, and exact counts of the bytes each way writes per step.
+"""A KV cache written by hand: one tiny attention layer in numpy (float32, no runtime), decoded three ways (no cache,
+a cache grown by concatenation, a cache written in place into one pre-allocated buffer), the checks of an
+attendee's caches against the no-cache result, and exact counts of the bytes each way writes per step. Keys and
+values are [heads, positions, head_dim]: ONNX Runtime's KV tensors without the batch axis.
 
     layer, xs = Layer(), inputs(12)
-    reference = decode_without_cache(layer, xs)          # [steps, d_model]
-    np.allclose(decode_with(GrowingKV(), layer, xs), reference)
+    np.allclose(decode_with(GrowingKV(), layer, xs), decode_without_cache(layer, xs))
     check_cache(MyCache, "static")                       # a Verdict, as kvlab.lab.exercises gives
     copies_chart({"dynamic": trace(GrowingKV(), layer, xs), ...})
-
-Shapes follow ONNX Runtime's KV tensors without the batch axis: keys and values are [heads, positions, head_dim].
-Nothing here imports a runtime: it is the mechanism alone, on the CPU, in float32.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ class Layer:
         return x.reshape(len(x), self.heads, self.head_dim).transpose(1, 0, 2)
 
     def project(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The queries, keys and values of the positions ``x`` ([positions, d_model]), each [heads, positions,
-        head_dim]."""
+        """The queries, keys and values of the positions ``x`` ([positions, d_model]), each split."""
         return self.split(x @ self.wq), self.split(x @ self.wk), self.split(x @ self.wv)
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -77,10 +73,10 @@ def decode_without_cache(layer: Layer, xs: np.ndarray) -> np.ndarray:
 
 
 def decode_with(cache: Any, layer: Layer, xs: np.ndarray, on_step: Callable[..., None] | None = None) -> np.ndarray:
-    """Step t projects only its own position and hands its key and value to ``cache.update(k, v)``, which returns
-    the keys and values of every position so far; the step attends over those. ``on_step(t, k, v, keys, values)``
-    sees each step. Returns the outputs, [steps, d_model]; raises what the cache raises, and TypeError when
-    ``update`` returns something other than two arrays."""
+    """Step t projects only its own position, hands its key and value to ``cache.update(k, v)`` and attends over the
+    keys and values of every position so far that it returns; ``on_step(t, k, v, keys, values)`` sees each step.
+    Returns the outputs, [steps, d_model]; raises what the cache raises, TypeError when ``update`` returns other than
+    two arrays."""
     out = []
     for t in range(len(xs)):
         q, k, v = layer.project(xs[t : t + 1])
@@ -129,10 +125,10 @@ class PreallocatedKV:
 
 
 def trace(cache: Any, layer: Layer, xs: np.ndarray) -> Any:
-    """Decode ``xs`` with ``cache`` and count, exactly, the bytes each step writes into cache memory: the new
-    position's key and value always, plus every earlier position again when ``update`` returned arrays that share
-    no memory with the step before's (a fresh buffer the past was copied into). Returns a pandas frame, one row
-    per step: step, positions, fresh (bool), copied_bytes, written_bytes (copied + the new position)."""
+    """Decode ``xs`` with ``cache`` and count the bytes each step writes into cache memory: the new position's key
+    and value, plus every earlier position when ``update`` returned arrays sharing no memory with the step before's
+    (a fresh buffer the past was copied into). A pandas frame, a row per step: step, positions, fresh (bool),
+    copied_bytes, written_bytes (copied + the new position)."""
     import pandas as pd
 
     rows, last = [], []
@@ -150,9 +146,8 @@ def trace(cache: Any, layer: Layer, xs: np.ndarray) -> Any:
 
 
 def recomputed(layer: Layer, xs: np.ndarray) -> Any:
-    """What the no-cache decode does instead of caching, counted the same way: step t computes the keys and values
-    of all t + 1 positions again. Returns a frame like ``trace``'s (fresh: True; copied_bytes: 0; written_bytes:
-    the bytes of the keys and values it recomputes)."""
+    """The no-cache decode counted as ``trace`` counts: step t writes the keys and values of all t + 1 positions
+    again (fresh: True, copied_bytes: 0)."""
     import pandas as pd
 
     per_position = 2 * layer.d_model * np.dtype(np.float32).itemsize
@@ -165,11 +160,10 @@ def recomputed(layer: Layer, xs: np.ndarray) -> Any:
 
 
 def check_cache(cls: Any, kind: str, *, steps: int = 12, max_len: int = 16) -> Verdict:
-    """An attendee's cache class against the no-cache decode of one ``Layer``: built as ``cls()`` (``kind``
-    "dynamic") or ``cls(heads, max_len, head_dim)`` ("static"), it must give the reference's outputs at every step
-    (float32 tolerance); a static one must also return views of one buffer at every step (no fresh buffer after
-    the first). Returns a Verdict (None while ``cls`` is None, ... or its ``update`` returns None); never raises
-    for the attendee's code, only ValueError for an unknown ``kind``."""
+    """An attendee's cache class, built as ``cls()`` (``kind`` "dynamic") or ``cls(heads, max_len, head_dim)``
+    ("static"), against the no-cache decode of one ``Layer``: the same outputs at every step, and for a static one
+    views of one buffer (no fresh buffer after the first step). A Verdict (ok None while ``cls`` is None or ... or
+    its ``update`` returns None); never raises for the attendee's code, ValueError for an unknown ``kind``."""
     if kind not in ("dynamic", "static"):
         raise ValueError(f"kind is 'dynamic' or 'static', not {kind!r}")
     what = f"your {kind} cache"
@@ -198,9 +192,9 @@ def check_cache(cls: Any, kind: str, *, steps: int = 12, max_len: int = 16) -> V
 
 
 def copies_chart(traces: Mapping[str, Any]) -> Any:
-    """The bytes written per step, one line per way (name -> a ``trace`` or ``recomputed`` frame), on a positions
-    axis; a line whose name starts with the cache kind ("dynamic", "static") gets its colour, the no-cache line (its
-    name starting "no cache") is grey, dashed and drawn last (it lies on the dynamic line). Returns a plotly figure."""
+    """The bytes written per step against positions, one line per way (name -> a ``trace`` or ``recomputed`` frame):
+    a name starting with a cache kind gets its colour; one starting "no cache" is grey, dashed and drawn on top (it
+    lies on the dynamic line). A plotly figure."""
     fig = go().Figure()
     for name, f in sorted(traces.items(), key=lambda item: item[0].startswith("no cache")):  # grey on top
         grey = name.startswith("no cache")

@@ -1,15 +1,11 @@
-"""Notebook 09's chat: ``ChatLab``, a conversation widget (a text box, Send, Edit last message) over a
-``kvlab.Conversation``, with each turn's time to first token beside a from-scratch prefill of the same history, the
-cache's fill bar and prompt lookup's accept rate; and the figure of those turns.
+"""``ChatLab``, a conversation widget (a text box, Send, Edit last message) over a ``kvlab.Conversation``, with each
+turn's time to first token beside a from-scratch prefill of the same history, the cache's fill bar and prompt
+lookup's accept rate; and the figure of those turns.
 
-    from kvlab.lab.chat import ChatLab
     lab = ChatLab("smollm2", cache=kvlab.StaticCache(384))
     lab                                  # the widget
     lab.send("What is a KV cache?")      # what the Send button does, from code
     lab.edit_last()                      # the last message back in the box, its turn taken back (rewind_turn)
-
-Every control is an ipywidget; ``send`` and ``edit_last`` are what the buttons call. A refused turn (CapacityError:
-it does not fit the cache) is shown, not raised; ``last_error`` keeps it.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any
 from ..core.errors import KvlabError
 from ..core.lookup import PromptLookup
 from ..ort import Conversation, DynamicCache, StaticCache, load, open_device
-from .show import with_plain_text
+from .show import error_html, with_plain_text
 from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 
 REUSE, REPREFILL = KIND_COLORS["static"], OTHER_COLORS[0]
@@ -41,8 +37,9 @@ def reprefill_positions(sizes: Sequence[int]) -> list[int]:
 
 class ChatLab:
     """A chat with ``model`` on ``device`` over ``cache`` (default StaticCache(512)); ``reprefill``: after each
-    turn, time a from-scratch prefill of the same history too (into a second cache of the same kind and size, made
-    once); ``lookup``: the prompt lookup a ticked box uses. ``rows``: one dict per turn said and kept."""
+    turn, time a from-scratch prefill of the same history too (into a second cache of the same kind and size);
+    ``lookup``: the prompt lookup a ticked box uses. ``rows``: one dict per turn kept. A refused turn (a kvlab
+    error, e.g. CapacityError) is shown, not raised, and kept in ``last_error``."""
 
     def __init__(
         self,
@@ -84,12 +81,6 @@ class ChatLab:
         text = "kvlab ChatLab (a live widget): run this cell to chat; the cells below drive it"
         return with_plain_text(self.widget._repr_mimebundle_(**kwargs), text)
 
-    @property
-    def label(self) -> str:
-        """What ran this chat: model, precision, runtime, device, cache."""
-        m, d = self.model, self.conv.device.label
-        return f"{m.name} ({m.info.dtype_name}) · {runtime_text(d)} · {d} · cache {self.cache.spec}"
-
     def send(self, text: str | None = None) -> Any:
         """Say ``text`` (default: the box's) and return the turn; None when it was refused (``last_error``)."""
         message = self.text.value if text is None else text
@@ -103,7 +94,7 @@ class ChatLab:
         except KvlabError as exc:
             self.last_error = exc
             self.text.value = message
-            self.status.value = _error_html(exc)
+            self.status.value = error_html(exc)
             self._render(refused=True)
             return None
         self.last_error, self.text.value = None, ""
@@ -157,10 +148,6 @@ class ChatLab:
         self.chart.value = _bars_html(self.rows)
 
 
-def _error_html(exc: Exception) -> str:
-    return f"<div style='color:#d62728'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
-
-
 def _transcript_html(conv: Conversation) -> str:
     lines = []
     for m in conv.history.messages:
@@ -205,15 +192,17 @@ def _bars_html(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def ttft_figure(lab: ChatLab) -> Any:
-    """The lab's turns: time to first token kept against re-prefilled, per turn, with the history's length."""
-    rows = lab.rows
+    """The lab's turns: time to first token kept against re-prefilled, per turn, with the history's length; the title
+    names the model, precision, runtime, device and cache."""
+    rows, m, d = lab.rows, lab.model, lab.conv.device.label
+    ran = f"{m.name} ({m.info.dtype_name}) · {runtime_text(d)} · {d} · cache {lab.cache.spec}"
     x = [f"turn {r['turn']}<br>{r['history']:,} positions" for r in rows]
     fig = go().Figure()
     fig.add_bar(x=x, y=[r["reuse_ms"] for r in rows], name="kept cache (feeds the new positions)", marker_color=REUSE)
     fig.add_bar(
         x=x, y=[r["reprefill_ms"] for r in rows], name="re-prefill (feeds the whole history)", marker_color=REPREFILL
     )
-    t = title("Time to first token per turn, live: kept cache vs re-prefill", lab.label, "one run each, this machine")
+    t = title("Time to first token per turn, live: kept cache vs re-prefill", ran, "one run each, this machine")
     finish(fig, t, legend_y=-0.25, barmode="group", yaxis_title="time to first token (ms)", height=440)
     return fig
 

@@ -1,14 +1,12 @@
 """Exercises in the notebooks: the attendee writes an answer (a number, a choice, or a small function) and a check
-says whether it is right, with a hint when it is not. The expected value always comes from kvlab itself (a model's
-layout, a run's records), never from the attendee's own formula, so a check cannot agree with a wrong derivation.
+says whether it is right, with a hint when it is not. The expected value comes from kvlab itself (a model's
+layout, a run's records), never from the attendee's own formula.
 
-    from kvlab.lab.exercises import check
     answer = None  # your answer: SmolLM2's KV bytes per token
     check(answer, model.info.bytes_per_token, what="SmolLM2's KV bytes per token", unit="bytes")
 
-A check returns a ``Verdict`` (``ok``: True, False, or None while no answer is given), which a notebook shows as a
-coloured line and plain text reads as one sentence. Checks never raise for a wrong or missing answer; they raise
-``TypeError`` only when the expected value itself is not of a kind they compare.
+A check returns a ``Verdict``, shown as a coloured line. Checks never raise for a wrong or missing answer; ``check``
+raises TypeError only when the expected value is not a number or a word.
 """
 
 from __future__ import annotations
@@ -41,10 +39,9 @@ class Verdict:
 
     def _repr_html_(self) -> str:
         color = {True: "#2ca02c", False: "#d62728", None: "#7f7f7f"}[self.ok]
-        mark = self.mark
         return (
             f"<div style='border-left:4px solid {color};padding:4px 8px;margin:4px 0'>"
-            f"<b style='color:{color}'>{mark}</b>: {html.escape(self.message)}</div>"
+            f"<b style='color:{color}'>{self.mark}</b>: {html.escape(self.message)}</div>"
         )
 
 
@@ -89,18 +86,13 @@ def check(
         right = math.isclose(answer, expected, rel_tol=1e-6)
     if right:
         return Verdict(True, f"{what} is {_fmt(expected, unit)}")
-    off = answer / expected if expected else math.inf
-    direction = f"{off:.2g}x the right value" if expected else "not 0"
-    return Verdict(
-        False,
-        f"{_fmt(answer, unit)} is {direction} for {what}" + (f"; hint: {hint}" if hint else ""),
-    )
+    direction = f"{answer / expected:.2g}x the right value" if expected else "not 0"
+    return Verdict(False, f"{_fmt(answer, unit)} is {direction} for {what}" + (f"; hint: {hint}" if hint else ""))
 
 
 def check_prediction(guess: Any, measured: float, *, what: str, unit: str = "", close: float = 0.25) -> Verdict:
-    """A prediction made before a cell ran, against what it measured: right when within ``close`` (relative);
-    otherwise the message says by how much it was off, high or low. A measurement has noise, so this is looser
-    than ``check``."""
+    """A prediction made before a cell ran against what it measured: right within ``close`` (relative; looser than
+    ``check``, as a measurement has noise), else how far off, high or low."""
     if guess in NO_ANSWER:
         return Verdict(None, f"no prediction was made for {what}: the cell measured {_fmt(measured, unit)}")
     if isinstance(guess, bool) or not isinstance(guess, (int, float)):
@@ -122,9 +114,9 @@ def check_function(
     *,
     what: str,
 ) -> Verdict:
-    """The attendee's function against kvlab's ``reference`` on every case (a tuple of arguments): right when it
-    returns the reference's result for all of them; otherwise the first case where it differs (or raises). A
-    function that returns None for every case (a body still ``...``) counts as no answer yet."""
+    """The attendee's function against kvlab's ``reference`` on every case (a tuple of arguments): right when they
+    agree on all, else the first case where it differs or raises; None for every case (a body still ``...``) counts
+    as no answer yet."""
     if fn in NO_ANSWER:
         return Verdict(None, f"define the function for {what} and pass it in")
     if not callable(fn):

@@ -1,7 +1,7 @@
-"""Which layers of a model grow with the context, per architecture: a table of each model's layer kinds, the memory
-its layout needs at given lengths, the bytes each kind of cache holds against the report made before it allocated,
-and each cache's decode step timed against the context. The tables read the models' layouts; the two measurements
-run short generations on the device they are given and leave every cache they open closed."""
+"""Which layers of a model grow with the context, per architecture: each model's layer kinds, the memory its layout
+needs at given lengths, the bytes each cache holds against its report, and each cache's decode step timed against
+the context. Every function takes ``models`` (preset name -> loaded ``kvlab.Model``) and returns a pandas table;
+the measurements close every cache they open."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ _SHORT = {"full attention": "F", "conv state": "C", "linear attention (recurrent
 
 
 def layer_kinds(models: dict[str, Any], architectures: dict[str, str]) -> Any:
-    """One row per model of ``models`` (preset name -> loaded ``kvlab.Model``), indexed by preset: its architecture
-    (``architectures[name]``; KeyError for a model it does not name), its layers' kinds in order (F full, S sliding,
-    L linear, C conv), how many grow, the KV bytes one token adds and the bytes of its fixed-size states. A pandas
-    DataFrame; reads the layouts only."""
+    """One row per model, indexed by preset: its architecture (``architectures[name]``; KeyError for a model it does
+    not name), its layers' kinds in order (F full, S sliding, L linear, C conv), how many grow, the KV bytes one
+    token adds and the bytes of its fixed-size states. Reads the layouts only."""
     import pandas as pd
 
     rows = []
@@ -39,11 +38,9 @@ def layer_kinds(models: dict[str, Any], architectures: dict[str, str]) -> Any:
 
 
 def memory_at_lengths(models: dict[str, Any], lengths: Sequence[int] = (1024, 8192, 32768)) -> Any:
-    """One row per model (preset name -> loaded ``kvlab.Model``), indexed by preset: its growing layers ("2 of 8"),
-    then per length of ``lengths`` (token counts, multiples of 1024) the MiB its layout's report needs (one copy of
-    each state); at the last length also the MiB of it that are fixed states and the MiB a ring buffer (each layer
-    holding only the positions it attends to) would need. Values rounded to 3 decimals; a pandas DataFrame; reads
-    the layouts only."""
+    """One row per model, indexed by preset: its growing layers ("2 of 8"), the MiB its layout's report needs at each
+    of ``lengths`` (multiples of 1024), and at the last length the MiB of fixed states in it and the MiB a ring
+    buffer (each layer holding only the positions it attends to) would need; 3 decimals. Reads the layouts only."""
     import pandas as pd
 
     mib = 2**20
@@ -66,13 +63,11 @@ def memory_at_lengths(models: dict[str, Any], lengths: Sequence[int] = (1024, 81
 
 
 def held_against_report(models: dict[str, Any], prompt: Sequence[int], device: Any, max_cache_len: int = 256) -> Any:
-    """Per model (preset name -> loaded ``kvlab.Model``) and cache (a StaticCache of ``max_cache_len``, the same with
-    ``states="in-place"`` where the model has states, a DynamicCache): generate 8 tokens after ``prompt`` on
-    ``device`` (the opened ``kvlab`` device the models run on) and compare. One row each: preset, cache (its spec),
-    the bytes it held, whether that equals the device's live-byte delta, whether its bytes per layer equal the
-    report made before it allocated (a static cache's ``memory_report``; a dynamic cache's layout at its length),
-    and for a static cache whether no decode step allocated a buffer ("-" for the dynamic one). A pandas DataFrame;
-    raises what ``kvlab.generate`` raises. Every cache is closed on return."""
+    """Per model and cache (a StaticCache of ``max_cache_len``, the same with ``states="in-place"`` where the model
+    has states, a DynamicCache): 8 tokens generated after ``prompt`` on the opened ``device``, one row each: preset,
+    cache spec, the bytes it held, whether that is the device's live-byte delta, whether its bytes per layer are
+    its report's (a static cache's ``memory_report``, a dynamic one's layout at its length), and for a static cache
+    whether no decode step allocated a buffer ("-" for the dynamic one). Raises what ``kvlab.generate`` raises."""
     import pandas as pd
 
     rows = []
@@ -102,12 +97,10 @@ def held_against_report(models: dict[str, Any], prompt: Sequence[int], device: A
 def decode_step_times(
     models: dict[str, Any], contexts: Iterable[int], new_tokens: int, rounds: int, device: str = "cpu"
 ) -> tuple[dict[tuple[int, str, str], list[float]], dict[tuple[int, str], tuple[int, int]]]:
-    """Decode steps timed per context, model and cache kind: ``rounds`` rounds of, per context (a prompt length in
-    tokens) and model (preset name -> loaded ``kvlab.Model``), a dynamic then a static cache of ``context +
-    new_tokens`` fed a prompt of that length and then ``new_tokens`` single tokens through a ``kvlab.Stepper`` on
-    ``device``. Returns (the wall ms of every decode step keyed by (context, preset, kind); the (length, live bytes)
-    each dynamic cache held at its end, keyed by (context, preset), the last round's). Raises what the stepper
-    raises; every cache and stepper is closed on return."""
+    """``rounds`` rounds of, per context (a prompt length) and model, a dynamic then a static cache of ``context +
+    new_tokens`` fed the prompt then ``new_tokens`` single tokens through a ``kvlab.Stepper`` on ``device``. Returns
+    (every decode step's wall ms keyed by (context, preset, kind); the (length, live bytes) each dynamic cache held
+    at its end in the last round, keyed by (context, preset)). Raises what the stepper raises."""
     contexts = list(contexts)
     steps: dict[tuple[int, str, str], list[float]] = {}
     held: dict[tuple[int, str], tuple[int, int]] = {}
@@ -130,11 +123,10 @@ def decode_step_times(
 
 
 def static_gains(steps: dict[tuple[int, str, str], list[float]], growing: Any, models: dict[str, Any]) -> Any:
-    """What a StaticCache saves per decode step, from ``decode_step_times``'s ``steps`` at exactly two contexts:
-    one row per model (preset name -> loaded ``kvlab.Model``), with its growing layers (``growing[name]``) and KV
-    bytes per token, per context each cache's 10th-percentile step in ms and the ms saved, at the longer context
-    the gain of the 10th percentiles and of the medians, and the ms saved per 1k more tokens. Rows sorted by growing
-    layers; a pandas DataFrame indexed by preset. ValueError when ``steps`` holds other than two contexts."""
+    """What a StaticCache saves per decode step, from ``decode_step_times``'s ``steps`` at exactly two contexts, one
+    row per model (indexed by preset, sorted by ``growing[name]``, its growing layers): KV bytes per token, per
+    context each cache's 10th-percentile step ms and the ms saved, at the longer context the gain of the 10th
+    percentiles and of the medians, and the ms saved per 1k more tokens. ValueError for other than two contexts."""
     import numpy as np
     import pandas as pd
 

@@ -11,12 +11,9 @@ from .style import LOG_TICKS, run_color
 
 class LivePlot:
     """A FigureWidget with two panels (decode latency; KV memory reserved vs used) that grows while a run goes,
-    redrawn at most every ``throttle_s`` seconds. Keeps the last ``max_runs`` runs for comparison.
-
-    A FigureWidget sends its updates as transient messages; a browser view that was still loading plotly.js
-    when they came (e.g. a notebook run with "Run All") misses them for good. So at the end of every run the
-    widget is replaced, inside ``box``, by a fresh one holding the complete figure: the final chart is always
-    right, and the live updates of later runs go to a view that is already loaded."""
+    redrawn at most every ``throttle_s`` seconds, keeping the last ``max_runs`` runs. A FigureWidget's updates are
+    transient messages, which a view still loading plotly.js (a "Run All") misses for good; so at the end of every
+    run the widget is replaced, inside ``box``, by a fresh one holding the complete figure."""
 
     WIDTH = 840  # px: JupyterLab's output area is about 870 px wide beside the prompt column
 
@@ -61,8 +58,7 @@ class LivePlot:
         return run_color(kind, index)
 
     def set_units(self, scale: int, units: str) -> None:
-        """The memory panel's unit (bytes per unit, its name), for the runs from now on; the runs already drawn
-        are rescaled, so every line on the panel reads in the same unit."""
+        """The memory panel's unit (bytes per unit, its name), the runs already drawn rescaled to it."""
         if (scale, units) == (self.scale, self.units):
             return
         with self.figure.batch_update():
@@ -73,9 +69,9 @@ class LivePlot:
         self.scale, self.units = scale, units
 
     def join(self, group: Any) -> None:
-        """The next run belongs to ``group`` (e.g. its prompt length): what the runs sharing the chart's
-        axes have in common. A group other than the runs drawn clears them (and their shades), so that a
-        50-position run never shares the length axis with a 2,000-position one. Call it before ``next_color``."""
+        """The next run belongs to ``group`` (e.g. its prompt length); a group other than the drawn runs' clears them
+        (and their shades), so that runs of different lengths never share the length axis. Call it before
+        ``next_color``."""
         if group != self.group:
             self.figure.data, self._shades, self.group = (), {}, group
 
@@ -119,9 +115,8 @@ class LivePlot:
         self._last = time.perf_counter()
 
     def finish(self) -> None:
-        """The live run drawn in full (a run that made no step, e.g. one refused before allocating, leaves the chart
-        with its lines taken out), and the chart replaced inside ``box`` by a fresh widget holding the figure (see
-        the class docstring)."""
+        """The live run drawn in full (one that made no step leaves the chart), and the chart replaced inside ``box``
+        by a fresh widget holding the figure."""
         import plotly.graph_objects as go
 
         self.flush()

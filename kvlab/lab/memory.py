@@ -1,12 +1,8 @@
 """Where a KV cache's memory goes: bytes per token predicted from a model's config, the bytes a cache layout holds
 at a length under a KV precision and a sliding-window policy, how many tokens fit a budget, and the figures and the
-widget that show them (notebooks 07 and 10).
-
-Every figure here is arithmetic on a ``kvlab.core.cache_layout.CacheLayout`` (the layout kvlab reads from a model's
-graph: its ``report`` is the exact count a cache allocates on ONNX Runtime) or on a config; nothing here runs a
-model. The quantized formats' bytes per value are those of transformers' QuantizedCache as
-``kvlab.pytorch.quantized`` runs it (groups of 64 values, each with a float32 scale and zero point; fp8 one scale
-per tensor), without its residual window of unquantized positions.
+widget that show them. Arithmetic on a ``CacheLayout`` (its ``report`` is the exact count a cache allocates on ONNX
+Runtime) or on a config; nothing here runs a model. The quantized formats cost what transformers' QuantizedCache
+(``kvlab.pytorch.quantized``) stores, without its residual window of unquantized positions.
 """
 
 from __future__ import annotations
@@ -51,10 +47,10 @@ def config_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
     return total
 
 
-def element_bytes(layout: CacheLayout, kv_precision: str) -> float:
-    """Bytes one key or value element costs in ``layout`` at ``kv_precision`` (a key of ``KV_FORMATS``)."""
+def _scale(layout: CacheLayout, kv_precision: str) -> float:
+    """A key or value element's bytes at ``kv_precision`` over its bytes in the model's dtype."""
     check_choice(kv_precision, KV_FORMATS, "kv_precision=")
-    return KV_FORMATS[kv_precision][0] or float(layout.dtype.itemsize)
+    return (KV_FORMATS[kv_precision][0] or layout.dtype.itemsize) / layout.dtype.itemsize
 
 
 def kv_bytes(layout: CacheLayout, length: int, kv_precision: str = "model", window: int | None = None) -> float:
@@ -63,8 +59,7 @@ def kv_bytes(layout: CacheLayout, length: int, kv_precision: str = "model", wind
     every position (as a plain cache over the model's graph does); an int W, at most W (a ring buffer). With the
     model's precision and no window this is ``layout.report(length).total_bytes`` exactly. ConfigError for a negative
     ``length``, a ``window`` below 1, an unknown ``kv_precision``."""
-    length, window = check_int(length, "length", 0), _window(window)
-    scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
+    length, window, scale = check_int(length, "length", 0), _window(window), _scale(layout, kv_precision)
     grown = 0
     for layer in layout.layers:
         held = length if window is None or not isinstance(layer.kind, SlidingWindow) else min(length, window)
@@ -115,7 +110,7 @@ def tokens_that_fit(
     window = _window(window)
     if max_cache_len is not None:
         max_cache_len = check_int(max_cache_len, "max_cache_len", 1)
-    scale = element_bytes(layout, kv_precision) / layout.dtype.itemsize
+    scale = _scale(layout, kv_precision)
     room = budget_bytes - layout.fixed_bytes
     every = sum(layer.bytes_per_token for layer in layout.layers) * scale
     windowed = [isinstance(layer.kind, SlidingWindow) and window is not None for layer in layout.layers]
@@ -128,12 +123,9 @@ def tokens_that_fit(
         tokens = int(room // every)
     else:  # past the window only the unbounded layers grow
         tokens = int((room - window * (every - unbounded)) // unbounded)
-    held = window if tokens is None else tokens
-    fit = Fit(tokens, kv_bytes(layout, held or 0, kv_precision, window), budget_bytes)
-    if max_cache_len is None:
-        return fit
-    need = kv_bytes(layout, max_cache_len, kv_precision, window)
-    return Fit(fit.tokens, fit.bytes_needed, budget_bytes, max_cache_len, need <= budget_bytes)
+    held = kv_bytes(layout, (window if tokens is None else tokens) or 0, kv_precision, window)
+    reserve = None if max_cache_len is None else kv_bytes(layout, max_cache_len, kv_precision, window) <= budget_bytes
+    return Fit(tokens, held, budget_bytes, max_cache_len, reserve)
 
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728")
@@ -160,10 +152,9 @@ def format_of(kv_precision: str) -> str:
 def precision_lines(
     exact: dict[str, CacheLayout], lengths: Sequence[int], base: CacheLayout, predicted: Sequence[str]
 ) -> list[Line]:
-    """The curves of ``bytes_figure`` for one model across KV precisions: one exact ``Line`` per layout of ``exact``
-    (legend name -> layout: its memory report at each of ``lengths``), then one predicted (dashed) per precision of
-    ``predicted``: ``kv_bytes`` of ``base`` at that precision, named by its format. ConfigError for an unknown
-    precision."""
+    """One model's curves across KV precisions: an exact ``Line`` per layout of ``exact`` (legend name -> layout),
+    then a predicted one per precision of ``predicted`` (``kv_bytes`` of ``base``, named by its format), each at
+    ``lengths``. ConfigError for an unknown precision."""
     lines = [
         Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
         for name, layout in exact.items()
@@ -189,11 +180,10 @@ def bytes_figure(
     points: Sequence[tuple[str, Sequence[tuple[int, float]]]] = (),
     log: bool = True,
 ) -> Any:
-    """KV cache memory against the context, one trace per ``Line`` over ``lengths``, in the unit that fits the
-    largest value. ``points``: (legend name, [(length, bytes), ...]) measured or recorded elsewhere, drawn as markers
-    on the same axes (open symbols for a name ending in "(recorded)", filled ones otherwise; each series its own,
-    ``POINT_SYMBOLS``). ``log``: both axes log,
-    a tick at each length; else linear from 0. ``what``, ``common``, ``note``: the title's parts (``style.title``)."""
+    """KV cache memory against the context (a plotly Figure), one trace per ``Line`` over ``lengths``, in the unit
+    that fits the largest value. ``points``: (legend name, [(length, bytes), ...]) measured elsewhere, drawn as
+    markers (open for a name ending in "(recorded)", filled otherwise). ``log``: both axes log, a tick at each
+    length; else linear from 0. ``what``, ``common``, ``note``: the title's parts (``style.title``)."""
     values = [b for line in lines for b in line.bytes_at] + [b for _, pts in points for _, b in pts]
     scale, units = unit(max(values, default=0))
     hover = f"%{{x:,}} tokens<br>%{{y:,.3f}} {units}<extra>%{{fullData.name}}</extra>"
@@ -236,9 +226,8 @@ def memory_by_layout(
     common: str = "",
     note: str = "",
 ) -> Any:
-    """``bytes_figure`` (linear axes) of the exact bytes each layout's cache holds from 0 to ``max_length`` tokens,
-    one line per ``{legend name: layout}`` (``layout.report(n)``: the growing entries at ``n`` positions plus one copy
-    of every fixed-size state); ``points`` as ``bytes_figure`` takes them."""
+    """``bytes_figure`` (linear axes) of the exact bytes (``layout.report(n)``) each layout's cache holds from 0 to
+    ``max_length`` tokens, one line per ``{legend name: layout}``; ``points`` as ``bytes_figure`` takes them."""
     lengths = [round(max_length * i / 64) for i in range(65)]
     lines = [
         Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
@@ -250,8 +239,7 @@ def memory_by_layout(
 
 def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
     """An ipywidgets box: model (``{name: layout}``), KV precision, sliding-layer policy, budget (``budget_gib`` at
-    first) and max_cache_len (0: none); its answer is ``tokens_that_fit``'s, printed under the controls whenever one
-    changes (a ConfigError's message when a typed value is refused)."""
+    first) and max_cache_len (0: none), with ``tokens_that_fit``'s answer (or a ConfigError's message) under them."""
     import ipywidgets as w
 
     windows = [("every position (a plain cache)", None)] + [
@@ -287,11 +275,10 @@ def fit_widget(layouts: dict[str, CacheLayout], budget_gib: float = 4.0) -> Any:
 
 
 def per_token_sources(models: dict[str, Any], architectures: dict[str, str]) -> Any:
-    """The KV bytes per token of each model (preset name -> loaded ``kvlab.Model``, built from a preset whose
-    checkpoint is on disk) two ways: predicted from its checkpoint's ``config.json`` (``config_bytes_per_token``) and
-    read from its graph's layout. One row per preset: architecture (``architectures[name]``), layers, layers keeping
-    KV, KV heads, head_dim, dtype, the two bytes per token and the fixed state bytes. A pandas DataFrame indexed by
-    preset; KeyError for a model ``architectures`` does not name, OSError where a checkpoint's config is missing."""
+    """The KV bytes per token of each model (preset name -> loaded ``kvlab.Model``) predicted from its checkpoint's
+    ``config.json`` and read from its graph's layout, one row per preset with its architecture
+    (``architectures[name]``), layers, KV heads, head_dim and dtype: a DataFrame indexed by preset. KeyError for a
+    model ``architectures`` does not name, OSError where a checkpoint's config is missing."""
     import json
 
     import pandas as pd

@@ -1,19 +1,14 @@
-"""Timing on a noisy machine: decode steps of several caches taken in turns (paired, interleaved), the machine's own
-noise measured first (two identical caches timed the same way), every cache's per-step ratio against a baseline
-with its spread, and a verdict that says whether an effect stands out of that noise or not. A lesson prints the
-verdict instead of asserting what a chart should show.
+"""Timing on a noisy machine: decode steps of several caches taken in turns (each round in another order, so other
+work on the machine lands on all of them), every cache's per-step ratio to a baseline with its spread, the machine's
+own noise (an identical twin of the baseline timed the same way), and a verdict saying whether an effect stands out
+of that noise. A lesson prints the verdict instead of asserting what a chart should show.
 
     steps = paired_steps(model, {"static@2304": StaticCache(2304), "static@2304 again": StaticCache(2304),
                                  "dynamic": DynamicCache()}, ids, steps=24, device="cpu")
     table = ratios(steps, baseline="static@2304", twin="static@2304 again")
     print(verdict(table, "dynamic", expect="slower"))
 
-``fastest_runs`` is the cheaper, looser way: whole generations in interleaved rounds, each cache keeping its
-fastest.
-
-Other work on a shared machine adds time to whichever step it lands on; taking the caches' steps in turns, each
-round in another order, spreads that over all of them, and a per-step ratio of two steps taken back to back
-cancels what the two share (a slow minute, a warm cache).
+``fastest_runs`` is the cheaper, looser way: whole generations in interleaved rounds, each cache keeping its fastest.
 """
 
 from __future__ import annotations
@@ -35,12 +30,11 @@ EXPECTATIONS = ("same", "slower", "faster")
 def paired_steps(
     model: Any, caches: Mapping[str, Any], prompt_ids: Any, steps: int, device: str = "cpu", twin_of: str = ""
 ) -> Any:
-    """Prefill ``prompt_ids`` into every cache of ``caches`` (name -> a fresh kvlab cache; a cache named in
-    ``twin_of``'s place, "name again", receives a copy of ``twin_of``'s prefill instead of prefilling), then take
-    ``steps`` greedy decode steps in turns: one step of every cache per round, each round starting one cache
-    later. Returns a pandas frame, one row per round: ``position`` (the cache length after the step) and one column
-    of step wall times (ms) per cache. Every cache is disposed at the end; raises ValueError when the caches'
-    tokens part ways (they must be the same model's greedy tokens) and what the steps raise."""
+    """Prefill ``prompt_ids`` into every cache of ``caches`` (name -> a fresh kvlab cache; the one named
+    "<``twin_of``> again" receives a copy of ``twin_of``'s prefill instead), then take ``steps`` greedy decode steps
+    in turns, each round starting one cache later. Returns a pandas frame, one row per round: ``position`` (the
+    cache length after the step) and each cache's step wall ms. Every cache is disposed at the end; ValueError when
+    the caches' greedy tokens part ways, and what the steps raise."""
     import pandas as pd
 
     model, device = load(model), open_device(device)
@@ -74,10 +68,9 @@ def paired_steps(
 def fastest_runs(
     model: Any, ids: Any, caches: Mapping[str, Callable[[], Any]], device: str, new_tokens: int, rounds: int = 2
 ) -> dict[str, Any]:
-    """One warm-up generation (it creates the session; on WebGPU it compiles the shaders), then ``rounds``
-    interleaved rounds of one greedy generation of ``new_tokens`` per cache (name -> a factory of a fresh kvlab
-    cache, disposed after its run). Returns each cache's fastest run (by its median decode step): other work on a
-    shared machine only ever adds time. Raises what ``generate`` raises."""
+    """One warm-up generation, then ``rounds`` interleaved rounds of one greedy generation of ``new_tokens`` per cache
+    (name -> a factory of a fresh kvlab cache, disposed after its run). Returns each cache's fastest run (by its
+    median decode step): other work only ever adds time. Raises what ``generate`` raises."""
     model = load(model)
     with DynamicCache() as cache:
         generate(model, ids[:16], cache=cache, device=device, max_new_tokens=2)
@@ -91,10 +84,9 @@ def fastest_runs(
 
 
 def ratios(steps: Any, baseline: str, twin: str) -> Any:
-    """Every cache's per-step ratio to ``baseline`` (step by step, from the same round), summarised: a pandas frame
-    indexed by cache with the median ratio, the spread of the single steps (the ``LOW``-``HIGH`` percentiles) and
-    the median's own uncertainty (``notch``: 1.58 x the interquartile range / sqrt(steps), the notch of a notched
-    box plot, roughly a 95% interval). The ``twin`` row is the noise: an identical cache against the baseline."""
+    """Every cache's per-step ratio to ``baseline`` (from the same round), summarised: a pandas frame indexed by cache
+    with the median ratio, the single steps' ``LOW``-``HIGH`` percentiles and the median's ``notch`` (1.58 x IQR /
+    sqrt(steps), a notched box plot's, roughly a 95% interval). The ``twin`` row is the noise."""
     import pandas as pd
 
     rows = {}
@@ -120,11 +112,11 @@ def noise_band(table: Any) -> tuple[float, float]:
 
 
 def verdict(table: Any, name: str, expect: str) -> str:
-    """One sentence on cache ``name`` against the baseline of ``table`` (``ratios``'s): its median ratio with its
-    notch, the spread of its single steps, the noise band (``noise_band``), and whether that supports ``expect``.
-    The effect is told apart from the noise only when the median's notch and the band do not overlap (the notched
-    box plot's rule): "slower" or "faster" then, on that side; "same" when they overlap, and then a difference
-    expected is one the machine was too noisy to show. Raises ValueError for another ``expect``."""
+    """One sentence on cache ``name`` against ``table``'s baseline (``ratios``'s): its median ratio and notch, its
+    single steps' spread, the noise band, and whether that supports ``expect`` (one of ``EXPECTATIONS``). The effect
+    stands out only where the median's notch and the band do not overlap (the notched box plot's rule); otherwise
+    it is "same", and a difference expected was too small for this machine's noise. ValueError for another
+    ``expect``."""
     check_choice(expect, EXPECTATIONS, "expect=", ValueError)
     base, n = table.attrs["baseline"], table.attrs["steps"]
     r, (lo, hi) = table.loc[name], noise_band(table)

@@ -1,10 +1,7 @@
 """Plotly figures of kvlab's per-step records (``kvlab.Generation``s, ``Run``s or labelled DataFrames) and of the
-buffers a ``BufferWatch`` saw. This module reads records and their labels; it never runs a model.
-
-Every figure says what produced its numbers: model, dtype, device (adapter hardware/software, WebGPU buffer cache
-mode), the runtime (EP and package version), cache and context; in the title when all runs share them, in the
-legend otherwise. Recorded results are marked "recorded" in the legend, with their environment. The WebGPU buffer
-pool rounds each request up to a bucket size; ``latency`` draws a dotted line where a KV tensor reaches each one.
+buffers a ``BufferWatch`` saw; they read records and labels, never run a model. Every figure says what produced its
+numbers (model, dtype, device and adapter, runtime, cache, context): in the title when all runs share it, in the
+legend otherwise; recorded results are marked "recorded", with their environment.
 """
 
 from __future__ import annotations
@@ -14,12 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import check_choice
 from ..core.generation import first_divergence
 from .runs import Run, as_runs, common_and_labels, kv_bytes_per_tensor_token
 from .style import add_bucket_lines, cache_colors, finish, go, title, unit
-
-Y_COLUMNS = ("wall_ms", "run_ms", "overhead_ms")  # the timings a latency plot can draw
 
 
 def _recorded_note(runs: Sequence[Run]) -> str:
@@ -48,20 +42,19 @@ def bucket_note(fig: Any, runs: Sequence[Run], xmax: float, bytes_per_tensor_tok
     return add_bucket_lines(fig, bpt, xmax)
 
 
-def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",)) -> Any:
-    """Per-step latency vs cache length, one line per run; where any run is on WebGPU (the CPU EP has no bucket
-    pool), dotted lines where a KV tensor reaches 4/8/12/16 MiB. ConfigError for a ``y`` not in ``Y_COLUMNS``."""
-    check_choice(y, Y_COLUMNS, "y=")
+def latency(runs: Any) -> Any:
+    """Decode step wall time vs cache length, one line per run; where any run is on WebGPU (the CPU EP has no bucket
+    pool), dotted lines where a KV tensor reaches a bucket size of the WebGPU buffer pool."""
     runs = as_runs(runs)
     common, labels = common_and_labels(runs)
     fig = go().Figure()
     xmax = 0
-    for r, f, x, name, color in lines(runs, labels, phases):
+    for r, f, x, name, color in lines(runs, labels, ("decode",)):
         xmax = max(xmax, int(x.max()) if len(x) else 0)
         fig.add_trace(
             go().Scatter(
                 x=x,
-                y=f[y],
+                y=f["wall_ms"],
                 name=name,
                 mode="lines+markers",
                 marker={"size": 4, "color": color},
@@ -77,11 +70,9 @@ def latency(runs: Any, *, y: str = "wall_ms", phases: Sequence[str] = ("decode",
     note = _recorded_note(runs)
     if any(r.label.device.name == "webgpu" for r in runs):
         note = "<br>".join(n for n in (note, bucket_note(fig, runs, xmax, None)) if n)
-    t = title(f"{' + '.join(phases)} step latency ({y})", common, note)
-    finish(
-        fig, t, xaxis_title="cache length after the step (tokens)", yaxis_title=f"{y} (ms)", yaxis_rangemode="tozero"
-    )
-    return fig
+    t = title("decode step latency (wall_ms)", common, note)
+    xaxis_title = "cache length after the step (tokens)"
+    return finish(fig, t, xaxis_title=xaxis_title, yaxis_title="wall_ms (ms)", yaxis_rangemode="tozero")
 
 
 def allocations(runs: Any) -> Any:
@@ -207,9 +198,21 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
         row_heights=[1.0] * n + [0.6, 0.6],
         subplot_titles=(*titles, "fresh buffers per step (a handle never held before)", "wall time per step (ms)"),
     )
-    colors = cache_colors(w.cache.spec for w in watches)
-    for row, (w, color) in enumerate(zip(watches, colors), start=1):
-        _draw_watch(fig, w, color, row, n)
+    code = {s: i for i, s in enumerate(STATES)}
+    scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
+    for row, (w, color) in enumerate(zip(watches, cache_colors(w.cache.spec for w in watches)), start=1):
+        z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
+        heatmap = go().Heatmap(
+            x=w.lengths, y=list(range(z.shape[0])), z=z, zmin=0, zmax=len(STATES) - 1, colorscale=scale,
+            showscale=False, xgap=1, ygap=1, customdata=np.array(w.states).T,
+            hovertemplate=f"length %{{x}}, KV tensor %{{y}}: %{{customdata}}<extra>{w.name}</extra>",
+        )  # fmt: skip
+        fig.add_trace(heatmap, row=row, col=1)
+        fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
+        kw = {"x": w.lengths, "name": w.name, "legendgroup": w.name}
+        fig.add_trace(go().Bar(y=w.counts("fresh"), marker_color=color, **kw), row=n + 1, col=1)
+        line = go().Scatter(y=w.wall_ms, mode="lines+markers", showlegend=False, line={"color": color}, **kw)
+        fig.add_trace(line, row=n + 2, col=1)
     for state in STATES:  # a legend for the map's colours
         fig.add_trace(
             go().Bar(x=[None], y=[None], name=f"buffer {state}", marker_color=STATE_COLORS[state]), row=1, col=1
@@ -223,54 +226,7 @@ def buffer_map(watches: Sequence[Any], common: str = "") -> Any:
         "fresh = a buffer handle this run never held before (a proxy for "
         "CreateBuffer: a lower bound if Dawn reuses an address)",
     )
-    finish(fig, t, legend_y=-0.08, top_extra=20, height=260 * n + 420, barmode="group")
-    return fig
-
-
-def _draw_watch(fig: Any, w: Any, color: str, row: int, n: int) -> None:
-    """One watched cache on ``buffer_map``'s figure: its map of buffer states in panel ``row``, its fresh buffers
-    per step and its wall time per step in the two panels shared by all ``n`` watches, below the maps."""
-    from .buffers import STATES
-
-    code = {s: i for i, s in enumerate(STATES)}
-    scale = [[i / (len(STATES) - 1), STATE_COLORS[s]] for i, s in enumerate(STATES)]
-    z = np.array([[code[s] for s in states] for states in w.states]).T  # [tensor, step]
-    fig.add_trace(
-        go().Heatmap(
-            x=w.lengths,
-            y=list(range(z.shape[0])),
-            z=z,
-            zmin=0,
-            zmax=len(STATES) - 1,
-            colorscale=scale,
-            showscale=False,
-            xgap=1,
-            ygap=1,
-            customdata=np.array(w.states).T,
-            hovertemplate=f"length %{{x}}, KV tensor %{{y}}: %{{customdata}}<extra>{w.name}</extra>",
-        ),
-        row=row,
-        col=1,
-    )
-    fig.update_yaxes(title_text="KV tensor", autorange="reversed", row=row, col=1)
-    fig.add_trace(
-        go().Bar(x=w.lengths, y=w.counts("fresh"), name=w.name, marker_color=color, legendgroup=w.name),
-        row=n + 1,
-        col=1,
-    )
-    fig.add_trace(
-        go().Scatter(
-            x=w.lengths,
-            y=w.wall_ms,
-            name=w.name,
-            mode="lines+markers",
-            showlegend=False,
-            line={"color": color},
-            legendgroup=w.name,
-        ),
-        row=n + 2,
-        col=1,
-    )
+    return finish(fig, t, legend_y=-0.08, top_extra=20, height=260 * n + 420, barmode="group")
 
 
 def op_share_bars(share: Any, what: str, common: str, note: str = "") -> Any:

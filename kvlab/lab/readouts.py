@@ -1,100 +1,73 @@
-"""What the CacheLab says in words and tables: the next run's memory plan, the WebGPU buffer cache mode in force, a
-run's legend name and chart title, the status line (a run done, an error) and the table of runs, one row each."""
+"""What the CacheLab says in words and tables, as pure functions of a run's ``Settings``: the next run's memory plan,
+the WebGPU buffer cache mode in force, a run's legend name and chart title, and the table of runs, one row each."""
 
 from __future__ import annotations
 
 import html
-import re
+from dataclasses import dataclass
 from typing import Any
 
 from ..core.generation import Generation, positions_needed
 from ..ort import Device, Model, StaticCache, opened
-from .controls import Settings
 from .style import runtime_text
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the dashboard's controls say the next run is."""
+
+    model: str
+    cache: str  # "dynamic" or "static"
+    max_cache_len: int  # the control's value, meaningful for a static cache only (``size``)
+    prompt_tokens: int
+    new_tokens: int
+    device: str
+    buffer_cache_mode: str  # the control's value, meaningful on WebGPU only (``mode``)
+
+    @property
+    def mode(self) -> str:
+        """The WebGPU buffer cache mode; "-" on another device."""
+        return self.buffer_cache_mode if self.device == "webgpu" else "-"
+
+    @property
+    def size(self) -> int | None:
+        """The static cache's max_cache_len; None for a dynamic cache."""
+        return self.max_cache_len if self.cache == "static" else None
+
+    @property
+    def needed(self) -> int:
+        """Positions the run needs: prompt + new tokens - 1 (the last token is never fed back)."""
+        return positions_needed(self.prompt_tokens, self.new_tokens)
 
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.2f} MiB" if n >= 2**20 else f"{n / 1024:,.1f} KiB"
 
 
-class Readouts:
-    """The plan and status lines and the table of runs (HTML widgets, CSS classes ``kvlab-plan``,
-    ``kvlab-status`` and ``kvlab-results``)."""
-
-    def __init__(self) -> None:
-        import ipywidgets as w
-
-        self.plan, self.status, self.table = w.HTML(), w.HTML(), w.HTML()
-        for widget, cls in ((self.plan, "plan"), (self.status, "status"), (self.table, "results")):
-            widget.add_class(f"kvlab-{cls}")
-
-    @property
-    def status_text(self) -> str:
-        """The status line as plain text."""
-        return html.unescape(re.sub(r"<[^>]+>", "", self.status.value)).strip()
-
-    def show_plan(self, info: Any, s: Settings) -> None:
-        """What the run ``s`` needs of model ``info``, and what its cache reserves (whether it fits)."""
-        lines = [
-            f"<b>{html.escape(info.name)}</b> ({info.dtype_name}): {2 * info.num_layers} KV tensors, "
-            f"{info.bytes_per_token:,} bytes per token; this run needs <b>{s.needed}</b> positions "
-            f"({s.prompt_tokens} prompt + {s.new_tokens} new - 1)."
-        ]
-        if s.cache == "static":
-            report = StaticCache(s.max_cache_len).memory_report(info)
-            fits = s.needed <= s.max_cache_len
-            lines.append(
-                f"Static: reserves {_mib(report.total_bytes)} once ({s.max_cache_len} positions); "
-                f"the run will use {_mib(s.needed * info.bytes_per_token)}. "
-                + (
-                    "<span style='color:#2ca02c'>fits</span>"
-                    if fits
-                    else "<span style='color:#d62728'><b>does not fit</b>: the run will be refused before "
-                    "anything is allocated</span>"
-                )
-            )
-        else:
-            lines.append("Dynamic: the runtime allocates new, one-token-longer KV tensors every step.")
-        if s.device == "webgpu":
-            lines.append(mode_note(s.mode))
-        self.plan.value = "<div style='line-height:1.5'>" + "<br>".join(lines) + "</div>"
-
-    def show_done(self, number: int, g: Generation, dev: Device, before: int) -> None:
-        """Run ``number`` finished: its tokens, median decode step, and the tensors left on ``dev`` since
-        ``before`` (its live tensors when the run began)."""
-        self.status.value = (
-            f"<span style='color:#2ca02c'>run #{number} done</span> (after an untimed warm-up "
-            f"the first time these settings ran): {len(g.token_ids)} tokens, "
-            f"median decode step {g.decode_ms():.1f} ms on {html.escape(str(g.label.device))}; cache disposed "
-            f"({dev.live_tensors - before} tensors left on {dev.name})."
+def plan_html(info: Any, s: Settings) -> str:
+    """What the run ``s`` needs of model ``info``, and what its cache reserves (whether it fits)."""
+    lines = [
+        f"<b>{html.escape(info.name)}</b> ({info.dtype_name}): {2 * info.num_layers} KV tensors, "
+        f"{info.bytes_per_token:,} bytes per token; this run needs <b>{s.needed}</b> positions "
+        f"({s.prompt_tokens} prompt + {s.new_tokens} new - 1)."
+    ]
+    if s.cache == "static":
+        report = StaticCache(s.max_cache_len).memory_report(info)
+        fits = (
+            "<span style='color:#2ca02c'>fits</span>"
+            if s.needed <= s.max_cache_len
+            else "<span style='color:#d62728'><b>does not fit</b>: the run will be refused before anything is "
+            "allocated</span>"
         )
-
-    def show_added(self, n: int, host: str) -> None:
-        """``n`` runs a browser on ``host`` sent back were added."""
-        self.status.value = f"<span style='color:#2ca02c'>{n} browser runs added</span> from {html.escape(str(host))}."
-
-    def show_error(self, exc: Exception) -> None:
-        """``exc`` in the status line, its type in bold."""
-        self.status.value = (
-            "<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;"
-            f"background:#fdeaea'><b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
+        lines.append(
+            f"Static: reserves {_mib(report.total_bytes)} once ({s.max_cache_len} positions); "
+            f"the run will use {_mib(s.needed * info.bytes_per_token)}. {fits}"
         )
-
-    def show_table(self, rows: list[dict[str, Any]]) -> None:
-        """The runs (one row each) as the dashboard's table, without ``HIDDEN_COLUMNS``."""
-        if not rows:
-            self.table.value = "<p><i>No runs yet: set the controls and press Run.</i></p>"
-            return
-        import pandas as pd
-
-        df = pd.DataFrame(rows)
-        df = df.drop(columns=[c for c in HIDDEN_COLUMNS if c in df.columns]).astype(object).map(_cell)
-        self.table.value = (
-            _TABLE_CSS
-            + "<div style='overflow-x:auto'>"
-            + df.to_html(index=False, classes="kvlab-results-table", border=0, escape=True)
-            + "</div>"
-        )
+    else:
+        lines.append("Dynamic: the runtime allocates new, one-token-longer KV tensors every step.")
+    if s.device == "webgpu":
+        lines.append(mode_note(s.mode))
+    return "<div style='line-height:1.5'>" + "<br>".join(lines) + "</div>"
 
 
 def mode_note(want: str) -> str:
@@ -176,7 +149,7 @@ def outcome(g: Generation) -> dict[str, Any]:
     }
 
 
-# columns the dashboard's table leaves out to fit its width (``results`` keeps them)
+# columns the dashboard's table leaves out to fit its width (``CacheLab.results`` keeps them)
 HIDDEN_COLUMNS = ("first tokens",)
 
 _TABLE_CSS = """<style>
@@ -188,10 +161,19 @@ _TABLE_CSS = """<style>
 </style>"""
 
 
-def _cell(value: Any) -> Any:
-    """Table cells: blanks for missing values, integers without '.0'."""
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return int(value)
-    return value
+def table_html(rows: list[dict[str, Any]]) -> str:
+    """The runs (one row each) as the dashboard's table, without ``HIDDEN_COLUMNS``; blanks for missing values,
+    integers without '.0'."""
+    if not rows:
+        return "<p><i>No runs yet: set the controls and press Run.</i></p>"
+    import pandas as pd
+
+    def cell(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 1e15 else v
+
+    df = pd.DataFrame(rows)
+    df = df.drop(columns=[c for c in HIDDEN_COLUMNS if c in df.columns]).astype(object).map(cell)
+    table = df.to_html(index=False, classes="kvlab-results-table", border=0, escape=True)
+    return f"{_TABLE_CSS}<div style='overflow-x:auto'>{table}</div>"

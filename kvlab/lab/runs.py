@@ -105,9 +105,8 @@ def kv_bytes_per_tensor_token(run: Run) -> float | None:
 
 
 def dynamic_static_pairs(generations: Sequence[Any]) -> list[tuple[Any, Any]]:
-    """(dynamic, static) pairs of runs, in the order given: the i-th run of a dynamic cache with the i-th run of a
-    static one (a run is anything with ``label.cache.kind``, e.g. a ``kvlab.Generation``); runs of other kinds and
-    the unpaired rest of the longer list are left out. Reads the runs only."""
+    """(dynamic, static) pairs of runs (anything with ``label.cache.kind``, e.g. ``kvlab.Generation``s): the i-th run
+    of each kind, in the order given; other kinds and the unpaired rest are left out."""
     dynamic = [g for g in generations if g.label.cache.kind == "dynamic"]
     static = [g for g in generations if g.label.cache.kind == "static"]
     return list(zip(dynamic, static))

@@ -1,6 +1,5 @@
-"""How a live widget reads where no kernel draws it: a committed notebook opened without running it, or a static
-viewer. The widget itself is displayed as usual; only the plain-text fallback changes, from the object's repr
-(``<kvlab.web.widget.BrowserLab object at 0x...>``) to a sentence saying what it is and how to get it.
+"""How a live widget reads where no kernel draws it (a committed notebook opened without running it, a static
+viewer): the widget shows as usual, but its plain-text fallback is a sentence saying what it is and how to get it.
 
     from kvlab.lab.show import live_widget
     live_widget(browser, "the browser runner (a live widget): run this cell, then press its button")
@@ -8,6 +7,7 @@ viewer. The widget itself is displayed as usual; only the plain-text fallback ch
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 
@@ -18,6 +18,14 @@ def with_plain_text(bundle: Any, text: str) -> Any:
         data, metadata = bundle
         return {**data, "text/plain": text}, metadata
     return {**bundle, "text/plain": text} if isinstance(bundle, dict) else {"text/plain": text}
+
+
+def error_html(exc: Exception) -> str:
+    """``exc`` as a widget's status line: its type in bold, then its message."""
+    return (
+        "<div style='color:#b00020;border-left:4px solid #b00020;padding:4px 8px;background:#fdeaea'>"
+        f"<b>{type(exc).__name__}</b>: {html.escape(str(exc))}</div>"
+    )
 
 
 class LiveWidget:
@@ -40,10 +48,9 @@ def live_widget(widget: Any, text: str) -> Any:
 
 
 def live_text(source: Any, names: str | list[str], render: Any) -> Any:
-    """A text that follows ``source``: an ipywidgets Output holding ``render()``'s text, printed again whenever one
-    of ``source``'s traits ``names`` changes (a browser's answer that arrives after the cell ran, say). Shown with
-    ``live_widget``, whose plain-text form is the text as it was when the cell ran. ``render`` takes no argument
-    and returns a str; what it raises propagates from the first call, and is printed into the box on later ones."""
+    """A ``live_widget`` text that follows ``source``: an ipywidgets Output holding ``render()``'s str, printed again
+    whenever one of ``source``'s traits ``names`` changes; its plain-text form is the first text. What ``render``
+    raises propagates from the first call and is printed into the box on later ones."""
     import ipywidgets as w
 
     box = w.Output()

@@ -1,6 +1,5 @@
 """kvlab's one visual language: a fixed colour per cache kind, titles that say what produced the numbers, legends
-below the plot, units that fit the values, and the WebGPU bucket lines. Everything here formats labels (data);
-nothing parses them."""
+below the plot, units that fit the values, and the WebGPU bucket lines. It formats labels; nothing parses them."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ PNG_RENDERER, PNG_ATTEMPTS = "kvlab_png", 3
 
 
 def run_color(kind: str, index: int) -> str:
-    """The colour of the ``index``-th run (0-based) of a cache kind: its own shade of the kind's hue, so two runs of
-    one kind never share a colour while as many of them are drawn as the kind has shades."""
+    """The colour of the ``index``-th run (0-based) of a cache kind: the kind's shades in turn."""
     shades = SHADES.get(kind) or OTHER_COLORS[:1]
     return shades[index % len(shades)]
 
@@ -86,11 +84,11 @@ def legend_below(y: float = -0.18) -> dict[str, Any]:
 
 def finish(fig: Any, t: dict[str, Any], *, legend_y: float = -0.18, top_extra: int = 0, **layout: Any) -> Any:
     """What every kvlab figure ends with: the title ``t`` (from ``title``) with a top margin that fits its lines
-    (plus ``top_extra`` pixels), the legend below the plot at ``legend_y``, the white template, and ``layout``, the
-    figure's own settings (axes, height, barmode), all in one ``fig.update_layout``. Returns ``fig``."""
-    fig.update_layout(
-        title=t, legend=legend_below(legend_y), template="plotly_white", margin=top_margin(t, top_extra), **layout
-    )
+    (plus ``top_extra`` pixels; ``layout``'s ``margin`` adds the other sides), the legend below the plot at
+    ``legend_y``, the white template, and ``layout``, the figure's own settings (axes, height, barmode), all in one
+    ``fig.update_layout``. Returns ``fig``."""
+    margin = {**top_margin(t, top_extra), **layout.pop("margin", {})}
+    fig.update_layout(title=t, legend=legend_below(legend_y), template="plotly_white", margin=margin, **layout)
     return fig
 
 
@@ -133,10 +131,9 @@ def go() -> Any:
 
 
 def static_images(width: int = 900) -> str:
-    """From now on every plotly figure a notebook shows also carries a PNG of itself (``width`` px wide), so the
-    notebook reads in a static viewer; the interactive chart still shows. Needs kaleido and a Chromium; without
-    them figures stay interactive only. A PNG that fails to render is tried again, then left out
-    (``retrying_png``). Returns a sentence saying which of the two it did, for the notebook to print."""
+    """From now on every plotly figure a notebook shows also carries a PNG of itself (``width`` px wide, rendered by
+    ``retrying_png``), for static viewers; without kaleido and a Chromium figures stay interactive only. Returns a
+    sentence saying which, for the notebook to print."""
     import logging
 
     import plotly.io as pio
@@ -154,8 +151,8 @@ def static_images(width: int = 900) -> str:
 
 
 def retrying_png(base: Any, width: int) -> Any:
-    """A copy of plotly's PNG renderer ``base`` at ``width`` px (the figure's own height) whose image is rendered
-    up to ``PNG_ATTEMPTS`` times; when every attempt fails it adds nothing, and the interactive figure still shows."""
+    """A copy of plotly's PNG renderer ``base`` at ``width`` px (the figure's own height) that tries
+    ``PNG_ATTEMPTS`` times, then adds nothing (the interactive figure still shows)."""
 
     class RetryingPng(type(base)):
         def to_mimebundle(self, fig_dict: Any) -> dict[str, Any]:

@@ -8,10 +8,9 @@ from typing import Any
 
 
 def cache_summary(generations: Sequence[Any]) -> Any:
-    """One row per generation (a ``kvlab.Generation``), indexed by its cache: the prompt's length ("context"), the
-    median decode step in ms, the KV tensors a decode step allocates (median), the KV MiB a decode step allocates
-    (mean) and the KV MiB the cache holds after its last step. A pandas DataFrame; ValueError for a generation
-    without a decode step. Reads the records only."""
+    """One row per ``kvlab.Generation``, indexed by its cache: the prompt's length ("context"), the median decode
+    step ms, the KV tensors (median) and MiB (mean) a decode step allocates, and the KV MiB held at the end. A pandas
+    DataFrame; ValueError for a generation without a decode step."""
     import pandas as pd
 
     rows = []
@@ -34,9 +33,8 @@ def cache_summary(generations: Sequence[Any]) -> Any:
 
 
 def adapter_report(verdict: dict[str, Any], cpu: str) -> str:
-    """The lines notebook 00 prints about what runs the kernels: ``cpu`` (the CPU adapter's name), then the WebGPU
-    adapter of ``verdict`` (what ``kvlab.cli.platform_facts.assess`` returns: its ``adapter`` dict or None, and its
-    ``problems``), why it is the one, whether it runs float16, its memory, and each problem with its fix."""
+    """Lines on what runs the kernels: ``cpu`` (the CPU adapter's name), then the WebGPU adapter of ``verdict``
+    (``kvlab.cli.platform_facts.assess``'s), why it is the one, float16, its memory, and each problem with its fix."""
     lines = [f"cpu    : {cpu}"]
     gpu = verdict.get("adapter")
     if gpu is None:
@@ -55,10 +53,9 @@ def adapter_report(verdict: dict[str, Any], cpu: str) -> str:
 
 
 def precision_drift(logits: dict[str, Any], reference: str) -> Any:
-    """How far each precision's teacher-forced logits lie from ``reference``'s: ``logits`` maps a precision to an
-    array (positions x vocabulary) of last-position logits along the same tokens. One row per other precision: the
-    median over positions of the largest |difference|, the worst position's, and at how many positions its argmax is
-    the reference's. A pandas Styler. KeyError when ``reference`` is not in ``logits``; reads only."""
+    """How far each precision's teacher-forced logits (``logits``: precision -> [positions, vocabulary], along the
+    same tokens) lie from ``reference``'s: per other precision the median and worst position's largest |difference|
+    and how many positions keep the reference's argmax. A pandas Styler; KeyError for a ``reference`` not there."""
     import numpy as np
     import pandas as pd
 
@@ -101,10 +98,9 @@ def comparisons(rows: Sequence[tuple[str, str, Sequence[int], Sequence[int], str
 
 
 def op_shares(profiles: dict[str, Any], main: Sequence[str]) -> Any:
-    """The share of a step's time per part, for each profile: ``profiles`` maps a profile's name to its per-operator
-    rows (a DataFrame or a list of dicts with ``op`` and ``share``, as ``kvlab.bench.op_profile`` and its recorded
-    CSV give them). The operators in ``main`` keep their name, every other one is summed into 'other ops'; the
-    '(run)' row (the whole run) is left out. A DataFrame with columns profile, part and share; reads only."""
+    """The share of a step's time per part, per profile (``profiles``: name -> per-operator rows with ``op`` and
+    ``share``, as ``kvlab.bench.op_profile`` and its recorded CSV give them): the operators in ``main`` by name, the
+    others summed into 'other ops', the '(run)' row left out. A DataFrame with columns profile, part and share."""
     import pandas as pd
 
     ops = pd.concat([pd.DataFrame(rows).assign(profile=name) for name, rows in profiles.items()])
@@ -121,9 +117,8 @@ def low_decode_ms(generation: Any) -> float:
 
 
 def text_until_eos(model: Any, token_ids: Sequence[int]) -> str:
-    """``model``'s text of ``token_ids`` up to and including the first of its ``eos_token_ids`` (a PyTorch model's,
-    or a ``kvlab.Model``'s ``info.eos_token_ids``; all of them where none is one): a run generated past the end on
-    purpose, so that token lists compare like for like, reads as the model's answer."""
+    """``model``'s text of ``token_ids`` up to and including the first of its ``eos_token_ids`` (a PyTorch model's, or
+    a ``kvlab.Model``'s ``info.eos_token_ids``): a run generated past the end on purpose reads as the answer."""
     eos = model.eos_token_ids if hasattr(model, "eos_token_ids") else model.info.eos_token_ids
     end = next((i + 1 for i, t in enumerate(token_ids) if t in eos), len(token_ids))
     return model.decode(token_ids[:end])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .style import title, top_margin
+from .style import finish, title
 
 FAILURE_WORDS = ("fail", "Ctrl-C")  # an event naming one of these is drawn red
 
@@ -24,14 +24,9 @@ class TensorTimeline:
         self.baseline = device.live_tensors
         self.events: list[tuple[str, int]] = []  # (event, live tensors above the baseline)
 
-    @property
-    def live(self) -> int:
-        """The device's live kvlab tensors above the baseline, now."""
-        return self.device.live_tensors - self.baseline
-
     def mark(self, event: str) -> None:
-        """One point: ``event`` with the count now."""
-        self.events.append((event, self.live))
+        """One point: ``event`` with the device's live kvlab tensors above the baseline now."""
+        self.events.append((event, self.device.live_tensors - self.baseline))
 
     def marking(self, prefix: str) -> Any:
         """A step hook (``on_step``) that marks every step of a generation as '<prefix>: step N (phase)'."""
@@ -67,20 +62,7 @@ class TensorTimeline:
             common,
             "red: an injected failure; every one returns to the count before it; unlabelled points: steps",
         )
-        fig.update_layout(
-            title=t,
-            yaxis_title="live tensors",
-            height=560,
-            showlegend=False,
-            template="plotly_white",
-            yaxis={"tickformat": "d", "rangemode": "tozero", "range": [0, max(live) + 2]},
-            xaxis={
-                "tickvals": [x[i] for i in labelled],
-                "ticktext": [events[i] for i in labelled],
-                "tickangle": -45,
-                "showgrid": False,
-                "tickfont": {"size": 10},
-            },
-            margin={**top_margin(t), "b": 190},
-        )
-        return fig
+        ticks = {"tickvals": [x[i] for i in labelled], "ticktext": [events[i] for i in labelled]}
+        xaxis = {**ticks, "tickangle": -45, "showgrid": False, "tickfont": {"size": 10}}
+        yaxis = {"title": "live tensors", "tickformat": "d", "rangemode": "tozero", "range": [0, max(live) + 2]}
+        return finish(fig, t, height=560, showlegend=False, xaxis=xaxis, yaxis=yaxis, margin={"b": 190})

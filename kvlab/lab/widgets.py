@@ -10,13 +10,13 @@ Each run makes a fresh cache and disposes it at the end, so the lab holds no dev
 it honour a change of WebGPU buffer cache mode: ONNX Runtime fixes the mode when it creates its WebGPU context, so
 a new mode means closing the context and opening a fresh one, which kvlab refuses while any cache still holds
 WebGPU tensors (and where the runtime keeps one context per process); the lab then says so and keeps the open one.
-
-The dashboard is made of ``controls`` (the widgets and the settings they hold), ``readouts`` (the plan and status
-lines, the table of runs), ``liveplot`` (the chart) and the ``Runner`` here (one timed run and what precedes it).
+Its words and tables come from ``readouts``, its chart from ``liveplot``.
 """
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,17 +25,20 @@ import numpy as np
 from ..core.devices import BUFFER_CACHE_MODES, DEVICES
 from ..core.errors import CapacityError, ConfigError, DeviceError, KvlabError, check_choice
 from ..core.generation import Generation, positions_needed
+from ..core.records import StepRecord
 from ..ort import Device, Model, close_device, generate, load, make_cache, open_device, opened
 from ..ort.decode.caches.kinds import CACHE_KINDS
 from ..presets import BUILTIN_NAMES
-from .controls import Controls, Settings
 from .liveplot import LivePlot
-from .readouts import Readouts, browser_row, browser_titles, outcome, run_titles, settings_row
-from .show import with_plain_text
+from .readouts import Settings, browser_row, browser_titles, outcome, plan_html, run_titles, settings_row, table_html
+from .show import error_html, with_plain_text
 from .style import unit
 
 # models too big to step through live on a software WebGPU adapter (docs/known-limits.md)
 SLOW_ON_SOFTWARE = frozenset({"smollm2"})
+MAX_CACHE_LEN_TOP = 1 << 16  # the largest max_cache_len the controls offer
+# the CSS class of each setting widget, in the order of ``CacheLab.inputs``: "kvlab-" + this
+CSS_CLASSES = ("model", "cache-type", "max-cache-len", "prompt-tokens", "new-tokens", "device", "buffer-cache-mode")
 
 LAB_TEXT = (
     "A language model writes one token at a time. For every token it has already seen it keeps a key and a value "
@@ -47,9 +50,8 @@ LAB_TEXT = (
 
 def open_webgpu(mode: str) -> Device:
     """The WebGPU device with this buffer cache mode: the open one when its mode matches, else a fresh context.
-
-    Raises DeviceError (naming the live tensors) when the open context must be closed but cannot be, because
-    some cache still holds WebGPU tensors."""
+    DeviceError (naming the live tensors) when the open context must be closed but some cache still holds WebGPU
+    tensors."""
     check_choice(mode, BUFFER_CACHE_MODES, "buffer cache mode ", DeviceError)
     current = opened("webgpu")
     if current is None:
@@ -67,13 +69,13 @@ def open_webgpu(mode: str) -> Device:
 
 
 class CacheLab:
-    """Controls for cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode;
-    a Run button; a live chart; a status line (memory plan, errors); a table with one row per run. The arguments
-    are the controls' first values (``models``: the other choices of the model control; ``allow_slow``: run a
-    model too big for a software adapter anyway). ``browser``: a widget that runs a job on the notebook's own
-    browser GPU (``kvlab.web.widget.BrowserLab``: anything with ``on_result(fn)`` whose result has ``measured``
-    generations): shown under the controls, and every run it sends back joins the chart and the table, labelled
-    with the browser and its adapter. Raises ConfigError for a bad choice, ValueError for an unknown model."""
+    """Controls for model, cache type, max_cache_len, prompt length, new tokens, device and WebGPU buffer cache mode
+    (ipywidgets, each with its ``kvlab-...`` CSS class), set to the arguments; a Run button; a live chart; the plan
+    and status lines; a table with one row per run. ``models``: the model control's other choices; ``allow_slow``:
+    run a model too big for a software adapter anyway; ``browser``: a widget running jobs on the browser's GPU
+    (anything with ``on_result(fn)`` whose result has ``measured`` generations, e.g. ``kvlab.web.widget.BrowserLab``),
+    shown under the controls, each run it sends back joining the chart and the table. ConfigError for a bad choice,
+    ValueError for an unknown model."""
 
     def __init__(
         self,
@@ -92,36 +94,81 @@ class CacheLab:
         allow_slow: bool = False,
         browser: Any = None,
     ):
-        name = model if isinstance(model, str) else model.name
-        first = Settings(name, cache_type, max_cache_len, prompt_tokens, new_tokens, device, buffer_cache_mode)
-        self._models: dict[str, Model] = {} if isinstance(model, str) else {model.name: model}
-        names = _checked(first, models, self._models)
-        self.progress, self.allow_slow = progress, allow_slow
-        self.controls = c = Controls(names, first)
-        self.model, self.cache_type, self.max_cache_len, self.prompt_tokens = c.inputs[:4]
-        self.new_tokens, self.device, self.buffer_cache_mode = c.inputs[4:]
-        self.run_button, self.progress_bar = c.run_button, c.progress_bar
-        self.readouts = Readouts()
-        self.plan, self.status, self.table = self.readouts.plan, self.readouts.status, self.readouts.table
+        import ipywidgets as w
+
+        check_choice(cache_type, CACHE_KINDS, "cache_type=")
+        check_choice(device, DEVICES, "device=")
+        check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer_cache_mode=")
+        first = model if isinstance(model, str) else model.name
+        self._models: dict[str, Model] = {} if isinstance(model, str) else {first: model}
+        names = list(dict.fromkeys([first, *(models or [])]))
+        unknown = [n for n in names if n not in BUILTIN_NAMES and n not in self._models]
+        if unknown:
+            raise ValueError(f"models {unknown} are not valid; choose from {BUILTIN_NAMES}")
+
+        style, layout = {"description_width": "110px"}, w.Layout(width="330px")
+        kw = {"style": style, "layout": layout}
+        self.model = w.Dropdown(options=names, value=first, description="model", **kw)
+        self.cache_type = w.ToggleButtons(
+            options=list(CACHE_KINDS), value=cache_type, description="cache", style={**style, "button_width": "104px"},
+            layout=w.Layout(width="340px", display="flex", flex_flow="row"),
+        )  # fmt: skip
+        # a slider to sweep, and a text box beside it for an exact value; linked in the kernel, so setting either
+        # from code moves both
+        self.max_cache_len = w.IntSlider(
+            value=max_cache_len, min=1, max=MAX_CACHE_LEN_TOP, description="max_cache_len", readout=False,
+            continuous_update=False, style=style, layout=w.Layout(width="250px"),
+        )  # fmt: skip
+        self.max_cache_len_text = w.BoundedIntText(
+            value=max_cache_len, min=1, max=MAX_CACHE_LEN_TOP, layout=w.Layout(width="80px")
+        )
+        w.link((self.max_cache_len, "value"), (self.max_cache_len_text, "value"))
+        slider = {"min": 1, "continuous_update": False, **kw}
+        self.prompt_tokens = w.IntSlider(value=prompt_tokens, max=2048, description="prompt tokens", **slider)
+        self.new_tokens = w.IntSlider(value=new_tokens, max=256, description="new tokens", **slider)
+        self.device = w.Dropdown(options=list(DEVICES), value=device, description="device", **kw)
+        self.buffer_cache_mode = w.Dropdown(
+            options=list(BUFFER_CACHE_MODES), value=buffer_cache_mode, description="buffer cache", **kw
+        )
+        button = {"button_style": "primary", "icon": "play", "layout": w.Layout(width="120px")}
+        self.run_button = w.Button(description="Run", **button)
+        # the dashboard's own progress bar: a widget in the layout, so it adds no cell output
+        hidden = w.Layout(width="200px", visibility="hidden")
+        self.progress_bar = w.IntProgress(max=1, description="tokens", layout=hidden)
+        self.plan, self.status, self.table = w.HTML(), w.HTML(), w.HTML()
+        classes = [*zip(self.inputs, CSS_CLASSES), (self.max_cache_len_text, "max-cache-len"), (self.run_button, "run")]
+        for widget, cls in [*classes, (self.plan, "plan"), (self.status, "status"), (self.table, "results")]:
+            widget.add_class(f"kvlab-{cls}")
+
+        self.progress, self.allow_slow, self.browser = progress, allow_slow, browser
         self.plot = LivePlot(throttle_s, max_runs)
         self.runs: list[Generation] = []
         self.rows: list[dict[str, Any]] = []
         self.last_error: Exception | None = None
         self.running = False
-        self._runner = Runner(c, self.plot, self.status)
-        for control in c.inputs:
+        self._warmed: set[tuple[Any, ...]] = set()  # settings already warmed up (``_warm_up``)
+        for control in self.inputs:
             control.observe(self._update_plan, names="value")
         self.run_button.on_click(lambda _: self.run())
-        self.browser = browser
         if browser is not None:
             browser.on_result(self.add_browser_result)
-        self.widget = _layout(c, self.readouts, self.plot, browser)
-        self.readouts.show_table(self.rows)
+        self.widget = self._layout()
+        self.table.value = table_html(self.rows)
         self._update_plan()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         text = "kvlab CacheLab dashboard (live widgets): run this cell to show it. Its controls, chart and table are "
         return with_plain_text(self.widget._repr_mimebundle_(**kwargs), text + "drawn by the running kernel.")
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        """The seven setting widgets, in the order shown (that of ``Settings``' fields)."""
+        return (self.model, self.cache_type, self.max_cache_len, self.prompt_tokens, self.new_tokens, self.device,
+                self.buffer_cache_mode)  # fmt: skip
+
+    def settings(self) -> Settings:
+        """The settings the controls hold now."""
+        return Settings(*(widget.value for widget in self.inputs))
 
     @property
     def figure(self) -> Any:
@@ -131,7 +178,7 @@ class CacheLab:
     @property
     def status_text(self) -> str:
         """The status line as plain text."""
-        return self.readouts.status_text
+        return html.unescape(re.sub(r"<[^>]+>", "", self.status.value)).strip()
 
     @property
     def results(self) -> Any:
@@ -149,11 +196,7 @@ class CacheLab:
 
     def needed(self) -> int:
         """Positions the run needs: prompt + new tokens - 1 (the last token is never fed back)."""
-        return self.controls.read().needed
-
-    def _update_plan(self, change: Any = None) -> None:
-        self.controls.enable()
-        self.readouts.show_plan(self.get_model().info, self.controls.read())
+        return self.settings().needed
 
     def run(self) -> Generation | None:
         """One generation with the current settings. kvlab errors are shown in the status line (and kept in
@@ -175,17 +218,9 @@ class CacheLab:
         finally:
             if row:
                 self.rows.append(row)
-                self.readouts.show_table(self.rows)
+                self.table.value = table_html(self.rows)
             self.running, self.run_button.disabled = False, False
             self._update_plan()
-
-    def _run(self, row: dict[str, Any]) -> Generation:
-        model, s, number = self.get_model(), self.controls.read(), len(self.rows) + 1
-        g, dev, before = self._runner.run(model, s, number, row, self.allow_slow, self.progress)
-        row.update(outcome(g))
-        self.runs.append(g)
-        self.readouts.show_done(number, g, dev, before)
-        return g
 
     def add_browser_result(self, result: Any) -> None:
         """The runs a browser sent back (``result.measured``: kvlab Generations) added to the chart and the table,
@@ -196,120 +231,106 @@ class CacheLab:
             self.plot.draw(name, self.plot.next_color(g.label.cache.kind), title, g.records)
             self.rows.append(browser_row(g, len(self.rows) + 1))
             self.runs.append(g)
-        self.readouts.show_table(self.rows)
-        self.readouts.show_added(len(result.measured), getattr(result, "host", "the browser"))
+        self.table.value = table_html(self.rows)
+        host = html.escape(str(getattr(result, "host", "the browser")))
+        self.status.value = f"<span style='color:#2ca02c'>{len(result.measured)} browser runs added</span> from {host}."
 
-    def _show_error(self, exc: Exception, row: dict[str, Any] | None = None) -> None:
-        self.last_error = exc
-        if row is not None and row and "result" not in row:
-            row["result"] = type(exc).__name__
-        self.readouts.show_error(exc)
-
-
-def _checked(first: Settings, models: Sequence[str] | None, loaded: dict[str, Model]) -> list[str]:
-    """The model control's choices (``first.model``, then ``models``), once each, after checking the first values:
-    ConfigError for a bad choice, ValueError for a model neither built in nor in ``loaded``."""
-    check_choice(first.cache, CACHE_KINDS, "cache_type=")
-    check_choice(first.device, DEVICES, "device=")
-    check_choice(first.buffer_cache_mode, BUFFER_CACHE_MODES, "buffer_cache_mode=")
-    names = list(dict.fromkeys([first.model, *(models or [])]))
-    unknown = [n for n in names if n not in BUILTIN_NAMES and n not in loaded]
-    if unknown:
-        raise ValueError(f"models {unknown} are not valid; choose from {BUILTIN_NAMES}")
-    return names
-
-
-def _layout(controls: Controls, readouts: Readouts, plot: LivePlot, browser: Any) -> Any:
-    """The dashboard: the controls with the plan and status beside them, the browser widget (if any), the live
-    chart and the table of runs."""
-    import ipywidgets as w
-
-    right = w.VBox([readouts.plan, readouts.status], layout=w.Layout(flex="1 1 0", min_width="0", padding="0 0 0 12px"))
-    parts = [
-        w.HBox([controls.box(), right], layout=w.Layout(width="100%")),
-        *([browser] if browser is not None else []),
-    ]
-    widget = w.VBox([*parts, plot.box, readouts.table], layout=w.Layout(width="100%", max_width="860px"))
-    widget.add_class("kvlab-cachelab")
-    return widget
-
-
-class Runner:
-    """The dashboard's timed runs, each on a fresh cache disposed at its end, drawn live on ``plot``. Before one:
-    the device opened (WebGPU in the chosen buffer cache mode), a model too slow for a software adapter refused,
-    the first run of a setting warmed up untimed (said in ``status``)."""
-
-    def __init__(self, controls: Controls, plot: LivePlot, status: Any):
-        self.controls, self.plot, self.status = controls, plot, status
-        self.warmed: set[tuple[Any, ...]] = set()  # settings already warmed up (see warm_up)
-
-    def run(
-        self, model: Model, s: Settings, number: int, row: dict[str, Any], allow_slow: bool, progress: bool
-    ) -> tuple[Generation, Device, int]:
-        """Run ``number`` of ``model`` with settings ``s``: (its generation, the device, the device's live tensors
-        before it). ``row`` gets the run's settings first, and what was allocated if it runs out of room;
-        ``progress``: show the progress bar while it runs."""
+    def _run(self, row: dict[str, Any]) -> Generation:
+        """The timed run on a fresh cache, disposed at its end, drawn live. Before it: the device opened (WebGPU in
+        the chosen buffer cache mode), a model too slow for a software adapter refused, the first run of a setting
+        warmed up. ``row`` gets the run's settings first, and what was allocated if it runs out of room."""
+        model, s, number = self.get_model(), self.settings(), len(self.rows) + 1
         ids = model.tokens_of(LAB_TEXT, s.prompt_tokens)
         row.update(settings_row(number, model.name, s.device, s.mode, s.cache, s.max_cache_len, len(ids), s.new_tokens))
         dev = open_webgpu(s.mode) if s.device == "webgpu" else open_device("cpu")
-        refuse_slow(model, dev, allow_slow)
+        slow = dev.name == "webgpu" and dev.adapter.kind == "software" and model.name in SLOW_ON_SOFTWARE
+        if slow and not self.allow_slow:
+            raise ConfigError(
+                f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes too slowly to watch; "
+                "choose device 'cpu' or the toy model here (CacheLab(..., allow_slow=True) to run it anyway)"
+            )
         cache = make_cache(s.cache, s.size)
         before = dev.live_tensors
         label, title = run_titles(model, dev, s, number, len(ids))
-        warm_up(model, ids, dev, s, self.warmed, self.status)
+        self._warm_up(model, ids, dev, s)
         scale, units = unit(max(s.needed, s.size or 0) * model.info.bytes_per_token)  # the largest reservation
         self.plot.set_units(*((scale, units) if units == "MiB" else (1024, "KiB")))
         self.plot.join(len(ids))  # the chart compares runs of one prompt length: one length axis
         self.plot.start(label, self.plot.next_color(s.cache), title)
-        hooks = [self.plot.add, *([self.controls.progress(s.new_tokens)] if progress else [])]
+        hooks = [self.plot.add, *([self._progress(s.new_tokens)] if self.progress else [])]
         try:
             with cache:
-                g = timed_run(model, ids, cache, dev, s.new_tokens, hooks, row, before)
+                try:
+                    g = generate(model, ids, cache=cache, device=dev, max_new_tokens=s.new_tokens, stop_on_eos=False,
+                                 on_step=hooks)  # fmt: skip
+                except CapacityError as exc:  # say what was allocated: nothing
+                    held, added = bool(getattr(cache, "allocated", False)), dev.live_tensors - before
+                    row.update({"result": "CapacityError", "new buffers": added})
+                    raise CapacityError(
+                        f"{exc}. Nothing was allocated: the cache holds {'buffers' if held else 'no buffers'} and "
+                        f"{added} tensors were added on {dev.name}."
+                    ) from exc
         finally:
             self.plot.finish()
-            self.controls.hide_progress()
-        return g, dev, before
-
-
-def refuse_slow(model: Model, dev: Device, allow_slow: bool) -> None:
-    """ConfigError for a model too big for a software WebGPU adapter (``SLOW_ON_SOFTWARE``) unless ``allow_slow``."""
-    if dev.name == "webgpu" and dev.adapter.kind == "software" and model.name in SLOW_ON_SOFTWARE and not allow_slow:
-        raise ConfigError(
-            f"model {model.name} on a software WebGPU adapter ({dev.adapter.name}) decodes too slowly to watch; "
-            "choose device 'cpu' or the toy model here "
-            "(CacheLab(..., allow_slow=True) to run it anyway)"
+            self.progress_bar.layout.visibility = "hidden"
+        row.update(outcome(g))
+        self.runs.append(g)
+        self.status.value = (
+            f"<span style='color:#2ca02c'>run #{number} done</span> (after an untimed warm-up the first time these "
+            f"settings ran): {len(g.token_ids)} tokens, median decode step {g.decode_ms():.1f} ms on "
+            f"{html.escape(str(g.label.device))}; cache disposed ({dev.live_tensors - before} tensors left on "
+            f"{dev.name})."
         )
+        return g
 
+    def _warm_up(self, model: Model, ids: np.ndarray, dev: Device, s: Settings) -> None:
+        """One untimed two-token run the first time a setting is used (a fresh WebGPU context compiles its shaders in
+        its first steps); skipped when the run would not fit, which the timed run reports."""
+        key = (model.name, dev.name, s.mode, s.cache, s.size, len(ids))
+        if key in self._warmed or (s.size is not None and positions_needed(len(ids), 2) > s.size):
+            return
+        self.status.value = "<i>warming up: one untimed run compiles the kernels for these shapes...</i>"
+        # WebGPU compiles per shape, so its warm-up feeds the whole prompt; the CPU EP compiles nothing, and a few
+        # tokens make its session's first-run costs without paying a long prompt's prefill twice
+        prompt = ids if dev.name == "webgpu" else ids[:8]
+        with make_cache(s.cache, s.size) as cache:
+            generate(model, prompt, cache=cache, device=dev, max_new_tokens=2, stop_on_eos=False)
+        self._warmed.add(key)
 
-def warm_up(model: Model, ids: np.ndarray, dev: Device, s: Settings, warmed: set[tuple[Any, ...]], status: Any) -> None:
-    """One untimed two-token run the first time a setting is used (``warmed``: the settings done, updated): a fresh
-    WebGPU context compiles its shaders in its first steps, which would make the first timed run look slower than
-    the next. Says so in ``status`` while it runs. Skipped when the run would not fit: the timed run reports that."""
-    key = (model.name, dev.name, s.mode, s.cache, s.size, len(ids))
-    if key in warmed or (s.size is not None and positions_needed(len(ids), 2) > s.size):
-        return
-    status.value = "<i>warming up: one untimed run compiles the kernels for these shapes...</i>"
-    # WebGPU compiles per shape, so its warm-up feeds the whole prompt; the CPU EP compiles nothing, and a few
-    # tokens make its session's first-run costs without paying a long prompt's prefill twice
-    prompt = ids if dev.name == "webgpu" else ids[:8]
-    with make_cache(s.cache, s.size) as cache:
-        generate(model, prompt, cache=cache, device=dev, max_new_tokens=2, stop_on_eos=False)
-    warmed.add(key)
+    def _progress(self, total: int) -> Any:
+        """The progress bar shown, empty, for ``total`` tokens; returns the step hook that fills it (a token per
+        step but a handoff)."""
+        bar = self.progress_bar
+        bar.max, bar.value, bar.layout.visibility = total, 0, "visible"
 
+        def advance(record: StepRecord) -> None:
+            if record.phase != "handoff":
+                bar.value = min(bar.max, bar.value + 1)
 
-def timed_run(
-    model: Model, ids: np.ndarray, cache: Any, dev: Device, new: int, hooks: list[Any], row: dict[str, Any], before: int
-) -> Generation:
-    """The timed generation of ``new`` tokens. A CapacityError is raised again saying what was allocated: whether
-    the cache holds buffers and the tensors added on ``dev`` since ``before`` (also put in ``row``)."""
-    try:
-        return generate(model, ids, cache=cache, device=dev, max_new_tokens=new, stop_on_eos=False, on_step=hooks)
-    except CapacityError as exc:
-        held = bool(getattr(cache, "allocated", False))
-        added = dev.live_tensors - before
-        row.update({"result": "CapacityError", "new buffers": added})
-        raise CapacityError(
-            f"{exc}. Nothing was allocated: the cache holds "
-            f"{'buffers' if held else 'no buffers'} and {added} tensors were added on "
-            f"{dev.name}."
-        ) from exc
+        return advance
+
+    def _update_plan(self, change: Any = None) -> None:
+        """max_cache_len enabled only for a static cache, the buffer cache mode only on WebGPU; the plan redrawn."""
+        self.max_cache_len.disabled = self.max_cache_len_text.disabled = self.cache_type.value != "static"
+        self.buffer_cache_mode.disabled = self.device.value != "webgpu"
+        self.plan.value = plan_html(self.get_model().info, self.settings())
+
+    def _show_error(self, exc: Exception, row: dict[str, Any] | None = None) -> None:
+        self.last_error = exc
+        if row and "result" not in row:
+            row["result"] = type(exc).__name__
+        self.status.value = error_html(exc)
+
+    def _layout(self) -> Any:
+        """The controls stacked (max_cache_len's slider with its text box beside it) with the plan and status beside
+        them, the Run button and progress bar under them; the browser widget (if any), the chart, the table."""
+        import ipywidgets as w
+
+        rows = [w.HBox([c, self.max_cache_len_text]) if c is self.max_cache_len else c for c in self.inputs]
+        controls = w.VBox([*rows, w.HBox([self.run_button, self.progress_bar])], layout=w.Layout(min_width="360px"))
+        right = w.VBox([self.plan, self.status], layout=w.Layout(flex="1 1 0", min_width="0", padding="0 0 0 12px"))
+        browser = [self.browser] if self.browser is not None else []
+        top = w.HBox([controls, right], layout=w.Layout(width="100%"))
+        widget = w.VBox([top, *browser, self.plot.box, self.table], layout=w.Layout(width="100%", max_width="860px"))
+        widget.add_class("kvlab-cachelab")
+        return widget
