@@ -471,9 +471,9 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
 
 
 def test_widget_front_end_is_one_module_node_can_parse(tmp_path):
-    from kvlab.web.widget import widget_esm
+    from kvlab.web.widget import BUNDLE, bundle
 
-    esm = widget_esm()
+    esm = bundle(BUNDLE)
     assert "from './" not in esm and esm.count("\nexport ") == 1 and "export default { render }" in esm
     (tmp_path / "widget.mjs").write_text(esm)
     node = subprocess.run([find_node(), "--check", str(tmp_path / "widget.mjs")], capture_output=True, text=True)

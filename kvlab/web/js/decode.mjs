@@ -20,6 +20,8 @@
 // is asked before every step; when it answers true decode throws an Error named 'Cancelled'. The caller owns the
 // cache (and releases it); the ring is released here, exactly once, also on error.
 
+import { createBuffers } from './caches.mjs';
+
 export function halfToFloat(h) {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
@@ -58,12 +60,17 @@ export function ids(ort, dtype, values) {
 export const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
 export const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
 
-// a burst's k tokens of type dtype, read from the staging buffer they were copied into: one mapAsync
-export async function mapTokens(staging, k, dtype) {
-  const bytes = dtype === 'int32' ? 4 : 8;
-  await staging.mapAsync(1, 0, k * bytes); // GPUMapMode.READ
-  const range = staging.getMappedRange(0, k * bytes).slice(0);
+// the first `bytes` bytes of a MAP_READ buffer: one mapAsync
+export async function mapRead(staging, bytes) {
+  await staging.mapAsync(1, 0, bytes); // GPUMapMode.READ
+  const range = staging.getMappedRange(0, bytes).slice(0);
   staging.unmap();
+  return range;
+}
+
+// a burst's k tokens of type dtype, read from the staging buffer they were copied into
+export async function mapTokens(staging, k, dtype) {
+  const range = await mapRead(staging, k * (dtype === 'int32' ? 4 : 8));
   return Array.from(dtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
 }
 
@@ -76,14 +83,9 @@ export class TokenRing {
     this.device = device;
     this.dtype = dtype;
     this.bytes = dtype === 'int32' ? 4 : 8;
-    this.buffers = [];
-    try {
-      for (let i = 0; i < size; i += 1) this.buffers.push(device.createBuffer({ size: 16, usage: TOKEN_USAGE }));
-      this.staging = device.createBuffer({ size: Math.max(16, size * this.bytes), usage: READ_USAGE });
-    } catch (err) {
-      for (const b of this.buffers) b.destroy();
-      throw err;
-    }
+    const specs = [...new Array(size).fill([16, TOKEN_USAGE]), [Math.max(16, size * this.bytes), READ_USAGE]];
+    this.buffers = createBuffers(device, specs);
+    this.staging = this.buffers.pop();
     this.tensors = this.buffers.map((b) => ort.Tensor.fromGpuBuffer(b, { dataType: dtype, dims: [1, 1] }));
     this.current = 0;
   }
@@ -122,7 +124,7 @@ export function checkCancelled(cancelled) {
 
 // the feeds of one step: ids (a tensor), the attention mask over every position, position ids where the graph has
 // them, the cache's pasts
-function stepFeeds(ort, model, cache, idsTensor, position, n) {
+export function stepFeeds(ort, model, cache, idsTensor, position, n) {
   const feeds = {
     [model.input_ids]: idsTensor,
     [model.attention_mask]: int64(ort, new Array(position + n).fill(1), [1, position + n]),

@@ -93,22 +93,19 @@ async function runHere(model, msg, onStep, cancelled) {
 
 function render({ model, el }) {
   el.classList.add('kvlab-browser-lab');
-  const button = document.createElement('button');
-  button.textContent = "Run it on this browser's GPU";
-  const status = document.createElement('div');
-  status.className = 'kvlab-browser-status';
-  const summary = document.createElement('pre');
-  summary.className = 'kvlab-browser-summary';
-  const adapter = document.createElement('div');
-  adapter.className = 'kvlab-browser-adapter';
-  const cancel = document.createElement('button');
-  cancel.textContent = 'Cancel';
-  cancel.className = 'kvlab-browser-cancel';
+  const make = (tag, name, text = '') => {
+    const e = document.createElement(tag);
+    e.className = name;
+    e.textContent = text;
+    return e;
+  };
+  const button = make('button', 'kvlab-browser-run', "Run it on this browser's GPU");
+  const cancel = make('button', 'kvlab-browser-cancel', 'Cancel');
   cancel.style.display = 'none';
-  const plan = document.createElement('div');
-  plan.className = 'kvlab-browser-plan';
-  const progress = document.createElement('div');
-  progress.className = 'kvlab-browser-progress';
+  const [adapter, plan, progress, status] = ['adapter', 'plan', 'progress', 'status'].map((n) =>
+    make('div', `kvlab-browser-${n}`),
+  );
+  const summary = make('pre', 'kvlab-browser-summary');
   el.append(adapter, button, cancel, plan, progress, status, summary);
 
   const show = () => {
@@ -124,11 +121,7 @@ function render({ model, el }) {
         : '';
     button.disabled = model.get('running');
   };
-  model.on('change:status', show);
-  model.on('change:summary', show);
-  model.on('change:plan', show);
-  model.on('change:browser', show);
-  model.on('change:running', show);
+  for (const trait of ['status', 'summary', 'plan', 'browser', 'running']) model.on(`change:${trait}`, show);
   show();
 
   reportBrowser(model);
