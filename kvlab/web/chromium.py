@@ -74,11 +74,9 @@ class Chromium:
     start (nothing left behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole
     group (SIGTERM, then SIGKILL after a grace period) and removes the profile, once."""
 
-    def __init__(
-        self, url: str, *, adapter: str = "auto", executable: str | None = None, dawn: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, url: str, *, adapter: str = "auto", dawn: Sequence[str] = ()) -> None:
         flags = adapter_flags(adapter) + ([f"--enable-dawn-features={','.join(dawn)}"] if dawn else [])
-        self.executable = executable or find_chromium()
+        self.executable = find_chromium()
         self.profile = tempfile.mkdtemp(prefix="kvlab-chromium-")
         self._log = (Path(self.profile) / "chromium.log").open("wb")
         self._closed = False

@@ -212,22 +212,15 @@ def adapter_label(info: dict[str, Any], host: BrowserHost) -> Adapter:
 
 
 def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
-    gpu = step["gpu"]
+    gpu, wall, run = step["gpu"], float(step["wall_ms"]), float(step["run_ms"])
     return BrowserStepRecord(
-        step=step["step"],
+        **{key: step[key] for key in _STEP_INTS},
         phase=step["phase"],
         device="webgpu",
         copied_from="",
-        position=step["position"],
-        n_tokens=step["n_tokens"],
-        token=step["token"],
-        wall_ms=float(step["wall_ms"]),
-        run_ms=float(step["run_ms"]),
-        overhead_ms=float(step["wall_ms"]) - float(step["run_ms"]),
-        cache_tensors_allocated=step["cache_tensors_allocated"],
-        cache_bytes_allocated=step["cache_bytes_allocated"],
-        new_buffers=step["new_buffers"],
-        live_cache_bytes=step["live_cache_bytes"],
+        wall_ms=wall,
+        run_ms=run,
+        overhead_ms=wall - run,
         used_cache_bytes=(step["position"] + step["n_tokens"]) * bytes_per_token,
         copy_bytes=0,
         rss_bytes=0,

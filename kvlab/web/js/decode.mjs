@@ -196,30 +196,6 @@ export function notAToken(token, model, step, position) {
   );
 }
 
-// a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first stop
-// token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the rest
-// undone; state: {steps, tokens, stop, model, onStep, counters, alone (read_with 0)}, extended in place
-function reportBurst(state, burst, values, start, read) {
-  const k = burst.length;
-  const readDelta = state.counters.delta(read, state.counters.snapshot());
-  const last = burst[k - 1].gpu;
-  for (const key of Object.keys(readDelta)) {
-    last[key] = key.startsWith('live') ? readDelta[key] : last[key] + readDelta[key];
-  }
-  const wall = (performance.now() - start) / k;
-  const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
-  values.forEach((t, i) => notAToken(t, state.model, state.steps.length + i, burst[i].position));
-  const stopAt = values.findIndex((t) => state.stop.has(t));
-  const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
-  for (let i = 0; i < kept; i += 1) {
-    const s = burst[i];
-    const rec = record(state.steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, state.alone ? 0 : k);
-    state.steps.push(rec);
-    state.tokens.push(values[i]);
-    if (state.onStep) state.onStep(rec);
-  }
-}
-
 // The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay): makePath(perRead)
 // makes the path's buffers (counted in the prefill) and returns {prefill(), step(position), read(k), release(),
 // alone}: prefill and step run the prompt and one decode token, each returning {run (session.run's ms), memory (the
@@ -229,39 +205,59 @@ export async function decodeWith(args, makePath) {
   const { model, promptIds, maxNewTokens, counters, onStep, cancelled } = args;
   const stop = new Set(args.stopTokens ?? []);
   const perRead = Math.max(1, args.tokensPerRead ?? 1);
+  const steps = [];
+  const tokens = [];
+  // a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first
+  // stop token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the
+  // rest undone
+  const report = (burst, values, start, read, readWith) => {
+    const k = burst.length;
+    const readDelta = counters.delta(read, counters.snapshot());
+    const last = burst[k - 1].gpu;
+    for (const key of Object.keys(readDelta)) {
+      last[key] = key.startsWith('live') ? readDelta[key] : last[key] + readDelta[key];
+    }
+    const wall = (performance.now() - start) / k;
+    const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
+    values.forEach((t, i) => notAToken(t, model, steps.length + i, burst[i].position));
+    const stopAt = values.findIndex((t) => stop.has(t));
+    const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
+    for (let i = 0; i < kept; i += 1) {
+      const s = burst[i];
+      const rec = record(steps.length, s.position, s.n, values[i], { wall, run }, s.memory, s.gpu, readWith);
+      steps.push(rec);
+      tokens.push(values[i]);
+      if (onStep) onStep(rec);
+    }
+  };
   checkCancelled(cancelled);
   const t0 = performance.now();
   const first = counters.snapshot();
   const path = makePath(perRead);
-  const state = { steps: [], tokens: [], stop, model, onStep, counters, alone: Boolean(path.alone) };
   try {
     const ran = await path.prefill();
-    const [token] = await path.read(1);
-    notAToken(token, model, 0, 0);
-    const gpu = counters.delta(first, counters.snapshot());
-    const r = record(0, 0, promptIds.length, token, { wall: performance.now() - t0, run: ran.run }, ran.memory, gpu, 0);
-    state.steps.push(r);
-    state.tokens.push(token);
-    if (onStep) onStep(r);
+    const read = counters.snapshot();
+    const prefill = { position: 0, n: promptIds.length, ...ran, gpu: counters.delta(first, read) };
+    report([prefill], await path.read(1), t0, read, 0);
     let position = promptIds.length;
-    while (state.tokens.length < maxNewTokens && !stop.has(state.tokens[state.tokens.length - 1])) {
-      const k = Math.min(perRead, maxNewTokens - state.tokens.length);
+    while (tokens.length < maxNewTokens && !stop.has(tokens[tokens.length - 1])) {
+      const k = Math.min(perRead, maxNewTokens - tokens.length);
       const start = performance.now();
       const burst = [];
       for (let i = 0; i < k; i += 1) {
         checkCancelled(cancelled);
         const before = counters.snapshot();
         const one = await path.step(position);
-        burst.push({ position, ...one, gpu: counters.delta(before, counters.snapshot()) });
+        burst.push({ position, n: 1, ...one, gpu: counters.delta(before, counters.snapshot()) });
         position += 1;
       }
-      const read = counters.snapshot();
-      reportBurst(state, burst, await path.read(k), start, read);
+      const burstRead = counters.snapshot();
+      report(burst, await path.read(k), start, burstRead, path.alone ? 0 : k);
     }
   } finally {
     path.release();
   }
-  return { tokens: state.tokens, steps: state.steps };
+  return { tokens, steps };
 }
 
 // the greedy graph on args.session: step k of a burst reads its input ids from the ring tensor step k - 1 wrote
