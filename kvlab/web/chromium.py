@@ -70,9 +70,9 @@ def adapter_flags(adapter: str) -> list[str]:
 class Chromium:
     """One headless Chromium on ``url``, in a process group of its own, with a throwaway profile, no first-run or
     background network traffic, and WebGPU enabled on ``adapter`` (``adapter_flags``), its Dawn devices made with
-    the toggles ``dawn`` enabled (none: Chromium's defaults). DeviceError when it cannot
-    start (nothing left behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole
-    group (SIGTERM, then SIGKILL after a grace period) and removes the profile, once."""
+    the toggles ``dawn`` enabled (none: Chromium's defaults). DeviceError when it cannot start (nothing left
+    behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole group (SIGTERM, then
+    SIGKILL after a grace period) and removes the profile, once."""
 
     def __init__(self, url: str, *, adapter: str = "auto", dawn: Sequence[str] = ()) -> None:
         flags = adapter_flags(adapter) + ([f"--enable-dawn-features={','.join(dawn)}"] if dawn else [])

@@ -171,7 +171,7 @@ class Job:
                     else None
                 ),
                 "step_length_inputs": (
-                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else []
+                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else ""
                 ),
                 "greedy": (
                     {
@@ -221,21 +221,21 @@ def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
     return graph.SerializeToString(), replaced
 
 
-def step_length_inputs(model: Model) -> list[str]:
+def step_length_inputs(model: Model) -> str:
     """Where the model's attention reads the step's length, which changes every step, in words: the
     GroupQueryAttention nodes' seqlens_k and total_sequence_length inputs (its inputs 5 and 6), made from the
-    attention mask; one line for all such nodes, none for a model without them. The page's capture check names them
-    when a captured replay does not follow them (``kvlab/web/js/captured.mjs``)."""
+    attention mask; "" for a model without them. The page's capture check names them when a captured replay does
+    not follow them (``kvlab/web/js/captured.mjs``)."""
     graph = load_graph(model.onnx_path)
     nodes = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 6]
     if not nodes:
-        return []
+        return ""
     more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
     first = nodes[0]
-    return [
+    return (
         f"GroupQueryAttention {first.name!r}{more} takes it from the mask as seqlens_k ({first.input[5]!r}) and "
         f"total_sequence_length ({first.input[6]!r})"
-    ]
+    )
 
 
 def page_reduction(model: Model, token_on_device: bool | str) -> str:
@@ -279,8 +279,8 @@ def make_job(
     no dynamic input (ModelError) and the token on the device (ConfigError). ``token_on_device``: kvlab's own runs
     open the greedy graph (``page_reduction``) and keep the token on the GPU, reading ``tokens_per_read`` steps'
     tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads the logits every step and takes the
-    argmax itself. ``stop_tokens``: a generation ends after the first of them
-    (the steps a burst ran past it undone, as native); none: every generation runs ``max_new_tokens`` steps."""
+    argmax itself. ``stop_tokens``: a generation ends after the first of them (the steps a burst ran past it
+    undone, as native); none: every generation runs ``max_new_tokens`` steps."""
     model = load(model)
     check_model(model)
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):

@@ -131,7 +131,7 @@ async function compareReplay(args, fixed, position) {
     scale = Math.max(scale, Math.abs(uncaptured[i]));
   }
   if (diff <= REPLAY_TOLERANCE * Math.max(scale, 1)) return;
-  const where = args.lengthInputs?.length ? ` (${args.lengthInputs.join('; ')})` : '';
+  const where = args.lengthInputs ? ` (${args.lengthInputs})` : '';
   const err = new Error(
     `graph capture refused for model ${args.model.name}: onnxruntime-web's replay of the captured decode step at ` +
       `position ${position} gave logits up to ${diff.toPrecision(3)} away from the same step run uncaptured: the ` +
