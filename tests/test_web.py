@@ -322,7 +322,7 @@ def test_assets_name_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_installed_npm_versions_are_the_pinned_ones():
-    assert assets.versions() == json.loads(assets.PACKAGE_JSON.read_text())["dependencies"]
+    assert assets.versions() == json.loads((assets.WEB_DIR / "package.json").read_text())["dependencies"]
 
 
 def test_chromium_choice_and_flags(monkeypatch, tmp_path):

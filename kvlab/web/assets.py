@@ -14,7 +14,6 @@ from ..core.errors import ConfigError, DeviceError
 
 WEB_DIR = Path(__file__).resolve().parent
 JS_DIR = WEB_DIR / "js"
-PACKAGE_JSON = WEB_DIR / "package.json"
 INSTALL_HINT = "bash scripts/setup.sh (or: npm ci --ignore-scripts --omit=optional --prefix kvlab/web)"
 
 # key -> path under node_modules (served at /npm/<path>: the bundle finds its wasm beside itself)

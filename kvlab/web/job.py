@@ -42,23 +42,19 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
     checked for a run of ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256
     as ``kvlab generate`` does; "captured" is a static cache whose decode steps replay a captured graph (variant
     ``CAPTURED``). ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
-    variant = ""
     if isinstance(spec, CacheSpec):
         kind, size, variant = spec.kind, spec.max_cache_len, spec.variant
-    elif isinstance(spec, str) and spec in ("dynamic", "static", "captured"):
-        kind, size = spec, None
-    elif isinstance(spec, str) and spec.startswith(("static@", "captured@")):
-        kind, text = spec.split("@", 1)
-        if not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
-            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
-        size = int(text)
     else:
-        raise ConfigError(
-            f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
-            "(N a positive int)"
-        )
-    if kind == "captured":
-        kind, variant = "static", CAPTURED
+        kind, at, text = spec.partition("@") if isinstance(spec, str) else ("", "", "")
+        if kind not in ("dynamic", "static", "captured") or (at and kind == "dynamic"):
+            raise ConfigError(
+                f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
+                "(N a positive int)"
+            )
+        if at and not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
+            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
+        size = int(text) if at else None
+        kind, variant = ("static", CAPTURED) if kind == "captured" else (kind, "")
     if kind == "dynamic":
         return CacheSpec("dynamic")
     if kind != "static" or variant not in ("", CAPTURED):
@@ -304,8 +300,7 @@ def make_job(
         raise ModelError(f"model {model.name} cannot run a static cache: {model.info.sharing_problem}")
     reps = check_int(reps, "reps", 1)  # a Python int: the job goes to the page as JSON
     check_flag("warmup", warmup)
-    if dynamic_impl not in DYNAMIC_IMPLS:
-        raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")
+    check_choice(dynamic_impl, DYNAMIC_IMPLS, "dynamic_impl=")
     if buffer_cache_mode != "":  # not a falsy 0 or None either: "" is onnxruntime-web's default
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     check_choice(validation_mode, VALIDATION_MODES, "validation mode ")

@@ -18,7 +18,7 @@ from ..core.labels import Adapter, CacheSpec, DeviceLabel, RunLabel
 from ..core.records import COLUMNS, StepRecord
 from .job import Job
 
-# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS; the page's name for each in _GPU_KEYS
+# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS
 WEB_COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_buffers_created": (
         "GPU buffers the device created during the step: every GPUDevice.createBuffer call, counted by wrapping it "
@@ -43,16 +43,8 @@ WEB_COLUMNS: dict[str, tuple[str, str]] = {
         "exact",
     ),
 }
-_GPU_KEYS = {
-    "gpu_buffers_created": "created",
-    "gpu_buffers_destroyed": "destroyed",
-    "gpu_bytes_created": "bytes_created",
-    "gpu_bytes_destroyed": "bytes_destroyed",
-    "storage_buffers_created": "storage_created",
-    "uniform_buffers_created": "uniform_created",
-    "staging_buffers_created": "staging_created",
-    "gpu_buffers_live": "live",
-}
+# the page's counter for each column (counters.mjs): the column's name without "gpu_" and "buffers_"
+_GPU_KEYS = {column: column.replace("buffers_", "").removeprefix("gpu_") for column in WEB_COLUMNS}
 _STEP_INTS = ("step", "position", "n_tokens", "token", "cache_tensors_allocated", "cache_bytes_allocated")
 _STEP_INTS += ("new_buffers", "live_cache_bytes")
 IMPLS = ("onnxruntime-web", "transformers.js")
