@@ -8,12 +8,12 @@
 // host writes one mask element (queue.writeBuffer, 8 bytes) and the GPU copies the token into the ids buffer and
 // into the burst's slot: nothing is created per step.
 //
-// Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session) and
-// maxCacheLen, and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
+// Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session; the cache a
+// StaticKV), and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
 // from a decode step's) with its token written into the fixed token buffer; every decode step runs on the
 // capturing session (its first run records the graph, every later one replays it); tokens are read back in bursts
-// of tokensPerRead, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly once,
-// also on error.
+// of job.tokens_per_read, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly
+// once, also on error.
 
 import { READ_USAGE, TOKEN_USAGE, decodeWith, halfToFloat, ids, mapRead, mapTokens, stepFeeds } from './decode.mjs';
 import { createBuffers } from './caches.mjs';
@@ -131,9 +131,10 @@ async function compareReplay(args, fixed, position) {
     scale = Math.max(scale, Math.abs(uncaptured[i]));
   }
   if (diff <= REPLAY_TOLERANCE * Math.max(scale, 1)) return;
-  const where = args.lengthInputs ? ` (${args.lengthInputs})` : '';
+  const { model } = args.job;
+  const where = model.step_length_inputs ? ` (${model.step_length_inputs})` : '';
   const err = new Error(
-    `graph capture refused for model ${args.model.name}: onnxruntime-web's replay of the captured decode step at ` +
+    `graph capture refused for model ${model.name}: onnxruntime-web's replay of the captured decode step at ` +
       `position ${position} gave logits up to ${diff.toPrecision(3)} away from the same step run uncaptured: the ` +
       `replay does not reproduce the step (the step's length reaches the model through the mask${where}). Run it ` +
       `with a plain static cache`,
@@ -143,15 +144,17 @@ async function compareReplay(args, fixed, position) {
 }
 
 export function decodeCaptured(args) {
-  const { ort, device, session, capture, model, cache, greedy } = args;
-  return decodeWith(args, (perRead) => {
-    const fixed = new FixedStep(ort, device, greedy.ids_dtype, args.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
+  const { ort, device, session, capture, job, cache } = args;
+  const { model } = job;
+  const { greedy } = model;
+  return decodeWith(args, job.tokens_per_read, (perRead) => {
+    const fixed = new FixedStep(ort, device, greedy.ids_dtype, cache.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
     let slot = 0; // steps run since the last read: the staging slot of the next token
     let decoded = 0;
     return {
       async prefill() {
-        const n = args.promptIds.length;
-        const feeds = stepFeeds(ort, model, cache, ids(ort, greedy.ids_dtype, args.promptIds), 0, n);
+        const n = job.prompt_ids.length;
+        const feeds = stepFeeds(ort, model, cache, ids(ort, greedy.ids_dtype, job.prompt_ids), 0, n);
         const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
         const t1 = performance.now();
         const out = await session.run(feeds, fetches);

@@ -1,15 +1,16 @@
 // One greedy generation through one cache: the prefill, then one token per step; one record per step.
 //
-// Contract: decode({ort, device, session, model, cache, promptIds, maxNewTokens, counters, onStep, greedy,
-// tokensPerRead, stopTokens, cancelled}) runs up to maxNewTokens steps and returns {tokens, steps}; it ends
-// early after the first token of stopTokens (none: never). Two ways to choose the token:
-// - greedy null (the host path): every step downloads the logits and takes their argmax here (argmaxLast:
-//   the last position's, first index on ties, as numpy's argmax); each token is read on its own (read_with 0).
+// Contract: decode({ort, device, session, job, cache, counters, onStep, cancelled}) runs up to job.max_new_tokens
+// steps after job.prompt_ids and returns {tokens, steps}; it ends early after the first token of job.stop_tokens
+// (none: never). Two ways to choose the token:
+// - job.model.greedy null (the host path): every step downloads the logits and takes their argmax here
+//   (argmaxLast: the last position's, first index on ties, as numpy's argmax); each token is read on its own
+//   (read_with 0).
 // - greedy (job.model.greedy: the session runs kvlab's greedy graph, whose output greedy.next is the argmax made
 //   inside the model): the token stays on the GPU. TokenRing holds it: the prefill's token is read at once, then
-//   the decode runs in bursts of up to tokensPerRead steps, step k of a burst reading its input ids from the ring
-//   tensor step k - 1 wrote; one mapAsync at the burst's end reads the burst's tokens. Steps a burst ran past a
-//   stop token are undone (not reported; the generation ends there), as the native burst does. A token outside
+//   the decode runs in bursts of up to job.tokens_per_read steps, step k of a burst reading its input ids from the
+//   ring tensor step k - 1 wrote; one mapAsync at the burst's end reads the burst's tokens. Steps a burst ran past
+//   a stop token are undone (not reported; the generation ends there), as the native burst does. A token outside
 //   the vocabulary (the graph's non-finite check) ends the run with an error naming the step and position.
 // Each step record holds: step (0 = prefill), phase, position (cache length before the step), n_tokens, token,
 // wall_ms (performance.now around the whole step: feeds, run, choosing or reading the token, the cache's commit;
@@ -159,13 +160,14 @@ export function record(step, position, n, token, times, memory, gpu, readWith) {
 }
 
 export async function decode(args) {
-  return args.greedy ? decodeOnDevice(args) : decodeOnHost(args);
+  return args.job.model.greedy ? decodeOnDevice(args) : decodeOnHost(args);
 }
 
 // the host path: every step's logits downloaded and their argmax taken here, each token on its own (read_with 0)
 function decodeOnHost(args) {
-  const { ort, session, model, cache } = args;
-  return decodeWith({ ...args, tokensPerRead: 1 }, () => {
+  const { ort, session, job, cache } = args;
+  const { model } = job;
+  return decodeWith(args, 1, () => {
     let token = null;
     const run = async (feed, position) => {
       const feeds = stepFeeds(ort, model, cache, ids(ort, 'int64', feed), position, feed.length);
@@ -180,7 +182,7 @@ function decodeOnHost(args) {
     };
     return {
       alone: true,
-      prefill: () => run(args.promptIds, 0),
+      prefill: () => run(job.prompt_ids, 0),
       step: (position) => run([token], position),
       read: async () => [token],
       release() {},
@@ -196,15 +198,15 @@ export function notAToken(token, model, step, position) {
   );
 }
 
-// The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay): makePath(perRead)
-// makes the path's buffers (counted in the prefill) and returns {prefill(), step(position), read(k), release(),
-// alone}: prefill and step run the prompt and one decode token, each returning {run (session.run's ms), memory (the
-// cache's commit)}; read(k) reads the k tokens written since the last read; release() frees the path's buffers,
-// once (also on error); alone: each token is read on its own (read_with 0).
-export async function decodeWith(args, makePath) {
-  const { model, promptIds, maxNewTokens, counters, onStep, cancelled } = args;
-  const stop = new Set(args.stopTokens ?? []);
-  const perRead = Math.max(1, args.tokensPerRead ?? 1);
+// The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay), reading up to perRead
+// tokens together: makePath(perRead) makes the path's buffers (counted in the prefill) and returns {prefill(),
+// step(position), read(k), release(), alone}: prefill and step run the prompt and one decode token, each returning
+// {run (session.run's ms), memory (the cache's commit)}; read(k) reads the k tokens written since the last read;
+// release() frees the path's buffers, once (also on error); alone: each token is read on its own (read_with 0).
+export async function decodeWith(args, perRead, makePath) {
+  const { job, counters, onStep, cancelled } = args;
+  const { model, prompt_ids: promptIds, max_new_tokens: maxNewTokens } = job;
+  const stop = new Set(job.stop_tokens);
   const steps = [];
   const tokens = [];
   // a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first
@@ -262,8 +264,10 @@ export async function decodeWith(args, makePath) {
 
 // the greedy graph on args.session: step k of a burst reads its input ids from the ring tensor step k - 1 wrote
 function decodeOnDevice(args) {
-  const { ort, device, session, model, cache, greedy } = args;
-  return decodeWith(args, (perRead) => {
+  const { ort, device, session, job, cache } = args;
+  const { model } = job;
+  const { greedy } = model;
+  return decodeWith(args, job.tokens_per_read, (perRead) => {
     const ring = new TokenRing(ort, device, greedy.ids_dtype, perRead + 1);
     let ahead = 0; // steps run since the last read
     const run = async (idsTensor, position, n) => {
@@ -278,7 +282,7 @@ function decodeOnDevice(args) {
       return { run: ms, memory: cache.commit(outputs, n) };
     };
     return {
-      prefill: () => run(ids(ort, greedy.ids_dtype, args.promptIds), 0, args.promptIds.length),
+      prefill: () => run(ids(ort, greedy.ids_dtype, job.prompt_ids), 0, job.prompt_ids.length),
       step: (position) => run(ring.tensor(ahead), position, 1),
       read: (k) => {
         ahead = 0;

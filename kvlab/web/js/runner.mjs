@@ -94,24 +94,8 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep, cance
   try {
     // a captured graph replays the very buffers it recorded: one capturing session per generation, released with it
     if (captured) capture = await openCaptured();
-    result = await (captured ? decodeCaptured : decode)({
-      capture,
-      maxCacheLen: spec.max_cache_len,
-      ort,
-      session,
-      model: job.model,
-      cache,
-      promptIds: job.prompt_ids,
-      maxNewTokens: job.max_new_tokens,
-      counters,
-      onStep,
-      device,
-      greedy: job.model.greedy,
-      tokensPerRead: job.tokens_per_read,
-      stopTokens: job.stop_tokens,
-      lengthInputs: job.model.step_length_inputs,
-      cancelled,
-    });
+    const args = { ort, device, session, capture, job, cache, counters, onStep, cancelled };
+    result = await (captured ? decodeCaptured : decode)(args);
   } finally {
     before = counters.snapshot();
     cache.release();
