@@ -19,7 +19,7 @@ from ..core.labels import cpu_adapter
 from ..ort import generate
 from ..ort.models.model import Model, load
 from .assets import versions
-from .job import Job, make_job
+from .job import make_job
 from .results import BrowserGeneration, BrowserResult, decode_stats
 from .run import run_job
 
@@ -169,7 +169,17 @@ def browser_bench(
         t0 = time.monotonic()
         result = run_job(job, host=host, adapter=adapter, timeout=timeout)
         results.append(result)
-        page = _page_rows(model, context, job, result, caches, reference)
+        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
+        if reference == "cpu":  # kvlab's CPU EP run of the same prompt
+            ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new_tokens, stop_on_eos=False).token_ids
+        else:  # the first cache's first measured round: every run of every cache is compared with it
+            ref = next(iter(by_name.values()))[0].token_ids
+        fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
+        page = [
+            row_of(model, context, measured, by_name.get("dynamic", []), ref, result, name in fitted)
+            for name, measured in by_name.items()
+            if measured  # a refused cache has no runs: the result's "refused" says why
+        ]
         rows += page
         where = {"model": model.name, "context": context}
         runs += [
@@ -198,28 +208,3 @@ def browser_bench(
     }
     env = environment(results, host, adapter)
     return {"environment": env, "plan": plan, "rows": rows, "runs": runs, "refused": refused}
-
-
-def _page_rows(
-    model: Model,
-    context: int,
-    job: Job,
-    result: BrowserResult,
-    caches: Sequence[str],
-    reference: str,
-) -> list[dict[str, Any]]:
-    """One row per cache of a finished page, each compared with the reference tokens: kvlab's CPU EP run of the
-    same prompt (``reference="cpu"``) or the first cache's first measured round."""
-    by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
-    if reference == "cpu":
-        new = job.max_new_tokens
-        ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new, stop_on_eos=False).token_ids
-    else:  # the first cache's first measured round: every run of every cache is compared with it
-        ref = next(iter(by_name.values()))[0].token_ids
-    dynamic = by_name.get("dynamic", [])
-    fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
-    return [
-        row_of(model, context, measured, dynamic, ref, result, name in fitted)
-        for name, measured in by_name.items()
-        if measured  # a refused cache has no runs: the result's "refused" says why
-    ]
