@@ -157,7 +157,7 @@ def test_server_serves_only_the_job_and_its_files(toy):
     with PageServer(job) as server:
         assert server.url.startswith("http://127.0.0.1:")
         status, body = _get(server.url + "job")
-        assert status == 200 and json.loads(body)["prompt_ids"] == PROMPT
+        assert status == 200 and json.loads(body)["job"]["prompt_ids"] == PROMPT
         assert _get(server.url + "model/model.onnx") == (200, toy.onnx_path.read_bytes())
         assert _get(server.url + f"model/{TRANSFORMERS_GRAPH}")[1] == job.transformers_graph
         assert _get(server.url + "kvlab/runner.mjs")[0] == 200
@@ -322,7 +322,7 @@ def test_assets_name_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_installed_npm_versions_are_the_pinned_ones():
-    assert assets.versions() == json.loads(assets.PACKAGE_JSON.read_text())["dependencies"]
+    assert assets.versions() == json.loads((assets.WEB_DIR / "package.json").read_text())["dependencies"]
 
 
 def test_chromium_choice_and_flags(monkeypatch, tmp_path):
@@ -443,8 +443,7 @@ def test_job_names_why_a_model_cannot_be_captured(toy):
         make_job(graph, PROMPT, caches=["captured"], token_on_device=False)
     job = make_job(graph, PROMPT, caches=["static", "captured@64"])
     assert [c.name for c in job.caches] == ["static@256", "static@64 graph"]
-    lengths = job.to_json()["model"]["step_length_inputs"]
-    assert len(lengths) == 1 and "seqlens_k ('/model/attn_mask_reformat" in lengths[0]
+    assert "seqlens_k ('/model/attn_mask_reformat" in job.to_json()["model"]["step_length_inputs"]
 
 
 def test_cli_browser_bench_writes_results(chromium, tmp_path):
@@ -471,9 +470,9 @@ def test_cli_browser_bench_writes_results(chromium, tmp_path):
 
 
 def test_widget_front_end_is_one_module_node_can_parse(tmp_path):
-    from kvlab.web.widget import widget_esm
+    from kvlab.web.widget import BUNDLE, bundle
 
-    esm = widget_esm()
+    esm = bundle(BUNDLE)
     assert "from './" not in esm and esm.count("\nexport ") == 1 and "export default { render }" in esm
     (tmp_path / "widget.mjs").write_text(esm)
     node = subprocess.run([find_node(), "--check", str(tmp_path / "widget.mjs")], capture_output=True, text=True)

@@ -1,14 +1,7 @@
 """The files the browser runner serves: kvlab's own JavaScript (``kvlab/web/js/``) and the npm packages installed
-at setup time (``scripts/setup.sh`` runs ``npm ci`` on ``kvlab/web/package.json``; nothing is fetched from a CDN
-at run time).
-
-Contract: ``npm_dir()`` is the folder holding the packages (``$KVLAB_WEB_ASSETS`` or ``kvlab/web/node_modules``);
-``npm_file(key)`` is the path of one served file by its key in ``NPM_FILES``, or a ``DeviceError`` naming the
-missing file and the command that installs it; ``versions()`` gives each package's installed version (read from
-its own package.json, never assumed); ``kvlab_file(name)`` is one of kvlab's JS files; ``dawn_node()`` is Dawn's
-Node binding for this platform. ``package.json`` pins exact versions and overrides transformers.js's own
-onnxruntime-web with the one kvlab's page code runs, so both caches run on one runtime (docs/browser-runner.md).
-"""
+at setup time (``scripts/setup.sh`` runs ``npm ci`` on ``kvlab/web/package.json``, which pins exact versions and
+gives transformers.js the onnxruntime-web kvlab's page code runs); nothing is fetched from a CDN at run time. A
+missing file is a DeviceError naming it and the command that installs it."""
 
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ from ..core.errors import ConfigError, DeviceError
 
 WEB_DIR = Path(__file__).resolve().parent
 JS_DIR = WEB_DIR / "js"
-PACKAGE_JSON = WEB_DIR / "package.json"
 INSTALL_HINT = "bash scripts/setup.sh (or: npm ci --ignore-scripts --omit=optional --prefix kvlab/web)"
 
 # key -> path under node_modules (served at /npm/<path>: the bundle finds its wasm beside itself)
@@ -34,17 +26,16 @@ PACKAGES = ("onnxruntime-web", "@huggingface/transformers", "webgpu")
 
 
 def npm_dir() -> Path:
-    """The node_modules folder the runner serves from."""
+    """The node_modules folder the runner serves from: ``$KVLAB_WEB_ASSETS`` or ``kvlab/web/node_modules``."""
     override = os.environ.get("KVLAB_WEB_ASSETS")
     return Path(override) if override else WEB_DIR / "node_modules"
 
 
-def versions(root: Path | None = None) -> dict[str, str]:
+def versions() -> dict[str, str]:
     """Installed version of each package ("missing" when it is not there), read from its package.json."""
-    root = root or npm_dir()
     found = {}
     for name in PACKAGES:
-        meta = root / name / "package.json"
+        meta = npm_dir() / name / "package.json"
         try:
             found[name] = json.loads(meta.read_text())["version"]
         except (OSError, ValueError, KeyError):

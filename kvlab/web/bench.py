@@ -12,8 +12,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..bench.plan import prompt_ids
 from ..core.devices import DEFAULT_VALIDATION
 from ..core.errors import ConfigError, check_choice
@@ -21,16 +19,12 @@ from ..core.labels import cpu_adapter
 from ..ort import generate
 from ..ort.models.model import Model, load
 from .assets import versions
-from .job import Job, make_job
-from .results import BrowserGeneration, BrowserResult
+from .job import make_job
+from .results import BrowserGeneration, BrowserResult, decode_stats
 from .run import run_job
 
 REFERENCES = ("cpu", "caches")
 MiB = 2**20
-
-
-def _decode(g: BrowserGeneration, column: str = "wall_ms") -> list[float]:
-    return [getattr(r, column) for r in g.records if r.phase == "decode"]
 
 
 def row_of(
@@ -40,15 +34,12 @@ def row_of(
     dynamic: list[BrowserGeneration],
     reference: list[int],
     result: BrowserResult,
-    buffer_cache_mode: str,
     fitted: bool,
 ) -> dict[str, Any]:
     """One results row for one cache at one context (``runs``: its measured rounds, in order; ``fitted``: a static
-    cache sized for this run, not given a size): where it ran, the cache, the median decode step over the rounds
-    (each round's median) with its spread and its ratio to the dynamic cache's paired by round, the exact GPU buffer
-    counts per decode step, whether every round's tokens equal ``reference``, and the first round's tokens and
-    per-step values; the validation mode the page ran in, the Dawn toggles its host was started with and whether
-    Dawn validated the device's calls."""
+    cache sized for this run, not given a size): where it ran, the cache, ``decode_stats`` against the dynamic
+    cache's rounds, whether every round's tokens equal ``reference``, the first round's tokens and per-step values,
+    the validation mode, the Dawn toggles its host was started with and whether Dawn validated the device's calls."""
     g = runs[0]
     spec = g.label.cache
     equal = all(r.token_ids == reference for r in runs)
@@ -61,7 +52,7 @@ def row_of(
         "host_kind": result.host.kind,
         "precision": precision_of(model),
         "weights": model.info.weights,
-        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "buffer_cache_mode": g.label.device.buffer_cache_mode,
         "dtype": model.info.dtype_name,
         "context": context,
         "kv_tensor_mib": model.info.entries[0].nbytes(context) / MiB,
@@ -80,8 +71,7 @@ def row_of(
         "reps": len(runs),
         "valid": equal,
         "tokens_equal": equal,
-        **_timings(runs, dynamic),
-        **_buffers_per_step(runs),
+        **decode_stats(runs, dynamic),
         "released_buffers": g.release["buffers_destroyed"] if g.release else None,
         "tokens": list(g.token_ids),
         "step_wall_ms": [r.wall_ms for r in g.records],
@@ -91,37 +81,6 @@ def row_of(
         "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
         "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
     }
-
-
-def _timings(runs: list[BrowserGeneration], dynamic: list[BrowserGeneration]) -> dict[str, Any]:
-    """The median decode step over the rounds (each round's median), its spread, and its ratio to the dynamic
-    cache's paired by round (1 without a dynamic cache); the prefill's median."""
-    medians = [float(np.median(_decode(r))) for r in runs]
-    paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] if dynamic else []
-    return {
-        "decode_ms": float(np.median(medians)),
-        "decode_ms_min": float(min(medians)),
-        "decode_ms_max": float(max(medians)),
-        "decode_ms_runs": medians,
-        "run_ms": float(np.median([np.median(_decode(r, "run_ms")) for r in runs])),
-        "ratio_to_dynamic": float(np.median(paired)) if paired else 1.0,
-        "ratio_min": float(min(paired)) if paired else 1.0,
-        "ratio_max": float(max(paired)) if paired else 1.0,
-        "tokens_per_s": 1000.0 / float(np.median(medians)),
-        "prefill_ms": float(np.median([r.records[0].wall_ms for r in runs])),
-    }
-
-
-def _buffers_per_step(runs: list[BrowserGeneration]) -> dict[str, float]:
-    """Tensors and GPU buffers created per decode step, averaged over the rounds."""
-    columns = {
-        "tensors_per_step": "cache_tensors_allocated",
-        "gpu_buffers_per_step": "gpu_buffers_created",
-        "storage_buffers_per_step": "storage_buffers_created",
-        "staging_buffers_per_step": "staging_buffers_created",
-        "new_buffers_per_step": "new_buffers",
-    }
-    return {key: float(np.mean([np.mean(_decode(r, col) or [0.0]) for r in runs])) for key, col in columns.items()}
 
 
 def precision_of(model: Model) -> str:
@@ -193,7 +152,6 @@ def browser_bench(
     that was running. ``job_options``: the rest of ``make_job``'s keyword arguments (``reps``, default 2 here;
     ``warmup``, ``dynamic_impl``, ``buffer_cache_mode``, ``validation_mode``: "disabled" unless given, as native)."""
     job_options.setdefault("reps", 2)
-    buffer_cache_mode = job_options.get("buffer_cache_mode", "")
     check_choice(reference, REFERENCES, "reference=")
     if not contexts:
         raise ConfigError("contexts is empty; give at least one prompt length")
@@ -211,11 +169,31 @@ def browser_bench(
         t0 = time.monotonic()
         result = run_job(job, host=host, adapter=adapter, timeout=timeout)
         results.append(result)
-        page = _page_rows(model, context, job, result, caches, reference, buffer_cache_mode)
+        by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
+        if reference == "cpu":  # kvlab's CPU EP run of the same prompt
+            ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new_tokens, stop_on_eos=False).token_ids
+        else:  # the first cache's first measured round: every run of every cache is compared with it
+            ref = next(iter(by_name.values()))[0].token_ids
+        fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
+        page = [
+            row_of(model, context, measured, by_name.get("dynamic", []), ref, result, name in fitted)
+            for name, measured in by_name.items()
+            if measured  # a refused cache has no runs: the result's "refused" says why
+        ]
         rows += page
-        runs += [_run_of(model, context, g) for g in result.generations]
-        refused += [{"model": model.name, "context": context, "cache": c, "why": w} for c, w in result.refused.items()]
-        on_line(_page_line(model, context, page, time.monotonic() - t0))
+        where = {"model": model.name, "context": context}
+        runs += [
+            {**where, "cache": g.label.cache.name, "impl": g.impl, "rep": g.rep, "warmup": g.warmup}
+            | {"release": g.release, "steps": [asdict(r) for r in g.records]}
+            for g in result.generations
+        ]
+        refused += [{**where, "cache": c, "why": w} for c, w in result.refused.items()]
+        said = [
+            f"{r['variant']} {r['decode_ms']:.1f} ms/step, {r['storage_buffers_per_step']:g} storage buffers/step, "
+            f"tokens equal: {r['tokens_equal']}"
+            for r in page
+        ]
+        on_line(f"{model.name} context {context}: " + "; ".join(said) + f" [{time.monotonic() - t0:.0f} s]")
     plan = {
         "models": [m.name for m in loaded],
         "contexts": list(contexts),
@@ -224,59 +202,9 @@ def browser_bench(
         **job_options,
         "host": host,
         "adapter": adapter,
-        "buffer_cache_mode": buffer_cache_mode or "bucket",
+        "buffer_cache_mode": job_options.get("buffer_cache_mode") or "bucket",
         "validation_mode": job_options.get("validation_mode", DEFAULT_VALIDATION),
         "reference": reference,
     }
     env = environment(results, host, adapter)
     return {"environment": env, "plan": plan, "rows": rows, "runs": runs, "refused": refused}
-
-
-def _page_rows(
-    model: Model,
-    context: int,
-    job: Job,
-    result: BrowserResult,
-    caches: Sequence[str],
-    reference: str,
-    buffer_cache_mode: str,
-) -> list[dict[str, Any]]:
-    """One row per cache of a finished page, each compared with the reference tokens: kvlab's CPU EP run of the
-    same prompt (``reference="cpu"``) or the first cache's first measured round."""
-    by_name = {spec.name: result.by_cache(spec.name) for spec in job.caches}
-    if reference == "cpu":
-        new = job.max_new_tokens
-        ref = generate(model, job.prompt_ids, device="cpu", max_new_tokens=new, stop_on_eos=False).token_ids
-    else:  # the first cache's first measured round: every run of every cache is compared with it
-        ref = next(iter(by_name.values()))[0].token_ids
-    dynamic = by_name.get("dynamic", [])
-    fitted = {spec.name for spec, asked in zip(job.caches, caches) if asked == "static"}
-    return [
-        row_of(model, context, measured, dynamic, ref, result, buffer_cache_mode, name in fitted)
-        for name, measured in by_name.items()
-        if measured  # a refused cache has no runs: the result's "refused" says why
-    ]
-
-
-def _run_of(model: Model, context: int, g: BrowserGeneration) -> dict[str, Any]:
-    """One run of a page as ``result["runs"]`` keeps it: which cache and round, its release, every step record."""
-    return {
-        "model": model.name,
-        "context": context,
-        "cache": g.label.cache.name,
-        "impl": g.impl,
-        "rep": g.rep,
-        "warmup": g.warmup,
-        "release": g.release,
-        "steps": [asdict(r) for r in g.records],
-    }
-
-
-def _page_line(model: Model, context: int, rows: list[dict[str, Any]], seconds: float) -> str:
-    """The progress line of a finished page: each cache's step time, storage buffers per step and tokens."""
-    parts = [
-        f"{r['variant']} {r['decode_ms']:.1f} ms/step, {r['storage_buffers_per_step']:g} storage buffers/step, "
-        f"tokens equal: {r['tokens_equal']}"
-        for r in rows
-    ]
-    return f"{model.name} context {context}: " + "; ".join(parts) + f" [{seconds:.0f} s]"

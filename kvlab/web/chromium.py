@@ -70,15 +70,13 @@ def adapter_flags(adapter: str) -> list[str]:
 class Chromium:
     """One headless Chromium on ``url``, in a process group of its own, with a throwaway profile, no first-run or
     background network traffic, and WebGPU enabled on ``adapter`` (``adapter_flags``), its Dawn devices made with
-    the toggles ``dawn`` enabled (none: Chromium's defaults). DeviceError when it cannot
-    start (nothing left behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole
-    group (SIGTERM, then SIGKILL after a grace period) and removes the profile, once."""
+    the toggles ``dawn`` enabled (none: Chromium's defaults). DeviceError when it cannot start (nothing left
+    behind). ``close()`` (also ``__exit__``, after a KeyboardInterrupt too) ends the whole group (SIGTERM, then
+    SIGKILL after a grace period) and removes the profile, once."""
 
-    def __init__(
-        self, url: str, *, adapter: str = "auto", executable: str | None = None, dawn: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, url: str, *, adapter: str = "auto", dawn: Sequence[str] = ()) -> None:
         flags = adapter_flags(adapter) + ([f"--enable-dawn-features={','.join(dawn)}"] if dawn else [])
-        self.executable = executable or find_chromium()
+        self.executable = find_chromium()
         self.profile = tempfile.mkdtemp(prefix="kvlab-chromium-")
         self._log = (Path(self.profile) / "chromium.log").open("wb")
         self._closed = False

@@ -42,23 +42,19 @@ def parse_cache(spec: str | CacheSpec, needed: int, context: int) -> CacheSpec:
     checked for a run of ``needed`` positions on a model of ``context``: "static" is sized to fit, rounded up to 256
     as ``kvlab generate`` does; "captured" is a static cache whose decode steps replay a captured graph (variant
     ``CAPTURED``). ConfigError for a bad name or a size beyond the context, CapacityError for one below ``needed``."""
-    variant = ""
     if isinstance(spec, CacheSpec):
         kind, size, variant = spec.kind, spec.max_cache_len, spec.variant
-    elif isinstance(spec, str) and spec in ("dynamic", "static", "captured"):
-        kind, size = spec, None
-    elif isinstance(spec, str) and spec.startswith(("static@", "captured@")):
-        kind, text = spec.split("@", 1)
-        if not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
-            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
-        size = int(text)
     else:
-        raise ConfigError(
-            f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
-            "(N a positive int)"
-        )
-    if kind == "captured":
-        kind, variant = "static", CAPTURED
+        kind, at, text = spec.partition("@") if isinstance(spec, str) else ("", "", "")
+        if kind not in ("dynamic", "static", "captured") or (at and kind == "dynamic"):
+            raise ConfigError(
+                f"cache {spec!r} is not valid; choose 'dynamic', 'static', 'static@N', 'captured' or 'captured@N' "
+                "(N a positive int)"
+            )
+        if at and not (text.isascii() and text.isdigit()):  # "²" and "٣" are digits to str.isdigit, not to int()
+            raise ConfigError(f"cache {spec!r}: the size after '{kind}@' must be a positive int, e.g. '{kind}@512'")
+        size = int(text) if at else None
+        kind, variant = ("static", CAPTURED) if kind == "captured" else (kind, "")
     if kind == "dynamic":
         return CacheSpec("dynamic")
     if kind != "static" or variant not in ("", CAPTURED):
@@ -155,14 +151,23 @@ class Job:
                     for e in info.entries
                 ],
                 "files": [{"name": f.name, "size": f.stat().st_size} for f in self.files],
-                "transformers_config": transformers_config(self.model),
+                "transformers_config": {  # a Hugging Face config.json for transformers.js, from what kvlab read
+                    "model_type": info.model_type,
+                    "num_hidden_layers": info.num_layers,
+                    "num_attention_heads": info.num_heads or info.num_kv_heads,
+                    "num_key_value_heads": info.num_kv_heads,
+                    "head_dim": info.head_dim,
+                    "vocab_size": info.vocab_size,
+                    "max_position_embeddings": info.context_length,
+                    "eos_token_id": list(info.eos_token_ids),
+                },
                 "transformers_graph": (
                     {"name": TRANSFORMERS_GRAPH, "size": len(self.transformers_graph), "concrete": self.concrete}
                     if self.transformers_graph
                     else None
                 ),
                 "step_length_inputs": (
-                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else []
+                    step_length_inputs(self.model) if any(c.variant == CAPTURED for c in self.caches) else ""
                 ),
                 "greedy": (
                     {
@@ -212,34 +217,21 @@ def concrete_past_shapes(model: Model) -> tuple[bytes, dict[str, int]]:
     return graph.SerializeToString(), replaced
 
 
-def check_capture(model: Model, reduction: str) -> None:
-    """ModelError naming why the page cannot capture ``model``'s decode step with a fixed [1, max_cache_len] mask
-    (``capture_problem``: a dynamic input such as position ids, or a Shape read of the mask), and ConfigError where
-    the token is chosen on the host (a captured step's every input and output stays on the GPU)."""
-    from ..ort.decode.caches.captured import capture_problem
-
-    problem = capture_problem(model.info)
-    if problem:
-        raise ModelError(f"model {model.name} cannot run a captured cache in the page: {problem}")
-    if not reduction:
-        raise ConfigError("a captured cache keeps every input and output on the GPU: token_on_device must not be False")
-
-
-def step_length_inputs(model: Model) -> list[str]:
+def step_length_inputs(model: Model) -> str:
     """Where the model's attention reads the step's length, which changes every step, in words: the
     GroupQueryAttention nodes' seqlens_k and total_sequence_length inputs (its inputs 5 and 6), made from the
-    attention mask; one line for all such nodes, none for a model without them. The page's capture check names them
-    when a captured replay does not follow them (``kvlab/web/js/captured.mjs``)."""
+    attention mask; "" for a model without them. The page's capture check names them when a captured replay does
+    not follow them (``kvlab/web/js/captured.mjs``)."""
     graph = load_graph(model.onnx_path)
     nodes = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and len(n.input) > 6]
     if not nodes:
-        return []
+        return ""
     more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
     first = nodes[0]
-    return [
+    return (
         f"GroupQueryAttention {first.name!r}{more} takes it from the mask as seqlens_k ({first.input[5]!r}) and "
         f"total_sequence_length ({first.input[6]!r})"
-    ]
+    )
 
 
 def page_reduction(model: Model, token_on_device: bool | str) -> str:
@@ -256,33 +248,6 @@ def page_reduction(model: Model, token_on_device: bool | str) -> str:
         except ModelError:
             return "blocks"
     return reduction
-
-
-def page_tokens_per_read(asked: int | str, reduction: str) -> int:
-    """Decode steps read back together: "auto" is ``TOKENS_PER_READ`` with the token on the device, else 1;
-    ConfigError for a count below 1, or above 1 where the page reads every token from the logits."""
-    if isinstance(asked, str) and asked == AUTO:
-        return TOKENS_PER_READ if reduction else 1
-    n = check_int(asked, "tokens_per_read", 1, note=' (or "auto")')
-    if n > 1 and not reduction:
-        raise ConfigError(f"tokens_per_read={n} reads back tokens kept on the GPU, but token_on_device is False: use 1")
-    return n
-
-
-def transformers_config(model: Model) -> dict[str, Any]:
-    """A Hugging Face config.json for transformers.js, written from what kvlab read off the graph (a builder
-    output has no config.json of its own)."""
-    info = model.info
-    return {
-        "model_type": info.model_type,
-        "num_hidden_layers": info.num_layers,
-        "num_attention_heads": info.num_heads or info.num_kv_heads,
-        "num_key_value_heads": info.num_kv_heads,
-        "head_dim": info.head_dim,
-        "vocab_size": info.vocab_size,
-        "max_position_embeddings": info.context_length,
-        "eos_token_id": list(info.eos_token_ids),
-    }
 
 
 def make_job(
@@ -306,11 +271,12 @@ def make_job(
     ``validation_mode``: the page opens onnxruntime-web's WebGPU EP in it (one of ``VALIDATION_MODES``; "disabled"
     by default, as kvlab's native WebGPU device), and a host kvlab starts makes its device with ``dawn_toggles``.
 
-    A "captured" cache needs a model built for capture (``check_capture``: ``kvlab.load(name, graph_capture=True)``).
-    ``token_on_device``: kvlab's own runs open the greedy graph (``page_reduction``) and keep the token on the GPU,
-    reading ``tokens_per_read`` steps' tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads
-    the logits every step and takes the argmax itself. ``stop_tokens``: a generation ends after the first of them
-    (the steps a burst ran past it undone, as native); none: every generation runs ``max_new_tokens`` steps."""
+    A "captured" cache needs a model built for capture (``kvlab.load(name, graph_capture=True)``) whose step reads
+    no dynamic input (ModelError) and the token on the device (ConfigError). ``token_on_device``: kvlab's own runs
+    open the greedy graph (``page_reduction``) and keep the token on the GPU, reading ``tokens_per_read`` steps'
+    tokens back together ("auto": ``TOKENS_PER_READ``); False: the page reads the logits every step and takes the
+    argmax itself. ``stop_tokens``: a generation ends after the first of them (the steps a burst ran past it
+    undone, as native); none: every generation runs ``max_new_tokens`` steps."""
     model = load(model)
     check_model(model)
     if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
@@ -334,20 +300,31 @@ def make_job(
         raise ModelError(f"model {model.name} cannot run a static cache: {model.info.sharing_problem}")
     reps = check_int(reps, "reps", 1)  # a Python int: the job goes to the page as JSON
     check_flag("warmup", warmup)
-    if dynamic_impl not in DYNAMIC_IMPLS:
-        raise ConfigError(f"dynamic_impl={dynamic_impl!r} is not valid; choose one of {DYNAMIC_IMPLS}")
+    check_choice(dynamic_impl, DYNAMIC_IMPLS, "dynamic_impl=")
     if buffer_cache_mode != "":  # not a falsy 0 or None either: "" is onnxruntime-web's default
         check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
     check_choice(validation_mode, VALIDATION_MODES, "validation mode ")
-    ids_list = [int(i) for i in ids]
-    job = Job(model, ids_list, new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, validation_mode)
-    job.files = model_files(model)
-    job.reduction = page_reduction(model, token_on_device)
-    job.greedy_file = greedy_graph(model, job.reduction) if job.reduction else None
-    job.tokens_per_read = page_tokens_per_read(tokens_per_read, job.reduction)
-    job.stop_tokens = [int(t) for t in model.check_ids(list(stop_tokens))] if len(stop_tokens) else []
-    if any(s.variant == CAPTURED for s in specs):
-        check_capture(model, job.reduction)
+    files = model_files(model)
+    reduction = page_reduction(model, token_on_device)
+    if isinstance(tokens_per_read, str) and tokens_per_read == AUTO:
+        tokens_per_read = TOKENS_PER_READ if reduction else 1
+    per_read = check_int(tokens_per_read, "tokens_per_read", 1, note=' (or "auto")')
+    if per_read > 1 and not reduction:
+        raise ConfigError(f"tokens_per_read={per_read} reads back tokens kept on the GPU, but token_on_device is False")
+    stops = [int(t) for t in model.check_ids(list(stop_tokens))] if len(stop_tokens) else []
+    if any(s.variant == CAPTURED for s in specs):  # a captured step keeps every input and output on the GPU
+        from ..ort.decode.caches.captured import capture_problem
+
+        problem = capture_problem(model.info)  # a dynamic input such as position ids, or a Shape read of the mask
+        if problem:
+            raise ModelError(f"model {model.name} cannot run a captured cache in the page: {problem}")
+        if not reduction:
+            raise ConfigError(
+                "a captured cache keeps every input and output on the GPU: token_on_device must not be False"
+            )
+    job = Job(model, [int(i) for i in ids], new, specs, reps, warmup, dynamic_impl, buffer_cache_mode, validation_mode)
+    job.files, job.reduction, job.tokens_per_read, job.stop_tokens = files, reduction, per_read, stops
+    job.greedy_file = greedy_graph(model, reduction) if reduction else None
     if dynamic_impl != "onnxruntime-web" and any(s.kind == "dynamic" for s in specs):
         job.transformers_graph, job.concrete = concrete_past_shapes(model)
     return job

@@ -77,11 +77,10 @@ def remove_orphaned_folders() -> list[Path]:
 
 def run_node(job: Job, timeout: float = 600, adapter: str = "auto", dawn: Sequence[str] = ()) -> dict[str, Any]:
     """The page-shaped result dict node wrote for ``job`` (``adapter`` as ``node_env`` takes it), Dawn's instance
-    made with the toggles ``dawn`` enabled (``dawn_toggles``; none: Dawn's defaults). node runs in a
-    temporary folder, in a process group of its own, killed once on timeout or KeyboardInterrupt, and by the kernel
-    when this process dies (``_die_with_this_process``); folders that dead runs left are removed first
-    (``remove_orphaned_folders``). DeviceError when it ran past ``timeout`` seconds or exited without a result
-    (naming its output's end)."""
+    made with the toggles ``dawn`` enabled (none: Dawn's defaults). node runs in a temporary folder, in a process
+    group of its own, killed once on timeout or KeyboardInterrupt, and by the kernel when this process dies;
+    folders that dead runs left are removed first. DeviceError when it ran past ``timeout`` seconds or exited
+    without a result (naming its output's end)."""
     node = find_node()
     npm_file("ort")
     dawn_node()

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..core.errors import DeviceError
 from ..core.generation import Generation
@@ -15,7 +18,7 @@ from ..core.labels import Adapter, CacheSpec, DeviceLabel, RunLabel
 from ..core.records import COLUMNS, StepRecord
 from .job import Job
 
-# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS; the page's name for each in _GPU_KEYS
+# column -> (meaning, "exact" | "proxy" | "label"), beside kvlab.COLUMNS
 WEB_COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_buffers_created": (
         "GPU buffers the device created during the step: every GPUDevice.createBuffer call, counted by wrapping it "
@@ -40,16 +43,8 @@ WEB_COLUMNS: dict[str, tuple[str, str]] = {
         "exact",
     ),
 }
-_GPU_KEYS = {
-    "gpu_buffers_created": "created",
-    "gpu_buffers_destroyed": "destroyed",
-    "gpu_bytes_created": "bytes_created",
-    "gpu_bytes_destroyed": "bytes_destroyed",
-    "storage_buffers_created": "storage_created",
-    "uniform_buffers_created": "uniform_created",
-    "staging_buffers_created": "staging_created",
-    "gpu_buffers_live": "live",
-}
+# the page's counter for each column (counters.mjs): the column's name without "gpu_" and "buffers_"
+_GPU_KEYS = {column: column.replace("buffers_", "").removeprefix("gpu_") for column in WEB_COLUMNS}
 _STEP_INTS = ("step", "position", "n_tokens", "token", "cache_tensors_allocated", "cache_bytes_allocated")
 _STEP_INTS += ("new_buffers", "live_cache_bytes")
 IMPLS = ("onnxruntime-web", "transformers.js")
@@ -209,22 +204,15 @@ def adapter_label(info: dict[str, Any], host: BrowserHost) -> Adapter:
 
 
 def _record(step: dict[str, Any], bytes_per_token: int) -> BrowserStepRecord:
-    gpu = step["gpu"]
+    gpu, wall, run = step["gpu"], float(step["wall_ms"]), float(step["run_ms"])
     return BrowserStepRecord(
-        step=step["step"],
+        **{key: step[key] for key in _STEP_INTS},
         phase=step["phase"],
         device="webgpu",
         copied_from="",
-        position=step["position"],
-        n_tokens=step["n_tokens"],
-        token=step["token"],
-        wall_ms=float(step["wall_ms"]),
-        run_ms=float(step["run_ms"]),
-        overhead_ms=float(step["wall_ms"]) - float(step["run_ms"]),
-        cache_tensors_allocated=step["cache_tensors_allocated"],
-        cache_bytes_allocated=step["cache_bytes_allocated"],
-        new_buffers=step["new_buffers"],
-        live_cache_bytes=step["live_cache_bytes"],
+        wall_ms=wall,
+        run_ms=run,
+        overhead_ms=wall - run,
         used_cache_bytes=(step["position"] + step["n_tokens"]) * bytes_per_token,
         copy_bytes=0,
         rss_bytes=0,
@@ -265,9 +253,9 @@ def read_result(raw: Any, job: Job, dawn_toggles: tuple[str, ...] = ()) -> Brows
         else:
             backend = ("onnxruntime-web", ort_version)
         device = DeviceLabel("webgpu", adapter, *backend, job.buffer_cache_mode or "bucket", job.validation_mode)
-        label = RunLabel(info.name, info.dtype_name, device, spec)
-        if run["impl"] == "onnxruntime-web" and job.reduction:  # kvlab's own runs of the greedy graph
-            label = RunLabel(info.name, info.dtype_name, device, spec, None, True, job.reduction, job.tokens_per_read)
+        own = run["impl"] == "onnxruntime-web" and job.reduction  # kvlab's own runs of the greedy graph
+        greedy = {"token_on_device": True, "greedy_reduction": job.reduction, "tokens_per_read": job.tokens_per_read}
+        label = RunLabel(info.name, info.dtype_name, device, spec, **(greedy if own else {}))
         generations.append(
             BrowserGeneration(
                 label,
@@ -295,3 +283,35 @@ def read_result(raw: Any, job: Job, dawn_toggles: tuple[str, ...] = ()) -> Brows
         raw,
         {str(k): str(v) for k, v in (raw.get("refused") or {}).items()},
     )
+
+
+def _decode(g: BrowserGeneration, column: str = "wall_ms") -> list[float]:
+    return [getattr(r, column) for r in g.records if r.phase == "decode"]
+
+
+def decode_stats(runs: Sequence[BrowserGeneration], dynamic: Sequence[BrowserGeneration] = ()) -> dict[str, Any]:
+    """Over one cache's measured rounds ``runs``: the median decode step (each round's median: "decode_ms"), its
+    spread, its ratio to the dynamic cache's rounds ``dynamic`` paired by round (1 without them), session.run's
+    median, the prefill's median, and tensors and GPU buffers created per decode step, averaged over the rounds."""
+    medians = [float(np.median(_decode(r))) for r in runs]
+    paired = [m / float(np.median(_decode(d))) for m, d in zip(medians, dynamic)] or [1.0]
+    per_step = {
+        "tensors_per_step": "cache_tensors_allocated",
+        "gpu_buffers_per_step": "gpu_buffers_created",
+        "storage_buffers_per_step": "storage_buffers_created",
+        "staging_buffers_per_step": "staging_buffers_created",
+        "new_buffers_per_step": "new_buffers",
+    }
+    return {
+        "decode_ms": float(np.median(medians)),
+        "decode_ms_min": float(min(medians)),
+        "decode_ms_max": float(max(medians)),
+        "decode_ms_runs": medians,
+        "run_ms": float(np.median([np.median(_decode(r, "run_ms")) for r in runs])),
+        "ratio_to_dynamic": float(np.median(paired)),
+        "ratio_min": float(min(paired)),
+        "ratio_max": float(max(paired)),
+        "tokens_per_s": 1000.0 / float(np.median(medians)),
+        "prefill_ms": float(np.median([r.records[0].wall_ms for r in runs])),
+        **{k: float(np.mean([np.mean(_decode(r, col) or [0.0]) for r in runs])) for k, col in per_step.items()},
+    }

@@ -3,7 +3,7 @@ Node with Dawn; the notebook widget (``kvlab.web.widget``) runs the same page co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..core.devices import DEFAULT_VALIDATION
@@ -25,18 +25,17 @@ def run_job(
     host: str = "chromium",
     adapter: str = "auto",
     timeout: float = 600,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> BrowserResult:
     """``job`` run in headless Chromium ("chromium") or in Node with Dawn ("node"), its result read
-    (``results.read_result``); ``adapter`` as ``chromium.adapter_flags`` takes it. ``on_progress`` gets each
-    finished step (Chromium only). The browser or node process and the server are closed exactly once, also on
-    error and KeyboardInterrupt; DeviceError when the page failed or ran past ``timeout`` seconds. Either host is
-    started with the Dawn toggles of the job's validation mode (``dawn_toggles``), named in the result's host."""
+    (``results.read_result``); ``adapter`` as ``chromium.adapter_flags`` takes it. The browser or node process and
+    the server are closed exactly once, also on error and KeyboardInterrupt; DeviceError when the page failed or ran
+    past ``timeout`` seconds. Either host is started with the Dawn toggles of the job's validation mode
+    (``dawn_toggles``), named in the result's host."""
     check_choice(host, HOSTS, "host=")
     toggles = dawn_toggles(job.validation_mode)
     if host == "node":
         return read_result(run_node(job, timeout, adapter, toggles), job, toggles)
-    with PageServer(job, on_progress) as server, Chromium(server.url, adapter=adapter, dawn=toggles) as browser:
+    with PageServer(job) as server, Chromium(server.url, adapter=adapter, dawn=toggles) as browser:
         raw = server.wait_result(timeout, browser.alive)
     return read_result(raw, job, toggles)
 
@@ -56,7 +55,6 @@ def browser_generate(
     host: str = "chromium",
     adapter: str = "auto",
     timeout: float = 600,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> BrowserResult:
     """Greedy generations of ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids) with
     each cache, in a browser host. ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it
@@ -77,4 +75,4 @@ def browser_generate(
         buffer_cache_mode=buffer_cache_mode,
         validation_mode=validation_mode,
     )
-    return run_job(job, host=host, adapter=adapter, timeout=timeout, on_progress=on_progress)
+    return run_job(job, host=host, adapter=adapter, timeout=timeout)

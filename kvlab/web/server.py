@@ -20,24 +20,23 @@ TYPES = {
     ".js": "text/javascript",
     ".wasm": "application/wasm",
     ".html": "text/html",
-    "": "application/json",  # /job, /assets
+    "": "application/json",  # /job
 }
 MAX_POST = 64 * 2**20  # a result of thousands of steps is a few MB
 
 
 class PageServer:
     """Serves one job to one page, on a free port of 127.0.0.1 only, from the moment it is made: ``/`` (the page),
-    ``/kvlab/<file>`` (kvlab's JS), ``/npm/<path>`` (only the npm files in ``assets.NPM_FILES``), ``/assets`` (their
-    URLs), ``/job`` (the job's JSON) and ``/model/<name>`` (only the job's model files); it takes ``POST /progress``
-    (one step record, handed to ``on_progress``) and ``POST /result`` (the page's result). Anything else is a 404.
-    Pages are served cross-origin isolated (COOP/COEP), so onnxruntime-web's threaded wasm has SharedArrayBuffer.
-    ``close()`` (or leaving the ``with`` block) stops it, once."""
+    ``/kvlab/<file>`` (kvlab's JS), ``/npm/<path>`` (only the npm files in ``assets.NPM_FILES``), ``/job`` ({"job":
+    the job's JSON, "assets": those npm files' URLs by key}) and ``/model/<name>`` (only the job's model files); it
+    takes ``POST /progress`` (one finished step, named in ``wait_result``'s errors) and ``POST /result`` (the page's
+    result); anything else is a 404. Pages are served cross-origin isolated (COOP/COEP), so onnxruntime-web's
+    threaded wasm has SharedArrayBuffer. ``close()`` (or leaving the ``with`` block) stops it, once."""
 
-    def __init__(self, job: Job, on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.job = job
-        self.job_json = json.dumps(job.to_json()).encode()
+    def __init__(self, job: Job) -> None:
+        assets = {key: f"/npm/{rel}" for key, rel in NPM_FILES.items()}
+        self.job_json = json.dumps({"job": job.to_json(), "assets": assets}).encode()
         self.files: dict[str, Path | bytes] = job.served
-        self.on_progress = on_progress
         self.result: dict[str, Any] | None = None
         self.last_progress: dict[str, Any] | None = None
         self._done = threading.Event()
@@ -59,8 +58,6 @@ class PageServer:
             return kvlab_file("page.html")
         if path == "/job":
             return self.job_json
-        if path == "/assets":
-            return json.dumps({key: f"/npm/{rel}" for key, rel in NPM_FILES.items()}).encode()
         if path.startswith("/kvlab/"):
             try:
                 return kvlab_file(path.removeprefix("/kvlab/"))
@@ -77,8 +74,6 @@ class PageServer:
         """A POST of ``body`` to ``path`` taken (True) or not (False: a 404)."""
         if path == "/progress":
             self.last_progress = body
-            if self.on_progress is not None:
-                self.on_progress(body)
             return True
         if path == "/result":
             self.result = body

@@ -1,13 +1,7 @@
-"""``BrowserLab``: the notebook widget that runs kvlab's caches on the attendee's own browser GPU.
-
-The kernel sends everything over the Jupyter comm channel (anywidget custom messages with binary buffers): the
-npm assets (onnxruntime-web's bundle and wasm, transformers.js), the model's files, the job; the page sends back
-each step and then its result. No side server and no CDN: it works wherever the notebook opens (a laptop,
-Binder, JupyterHub). The front end is ``kvlab/web/js/widget.mjs`` with the runner's modules, bundled into one
-ES module here (``widget_esm``). The run is sized to the browser's adapter when the button is pressed
-(``adapter_plan``), shows its progress and can be cancelled; ``with_chart`` draws each result over the recorded
-curves.
-"""
+"""``BrowserLab``: the notebook widget that runs kvlab's caches on the attendee's own browser GPU. The kernel sends
+the npm assets, the model's files and the job over the Jupyter comm channel (no side server, no CDN: it works on a
+laptop, Binder, JupyterHub); the page sends back each step, then its result. The front end is
+``kvlab/web/js/widget.mjs`` with the runner's modules, bundled into one ES module (``bundle``)."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ from ..ort import generate
 from ..ort.models.model import Model, load
 from .assets import JS_DIR, NPM_FILES, npm_file, versions
 from .job import Job, make_job
-from .results import BrowserResult, adapter_kind, read_result
+from .results import BrowserResult, adapter_kind, decode_stats, read_result
 
 BUNDLE = ("counters.mjs", "caches.mjs", "decode.mjs", "captured.mjs", "tjs.mjs", "runner.mjs", "host.mjs", "widget.mjs")
 CHUNK = 8 * 2**20  # bytes per comm message
@@ -46,11 +40,6 @@ def bundle(names: Sequence[str]) -> str:
     return "\n".join(parts)
 
 
-def widget_esm() -> str:
-    """The browser runner's front end: the runner's modules and widget.mjs as one ES module."""
-    return bundle(BUNDLE)
-
-
 CSS = """
 .kvlab-browser-lab { font-family: var(--jp-ui-font-family, sans-serif); padding: 4px 0; }
 .kvlab-browser-lab button { margin: 4px 0; padding: 4px 12px; }
@@ -60,17 +49,11 @@ CSS = """
 """
 
 
-def _kv_bytes(job: Job) -> int:
-    """The most KV bytes one of the job's caches holds at once (a static cache at its max_cache_len, a dynamic one
-    at the run's end)."""
-    needed = len(job.prompt_ids) + job.max_new_tokens
-    lengths = [c.max_cache_len or needed for c in job.caches]
-    return max(lengths) * job.model.info.bytes_per_token
-
-
 def run_bytes(job: Job) -> int:
-    """What a run holds on the adapter at once, at least: the model's files and its largest cache."""
-    return sum(f.stat().st_size for f in job.files) + _kv_bytes(job)
+    """What a run holds on the adapter at once, at least: the model's files and its largest cache (a static one at
+    its max_cache_len, a dynamic one at the run's end)."""
+    longest = max(c.max_cache_len or len(job.prompt_ids) + job.max_new_tokens for c in job.caches)
+    return sum(f.stat().st_size for f in job.files) + longest * job.model.info.bytes_per_token
 
 
 def adapter_plan(browser: dict[str, Any], job: Job) -> tuple[str, str]:
@@ -100,20 +83,16 @@ def adapter_plan(browser: dict[str, Any], job: Job) -> tuple[str, str]:
 
 class BrowserLab(anywidget.AnyWidget):
     """Dynamic vs static KV cache on this browser's WebGPU: ``new_tokens`` greedy tokens after ``prompt`` (default:
-    ``prompt_tokens`` tokens of the lab's text) with each of ``caches``. The job is checked when the widget is made
-    (kvlab errors for bad values, in the cell that made it). Pressing its button runs the job in that browser; when
-    the result arrives the kernel checks it (``kvlab.web.results``), runs the same greedy generation on its own CPU
-    EP (``reference=True``) and shows a summary; ``result`` is then a ``BrowserResult`` (None before), and
-    ``browser`` holds what the page reported about itself (its name and WebGPU adapter) as soon as it is shown.
-    With ``fit_adapter`` the press runs what ``adapter_plan`` chooses for that adapter (``ran``: the job that
-    ran, ``plan``: the line saying why); the page shows steps done of the total, the elapsed time and an estimate,
-    and a Cancel button: a cancelled run releases every buffer the page made (``cancelled`` holds the page's
-    buffer counters then) and leaves ``result`` None. Where the browser has no WebGPU adapter nothing runs and the
-    ``on_recorded`` callbacks draw the recording instead. kvlab's own caches keep the token on the GPU and read it
-    back in bursts (``job_options``: ``token_on_device``, ``tokens_per_read``); "captured" among ``caches`` needs a
-    model built for capture (``kvlab.load(name, graph_capture=True)``)."""
+    ``prompt_tokens`` tokens of the lab's text) with each of ``caches`` ("captured" needs a model built for capture).
+    The job is checked when the widget is made (kvlab errors, in the cell that made it). ``browser`` holds what the
+    page reported about itself (its name and WebGPU adapter) once it is shown. A press of its button runs what
+    ``adapter_plan`` chooses for that adapter (``ran``: that job, ``plan``: the line saying why), with progress and
+    a Cancel button; the kernel checks the result (``read_result``), runs the same greedy generation on its CPU EP
+    and shows a summary: ``result`` is then a ``BrowserResult`` (None before, and after a cancel, which leaves the
+    page's buffer counters in ``cancelled``). Where the browser has no WebGPU adapter nothing runs and the
+    ``on_recorded`` callbacks draw the recording instead."""
 
-    _esm = traitlets.Unicode(widget_esm()).tag(sync=True)
+    _esm = traitlets.Unicode(bundle(BUNDLE)).tag(sync=True)
     _css = traitlets.Unicode(CSS).tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
     plan = traitlets.Unicode("").tag(sync=True)  # what the button runs on this adapter, in one line
@@ -129,23 +108,17 @@ class BrowserLab(anywidget.AnyWidget):
         prompt_tokens: int = 32,
         new_tokens: int = 16,
         caches: Sequence[str] = ("dynamic", "static"),
-        reference: bool = True,
-        fit_adapter: bool = True,
         **job_options: Any,
     ) -> None:
-        """``job_options``: the rest of ``kvlab.web.make_job``'s keyword arguments (``reps``, ``warmup``,
-        ``dynamic_impl``, ``buffer_cache_mode``, ``token_on_device``, ``tokens_per_read``, ``stop_tokens``)."""
+        """``job_options``: the rest of ``kvlab.web.make_job``'s keyword arguments."""
         super().__init__()
         model = load(model)
         ids = model.tokens_of(LAB_TEXT, prompt_tokens) if prompt is None else prompt
         self.job: Job = make_job(model, ids, max_new_tokens=new_tokens, caches=caches, **job_options)
         self.ran: Job = self.job
-        self.fit_adapter = fit_adapter
-        self._caches, self._options = list(caches), job_options
+        self._options = job_options
         self.cancelled: dict[str, int] | None = None
-        self.reference = reference
         self.result: BrowserResult | None = None
-        self.reference_tokens: list[int] | None = None
         self.steps: list[dict[str, Any]] = []
         self._callbacks: list[Callable[[BrowserResult], None]] = []
         self._recorded_callbacks: list[Callable[[], None]] = []
@@ -182,17 +155,9 @@ class BrowserLab(anywidget.AnyWidget):
         for i in range(count):
             self.send({"type": "blob", "name": name, "index": i, "count": count}, [data[i * CHUNK : (i + 1) * CHUNK]])
 
-    def _small_job(self) -> Job:
-        """``SMALL_RUN`` with the three caches of ``SMALL_CACHES`` (the static ones sized to fit) and the asked
-        options."""
-        name, prompt, new = SMALL_RUN
-        model = load(name, graph_capture=True)  # its capture build: the captured row too
-        ids = model.tokens_of(LAB_TEXT, prompt)
-        return make_job(model, ids, max_new_tokens=new, caches=SMALL_CACHES, **self._options)
-
     def _start(self, have: set[str]) -> None:
         self.cancelled, self.summary = None, ""
-        kind, self.plan = adapter_plan(self.browser, self.job) if self.fit_adapter else ("asked", "")
+        kind, self.plan = adapter_plan(self.browser, self.job)
         if kind == "recorded":
             self.status = "nothing ran in this browser: the chart shows the recorded run"
             self.send({"type": "recorded"})
@@ -200,7 +165,12 @@ class BrowserLab(anywidget.AnyWidget):
                 fn()
             return
         try:
-            self.ran = self._small_job() if kind == "small" else self.job
+            self.ran = self.job
+            if kind == "small":  # SMALL_RUN with SMALL_CACHES, in the model's capture build: the captured row too
+                name, prompt, new = SMALL_RUN
+                model = load(name, graph_capture=True)
+                ids = model.tokens_of(LAB_TEXT, prompt)
+                self.ran = make_job(model, ids, max_new_tokens=new, caches=SMALL_CACHES, **self._options)
             self.running, self.steps, self.result = True, [], None
             npm = versions()
             assets = {  # the npm files the page needs, each named with its package's version
@@ -235,15 +205,9 @@ class BrowserLab(anywidget.AnyWidget):
         except DeviceError as exc:
             self.status = f"error: {exc}"
             return
-        if self.reference:
-            self.reference_tokens = generate(
-                self.ran.model,
-                self.ran.prompt_ids,
-                device="cpu",
-                max_new_tokens=self.ran.max_new_tokens,
-                stop_on_eos=False,
-            ).token_ids
-        self.summary = summary_text(self.result, self.reference_tokens)
+        job = self.ran
+        cpu = generate(job.model, job.prompt_ids, device="cpu", max_new_tokens=job.max_new_tokens, stop_on_eos=False)
+        self.summary = summary_text(self.result, cpu.token_ids)
         self.status = f"done: the kernel received {len(self.result.generations)} runs from {self.result.host}"
         for fn in self._callbacks:
             fn(self.result)
@@ -285,10 +249,10 @@ def with_chart(lab: BrowserLab, question: str = RECORDED) -> Any:
     return ipywidgets.VBox([lab, chart])
 
 
-def summary_text(result: BrowserResult, reference: list[int] | None) -> str:
-    """Per cache (dynamic, static, captured: the rows the job ran): median decode step, fresh KV tensors, new GPU
-    storage buffers and GPU buffers of any kind created per decode step, and how the token came back; a refused
-    cache's row says why; then whether the greedy tokens equal the kernel's CPU EP run."""
+def summary_text(result: BrowserResult, reference: list[int]) -> str:
+    """Per cache the job ran: ``decode_stats``' median decode step, fresh KV tensors, new GPU storage buffers and GPU
+    buffers of any kind per decode step, and how the token came back; a refused cache's row says why; then whether
+    the greedy tokens equal ``reference`` (the kernel's CPU EP run)."""
     lines = [f"{result.host} · {result.adapter.name.split(' in ')[0]} ({result.adapter.kind})"]
     names = dict.fromkeys([*(g.job_cache for g in result.measured), *result.refused])
     for name in names:
@@ -296,22 +260,17 @@ def summary_text(result: BrowserResult, reference: list[int] | None) -> str:
             lines.append(f"{name}: refused: {result.refused[name]}")
             continue
         runs = result.by_cache(name)
-        decode = [r for g in runs for r in g.records if r.phase == "decode"]
-        ms = float(np.median([r.wall_ms for r in decode])) if decode else float("nan")
-        tensors = float(np.mean([r.cache_tensors_allocated for r in decode])) if decode else 0.0
-        storage = float(np.mean([r.storage_buffers_created for r in decode])) if decode else 0.0
-        made = float(np.mean([r.gpu_buffers_created for r in decode])) if decode else 0.0
-        label = runs[0].label
+        s, label = decode_stats(runs), runs[0].label
         token = "token on the host"
         if label.token_on_device:
             token = f"token on the GPU, read every {label.tokens_per_read}"
         lines.append(
-            f"{name} ({runs[0].impl}; {token}): {ms:.1f} ms per decode step, {tensors:g} fresh KV tensors, "
-            f"{storage:.2g} new GPU storage buffers and {made:.2g} GPU buffers of any kind per step"
+            f"{name} ({runs[0].impl}; {token}): {s['decode_ms']:.1f} ms per decode step, {s['tensors_per_step']:g} "
+            f"fresh KV tensors, {s['storage_buffers_per_step']:.2g} new GPU storage buffers and "
+            f"{s['gpu_buffers_per_step']:.2g} GPU buffers of any kind per step"
         )
-    if reference is not None:
-        equal = all(g.token_ids[: len(reference)] == reference[: len(g.token_ids)] for g in result.measured)
-        lines.append(f"greedy tokens equal the kernel's CPU EP run: {equal}")
+    equal = all(g.token_ids[: len(reference)] == reference[: len(g.token_ids)] for g in result.measured)
+    lines.append(f"greedy tokens equal the kernel's CPU EP run: {equal}")
     if result.transformers and result.transformers.get("error"):
         lines.append(f"transformers.js: {result.transformers['error']}")
     return "\n".join(lines)

@@ -27,6 +27,19 @@ function emptyPast(ort, model, entry) {
   return new ort.Tensor(model.dtype, data, [1, entry.kv_heads, 0, entry.head_dim]);
 }
 
+// GPU buffers of the given [size, usage] pairs made on device, all or none: when one fails, those made are
+// destroyed and the error thrown
+export function createBuffers(device, specs) {
+  const made = [];
+  try {
+    for (const [size, usage] of specs) made.push(device.createBuffer({ size, usage }));
+  } catch (err) {
+    for (const b of made) b.destroy();
+    throw err;
+  }
+  return made;
+}
+
 // how many of the tensors' GPU buffers are not in seen (a WeakSet); adds them to it
 export function countFresh(tensors, seen) {
   let fresh = 0;
@@ -42,46 +55,26 @@ export function countFresh(tensors, seen) {
 
 export class StaticKV {
   constructor(ort, device, model, maxCacheLen) {
-    this.kind = 'static';
     this.ort = ort;
     this.device = device;
     this.model = model;
     this.maxCacheLen = maxCacheLen;
-    this.buffers = null;
+    this.buffers = null; // the KV buffers, made at the first feeds()
     this.tensors = null;
     this.released = false;
     this.madeThisStep = 0;
   }
 
-  get allocated() {
-    return this.buffers !== null;
-  }
-
-  // the KV buffers, made at the first feeds() (empty before)
-  get kvBuffers() {
-    return this.buffers ?? [];
-  }
-
   allocate() {
     if (this.released) throw new Error('this static cache was released; make a new one');
-    if (this.allocated) return;
-    const buffers = [];
-    const tensors = [];
-    try {
-      for (const e of this.model.entries) {
-        const size = entryBytes(this.model, e, this.maxCacheLen);
-        const buffer = this.device.createBuffer({ size, usage: KV_USAGE });
-        buffers.push(buffer);
-        const dims = [1, e.kv_heads, this.maxCacheLen, e.head_dim];
-        tensors.push(this.ort.Tensor.fromGpuBuffer(buffer, { dataType: this.model.dtype, dims }));
-      }
-    } catch (err) {
-      for (const b of buffers) b.destroy();
-      throw err;
-    }
-    this.buffers = buffers;
-    this.tensors = tensors;
-    this.madeThisStep = buffers.length;
+    if (this.buffers) return;
+    const sizes = this.model.entries.map((e) => [entryBytes(this.model, e, this.maxCacheLen), KV_USAGE]);
+    this.buffers = createBuffers(this.device, sizes);
+    this.tensors = this.model.entries.map((e, i) => {
+      const dims = [1, e.kv_heads, this.maxCacheLen, e.head_dim];
+      return this.ort.Tensor.fromGpuBuffer(this.buffers[i], { dataType: this.model.dtype, dims });
+    });
+    this.madeThisStep = this.buffers.length;
   }
 
   feeds(position, n) {
@@ -128,7 +121,6 @@ export class StaticKV {
 
 export class DynamicKV {
   constructor(ort, model) {
-    this.kind = 'dynamic';
     this.ort = ort;
     this.model = model;
     this.presents = null;

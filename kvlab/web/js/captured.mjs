@@ -8,14 +8,15 @@
 // host writes one mask element (queue.writeBuffer, 8 bytes) and the GPU copies the token into the ids buffer and
 // into the burst's slot: nothing is created per step.
 //
-// Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session) and
-// maxCacheLen, and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
+// Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session; the cache a
+// StaticKV), and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
 // from a decode step's) with its token written into the fixed token buffer; every decode step runs on the
 // capturing session (its first run records the graph, every later one replays it); tokens are read back in bursts
-// of tokensPerRead, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly once,
-// also on error.
+// of job.tokens_per_read, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly
+// once, also on error.
 
-import { READ_USAGE, TOKEN_USAGE, decodeWith, halfToFloat, ids, int64, mapTokens } from './decode.mjs';
+import { READ_USAGE, TOKEN_USAGE, decodeWith, halfToFloat, ids, mapRead, mapTokens, stepFeeds } from './decode.mjs';
+import { createBuffers } from './caches.mjs';
 
 // onnxruntime-web registers a GPU buffer of the caller's with the wasm runtime for the length of one run and drops
 // the registration after it, so the next run binds the same buffer under a new handle, which a captured graph
@@ -40,31 +41,25 @@ export function pinBuffers(own, buffers) {
   }
 }
 
+// a buffer size: a multiple of 16 bytes, at least 16
+const padded = (size) => Math.max(16, Math.ceil(size / 16) * 16);
+
 export class FixedStep {
   constructor(ort, device, idsDtype, maxCacheLen, perRead, vocab, logitsType) {
     this.device = device;
     this.bytes = idsDtype === 'int32' ? 4 : 8;
     this.idsDtype = idsDtype;
-    const made = [];
-    const make = (size, usage) => {
-      const b = device.createBuffer({ size: Math.max(16, Math.ceil(size / 16) * 16), usage });
-      made.push(b);
-      return b;
-    };
-    try {
-      this.idsBuffer = make(this.bytes, TOKEN_USAGE);
-      this.nextBuffer = make(this.bytes, TOKEN_USAGE);
-      this.maskBuffer = make(8 * maxCacheLen, TOKEN_USAGE);
-      this.staging = make(this.bytes * perRead, READ_USAGE);
-      this.logitsType = logitsType;
-      this.logitsBytes = Math.ceil((vocab * (logitsType === 'float16' ? 2 : 4)) / 16) * 16;
-      this.logitsBuffer = make(this.logitsBytes, TOKEN_USAGE);
-      this.check = make(2 * this.logitsBytes, READ_USAGE);
-    } catch (err) {
-      for (const b of made) b.destroy();
-      throw err;
-    }
-    this.buffers = made;
+    this.logitsType = logitsType;
+    this.logitsBytes = padded(vocab * (logitsType === 'float16' ? 2 : 4));
+    this.buffers = createBuffers(device, [
+      [padded(this.bytes), TOKEN_USAGE],
+      [padded(this.bytes), TOKEN_USAGE],
+      [padded(8 * maxCacheLen), TOKEN_USAGE],
+      [padded(this.bytes * perRead), READ_USAGE],
+      [this.logitsBytes, TOKEN_USAGE],
+      [2 * this.logitsBytes, READ_USAGE],
+    ]);
+    [this.idsBuffer, this.nextBuffer, this.maskBuffer, this.staging, this.logitsBuffer, this.check] = this.buffers;
     this.ids = ort.Tensor.fromGpuBuffer(this.idsBuffer, { dataType: idsDtype, dims: [1, 1] });
     this.next = ort.Tensor.fromGpuBuffer(this.nextBuffer, { dataType: idsDtype, dims: [1, 1] });
     this.logits = ort.Tensor.fromGpuBuffer(this.logitsBuffer, { dataType: logitsType, dims: [1, 1, vocab] });
@@ -99,9 +94,7 @@ export class FixedStep {
 
   // both halves of the check buffer, as numbers
   async readCheck() {
-    await this.check.mapAsync(1, 0, 2 * this.logitsBytes);
-    const range = this.check.getMappedRange(0, 2 * this.logitsBytes).slice(0);
-    this.check.unmap();
+    const range = await mapRead(this.check, 2 * this.logitsBytes);
     const values = this.logitsType === 'float16' ? Array.from(new Uint16Array(range), halfToFloat) : new Float32Array(range);
     const n = values.length / 2;
     return [values.slice(0, n), values.slice(n)];
@@ -127,10 +120,6 @@ export class FixedStep {
 // session's enableGraphCapture to the EP only then, and a session that binds its inputs once but never captures
 // is what this check refuses.
 const REPLAY_TOLERANCE = 1e-3;
-async function checkReplay(args, fixed, feeds, fetches) {
-  await args.session.run(feeds, fetches);
-  fixed.keepCheck(0);
-}
 
 async function compareReplay(args, fixed, position) {
   fixed.keepCheck(1);
@@ -142,9 +131,10 @@ async function compareReplay(args, fixed, position) {
     scale = Math.max(scale, Math.abs(uncaptured[i]));
   }
   if (diff <= REPLAY_TOLERANCE * Math.max(scale, 1)) return;
-  const where = args.lengthInputs?.length ? ` (${args.lengthInputs.join('; ')})` : '';
+  const { model } = args.job;
+  const where = model.step_length_inputs ? ` (${model.step_length_inputs})` : '';
   const err = new Error(
-    `graph capture refused for model ${args.model.name}: onnxruntime-web's replay of the captured decode step at ` +
+    `graph capture refused for model ${model.name}: onnxruntime-web's replay of the captured decode step at ` +
       `position ${position} gave logits up to ${diff.toPrecision(3)} away from the same step run uncaptured: the ` +
       `replay does not reproduce the step (the step's length reaches the model through the mask${where}). Run it ` +
       `with a plain static cache`,
@@ -154,25 +144,23 @@ async function compareReplay(args, fixed, position) {
 }
 
 export function decodeCaptured(args) {
-  const { ort, device, session, capture, model, cache, greedy } = args;
-  return decodeWith(args, (perRead) => {
-    const fixed = new FixedStep(ort, device, greedy.ids_dtype, args.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
+  const { ort, device, session, capture, job, cache } = args;
+  const { model } = job;
+  const { greedy } = model;
+  return decodeWith(args, job.tokens_per_read, (perRead) => {
+    const fixed = new FixedStep(ort, device, greedy.ids_dtype, cache.maxCacheLen, perRead, model.vocab_size, model.logits_dtype);
     let slot = 0; // steps run since the last read: the staging slot of the next token
     let decoded = 0;
     return {
       async prefill() {
-        const n = args.promptIds.length;
-        const feeds = {
-          [model.input_ids]: ids(ort, greedy.ids_dtype, args.promptIds),
-          [model.attention_mask]: int64(ort, new Array(n).fill(1), [1, n]),
-          ...cache.feeds(0, n),
-        };
+        const n = job.prompt_ids.length;
+        const feeds = stepFeeds(ort, model, cache, ids(ort, greedy.ids_dtype, job.prompt_ids), 0, n);
         const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
         const t1 = performance.now();
         const out = await session.run(feeds, fetches);
         const run = performance.now() - t1;
         const memory = cache.commit(out, n);
-        pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.kvBuffers]);
+        pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.buffers]);
         fixed.ones(0, n);
         fixed.keep(0, out[greedy.next].gpuBuffer);
         out[greedy.next].dispose();
@@ -184,7 +172,10 @@ export function decodeCaptured(args) {
         fixed.ones(position, position + 1);
         const feeds = { [model.input_ids]: fixed.ids, [model.attention_mask]: fixed.mask, ...cache.feeds(position, 1) };
         const fetches = { ...cache.fetches(), [greedy.next]: fixed.next, [model.logits]: fixed.logits };
-        if (decoded === 2) await checkReplay(args, fixed, feeds, fetches);
+        if (decoded === 2) {
+          await session.run(feeds, fetches);
+          fixed.keepCheck(0);
+        }
         const t = performance.now();
         const outputs = await capture.run(feeds, fetches);
         const run = performance.now() - t;

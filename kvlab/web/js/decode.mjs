@@ -1,15 +1,16 @@
 // One greedy generation through one cache: the prefill, then one token per step; one record per step.
 //
-// Contract: decode({ort, device, session, model, cache, promptIds, maxNewTokens, counters, onStep, greedy,
-// tokensPerRead, stopTokens, cancelled}) runs up to maxNewTokens steps and returns {tokens, steps}; it ends
-// early after the first token of stopTokens (none: never). Two ways to choose the token:
-// - greedy null (the host path): every step downloads the logits and takes their argmax here (argmaxLast:
-//   the last position's, first index on ties, as numpy's argmax); each token is read on its own (read_with 0).
+// Contract: decode({ort, device, session, job, cache, counters, onStep, cancelled}) runs up to job.max_new_tokens
+// steps after job.prompt_ids and returns {tokens, steps}; it ends early after the first token of job.stop_tokens
+// (none: never). Two ways to choose the token:
+// - job.model.greedy null (the host path): every step downloads the logits and takes their argmax here
+//   (argmaxLast: the last position's, first index on ties, as numpy's argmax); each token is read on its own
+//   (read_with 0).
 // - greedy (job.model.greedy: the session runs kvlab's greedy graph, whose output greedy.next is the argmax made
 //   inside the model): the token stays on the GPU. TokenRing holds it: the prefill's token is read at once, then
-//   the decode runs in bursts of up to tokensPerRead steps, step k of a burst reading its input ids from the ring
-//   tensor step k - 1 wrote; one mapAsync at the burst's end reads the burst's tokens. Steps a burst ran past a
-//   stop token are undone (not reported; the generation ends there), as the native burst does. A token outside
+//   the decode runs in bursts of up to job.tokens_per_read steps, step k of a burst reading its input ids from the
+//   ring tensor step k - 1 wrote; one mapAsync at the burst's end reads the burst's tokens. Steps a burst ran past
+//   a stop token are undone (not reported; the generation ends there), as the native burst does. A token outside
 //   the vocabulary (the graph's non-finite check) ends the run with an error naming the step and position.
 // Each step record holds: step (0 = prefill), phase, position (cache length before the step), n_tokens, token,
 // wall_ms (performance.now around the whole step: feeds, run, choosing or reading the token, the cache's commit;
@@ -19,6 +20,8 @@
 // counters of the device over the step (counters.delta; a burst's read counted in its last step). cancelled()
 // is asked before every step; when it answers true decode throws an Error named 'Cancelled'. The caller owns the
 // cache (and releases it); the ring is released here, exactly once, also on error.
+
+import { createBuffers } from './caches.mjs';
 
 export function halfToFloat(h) {
   const s = h & 0x8000 ? -1 : 1;
@@ -58,12 +61,17 @@ export function ids(ort, dtype, values) {
 export const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
 export const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
 
-// a burst's k tokens of type dtype, read from the staging buffer they were copied into: one mapAsync
-export async function mapTokens(staging, k, dtype) {
-  const bytes = dtype === 'int32' ? 4 : 8;
-  await staging.mapAsync(1, 0, k * bytes); // GPUMapMode.READ
-  const range = staging.getMappedRange(0, k * bytes).slice(0);
+// the first `bytes` bytes of a MAP_READ buffer: one mapAsync
+export async function mapRead(staging, bytes) {
+  await staging.mapAsync(1, 0, bytes); // GPUMapMode.READ
+  const range = staging.getMappedRange(0, bytes).slice(0);
   staging.unmap();
+  return range;
+}
+
+// a burst's k tokens of type dtype, read from the staging buffer they were copied into
+export async function mapTokens(staging, k, dtype) {
+  const range = await mapRead(staging, k * (dtype === 'int32' ? 4 : 8));
   return Array.from(dtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
 }
 
@@ -76,14 +84,9 @@ export class TokenRing {
     this.device = device;
     this.dtype = dtype;
     this.bytes = dtype === 'int32' ? 4 : 8;
-    this.buffers = [];
-    try {
-      for (let i = 0; i < size; i += 1) this.buffers.push(device.createBuffer({ size: 16, usage: TOKEN_USAGE }));
-      this.staging = device.createBuffer({ size: Math.max(16, size * this.bytes), usage: READ_USAGE });
-    } catch (err) {
-      for (const b of this.buffers) b.destroy();
-      throw err;
-    }
+    const specs = [...new Array(size).fill([16, TOKEN_USAGE]), [Math.max(16, size * this.bytes), READ_USAGE]];
+    this.buffers = createBuffers(device, specs);
+    this.staging = this.buffers.pop();
     this.tensors = this.buffers.map((b) => ort.Tensor.fromGpuBuffer(b, { dataType: dtype, dims: [1, 1] }));
     this.current = 0;
   }
@@ -122,7 +125,7 @@ export function checkCancelled(cancelled) {
 
 // the feeds of one step: ids (a tensor), the attention mask over every position, position ids where the graph has
 // them, the cache's pasts
-function stepFeeds(ort, model, cache, idsTensor, position, n) {
+export function stepFeeds(ort, model, cache, idsTensor, position, n) {
   const feeds = {
     [model.input_ids]: idsTensor,
     [model.attention_mask]: int64(ort, new Array(position + n).fill(1), [1, position + n]),
@@ -157,13 +160,14 @@ export function record(step, position, n, token, times, memory, gpu, readWith) {
 }
 
 export async function decode(args) {
-  return args.greedy ? decodeOnDevice(args) : decodeOnHost(args);
+  return args.job.model.greedy ? decodeOnDevice(args) : decodeOnHost(args);
 }
 
 // the host path: every step's logits downloaded and their argmax taken here, each token on its own (read_with 0)
 function decodeOnHost(args) {
-  const { ort, session, model, cache } = args;
-  return decodeWith({ ...args, tokensPerRead: 1 }, () => {
+  const { ort, session, job, cache } = args;
+  const { model } = job;
+  return decodeWith(args, 1, () => {
     let token = null;
     const run = async (feed, position) => {
       const feeds = stepFeeds(ort, model, cache, ids(ort, 'int64', feed), position, feed.length);
@@ -178,7 +182,7 @@ function decodeOnHost(args) {
     };
     return {
       alone: true,
-      prefill: () => run(args.promptIds, 0),
+      prefill: () => run(job.prompt_ids, 0),
       step: (position) => run([token], position),
       read: async () => [token],
       release() {},
@@ -194,78 +198,76 @@ export function notAToken(token, model, step, position) {
   );
 }
 
-// a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first stop
-// token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the rest
-// undone; state: {steps, tokens, stop, model, onStep, counters, alone (read_with 0)}, extended in place
-function reportBurst(state, burst, values, start, read) {
-  const k = burst.length;
-  const readDelta = state.counters.delta(read, state.counters.snapshot());
-  const last = burst[k - 1].gpu;
-  for (const key of Object.keys(readDelta)) {
-    last[key] = key.startsWith('live') ? readDelta[key] : last[key] + readDelta[key];
-  }
-  const wall = (performance.now() - start) / k;
-  const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
-  values.forEach((t, i) => notAToken(t, state.model, state.steps.length + i, burst[i].position));
-  const stopAt = values.findIndex((t) => state.stop.has(t));
-  const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
-  for (let i = 0; i < kept; i += 1) {
-    const s = burst[i];
-    const rec = record(state.steps.length, s.position, 1, values[i], { wall, run }, s.memory, s.gpu, state.alone ? 0 : k);
-    state.steps.push(rec);
-    state.tokens.push(values[i]);
-    if (state.onStep) state.onStep(rec);
-  }
-}
-
-// The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay): makePath(perRead)
-// makes the path's buffers (counted in the prefill) and returns {prefill(), step(position), read(k), release(),
-// alone}: prefill and step run the prompt and one decode token, each returning {run (session.run's ms), memory (the
-// cache's commit)}; read(k) reads the k tokens written since the last read; release() frees the path's buffers,
-// once (also on error); alone: each token is read on its own (read_with 0).
-export async function decodeWith(args, makePath) {
-  const { model, promptIds, maxNewTokens, counters, onStep, cancelled } = args;
-  const stop = new Set(args.stopTokens ?? []);
-  const perRead = Math.max(1, args.tokensPerRead ?? 1);
+// The generation loop of every path (the host's, the greedy graph's, captured.mjs's replay), reading up to perRead
+// tokens together: makePath(perRead) makes the path's buffers (counted in the prefill) and returns {prefill(),
+// step(position), read(k), release(), alone}: prefill and step run the prompt and one decode token, each returning
+// {run (session.run's ms), memory (the cache's commit)}; read(k) reads the k tokens written since the last read;
+// release() frees the path's buffers, once (also on error); alone: each token is read on its own (read_with 0).
+export async function decodeWith(args, perRead, makePath) {
+  const { job, counters, onStep, cancelled } = args;
+  const { model, prompt_ids: promptIds, max_new_tokens: maxNewTokens } = job;
+  const stop = new Set(job.stop_tokens);
+  const steps = [];
+  const tokens = [];
+  // a burst's tokens read back (values, after the counters snapshot `read`): checked, the steps up to the first
+  // stop token recorded (wall time shared out, run time the burst's mean, the read counted in the last step), the
+  // rest undone
+  const report = (burst, values, start, read, readWith) => {
+    const k = burst.length;
+    const readDelta = counters.delta(read, counters.snapshot());
+    const last = burst[k - 1].gpu;
+    for (const key of Object.keys(readDelta)) {
+      last[key] = key.startsWith('live') ? readDelta[key] : last[key] + readDelta[key];
+    }
+    const wall = (performance.now() - start) / k;
+    const run = burst.reduce((sum, s) => sum + s.run, 0) / k;
+    values.forEach((t, i) => notAToken(t, model, steps.length + i, burst[i].position));
+    const stopAt = values.findIndex((t) => stop.has(t));
+    const kept = stopAt < 0 ? k : stopAt + 1; // the steps after a stop token: undone, never reported
+    for (let i = 0; i < kept; i += 1) {
+      const s = burst[i];
+      const rec = record(steps.length, s.position, s.n, values[i], { wall, run }, s.memory, s.gpu, readWith);
+      steps.push(rec);
+      tokens.push(values[i]);
+      if (onStep) onStep(rec);
+    }
+  };
   checkCancelled(cancelled);
   const t0 = performance.now();
   const first = counters.snapshot();
   const path = makePath(perRead);
-  const state = { steps: [], tokens: [], stop, model, onStep, counters, alone: Boolean(path.alone) };
   try {
     const ran = await path.prefill();
-    const [token] = await path.read(1);
-    notAToken(token, model, 0, 0);
-    const gpu = counters.delta(first, counters.snapshot());
-    const r = record(0, 0, promptIds.length, token, { wall: performance.now() - t0, run: ran.run }, ran.memory, gpu, 0);
-    state.steps.push(r);
-    state.tokens.push(token);
-    if (onStep) onStep(r);
+    const read = counters.snapshot();
+    const prefill = { position: 0, n: promptIds.length, ...ran, gpu: counters.delta(first, read) };
+    report([prefill], await path.read(1), t0, read, 0);
     let position = promptIds.length;
-    while (state.tokens.length < maxNewTokens && !stop.has(state.tokens[state.tokens.length - 1])) {
-      const k = Math.min(perRead, maxNewTokens - state.tokens.length);
+    while (tokens.length < maxNewTokens && !stop.has(tokens[tokens.length - 1])) {
+      const k = Math.min(perRead, maxNewTokens - tokens.length);
       const start = performance.now();
       const burst = [];
       for (let i = 0; i < k; i += 1) {
         checkCancelled(cancelled);
         const before = counters.snapshot();
         const one = await path.step(position);
-        burst.push({ position, ...one, gpu: counters.delta(before, counters.snapshot()) });
+        burst.push({ position, n: 1, ...one, gpu: counters.delta(before, counters.snapshot()) });
         position += 1;
       }
-      const read = counters.snapshot();
-      reportBurst(state, burst, await path.read(k), start, read);
+      const burstRead = counters.snapshot();
+      report(burst, await path.read(k), start, burstRead, path.alone ? 0 : k);
     }
   } finally {
     path.release();
   }
-  return { tokens: state.tokens, steps: state.steps };
+  return { tokens, steps };
 }
 
 // the greedy graph on args.session: step k of a burst reads its input ids from the ring tensor step k - 1 wrote
 function decodeOnDevice(args) {
-  const { ort, device, session, model, cache, greedy } = args;
-  return decodeWith(args, (perRead) => {
+  const { ort, device, session, job, cache } = args;
+  const { model } = job;
+  const { greedy } = model;
+  return decodeWith(args, job.tokens_per_read, (perRead) => {
     const ring = new TokenRing(ort, device, greedy.ids_dtype, perRead + 1);
     let ahead = 0; // steps run since the last read
     const run = async (idsTensor, position, n) => {
@@ -280,7 +282,7 @@ function decodeOnDevice(args) {
       return { run: ms, memory: cache.commit(outputs, n) };
     };
     return {
-      prefill: () => run(ids(ort, greedy.ids_dtype, args.promptIds), 0, args.promptIds.length),
+      prefill: () => run(ids(ort, greedy.ids_dtype, job.prompt_ids), 0, job.prompt_ids.length),
       step: (position) => run(ring.tensor(ahead), position, 1),
       read: (k) => {
         ahead = 0;

@@ -1,6 +1,6 @@
-// The page kvlab's HTTP server (kvlab/web/server.py) serves on localhost: it reads the job from /job, the
-// model's files from /model/<name>, onnxruntime-web and transformers.js from /npm/..., runs the job and POSTs
-// the result (or {error}) to /result; each finished step is POSTed to /progress as it happens.
+// The page kvlab's HTTP server (kvlab/web/server.py) serves on localhost: it reads the job and the npm files' URLs
+// from /job, the model's files from /model/<name>, onnxruntime-web and transformers.js from /npm/..., runs the job
+// and POSTs the result (or {error}) to /result; each finished step is POSTed to /progress as it happens.
 
 import { errorResult, jobFiles, runJob } from './runner.mjs';
 import { loadTransformers } from './tjs.mjs';
@@ -16,8 +16,7 @@ function post(path, body) {
 }
 
 async function main() {
-  const assets = await (await fetch('/assets')).json();
-  const job = await (await fetch('/job')).json();
+  const { job, assets } = await (await fetch('/job')).json();
   const ortUrl = new URL(assets.ort, location.href).href;
   const ort = await import(ortUrl);
   ort.env.wasm.wasmPaths = { wasm: new URL(assets['ort-wasm'], location.href).href };

@@ -13,10 +13,10 @@
 // 'graph') replays its decode steps on a second session of the same graph opened with graph capture, one per
 // generation (openCapture; captured.mjs); where onnxruntime-web cannot capture the model (it refuses the session,
 // or its replay differs from the uncaptured step) the result's refused[cache name] says why and the other caches
-// go on. cancelled (() => bool) is asked
-// before every step: the job stops there and the result says {cancelled: true}. Every cache and the session are released exactly
-// once, also when a run fails or is cancelled; the result says how many buffers each release destroyed. Returns
-// the result object kvlab/web/results.py reads; throws on an error that leaves nothing to report.
+// go on. cancelled (() => bool) is asked before every step: the job stops there and the result says
+// {cancelled: true}. Every cache and the session are released exactly once, also when a run fails or is
+// cancelled; the result says how many buffers each release destroyed. Returns the result object
+// kvlab/web/results.py reads; throws on an error that leaves nothing to report.
 
 import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
@@ -66,10 +66,7 @@ function rounds(job) {
 // the session a captured cache replays its decode steps on: the same graph, opened with enableGraphCapture, every
 // output on the GPU; onnxruntime-web's refusal (a node it cannot capture, an input it cannot keep fixed) is named
 export async function openCapture(ort, bytes, job, ep, externalData) {
-  const where = {};
-  for (const e of job.model.entries) where[e.present] = 'gpu-buffer';
-  where[job.model.greedy.next] = 'gpu-buffer';
-  where[job.model.logits] = 'gpu-buffer';
+  const where = { ...outputLocations(job.model), [job.model.logits]: 'gpu-buffer' };
   try {
     return await ort.InferenceSession.create(bytes[job.model.greedy.name], {
       executionProviders: [ep],
@@ -97,24 +94,8 @@ async function runOwn({ ort, device, session, job, spec, counters, onStep, cance
   try {
     // a captured graph replays the very buffers it recorded: one capturing session per generation, released with it
     if (captured) capture = await openCaptured();
-    result = await (captured ? decodeCaptured : decode)({
-      capture,
-      maxCacheLen: spec.max_cache_len,
-      ort,
-      session,
-      model: job.model,
-      cache,
-      promptIds: job.prompt_ids,
-      maxNewTokens: job.max_new_tokens,
-      counters,
-      onStep,
-      device,
-      greedy: job.model.greedy,
-      tokensPerRead: job.tokens_per_read,
-      stopTokens: job.stop_tokens,
-      lengthInputs: job.model.step_length_inputs,
-      cancelled,
-    });
+    const args = { ort, device, session, capture, job, cache, counters, onStep, cancelled };
+    result = await (captured ? decodeCaptured : decode)(args);
   } finally {
     before = counters.snapshot();
     cache.release();

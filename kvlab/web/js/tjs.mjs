@@ -49,10 +49,6 @@ function modelCache(job, bytes) {
   };
 }
 
-function tjsDtype(job) {
-  return job.model.dtype === 'float16' ? 'fp16' : 'fp32';
-}
-
 export async function generateWithTransformers({ tjs, job, bytes, counters, ep, cancelled }) {
   const { AutoModelForCausalLM, env, Tensor } = tjs;
   env.allowLocalModels = true;
@@ -66,7 +62,7 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep, 
   const externalData = model.files.slice(1).map((f) => ({ path: f.name, data: `onnx/${f.name}` }));
   const lm = await AutoModelForCausalLM.from_pretrained(model.name, {
     device: 'webgpu',
-    dtype: tjsDtype(job),
+    dtype: model.dtype === 'float16' ? 'fp16' : 'fp32',
     local_files_only: true,
     session_options: { executionProviders: [ep], ...(externalData.length ? { externalData } : {}) },
   });

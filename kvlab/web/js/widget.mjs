@@ -20,33 +20,30 @@ import { loadTransformers } from './tjs.mjs';
 
 const pageState = (globalThis.__kvlabWeb ??= { blobs: new Map(), ort: null, ortUrl: null });
 
+// a blob's chunk kept; once every chunk came, the blob's bytes (a new message of a finished name starts it over)
 function receiveBlob(msg, buffers) {
   let parts = pageState.blobs.get(msg.name);
-  if (!parts || parts.done || parts.count !== msg.count) {
-    parts = { chunks: new Array(msg.count), count: msg.count, received: 0, done: false };
+  if (!parts || parts.bytes || parts.chunks.length !== msg.count) {
+    parts = { chunks: new Array(msg.count), bytes: null };
     pageState.blobs.set(msg.name, parts);
   }
   const view = buffers[0];
-  if (!parts.chunks[msg.index]) parts.received += 1;
   parts.chunks[msg.index] = new Uint8Array(view.buffer, view.byteOffset, view.byteLength).slice();
-  if (parts.received === parts.count) {
-    const total = parts.chunks.reduce((n, c) => n + c.byteLength, 0);
-    const bytes = new Uint8Array(total);
+  if (parts.chunks.filter(Boolean).length === msg.count) {
+    parts.bytes = new Uint8Array(parts.chunks.reduce((n, c) => n + c.byteLength, 0));
     let offset = 0;
     for (const c of parts.chunks) {
-      bytes.set(c, offset);
+      parts.bytes.set(c, offset);
       offset += c.byteLength;
     }
-    parts.bytes = bytes;
     parts.chunks = [];
-    parts.done = true;
   }
 }
 
 function blob(name) {
-  const b = pageState.blobs.get(name);
-  if (!b?.done) throw new Error(`the kernel did not send ${name}`);
-  return b.bytes;
+  const bytes = pageState.blobs.get(name)?.bytes;
+  if (!bytes) throw new Error(`the kernel did not send ${name}`);
+  return bytes;
 }
 
 async function loadOrt(assets) {
@@ -93,22 +90,19 @@ async function runHere(model, msg, onStep, cancelled) {
 
 function render({ model, el }) {
   el.classList.add('kvlab-browser-lab');
-  const button = document.createElement('button');
-  button.textContent = "Run it on this browser's GPU";
-  const status = document.createElement('div');
-  status.className = 'kvlab-browser-status';
-  const summary = document.createElement('pre');
-  summary.className = 'kvlab-browser-summary';
-  const adapter = document.createElement('div');
-  adapter.className = 'kvlab-browser-adapter';
-  const cancel = document.createElement('button');
-  cancel.textContent = 'Cancel';
-  cancel.className = 'kvlab-browser-cancel';
+  const make = (tag, name, text = '') => {
+    const e = document.createElement(tag);
+    e.className = name;
+    e.textContent = text;
+    return e;
+  };
+  const button = make('button', 'kvlab-browser-run', "Run it on this browser's GPU");
+  const cancel = make('button', 'kvlab-browser-cancel', 'Cancel');
   cancel.style.display = 'none';
-  const plan = document.createElement('div');
-  plan.className = 'kvlab-browser-plan';
-  const progress = document.createElement('div');
-  progress.className = 'kvlab-browser-progress';
+  const [adapter, plan, progress, status] = ['adapter', 'plan', 'progress', 'status'].map((n) =>
+    make('div', `kvlab-browser-${n}`),
+  );
+  const summary = make('pre', 'kvlab-browser-summary');
   el.append(adapter, button, cancel, plan, progress, status, summary);
 
   const show = () => {
@@ -124,11 +118,7 @@ function render({ model, el }) {
         : '';
     button.disabled = model.get('running');
   };
-  model.on('change:status', show);
-  model.on('change:summary', show);
-  model.on('change:plan', show);
-  model.on('change:browser', show);
-  model.on('change:running', show);
+  for (const trait of ['status', 'summary', 'plan', 'browser', 'running']) model.on(`change:${trait}`, show);
   show();
 
   reportBrowser(model);
@@ -176,7 +166,7 @@ function render({ model, el }) {
   button.addEventListener('click', async () => {
     mine = true;
     progress.textContent = '';
-    const have = [...pageState.blobs.entries()].filter(([, b]) => b.done).map(([name]) => name);
+    const have = [...pageState.blobs.entries()].filter(([, b]) => b.bytes).map(([name]) => name);
     const browser = model.get('browser')?.name ? model.get('browser') : await describeBrowser();
     model.send({ type: 'start', have, browser });
   });
