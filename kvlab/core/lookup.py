@@ -3,18 +3,12 @@ greedy verification.
 
 Each decode step looks up the last ``ngram`` tokens (then fewer, down to one) in the conversation, takes up to ``k``
 tokens that followed their latest earlier occurrence as drafts, and feeds the last token and the drafts in one step;
-the model's greedy choice at every position says how many drafts it would have produced itself (``verify``). The
-step yields those and the model's next token, so greedy tokens are the same as one token per step, and the cache
-keeps only their positions (the backend crops the rest).
+``verify`` keeps the drafts the model's greedy choice agrees with, and the model's next token.
 
-A multi-token step's logits are not bit-equal to a one-token step's: the runtime attends with another kernel, which
-rounds differently (far more in fp16 than in fp32: data/prompt-lookup/). Where the model's choice is a near-tie, the
-two can choose differently, and lookup would leave plain greedy's tokens. So a verification row decides only where
-its choice leads the runner-up by at least ``margin``; at the first row that does not, the step stops, and that
-position is left to the next step, fed alone (the kernel plain greedy runs). The default margin follows the logits'
-precision (``MARGINS``): more than twice the largest difference recorded, so a difference of that size cannot turn
-a decided row.
-"""
+A multi-token step's logits are not bit-equal to a one-token step's (another kernel rounds differently), so a
+verification row decides only where its choice leads the runner-up by at least ``margin`` (``MARGINS``, by the
+logits' precision); at the first row that does not, the step stops and that position is fed alone by the next
+step: the tokens are plain greedy's."""
 
 from __future__ import annotations
 

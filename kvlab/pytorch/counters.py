@@ -1,12 +1,10 @@
 """What a PyTorch step allocated: the caching allocator's counters on CUDA (exact), an op-output count on CPU (a
 proxy), and which KV tensors of a transformers cache are new objects after a step (exact, by identity).
 
-The per-step columns (``kvlab.COLUMNS``) keep their meaning on this backend: ``run_ms`` is the model's forward (on
-CUDA up to a ``torch.cuda.synchronize()``); ``cache_tensors_allocated``/``cache_bytes_allocated`` count the cache's
-KV tensors that are new objects after the step, layer by layer (a DynamicCache's concatenation makes 2 per layer
-every step, a StaticCache 2 per layer once); ``new_buffers`` those of them whose storage this cache never held
-before (a lower bound); ``rss_bytes`` is the process RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``.
-"""
+The per-step columns keep their meaning here: ``run_ms`` is the model's forward (on CUDA up to a synchronize);
+``cache_tensors_allocated``/``cache_bytes_allocated`` count the cache's KV tensors that are new objects after the
+step; ``new_buffers`` those whose storage this cache never held before (a lower bound); ``rss_bytes`` the process
+RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``."""
 
 from __future__ import annotations
 

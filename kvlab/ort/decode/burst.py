@@ -1,16 +1,10 @@
-"""Greedy decode steps in bursts: the token stays on the device, and the host reads a burst's tokens back together.
-
-A step whose token is read back at once waits for the GPU to finish it before the host can prepare the next. In a
-burst the host binds and runs step after step, each reading its input ids from the tensor the step before wrote
-(``DeviceToken``'s ring), and the GPU works through them while the host is already preparing the next; one read at
-the end waits for them all. ``Stepper.decode`` runs a decode in bursts of up to its ``tokens_per_read`` steps.
+"""Greedy decode steps in bursts: the token stays on the device (``DeviceToken``'s ring), the host binds and runs step
+after step while the GPU works through them, and one read at the end takes the burst's tokens back.
 
 A burst keeps the stepper's promises: every step is committed before the next runs, so a failing step leaves the
-steps before it kept (their tokens read back, their records reported) and is undone itself; steps run past a token
-the caller stops at are undone (the cache cropped) and never reported. A burst of more than one step is run only
-where the cache can be cropped back over all of it (``Cache.can_crop``): a cache holding a state (a convolution's
-or a recurrent layer's) decodes one step per read.
-"""
+steps before it kept and is undone itself; steps run past a token the caller stops at are undone (the cache
+cropped) and never reported. A burst of more than one step runs only where the cache can be cropped back over it
+(``Cache.can_crop``): a cache holding a state decodes one step per read."""
 
 from __future__ import annotations
 

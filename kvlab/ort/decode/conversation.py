@@ -42,26 +42,17 @@ NO_CROP = (
 
 class Conversation:
     """A conversation with ``model`` on ``device`` whose ``cache`` (default: a DynamicCache of its own, disposed by
-    ``close()``) is kept between turns: ``say(message)`` feeds only the positions the cache does not hold, and
-    returns the turn (a ``Generation``: ``kvlab.core.conversation.Turn``). ``rewind(n)`` keeps the first ``n``
-    positions, ``rewind_turn()`` goes back to the start of the last turn (edit the last message: rewind it, say it
-    again). ``system``: a system prompt for text turns. ``on_step``: hooks for every step's record.
+    ``close()``) is kept between turns: ``say(message)`` feeds only the positions the cache does not hold and
+    returns the turn (``kvlab.core.conversation.Turn``). ``rewind(n)`` keeps the first ``n`` positions,
+    ``rewind_turn()`` goes back to the start of the last turn. ``system``: a system prompt for text turns.
+    ``on_step``: hooks for every step's record.
 
-    Caches whose layers keep states (conv, recurrent: ``layout.states``) refuse ``crop(n)`` by name, and a
-    conversation does not keep snapshots of them: a snapshot serves only the position it was taken at, costs the
-    states' bytes per turn on every turn whether or not it is ever rewound to, and would make a rewind's cost depend on
-    where one stops. Instead, a rewind empties such a cache, and so does a failed turn whose steps may have changed
-    its states (one that fails before any step committed, with ``states="swap"``, leaves it as it was); the next turn
-    then prefills the whole history again: its records say so (``reused`` 0). KV caches crop: a rewind costs nothing
-    (fixed KV) or one copy of the kept positions (growing KV).
-
-    A failed turn (an error or Ctrl-C at any step) leaves the history and the cache as they were after the previous
-    turn (a state cache: empty, see above); a turn that does not fit is a CapacityError before any work. Raises
-    ConfigError for a bad argument, CacheStateError once closed.
-
-    One call at a time: ``say``, ``rewind``, ``rewind_turn`` and ``close`` called while another thread's call runs
-    on the same conversation are refused (CacheStateError naming that thread and its call; nothing changes): give
-    each thread its own conversation."""
+    KV caches crop on a rewind; a cache whose layers keep states (conv, recurrent) cannot, so a rewind empties it,
+    as does a failed turn whose steps may have changed its states, and the next turn prefills the whole history
+    (its records say ``reused`` 0). A failed turn (an error or Ctrl-C at any step) otherwise leaves the history and
+    the cache as after the previous turn; a turn that does not fit is a CapacityError before any work. Raises
+    ConfigError for a bad argument, CacheStateError once closed, or when another thread's call runs on the same
+    conversation (one call at a time; nothing changes then)."""
 
     def __init__(
         self,
@@ -170,10 +161,9 @@ class Conversation:
     ) -> Turn:
         """One turn: ``message`` (text, rendered with the model's chat template after the conversation so far; or
         token ids, taken as they are), then up to ``max_new_tokens`` tokens of reply. ``lookup``: greedy
-        prompt-lookup decoding (``kvlab.core.lookup``; the same tokens, several per step; one token a step where
-        multi-token steps are wrong, as ``Turn.lookup`` says). ``prefill_chunk``: feed the positions the cache lacks
-        in steps of at most this many (None: ``default_prefill_chunk(device)``: one step, or one token a step where
-        the package's multi-token steps are wrong, onnxruntime-webgpu 1.27 on a software adapter). Raises ConfigError,
+        prompt-lookup decoding (``kvlab.core.lookup``; ``Turn.lookup`` says why a turn ran one token a step).
+        ``prefill_chunk``: feed the positions the cache lacks in steps of at most this many (None:
+        ``default_prefill_chunk(device)``). Raises ConfigError,
         ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
         conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
         with self._call("say"):

@@ -1,14 +1,9 @@
 """Greedy decoding with the token kept on the device (``Stepper(..., token_on_device=True)``).
 
-A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
-that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
-(data/token-on-the-device/). Here the model's graph also outputs the greedy token (an ArgMax over the last
-position's logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token
-never travels to the device. The host reads the tokens back when it needs them, after every step or after a burst
-of steps (``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next
-step while the GPU still runs the last one. The graph with that output is written beside the model's (``greedy_graph``;
-the weights are the model's own file, not copied). ``auto_reduction`` says where it pays (``AUTO_MAX_VOCAB``):
-``generate`` uses it by default, read back every ``TOKENS_PER_READ`` steps.
+The model's graph gains an output, ``NEXT``: the greedy token (an argmax over the last position's logits), written
+into a device tensor that the next step reads as its input ids, so the token never travels host -> device. The host
+reads the tokens back when it needs them, after every step or after a burst of steps (``Stepper.decode``). The
+graph with that output is written beside the model's (``greedy_graph``; the weights stay in the model's own file).
 """
 
 from __future__ import annotations
@@ -28,23 +23,15 @@ NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the
 
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
 SUFFIXES = {r: f".kvlab-next-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
-AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
-# "auto" on a hardware WebGPU adapter: one ArgMax ("single") up to this vocabulary, the "rows" reduction above it,
-# whichever was the faster step (data/token-on-the-device/)
-AUTO_MAX_VOCAB = 1024
-# greedy steps "auto" runs before reading their tokens back (``Stepper.decode``): reading back every few steps lets
-# the host prepare the next steps while the GPU runs (data/token-on-the-device/); a notebook streams the tokens in
-# bursts of this many
-TOKENS_PER_READ = 8
-# the most steps read back together that kvlab takes: a burst keeps its tokens in device tensors until read, sized by
-# the run (never more than its positions), and a count past this is a typo rather than a burst
-MAX_TOKENS_PER_READ = 4096
+AUTO = "auto"  # the token on the device where that pays (``auto_reduction``), else on the host
+AUTO_MAX_VOCAB = 1024  # "auto" on a hardware adapter: "single" up to this vocabulary, "rows" above it
+TOKENS_PER_READ = 8  # greedy steps "auto" runs before reading their tokens back (``Stepper.decode``)
+MAX_TOKENS_PER_READ = 4096  # the most steps read back together: a larger count is a typo rather than a burst
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
-    """What ``token_on_device="auto"`` runs (``AUTO_MAX_VOCAB``; data/token-on-the-device/): "single" (one ArgMax)
-    on the CPU EP and on a hardware WebGPU adapter for a vocabulary of at most ``AUTO_MAX_VOCAB``, "rows" on a
-    hardware adapter above it, "" (the token chosen on the host) on a software WebGPU adapter."""
+    """What ``token_on_device="auto"`` runs: "single" on the CPU EP and on a hardware WebGPU adapter up to
+    ``AUTO_MAX_VOCAB``, "rows" on a hardware adapter above it, "" (the host chooses) on a software adapter."""
     if device_name == "cpu":
         return "single"
     if device_name != "webgpu" or adapter_kind != "hardware":
@@ -214,7 +201,6 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
     the whole vocabulary is what this avoids). The largest logit is found per block, then among the blocks; the
     index is the smallest position holding it (positions as float32: exact below 2**24), found the same way, and
     cast to int64 at the end (a [1, 1] cast that the built-in package runs on the CPU EP)."""
-    import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     blocks, size = argmax_blocks(vocab)

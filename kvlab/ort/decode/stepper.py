@@ -1,15 +1,11 @@
 """One forward pass at a time: ``Stepper.step(tokens)`` binds the cache, runs the session, commits, records.
 
-The step, in order: the cache binds its slots (``cache.binding``: capacity checked, nothing changed), the stepper
-binds the token ids, the attention mask and the logits (the runtime copies host inputs to the device there: that
-time is the runtime's, counted in the record's ``run_ms`` with the run), the runtime runs, the cache commits (it
-checks what the runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache
-settles. A step that fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every
-tensor the runtime made in it is released: call it again.
+The step, in order: the cache binds its slots (capacity checked, nothing changed), the stepper binds the token
+ids, the attention mask and the logits, the runtime runs, the cache commits (it checks what the runtime returned,
+then advances), every hook gets the step's ``StepRecord``, and the cache settles. A step that fails anywhere (the
+run, the check, a hook, Ctrl-C) leaves the cache as it was and releases every tensor the runtime made in it.
 
-A stepper is one ``with`` block, entered once, and steps one at a time: a step outside the block, a second entry
-or a step from a second thread while one runs is a CacheStateError that says so.
-"""
+A stepper is one ``with`` block, entered once, stepped by one thread at a time (CacheStateError otherwise)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """What each layer of a decoder graph keeps between steps, read from the graph: every past input is followed to the
 node that reads it, and that node's type says what the pair holds and which output is its present.
 
-One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3 and 4) and writes the presents
-(outputs 1 and 2), its ``local_window_size`` the window of a sliding layer (-1: full attention);
-CausalConvWithState reads a conv state (input 3) and writes it (output 1); LinearAttention a recurrent state
-(input 3 -> output 1). Keys and values another op makes (an Optimum export's Concat) are full-attention KV that
-cannot share a buffer. A layer with no cache input whose GroupQueryAttention reads another layer's presents as its
-past shares that layer's KV (``SharedKV``: Gemma 4, exported by mobius): it keeps nothing. A state read by an op
-kvlab does not know is refused, naming the input, the output and the op: kvlab would not know how its size changes
-from step to step.
-"""
+One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3, 4) and writes the presents
+(outputs 1, 2), its ``local_window_size`` a sliding layer's window (-1: full attention); CausalConvWithState a
+conv state and LinearAttention a recurrent state (input 3 -> output 1). Keys and values another op makes (an
+Optimum export's Concat) are full-attention KV that cannot share a buffer. A layer whose GroupQueryAttention reads
+another layer's presents as its past shares that layer's KV (``SharedKV``). A state read by an op kvlab does not
+know is refused, naming the input, the output and the op."""
 
 from __future__ import annotations
 

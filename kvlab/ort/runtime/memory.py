@@ -1,12 +1,9 @@
-"""Where the process's memory sits: transparent huge pages for the weights a decode step streams.
+"""Transparent huge pages for the weights a decode step streams.
 
-A decode step on the CPU reads every weight once. ONNX Runtime allocates its (prepacked) weight buffers with plain
-malloc, in 4 KiB pages, where numpy asks the kernel for 2 MiB transparent huge pages for its large arrays: kvlab
-gives the weights the same pages. ``collapse_new`` does it (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for
-the memory a session allocated in new mappings; memory that reuses ranges mapped before (after an earlier session
-in the same process was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed.
-Elsewhere than Linux it does nothing and says so.
-"""
+ONNX Runtime allocates its weight buffers with plain malloc, in 4 KiB pages; ``collapse_new`` collapses the memory
+a session allocated in new mappings into 2 MiB pages (Linux ``madvise(MADV_COLLAPSE)``); memory reusing ranges
+mapped before is left as it is (``Device.huge_page_bytes`` shows how much was collapsed). Elsewhere than Linux it
+does nothing and says so."""
 
 from __future__ import annotations
 

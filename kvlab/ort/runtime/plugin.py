@@ -1,12 +1,7 @@
-"""The plugin route: ``onnxruntime`` (>= 1.31, which brings the CPU EP) with the WebGPU EP as a library that ONNX
-Runtime loads at run time, the package ``onnxruntime-ep-webgpu``, in an environment of its own (``bash
-scripts/setup.sh --plugin`` makes ``.venv-plugin/``: both routes install the module ``onnxruntime``). The CPU EP
-and the Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them). What this package does
-differently (the library registered once per process, with ONNX Runtime and with onnxruntime-genai; sessions
-reach the EP through its ``OrtEpDevice`` and fall back to the CPU EP without a word; a software adapter listed only
-when allowed; device tensors allocated directly; a WebGPU context that takes the options of whatever touches the
-device first and then outlives its sessions; states in place; captured graphs released one by one; sessions let go
-before exit after onnxruntime-genai ran) is on docs/known-limits.md."""
+"""The plugin route: ``onnxruntime`` (which brings the CPU EP) with the WebGPU EP as a library ONNX Runtime loads at
+run time, the package ``onnxruntime-ep-webgpu`` (``bash scripts/setup.sh --plugin`` makes ``.venv-plugin/``). The
+CPU EP and the Python API are the built-in wheel's (``BuiltinWebGpu``); what this package does differently is on
+docs/known-limits.md."""
 
 from __future__ import annotations
 

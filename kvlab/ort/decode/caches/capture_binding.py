@@ -1,14 +1,10 @@
 """The bindings of a captured cache (``kvlab.ort.decode.caches.captured``) and the fixed buffers they pin.
 
-A captured graph replays on the buffers bound when it was captured, so a one-token step's inputs live in fixed
-device tensors, in two pairs read and written in turn (``StepBuffers``): the step that reads ``ids[p]`` and
-``mask[p]`` writes the next token (``NEXT``, where the graph chooses it) and the next mask (``NEXT_MASK``) into
-``ids[1 - p]`` and ``mask[1 - p]``, so a decode step needs no copy from the host at all. Each pair has its own
-captured graph (``CaptureBinding``, one per ``p``). Writing into the buffers a step reads would not do: a package
-may run the capturing step twice, and a step must be retryable after it failed. ``CapturedBindings`` is the
-cache's bindings collaborator: the two pinned bindings for one-token steps, a plain binding, run uncaptured, for
-the others.
-"""
+A captured graph replays on the buffers bound when it was captured, so a one-token step's inputs live in two pairs
+of fixed device tensors (``StepBuffers``): the step that reads ``ids[p]`` and ``mask[p]`` writes the next token
+(``NEXT``) and the next mask (``NEXT_MASK``) into ``ids[1 - p]`` and ``mask[1 - p]`` (never into what it reads: a
+failed step must be retryable), one captured graph per ``p`` (``CaptureBinding``). ``CapturedBindings`` is the
+cache's bindings collaborator: the two pinned bindings for one-token steps, a plain one for the others."""
 
 from __future__ import annotations
 

@@ -1,27 +1,19 @@
 """``CapturedStaticCache(max_cache_len)``: a StaticCache whose one-token steps run as captured WebGPU graphs, recorded
-at the first two of them and replayed at every later one, so the host no longer walks the graph, chooses kernels or
-allocates per step.
+at the first two of them and replayed at every later one (the host no longer walks the graph or allocates per step).
 
 What capture needs, and how this cache gives it:
 
-- Fixed shapes and buffers: every input and output of the captured run is a device tensor allocated once and
-  written in place: ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
-  valid positions), two of each (``capture_binding``: a step reads one pair and its graph writes the next mask, and
-  with the token on the device the next ids, into the other: one graph per pair), the KV buffers (bound as past and
-  present, as in ``StaticCache``) and the logits [1, 1, vocab]. No host value is ever bound under capture; the host
-  reads the logits, or the 8-byte token, back after each run.
-- A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
-  (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
-  mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
-- Every node on WebGPU: ONNX Runtime refuses to open a capturing session otherwise; kvlab then opens the model
-  without capture to name the nodes the CPU EP took (``open_capture_session``).
-- The session opened with ``enableGraphCapture=1``; multi-token steps (the prefill) run on it uncaptured (run option
-  ``gpu_graph_id=-1``), one-token steps under this cache's own two graph ids.
+- Fixed shapes and buffers: every input and output is a device tensor allocated once and written in place: two
+  pairs of ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (``capture_binding``: a step reads one
+  pair, its graph writes the next into the other), the KV buffers (past and present, as in ``StaticCache``) and
+  the logits. No host value is bound under capture.
+- A model whose total length is the number of ones in the mask (``kvlab.load(name, graph_capture=True)``); a
+  standard build takes it from the mask's length and is refused, naming the Shape node (``capture_problem``).
+- Every node on WebGPU, else the session is refused, naming the nodes the CPU EP took (``open_capture_session``).
+- Multi-token steps (the prefill) run on the capturing session uncaptured (``gpu_graph_id=-1``).
 
-Lifecycle: the graphs are captured once per cache (and session) and kept across generations (``reset`` and a new
-``generate`` replay them); ``dispose`` releases them with the buffers (``Backend.release_graph``, or, where the
-package cannot release one graph, by letting go of the capturing session, which owns them).
-"""
+The graphs are captured once per cache and session and kept across generations; ``dispose`` releases them with the
+buffers."""
 
 from __future__ import annotations
 

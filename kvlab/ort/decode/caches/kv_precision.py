@@ -1,12 +1,10 @@
 """KV precision on ONNX Runtime: the packed KV kvlab's caches hold where the runtime quantizes it, and the refusal
-elsewhere (what each runtime does with it, and the error texts: docs/kv-memory.md).
+elsewhere (docs/kv-memory.md).
 
-``kv_precision=None`` (or ``"model"``): KV in the dtype the model was built with. ``"int8"`` / ``"int4"``: the WebGPU
-plugin EP (onnxruntime-ep-webgpu on onnxruntime 1.31) quantizes KV inside GroupQueryAttention when its session has
-the EP option ``kvCacheQuantizationBits``; every past/present then holds, per head and position, one scale word and
-``head_dim * bits / 32`` words of packed values, in a tensor of the model's float dtype (``packed_entry``). It runs
-on a software adapter; on a hardware adapter the EP still asks for unpacked KV, so kvlab refuses it there.
-"""
+``kv_precision=None`` (or ``"model"``): KV in the model's dtype. ``"int8"`` / ``"int4"``: the WebGPU plugin EP
+quantizes KV inside GroupQueryAttention (EP option ``kvCacheQuantizationBits``); every past/present then holds, per
+head and position, one scale word and ``head_dim * bits / 32`` words of packed values, in a tensor of the model's
+float dtype (``packed_entry``). Refused on a hardware adapter, where the EP still asks for unpacked KV."""
 
 from __future__ import annotations
 

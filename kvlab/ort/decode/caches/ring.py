@@ -1,20 +1,15 @@
-"""``RingStaticCache(max_cache_len)``: a StaticCache whose sliding-window layers hold their window and no more, where
-the runtime evicts inside GroupQueryAttention (``sliding_window_cache=1``, onnxruntime 1.31's CPU EP; the graph:
-``kvlab.ort.models.rewrites``). Opt-in: a plain ``StaticCache`` never changes its graph, and a run's label says
-which ran ("static@128 ring").
+"""``RingStaticCache(max_cache_len)``: a StaticCache whose sliding-window layers hold their window and no more, the
+runtime evicting inside GroupQueryAttention (``sliding_window_cache=1``; the graph: ``kvlab.ort.models.rewrites``).
+Opt-in: a plain ``StaticCache`` never changes its graph, and a run's label says which ran ("static@128 ring").
 
-- ``RingKV``: one buffer of ``window`` positions (the layer's ``local_window_size``, the smallest capacity the op
-  accepts, and exactly what the layer reads), bound as both the past input and the present output of the ring
-  graph. Rows ``[0, min(length, window))`` hold the newest positions, in order; once the buffer is full the op
-  shifts the newest ``window - 1`` rows to the front every step.
-- Full-attention layers keep ``max_cache_len`` positions (``FixedKV``), fixed-size states what a StaticCache keeps.
+- ``RingKV``: one buffer of ``window`` positions, bound as both past and present of the ring graph. Rows
+  ``[0, min(length, window))`` hold the newest positions, in order; once full, the op shifts the newest
+  ``window - 1`` rows to the front every step.
+- Full-attention layers keep ``max_cache_len`` positions (``FixedKV``), states what a StaticCache keeps.
 
-What a ring cannot do: go back past what it holds. ``crop(n)`` works while nothing was evicted (a sequence of at
-most ``window`` positions) and for ``n == 0``; a step writes in place with no copy to fall back on, so a step that
-fails after its run cannot be undone (the cache refuses to go on until it is reset); a handoff (``receive``) is
-refused. Where the runtime cannot evict (docs/kv-memory.md), the session is refused with the runtime's own error and
-what would work, before anything is allocated.
-"""
+A ring cannot go back past what it holds: ``crop(n)`` works while nothing was evicted and for ``n == 0``; a step
+that fails after its run cannot be undone (the cache refuses to go on until reset); ``receive`` is refused. Where
+the runtime cannot evict, the session is refused with the runtime's own error, before anything is allocated."""
 
 from __future__ import annotations
 

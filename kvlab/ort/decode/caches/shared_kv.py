@@ -1,12 +1,9 @@
-"""KV-shared layers on WebGPU (Gemma 4's, ``kvlab.core.cache_layout.SharedKV``): what kvlab's caches refuse there.
+"""KV-shared layers on WebGPU (``kvlab.core.cache_layout.SharedKV``): what kvlab's caches refuse there.
 
-Such a layer's GroupQueryAttention gets no keys or values of its own and the source layer's presents as its past.
 With a ``local_window_size``, the WebGPU kernel attends to every past position instead of the last ``window`` ones
-once the past is longer than the window (the CPU EP applies the window): a sliding KV-shared layer is right on
-WebGPU only while the sequence fits its window, so kvlab's caches refuse longer ones there (CapacityError, before
-anything runs). Under graph capture one package's kernel dispatches an empty workgroup grid for such a node
-(``shared_capture_problem``). The packages and versions measured: docs/kv-shared.md.
-"""
+once the past is longer than the window, so kvlab's caches refuse longer sequences there (CapacityError, before
+anything runs). Under graph capture one package's kernel dispatches an empty grid for such a node
+(``shared_capture_problem``). The packages measured: docs/kv-shared.md."""
 
 from __future__ import annotations
 
