@@ -82,31 +82,3 @@ def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Chu
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0
     fresh = max(0, tensors - kept)
     return Churn(length, size, bucket, kept, fresh, fresh * (bucket or size))
-
-
-@dataclass(frozen=True)
-class FreshCost:
-    """What one buffer created afresh adds to a decode step, in ms: ``small_ms`` up to ``threshold`` bytes (Dawn
-    sub-allocates such buffers from larger blocks), ``base_ms + per_mib_ms * MiB`` above it (each one its own
-    device allocation). Fitted on runs where every buffer is fresh (the pool disabled); see ``fit_fresh_cost``."""
-
-    threshold: int
-    small_ms: float
-    base_ms: float
-    per_mib_ms: float
-
-    def __call__(self, nbytes: int) -> float:
-        return self.small_ms if nbytes <= self.threshold else self.base_ms + self.per_mib_ms * nbytes / MiB
-
-
-def fit_fresh_cost(points: Iterable[tuple[int, int, float]], threshold: int = 4 * MiB) -> FreshCost:
-    """A ``FreshCost`` from (fresh buffers per step, bytes per buffer, ms a step takes beyond a static cache's)
-    measured with every buffer fresh: the mean per-buffer cost at or below ``threshold``, a least-squares line in
-    MiB above it (ValueError without points at two sizes above the threshold)."""
-    pts = [(nbytes, extra / fresh) for fresh, nbytes, extra in points if fresh > 0]
-    small = [ms for nbytes, ms in pts if nbytes <= threshold]
-    large = [(nbytes / MiB, ms) for nbytes, ms in pts if nbytes > threshold]
-    if len({mib for mib, _ in large}) < 2:
-        raise ValueError(f"fit_fresh_cost needs points at two or more sizes above {threshold / MiB:g} MiB")
-    per_mib, base = np.polyfit([m for m, _ in large], [ms for _, ms in large], 1)
-    return FreshCost(threshold, float(np.mean(small)) if small else 0.0, float(base), float(per_mib))
