@@ -72,11 +72,9 @@ class Churn:
 
 
 def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Churn:
-    """Each decode step a DynamicCache asks for ``tensors`` new KV tensors of ``length`` tokens (one more than the
-    context) and then releases the previous ones: all of one bucket (they differ by one token). The pool keeps at
-    most ``BUCKETS[bucket]`` freed buffers of that size, so the next step finds that many to reuse and creates the
-    rest afresh; above the largest bucket every request is fresh. A prediction from the table, to hold against the
-    measured step time."""
+    """The pool's churn when each decode step asks for ``tensors`` new KV tensors of ``length`` tokens (all of one
+    bucket) and releases the previous ones: the pool keeps at most ``BUCKETS[bucket]`` of them, the rest are created
+    afresh; above the largest bucket every request is fresh."""
     size = bytes_per_tensor_token * length
     bucket = bucket_of(size)
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0

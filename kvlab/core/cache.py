@@ -188,13 +188,11 @@ class Cache:
 
     @contextmanager
     def use(self, info: Any, device: Any, positions: int, keep: bool = False) -> Iterator[Cache]:
-        """Hold the cache for one generation of ``positions`` positions of the model ``info`` describes (its
-        ``name``, ``layout`` and ``context_length``) on ``device``: from an empty sequence, or, ``keep=True``, from
-        the one it holds (``positions`` counts those too). At the first use the cache binds to that layout and
-        device and makes its slots; every use allocates what is missing, all or nothing, and counts in ``epoch``.
-        Raises CacheStateError (disposed, in use, bound to another model or device, or ``keep`` of another model's
-        sequence) and CapacityError
-        (``positions`` do not fit); nothing changes then."""
+        """Hold the cache for one generation of ``positions`` positions of the model ``info`` describes on ``device``:
+        from an empty sequence, or, ``keep=True``, from the one it holds (counted in ``positions``). The first use binds
+        the cache to that layout and device; every use allocates what is missing, all or nothing, and counts in
+        ``epoch``. Raises CacheStateError (disposed, in use, bound to another model or device, ``keep`` of another
+        model's sequence) and CapacityError (``positions`` do not fit); nothing changes then."""
         self._check_alive()
         busy = CacheStateError(
             f"this {self.kind} cache is in use by another generation; a cache serves one "

@@ -122,11 +122,9 @@ class TinyArch:
 
 @dataclass(frozen=True)
 class TinyKVShared:
-    """A random Gemma 4 text model (``Gemma4ForCausalLM``) whose last ``kv_shared`` layers attend over the keys and
-    values of the last earlier layer of their type (no k/v projections, no cache of their own), deterministic given
-    its seed. Exported by mobius (``kvlab.ort.models.mobius``): the onnxruntime-genai builder has no KV sharing.
-    As in Gemma 4, full-attention layers have heads of ``global_head_dim`` and every layer a per-layer input of
-    ``per_layer_input`` (transformers 5.24 cannot run KV sharing without one)."""
+    """A random Gemma 4 text model whose last ``kv_shared`` layers attend over the KV of the last earlier layer of
+    their type (no cache of their own), deterministic given its seed; exported by mobius (``kvlab.ort.models.mobius``).
+    Full-attention layers have heads of ``global_head_dim``, every layer a per-layer input of ``per_layer_input``."""
 
     layer_types: tuple[str, ...]
     kv_shared: int
@@ -266,13 +264,11 @@ def checkpoint_dir(name: str) -> Path:
 
 @contextmanager
 def building(final: Path, marker: str) -> Iterator[Path]:
-    """A scratch directory beside ``final`` that becomes ``final`` only when the block succeeds (atomic: a
-    half-built model never counts), and is removed when it fails. ``marker``: the file whose presence in ``final``
-    marks a finished build. Where another process finished ``final`` while this block ran (two builds of one key at
-    once: same recipe, same result), that build is kept, untouched for anyone already loading from it, and this one
-    is discarded; an unfinished ``final`` (no marker) is replaced. The scratch of a build whose process died is
-    removed by the next build of ``final``. A disk (or file-size limit) that takes no more raises ModelError naming
-    the folder, the bytes written and the room left; nothing half-written stays."""
+    """A scratch directory beside ``final`` that becomes ``final`` only when the block succeeds, and is removed
+    when it fails (``marker``: the file marking a finished build). A ``final`` another process finished meanwhile is
+    kept and this build discarded; an unfinished one is replaced; a dead process's scratch is removed. A disk (or
+    file-size limit) that takes no more raises ModelError naming the folder and the room left; nothing half-written
+    stays."""
     final.parent.mkdir(parents=True, exist_ok=True)
     for left in final.parent.glob(f".{final.name}-*-*"):  # the scratch of a build whose process died (killed)
         owner = left.name.removeprefix(f".{final.name}-").split("-")[0]

@@ -46,11 +46,9 @@ assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
 
 
 class AllocCounter:
-    """Allocator requests, bytes and segments over a ``with`` block, as ``result`` = (requests, bytes, segments):
-    exact ``torch.cuda.memory_stats()`` deltas on CUDA; on CPU, with ``cpu_proxy``, the tensors (and bytes) the
-    block's aten operators returned that are not views or in-place results of their inputs (a proxy for malloc
-    calls: it runs every op through Python, so a timing taken with it is no timing), segments -1; else (-1, -1, -1).
-    """
+    """Allocator requests, bytes and segments over a ``with`` block, as ``result``: exact
+    ``torch.cuda.memory_stats()`` deltas on CUDA; on CPU with ``cpu_proxy``, the new (not view, not in-place) tensors
+    and bytes the block's aten operators returned (a proxy, too slow to time with), segments -1; else (-1, -1, -1)."""
 
     _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
 

@@ -30,22 +30,15 @@ MODES = ("eager", "capture", "compile")
 
 
 class GraphRunner:
-    """Decode over one transformers StaticCache of ``max_cache_len`` positions with one captured step.
+    """Decode over one transformers StaticCache of ``max_cache_len`` positions with one captured step. Every step
+    writes exactly the tokens it is fed at [position, position + n) (the prefill runs uncaptured at its exact
+    length); ``decode_greedy`` replays with no host sync in between, ``generate`` keeps kvlab's contract (records,
+    hooks, sampling) with one sync per token; ``reset()`` empties the cache in place, so the graph stays valid.
 
-    - Valid-window writes: every step writes exactly the tokens it is fed at [position, position + n); the prefill
-      runs uncaptured at its exact length, so no padding ever enters the cache; the mask hides stale slots.
-    - ``decode_greedy`` replays N times with no host sync in between; ``generate`` keeps kvlab's contract (records,
-      hooks, sampling) with one replay and one sync per token.
-    - ``reset()`` zeroes the counters (and KV) in place: the cache's addresses never change (``kv_ptrs``), so the
-      graph stays valid across generations.
-
-    ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused
-    RMSNorm). The model's attention is "eager" or one that takes sdpa's bool mask ("sdpa" or one registered with
-    transformers' mask interface as sdpa's). ``compile_mode``, ``compile_backend``:
-    ``torch.compile``'s. ``keep_logits=False``: the step keeps only its argmax (greedy only). ``warmup``: steps run
-    before the capture. Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for
-    ``mode="capture"`` off CUDA.
-    """
+    ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first. The model's attention is "eager" or one that
+    takes sdpa's bool mask. ``compile_mode``, ``compile_backend``: ``torch.compile``'s. ``keep_logits=False``: the
+    step keeps only its argmax (greedy only). ``warmup``: steps run before the capture. Raises ConfigError for a bad
+    argument or a model it cannot drive, DeviceError for ``mode="capture"`` off CUDA."""
 
     def __init__(
         self,

@@ -24,11 +24,9 @@ Stepper = Any  # a kvlab.ort.decode.stepper.Stepper, open, inside its call (this
 
 def decode(stepper: Stepper, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
     """``Stepper.decode``: up to ``n`` greedy decode steps after ``token`` in bursts (``burst_size``), each burst's
-    records handed to the hooks once its tokens are read (``read_with``: the steps read together; ``wall_ms`` and
-    ``run_ms``: the burst's per step); stops after the first token of ``until`` (e.g. the EOS ids), the steps run
-    past it undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``,
-    more positions than opened for) and what a step raises: the steps before it are kept and reported, the failing one
-    undone."""
+    records handed to the hooks once its tokens are read; stops after the first token of ``until``, the steps run past
+    it undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``, too many
+    positions) and what a step raises: the steps before it are kept and reported, the failing one undone."""
     if stepper._device_token is None:
         raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
     token = int(check_token_ids([token], stepper.model.info.vocab_size)[0])

@@ -91,17 +91,13 @@ def ids_dtype(reduction: str) -> np.dtype:
 
 
 def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
-    """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
-    returns its path. Its one added output is ``NEXT``, for device memory. The logits are cast to float32 first
-    (ArgMax has no float16 kernel on every EP); ties go to the lowest index, as numpy's argmax does.
-
-    ``reduction``: "blocks" (default) finds the largest logit in two stages, each block of the vocabulary (padded
-    with -inf to whole blocks) by one ArgMax over a [blocks, size] view, then the block whose maximum is largest:
-    every stage is small enough for a GPU to spread over many threads. "single": one ArgMax over the whole
-    vocabulary. "rows": the row of a [blocks, size] view holding the largest logit, then the largest within that
-    row, in seven small ops of which one reads the whole vocabulary, every one on the GPU (the input ids become
-    int32: ``ids_dtype``). Raises ConfigError for another reduction, ModelError when the model's directory is not
-    writeable or (for "rows") its input ids feed anything but a Gather's indices."""
+    """The model's graph plus the output ``NEXT`` (the greedy token, for device memory), beside ``model.onnx``
+    (rewritten when the model is newer); returns its path. The logits are cast to float32 first; ties go to the lowest
+    index, as numpy's argmax does. ``reduction``: "blocks" (default: an ArgMax per block of the vocabulary, then
+    among the blocks), "single" (one ArgMax), "rows" (the row of a [blocks, size] view holding the largest logit,
+    then the largest within it, every op on the GPU; the input ids become int32: ``ids_dtype``). Raises ConfigError
+    for another reduction, ModelError when the model's directory is not writeable or (for "rows") its input ids feed
+    anything but a Gather's indices."""
     check_choice(reduction, REDUCTIONS, "reduction=")
 
     def edit(m: Any) -> None:
@@ -142,10 +138,9 @@ def non_finite(step: int, position: int, model: str, counts: str = "NaN or Inf")
 
 
 def _finite_check(g: Any) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` to ``kvlab_finite`` [1, 1] bool: whether every logit is finite (x - x is
-    0 for a finite x and NaN for NaN or Inf, so their sum equals itself only when all are finite). The reductions
-    write a token outside the vocabulary where it is false, so that the host, which reads only the token, sees it
-    (``not_a_token``): one more read of the logits on the device, nothing more on the host."""
+    """Nodes from ``kvlab_last_logits_f32`` to ``kvlab_finite`` [1, 1] bool: whether every logit is finite (the sum
+    of x - x equals itself only then). The reductions write a token outside the vocabulary where it is false
+    (``not_a_token``), so the host, which reads only the token, sees it."""
     from onnx import helper
 
     node = helper.make_node
@@ -196,11 +191,9 @@ def _or_minus_one(g: Any, token_f32: str) -> str:
 
 
 def _two_stage_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1]: the argmax in blocks, in float32 ops
-    alone (WebGPU runs few int64 ops: ArgMax's own output is the one such on both packages, and one ArgMax over
-    the whole vocabulary is what this avoids). The largest logit is found per block, then among the blocks; the
-    index is the smallest position holding it (positions as float32: exact below 2**24), found the same way, and
-    cast to int64 at the end (a [1, 1] cast that the built-in package runs on the CPU EP)."""
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: the largest logit per block, then
+    among the blocks, and the smallest position holding it (positions as float32: exact below 2**24) found the same
+    way, all in float32 ops (WebGPU runs few int64 ops), cast to int64 at the end."""
     from onnx import TensorProto, helper, numpy_helper
 
     blocks, size = argmax_blocks(vocab)
@@ -255,10 +248,9 @@ def _last_logits_f32(g: Any, logits: str) -> None:
 
 
 def _row_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int32: the largest value of each row of a
-    [blocks, size] view (padded with -inf when the rows do not divide the vocabulary), the first row holding the
-    largest of them, then that row's first largest; its position (a float32 table, exact below 2**24) is cast to
-    int32. ArgMax's int64 outputs are used only as Gather indices, the one int64 use WebGPU runs on the GPU."""
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int32: the first row of a [blocks, size] view
+    (padded with -inf) holding the largest value, then that row's first largest; its position (a float32 table) is
+    cast to int32. ArgMax's int64 outputs are used only as Gather indices, which WebGPU runs on the GPU."""
     from onnx import TensorProto, helper, numpy_helper
 
     blocks, size = argmax_blocks(vocab)

@@ -32,14 +32,12 @@ LOGITS_OUT = ("last", "all", "none")
 class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its ``with`` block
     (``with Stepper(model, cache, device, positions) as s:``), for at most ``positions`` positions, from an empty
-    sequence (``keep=True``: from the one the cache holds, counted in ``positions``; a conversation's next turn).
+    sequence (``keep=True``: from the one the cache holds, counted in ``positions``).
 
-    ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
-    logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
-    feed it to the next step from the device; ``decode`` runs such steps in bursts of up to ``tokens_per_read``,
-    their tokens read back together (``kvlab.ort.decode.burst``). ``hooks`` get every step's record. Raises
-    ConfigError for a bad argument, what opening the cache's session raises, and, on entering the block, what the
-    cache's ``use`` raises (CapacityError, CacheStateError)."""
+    ``token_on_device`` (True or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back
+    no logits take the token from the graph and feed it to the next step from the device; ``decode`` runs such steps
+    in bursts of up to ``tokens_per_read``. ``hooks`` get every step's record. Raises ConfigError for a bad argument,
+    what opening the cache's session raises, and, on entering the block, what the cache's ``use`` raises."""
 
     def __init__(
         self,

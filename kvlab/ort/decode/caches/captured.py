@@ -109,11 +109,9 @@ def open_capture_session(device: Any, model: Any, reduction: str = "") -> Sessio
 
 @dataclass(frozen=True)
 class CaptureCost:
-    """What capture cost a generation, from its own records (wall times, so a proxy: the capturing steps' time
-    beyond a replay's): ``capture_ms`` over both capturing steps, ``replay_ms`` a replayed step's median, and,
-    against an uncaptured StaticCache step of ``uncaptured_ms``, ``pays_off_after``: the decode tokens after which
-    the replays' saving has paid the capture back (None: no uncaptured step given, or a replay no faster: it never
-    pays)."""
+    """What capture cost a generation, from its records' wall times (a proxy): ``capture_ms`` over both capturing
+    steps beyond a replay's, ``replay_ms`` a replay's median, and against an uncaptured step of ``uncaptured_ms``,
+    ``pays_off_after``: the decode tokens after which the replays paid the capture back (None: never, or not given)."""
 
     capture_ms: float
     replay_ms: float
@@ -145,12 +143,10 @@ def capture_cost(records: Sequence[Any], uncaptured_ms: float | None = None) -> 
 
 
 class CapturedStaticCache(StaticCache):
-    """A StaticCache whose one-token steps run as captured WebGPU graphs (see the module docstring), two of them, one
-    per pair of step buffers (``capture_binding``): the first two decode steps capture, every later one replays.
-    Prefill and other multi-token steps run uncaptured on the same session. With the greedy token on the device
-    (``Stepper(token_on_device="single" | "blocks")``), a decode step copies nothing from the host. Greedy tokens
-    equal a plain StaticCache's. Raises DeviceError on a device other than WebGPU (or when ONNX Runtime refuses to
-    capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
+    """A StaticCache whose one-token steps run as captured WebGPU graphs (see the module docstring): the first two
+    decode steps capture, every later one replays; multi-token steps run uncaptured on the same session. Greedy
+    tokens equal a plain StaticCache's. Raises DeviceError off WebGPU (or when ONNX Runtime refuses to capture),
+    ModelError for a model that cannot be captured, and what a StaticCache raises."""
 
     reductions = CAPTURED_REDUCTIONS
     variant = VARIANT
@@ -174,10 +170,9 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def host_writes(self) -> int:
-        """Copies from the host into the step's ids and mask buffers since the buffers were made (exact: counted at
-        each copy). Per generation: the first decode step's two, then, with the token chosen on the host, one a step
-        where the ids buffer read does not hold that token already; with the token on the device, none (and the
-        mask every step where the package cannot shift it on the device: ``open_capture_session``)."""
+        """Copies from the host into the step's ids and mask buffers since they were made (exact): the first decode
+        step's two, then, with the token chosen on the host, one a step where the ids buffer does not hold that
+        token."""
         buffers = self.bindings.buffers
         return buffers.host_writes if buffers is not None else 0
 

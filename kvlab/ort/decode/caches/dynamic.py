@@ -123,10 +123,9 @@ class GrowingKV(RuntimeState):
 
 
 class DynamicCache(OrtCache):
-    """The runtime allocates new ``present.*`` tensors every step, one token longer (a full copy of the past), and
-    the previous ones are released, as transformers.js does by default (see the module docstring).
-    ``kv_precision``: None, "int8" or "int4" (``OrtCache``). ConfigError for a bad argument, and for a
-    ``max_cache_len`` (a dynamic cache has no size)."""
+    """The runtime allocates new ``present.*`` tensors every step, one token longer, and the previous ones are
+    released (see the module docstring). ``kv_precision``: None, "int8" or "int4" (``OrtCache``). ConfigError for a bad
+    argument, and for a ``max_cache_len``."""
 
     kind = "dynamic"
 

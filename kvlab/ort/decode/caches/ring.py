@@ -68,12 +68,10 @@ class RingKV(FixedKV):
 
 
 class RingStaticCache(StaticCache):
-    """A StaticCache whose sliding-window layers are ring buffers of their window (see the module docstring): their
-    bytes stop growing at the window, full-attention layers keep ``max_cache_len`` positions. Greedy tokens equal a
-    plain StaticCache's. ``used_bytes`` counts what the buffers hold; ``memory_report`` the ring buffers as fixed
-    bytes. Raises ConfigError where the runtime or device cannot evict inside GroupQueryAttention (naming the
-    package, its version, its error and what would work), for a model without a sliding layer, and for the greedy
-    token on the device; what a StaticCache raises otherwise."""
+    """A StaticCache whose sliding-window layers are ring buffers of their window (see the module docstring).
+    Greedy tokens equal a plain StaticCache's. Raises ConfigError where the runtime or device cannot evict inside
+    GroupQueryAttention (naming the package, its error and what would work), for a model without a sliding layer,
+    and for the greedy token on the device; what a StaticCache raises otherwise."""
 
     reductions = ()  # its ring graph has no greedy-token variant
     variant = VARIANT
