@@ -1,8 +1,7 @@
-"""mobius's own static cache (``mobius.tasks.CausalLMTask(static_cache=True, max_seq_len=N)``) for a
-``TinyKVShared`` preset, built and run beside kvlab's ``StaticCache``: a different idea of a static cache. Its graph
-takes each cache-owning layer's buffer as an input ``key_cache.i`` / ``value_cache.i`` of [batch, max_seq_len,
-kv_hidden], scatters the step's keys into it at ``write_indices`` and returns the result as a new output
-``updated_key_cache.i``, fed back at the next step (docs/kv-shared.md compares the two)."""
+"""mobius's own static cache (``CausalLMTask(static_cache=True, max_seq_len=N)``) for a ``TinyKVShared`` preset, built
+and run beside kvlab's ``StaticCache``: its graph takes each layer's buffer as an input ``key_cache.i`` and returns the
+buffer with the step's keys scattered in as a new output, fed back at the next step (docs/kv-shared.md compares the
+two)."""
 
 from __future__ import annotations
 

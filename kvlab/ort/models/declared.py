@@ -1,8 +1,7 @@
-"""What a model directory's config declares about its decoder (``Declared``), in either layout kvlab reads: an
-onnxruntime-genai builder output's ``genai_config.json`` (``declared_genai``) or a Hugging Face Optimum /
-transformers.js export's ``config.json`` (``declared_hf``; its decoder file chosen by dtype as transformers.js
-chooses it: ``transformers_js_file``). Only the config is read here; ``kvlab.ort.models.info`` checks it against
-the graph. A malformed config or an encoder is a ModelError naming the file and key."""
+"""What a model directory's config declares about its decoder (``Declared``): an onnxruntime-genai builder output's
+``genai_config.json`` (``declared_genai``) or a Hugging Face Optimum / transformers.js export's ``config.json``
+(``declared_hf``; its decoder file: ``transformers_js_file``). ``kvlab.ort.models.info`` checks it against the graph. A
+malformed config or an encoder is a ModelError naming the file and key."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""Graph rewrites, each exact: it changes only the nodes it names, returns one line per change and raises ModelError
-for a graph it cannot rewrite exactly.
+"""Graph rewrites, each exact: it changes only the nodes it names, returns one line per change and raises ModelError for
+a graph it cannot rewrite exactly.
 
-- At build time (``for_ort127``, recorded in the model's ``kvlab_recipe.json``): what the onnxruntime-genai builder
-  writes for the architectures beyond full attention that onnxruntime 1.27 cannot load, in ops every package has,
-  and a window the builder drops, put back (docs/known-limits.md).
-- When a model is loaded (``plain_graph``, a graph beside its model.onnx): a ring buffer the builder's ``-e cpu``
-  asks GroupQueryAttention for, and state windows of 0, dropped; kvlab's caches run that graph.
-- When a session opens on WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
-- When a ring-buffer cache opens (``ring_graph``, a graph beside the model's): sliding layers that evict inside
-  GroupQueryAttention.
-"""
+- At build time (``for_ort127``, recorded in ``kvlab_recipe.json``): builder output for the architectures beyond
+  full attention put in ops every package loads, and a window the builder drops put back.
+- At load (``plain_graph``, beside model.onnx): the ring buffer and the state windows of 0 the builder's
+  ``-e cpu`` asks for, dropped; kvlab's caches run that graph.
+- On WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
+- For a ring-buffer cache (``ring_graph``): sliding layers that evict inside GroupQueryAttention."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
-``Backend``. Two packages, one subclass each: ``kvlab.ort.runtime.builtin`` (the ``onnxruntime-webgpu`` wheel, its
-built-in WebGPU EP and the CPU EP) and ``kvlab.ort.runtime.plugin`` (``onnxruntime`` >= 1.31 with the WebGPU EP as
-the plugin library ``onnxruntime-ep-webgpu``). What is installed decides which runs
-(``kvlab.ort.runtime.device.backend``); what each cannot do is on docs/known-limits.md."""
+``Backend``, one subclass per package: ``kvlab.ort.runtime.builtin`` (the ``onnxruntime-webgpu`` wheel) and
+``kvlab.ort.runtime.plugin`` (``onnxruntime`` with the plugin ``onnxruntime-ep-webgpu``). What is installed decides
+which runs (``kvlab.ort.runtime.device.backend``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The ``onnxruntime-webgpu`` wheel (1.27): the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``.
-What it cannot do, and what kvlab does about it (EP options as session config entries, device zeros made by a
-one-node model, states not in place, captured graphs not released on their own, bool Gathers rewritten, wrong
-prefill logits on a software adapter), is on docs/known-limits.md: the one list (other modules name the
-capability, not the version)."""
+"""The ``onnxruntime-webgpu`` wheel: the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``. What it
+cannot do, and what kvlab does about it, is on docs/known-limits.md (other modules name the capability, not the
+version)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run on the CPU EP (``cpu_problem``), and a
-graph that gathers from a bool tensor is rewritten in memory for WebGPU (``workarounds``), all called by
-``Device.session``; once it opened, no heavy node may have fallen back to the CPU EP (``refuse_cpu_fallback``, called
-by ``Session``). Where a session cannot be created, the package's op schemas say which node asks for what it lacks
-(``explain_refusal``, called by ``Device.session``)."""
+"""What a device's runtime needs of a graph, checked by ``Device.session`` before a session opens: a float16 graph
+refused on a WebGPU adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run (``cpu_problem``), a bool
+Gather rewritten for WebGPU (``workarounds``), the node a refused session asks too much of (``explain_refusal``); and,
+once ``Session`` opened, no heavy node fallen back to the CPU EP (``refuse_cpu_fallback``)."""
 
 from __future__ import annotations
 
