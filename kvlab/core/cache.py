@@ -76,11 +76,6 @@ class Cache:
         """Bytes of the tensors held now (exact, as requested from the runtime)."""
         return sum(t.nbytes for t in self.tensors)
 
-    @property
-    def used_bytes(self) -> int:
-        """Bytes the held positions need now: ``used_bytes_at(seq_length)``."""
-        return self.used_bytes_at(self.seq_length)
-
     def used_bytes_at(self, length: int) -> int:
         """Bytes ``length`` held positions need: length x bytes per token, plus one copy of each fixed-size state
         once a sequence is held (of the entries as the slots hold them: packed KV is smaller). A step's record

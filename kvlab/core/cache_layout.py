@@ -151,10 +151,6 @@ class LayerSpec:
         """Bytes one more position adds to the layer."""
         return sum(e.bytes_per_token for e in self.entries)
 
-    def nbytes(self, length: int) -> int:
-        """Bytes the layer keeps at a sequence of ``length``."""
-        return self.fixed_bytes + length * self.bytes_per_token
-
 
 @dataclass(frozen=True)
 class LayerMemory:
