@@ -226,10 +226,8 @@ _CHECKED_DIRS: dict[str, Path] = {}  # $KVLAB_CACHE_DIR's value -> the folder it
 
 
 def cache_dir() -> Path:
-    """Where built models live: $KVLAB_CACHE_DIR, else the platform's user cache dir. $KVLAB_CACHE_DIR is checked
-    at its first use (a folder kvlab can write in, new or existing: ConfigError naming it otherwise, before any
-    build) and a relative one is taken against the current directory then, so that a later ``os.chdir`` does not
-    move the cache."""
+    """Where built models live: $KVLAB_CACHE_DIR (checked at its first use, taken absolute then: ConfigError naming it
+    where kvlab cannot write), else the platform's user cache dir."""
     value = os.environ.get("KVLAB_CACHE_DIR")
     if value:
         if value not in _CHECKED_DIRS:

@@ -25,10 +25,9 @@ CACHES = ("dynamic", "static", "quantized")
 def make_cache(
     model: TorchModel, cache: Any, needed: int, max_cache_len: int | None = None, kv_precision: str | None = None
 ) -> Any:
-    """A transformers cache for ``needed`` positions from ``"dynamic"``/``"static"`` (``max_cache_len``, default
-    ``needed``), ``"quantized"`` or a ``QuantizedKV`` (``kv_precision``: kvlab.pytorch.quantized), a kvlab cache
-    (the transformers one of the same kind and size, from its ``spec``) or a transformers Cache (used as is,
-    reset)."""
+    """A transformers cache for ``needed`` positions from "dynamic"/"static" (``max_cache_len``, default ``needed``),
+    "quantized" or a ``QuantizedKV`` (``kv_precision``), a kvlab cache (the transformers one of its kind and size) or a
+    transformers Cache (used as is, reset)."""
     from transformers import Cache as HFCache
     from transformers import DynamicCache as HFDynamic
     from transformers import StaticCache as HFStatic

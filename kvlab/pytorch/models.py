@@ -197,10 +197,10 @@ def load(
     attn_implementation: str = "sdpa",
     name: str | None = None,
 ) -> TorchModel:
-    """A transformers causal LM: a kvlab built-in name ("toy", "kv-heavy", "smollm2": the checkpoint the ONNX
-    model was built from), a local Hugging Face directory, or an already loaded ``PreTrainedModel``, on ``device``
-    ("cpu" or "cuda") in ``dtype``. Raises ConfigError for a bad argument, DeviceError when CUDA is asked for but
-    absent, ModelError for a source that is not a causal LM with a KV cache."""
+    """A transformers causal LM: a kvlab built-in name (the checkpoint its ONNX model was built from), a local Hugging
+    Face directory, or a loaded ``PreTrainedModel``, on ``device`` ("cpu" or "cuda") in ``dtype``. Raises ConfigError
+    for a bad argument, DeviceError for CUDA asked for but absent, ModelError for a source that is not a causal LM with
+    a KV cache."""
     dev, dt = _placement(device, dtype, attn_implementation)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

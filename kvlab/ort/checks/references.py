@@ -17,11 +17,10 @@ from ..runtime.device import backend, open_device
 def genai_model(
     model: Model, device: str = "cpu", graph_capture: bool | None = None, options: dict[str, str] | None = None
 ) -> Any:
-    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. ``graph_capture`` (WebGPU):
-    True or False overrides the ``enableGraphCapture`` of its genai_config.json (None keeps it; the builder writes
-    "1" for a model built with enable_webgpu_graph=true, with ``validationMode`` "disabled"). ``options`` (WebGPU):
-    more WebGPU EP options that override the config's (e.g. ``{"validationMode": "basic"}``). Raises ModelError
-    when onnxruntime-genai is not installed, ConfigError for ``graph_capture`` or ``options`` off WebGPU."""
+    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. WebGPU only: ``graph_capture``
+    (True/False) overrides the genai_config.json's ``enableGraphCapture`` (None keeps it); ``options``: more EP options
+    that override the config's. Raises ModelError when onnxruntime-genai is not installed, ConfigError for
+    ``graph_capture`` or ``options`` off WebGPU."""
     try:
         import onnxruntime_genai as og
     except ImportError as exc:

@@ -345,11 +345,10 @@ def lookup_steps(
     lookup: PromptLookup,
     columns: dict[str, Any],
 ) -> None:
-    """Greedy decode steps after a prefill of ``prompt`` (its token: ``tokens[0]``) until ``stop()`` names a
-    reason: each proposes up to ``lookup.k`` drafts (never past ``new_tokens``), verifies them in one step
-    (phase "verify"; a step without drafts is a plain decode step), appends the accepted drafts and the model's next
-    token to ``tokens``, and crops the cache to the positions those need. A verify step whose next token is within
-    the lookup's margin (token -1: ``kvlab.core.lookup.verify``) leaves that position to the next step, fed alone."""
+    """Greedy decode steps after a prefill of ``prompt`` until ``stop()`` names a reason: each verifies up to
+    ``lookup.k`` drafts (never past ``new_tokens``) in one "verify" step (a plain decode step without drafts), appends
+    the accepted drafts and the next token to ``tokens`` and crops the cache to them. A next token within the margin
+    (-1: ``kvlab.core.lookup.verify``) leaves that position to the next step, fed alone."""
     cache, eos = stepper.cache, stepper.model.info.eos_token_ids
     margin, alone = lookup.margin_for(stepper.model.info.logits_dtype), False
     while not stop():

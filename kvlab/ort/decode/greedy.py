@@ -308,11 +308,10 @@ def _ids_as_int32(g: Any, model: Any) -> None:
 
 
 class DeviceToken:
-    """The greedy token kept on the device: a ring of ``size`` [1, 1] device tensors of the graph's id type
-    (``ids_dtype``). ``current`` holds ``token`` (the last token read back, the next step's input ids); step k of a
-    burst reads the tensor ``k - 1`` places after it and writes the one ``k`` places after (``target``), so a burst
-    of up to ``size - 1`` steps keeps every token until the host reads them (``read``). It advances only after the
-    steps it moves over have fully succeeded, so a failed step is retried from the token it read."""
+    """The greedy token kept on the device: a ring of ``size`` [1, 1] device tensors of the graph's id type. ``current``
+    holds ``token`` (the next step's input ids); step k of a burst reads the tensor ``k - 1`` places after it and writes
+    the one ``k`` places after (``target``), so a burst of up to ``size - 1`` steps keeps every token until read. It
+    advances only after the steps it moves over succeeded."""
 
     def __init__(self, device: Any, dtype: Any = np.int64, size: int = 2):
         dtype = np.dtype(dtype)

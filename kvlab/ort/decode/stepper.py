@@ -181,10 +181,9 @@ class Stepper:
             return record
 
     def _run(self, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0) -> tuple[RunResult, CacheStep]:
-        """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0,
-        the tensor that many places along the device token's ring), run it, commit the cache. Raises what the
-        binding, the run and the commit raise; the cache has not advanced then, and what the run made is
-        released."""
+        """Bind the step (the cache's slots, ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0, the
+        device token's tensor that many places along), run it, commit the cache. Raises what those raise; the cache has
+        not advanced then, and what the run made is released."""
         info = self.model.info
         b: Binding = self.cache.binding(self.session, n)
         b.input(info.input_names["input_ids"], ids)

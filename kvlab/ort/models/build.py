@@ -126,10 +126,9 @@ def export(
     execution_provider: str = "webgpu",
     shims: bool | None = None,
 ) -> None:
-    """The onnxruntime-genai model builder, in a subprocess (offline), for ``execution_provider`` ("cpu", "webgpu",
-    ...: the builder's ``-e``) with ``extra_options`` ("key=value", the builder's ``--extra_options``). With
-    kvlab's config shims (``kvlab.ort.models.builder_shims``) where ``shims`` says (None: for an architecture beyond
-    the Llama family, ``arch``), and ``arch``'s ``ARCH_OPTIONS`` before ``extra_options``. ModelError (with the
+    """The onnxruntime-genai model builder, in a subprocess (offline), for ``execution_provider`` (the builder's ``-e``)
+    with ``arch``'s ``ARCH_OPTIONS`` and then ``extra_options`` ("key=value"); with kvlab's config shims
+    (``builder_shims``) where ``shims`` says (None: for an ``arch`` beyond the Llama family). ModelError (with the
     builder's stderr) when it fails."""
     shims = bool(arch) if shims is None else shims
     with tempfile.TemporaryDirectory() as scratch:
@@ -149,12 +148,10 @@ def export(
 
 
 def fold_attention_scale(onnx_file: Path) -> int:
-    """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it, and
-    set the node's ``scale`` to 1, in ``onnx_file`` (and its weights file); returns how many nodes were folded.
-    Why: the CPU EP's attention then takes its GEMM kernel that reads K^T in place (alpha 1) instead of packing K
-    every step. Folded only where it is exact: the scale is a power of two (rotary embedding is linear) and the
-    query comes straight from a MatMul whose float32 weight feeds nothing else (a q norm between them: left as
-    built)."""
+    """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it (the node's
+    ``scale`` set to 1) in ``onnx_file`` and its weights file, so the CPU EP's attention reads K^T in place; returns how
+    many nodes were folded. Only where exact: a power-of-two scale, and a query straight from a MatMul whose float32
+    weight feeds nothing else."""
     import numpy as np
     import onnx
     from onnx import external_data_helper, numpy_helper

@@ -96,11 +96,9 @@ def _eos(value: Any, file: Path) -> tuple[int, ...]:
 
 
 def _checked(declared: Declared, config: dict, file: Path, search: Any = None) -> Declared:
-    """``declared``, with a note for each thing ``config`` (the decoder's section) or a genai ``search`` section
-    declares and kvlab applies only in part: no EOS id (generation stops at max_new_tokens only), sampling (kvlab
-    decodes greedily unless given a Sampling). ModelError naming the key and value where ``bos_token_id`` or
-    ``pad_token_id`` is set but is not a token id of the vocabulary (kvlab applies neither, but a malformed one is
-    a broken config), the context holds no position, or an EOS id is outside the vocabulary."""
+    """``declared``, with a note for each thing ``config`` (or a genai ``search`` section) declares that kvlab applies
+    only in part (no EOS id, sampling). ModelError naming the key and value for a ``bos_token_id`` or ``pad_token_id``
+    outside the vocabulary, a context of no position, or an EOS id outside the vocabulary."""
     vocab = declared.vocab
     for key in ("bos_token_id", "pad_token_id"):
         value = config.get(key)

@@ -142,10 +142,9 @@ ROLE_ORDER = ("key", "value", "conv", "recurrent")
 
 
 def _shared_layers(graph: Any, per_layer: dict[int, list[tuple[CacheEntry, Any]]]) -> dict[int, SharedKV]:
-    """The layers without a cache input of their own whose GroupQueryAttention reads, as its past keys and values,
-    the presents another layer's GroupQueryAttention writes (Gemma 4's KV sharing, as mobius exports it): layer ->
-    ``SharedKV``. The attention nodes that own no entry are matched, in graph order, with the layers that have
-    none, in layer order; {} when their counts differ (those layers are then refused as having no cache input)."""
+    """Layer -> ``SharedKV`` for the layers without a cache input whose GroupQueryAttention reads another layer's
+    presents as its past: the attention nodes that own no entry matched in order with the layers that have none; {} when
+    their counts differ (those layers are then refused)."""
     owner = {id(node): layer for layer, found in per_layer.items() for _, node in found if node is not None}
     writes = {
         node.output[1]: node for node in graph.graph.node if node.op_type == "GroupQueryAttention" and id(node) in owner

@@ -63,11 +63,9 @@ PLAIN_SUFFIX = ".kvlab-plain.onnx"  # the plain-attention graph, beside a model.
 
 
 def plain_attention(model: Any) -> list[str]:
-    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (which the
-    builder's ``-e cpu`` sets to 1 on sliding layers: the op then evicts from a buffer of at least its window, and
-    refuses a past shorter than that, as a DynamicCache's is; without it a sliding layer attends to the same last
-    ``local_window_size`` positions of a buffer that keeps every one; RingStaticCache sets it again on its own
-    graph), and the state ops without ``state_window=0`` (``drop_zero_state_windows``). One line per node changed."""
+    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (a sliding layer
+    then reads the same last ``local_window_size`` positions of a buffer that keeps every one), and the state ops
+    without ``state_window=0`` (``drop_zero_state_windows``). One line per node changed."""
     done = drop_zero_state_windows(model)
     for node in model.graph.node:
         found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
@@ -217,10 +215,9 @@ def text_position_ids(model: Any) -> list[str]:
 
 
 def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> list[str]:
-    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1. Why: the
-    builder reads ``config.sliding_window`` but sets the window only on layers whose ``layer_types`` entry is
-    "sliding_attention"; MistralConfig has no layer_types, so every layer would silently attend to everything.
-    ModelError for a layer whose window disagrees with the config."""
+    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1 (the builder sets
+    it only on layers whose ``layer_types`` entry is "sliding_attention", which MistralConfig lacks). ModelError for a
+    layer whose window disagrees with the config."""
     import re
 
     done = []
@@ -297,10 +294,9 @@ RING_SUFFIX = ".kvlab-ring.onnx"  # the ring graph's file, beside model.onnx
 
 
 def ring_sliding_layers(model: Any) -> list[str]:
-    """``sliding_window_cache=1`` on every sliding GroupQueryAttention (``local_window_size`` > 0; full-attention
-    ones are left alone): its past and present become a buffer of at least the window that the op itself evicts
-    from (onnxruntime >= 1.31's CPU kernel; docs/kv-memory.md). ModelError when the graph has no sliding
-    GroupQueryAttention, or one that already has another value of the attribute."""
+    """``sliding_window_cache=1`` on every sliding GroupQueryAttention (``local_window_size`` > 0): its past and present
+    become a buffer of the window that the op itself evicts from. ModelError when the graph has no sliding
+    GroupQueryAttention, or one with another value of the attribute."""
     from onnx import helper
 
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and attr(n, "local_window_size", -1) > 0]

@@ -57,13 +57,10 @@ def vulkan_loader() -> bool:
 
 
 def configure_vulkan(choice: str | None = None) -> str:
-    """Point the Vulkan loader at a driver before the first WebGPU session (Linux only).
-
-    ``choice`` (or env ``KVLAB_WEBGPU_ADAPTER``): "auto" uses a hardware driver when one is installed, else
-    SwiftShader from Debian's chromium-common; "software" forces SwiftShader; "hardware" leaves the loader alone.
-    An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done (the
-    first call's note: the loader reads the environment once). ConfigError for another choice.
-    """
+    """Point the Vulkan loader at a driver before the first WebGPU session (Linux only). ``choice`` (or env
+    ``KVLAB_WEBGPU_ADAPTER``): "auto" a hardware driver when one is installed, else SwiftShader; "software" forces
+    SwiftShader; "hardware" leaves the loader alone. A user's ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` always wins.
+    Returns the first call's note (the loader reads the environment once). ConfigError for another choice."""
     global _VULKAN_NOTE
     choice = choice or os.environ.get("KVLAB_WEBGPU_ADAPTER", "auto")
     check_choice(choice, ADAPTER_CHOICES, "KVLAB_WEBGPU_ADAPTER=")

@@ -204,16 +204,12 @@ def open_device(
     huge_pages: bool | None = None,
     profile: str | os.PathLike | None = None,
 ) -> Device:
-    """The process's device of that name ("cpu" or "webgpu"; a ``Device`` is returned as it is), opened on first
-    use. Asking for options that differ from the open device's is a DeviceError (for WebGPU the context would
-    silently keep its own); close the device first. Raises ConfigError for a bad name or option, DeviceError when
-    WebGPU has no adapter or its context cannot be created.
-
-    WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
-    (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
-    each session's new memory, i.e. its weights, into 2 MiB transparent huge pages; default on, see
-    kvlab.ort.runtime.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
-    prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
+    """The process's device of that name ("cpu" or "webgpu"; a ``Device`` is returned as it is), opened on first use.
+    Options that differ from the open device's are a DeviceError (close the device first). WebGPU:
+    ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads``, ``spinning`` (whether idle pool threads spin),
+    ``huge_pages`` (the weights in 2 MiB pages, default on: ``Device.huge_page_bytes``). ``profile``: a file prefix for
+    ONNX Runtime's profiler (``Device.profiles`` after close). Raises ConfigError for a bad name or option, DeviceError
+    when WebGPU has no adapter or its context cannot be created."""
     if isinstance(name, Device):
         return name
     check_choice(name, DEVICES, "device ")
@@ -276,10 +272,8 @@ def opened(name: str) -> Device | None:
 
 @atexit.register
 def _release_while_the_runtime_lives() -> None:
-    """At exit, before the interpreter frees what is left in whatever order: collect the garbage, release every
-    kvlab tensor and let go of every IOBinding while the sessions they belong to still exist. A binding kept past
-    this point (by an exception stored in a module, or IPython's last traceback) would otherwise be freed during
-    finalization after its session, which touches freed memory."""
+    """At exit, before the interpreter frees the rest in any order: collect the garbage, release every kvlab tensor and
+    let go of every IOBinding while their sessions exist (a binding freed after its session touches freed memory)."""
     gc.collect()
     release_everything()
     drop_every_binding()

@@ -38,12 +38,9 @@ def anonymous_ranges() -> set[Range]:
 
 
 def collapse_new(before: set[Range]) -> dict[str, Any]:
-    """Back every anonymous mapping that appeared (or changed) since ``before`` with huge pages, synchronously.
-
-    Best effort: the kernel may refuse a range (old kernel, THP disabled, no free huge page); nothing about the
-    memory's contents changes either way. Returns ``bytes``: how much the process's huge-page-backed anonymous
-    memory grew meanwhile (the kernel's AnonHugePages counter, read before and after: exact, process-wide), and
-    ``refused``: {errno name: ranges}."""
+    """Back every anonymous mapping that appeared (or changed) since ``before`` with huge pages, synchronously, best
+    effort (the kernel may refuse a range; the contents never change). Returns ``bytes``: how much the process's
+    AnonHugePages grew meanwhile (exact, process-wide), and ``refused``: {errno name: ranges}."""
     libc = _libc()
     if libc is None:
         return {"bytes": 0, "refused": {"unsupported platform": 1}}

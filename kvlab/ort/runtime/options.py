@@ -50,12 +50,10 @@ def idle_cores(seconds: float = 0.1) -> float:
 
 
 def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
-    """kvlab's CPU EP default and why, as (options, reason), from the idle logical CPUs when the device opens
-    (``idle``; measured by ``idle_cores`` when None). A spinning pool thread waits for the next kernel on its core
-    instead of sleeping: faster where it has the core to itself, and slower where it takes turns with another busy
-    process (it spends its share of the core waiting). So, where at least ``QUIET_SHARE`` of the cores are idle,
-    the threads spin, one per physical core less the busy ones; elsewhere, one per physical core (a process's share
-    of a busy machine grows with its threads), not spinning."""
+    """kvlab's CPU EP default and why, as (options, reason), from the idle logical CPUs (``idle``; measured by
+    ``idle_cores`` when None): where at least ``QUIET_SHARE`` of the cores are idle, spinning threads, one per physical
+    core less the busy ones; elsewhere one per physical core, not spinning (a spinning thread that takes turns with
+    another process spends its share waiting)."""
     physical, logical = physical_cores(), cpu_count()
     idle = min(float(logical), idle_cores() if idle is None else idle)
     quiet = idle >= QUIET_SHARE * logical
@@ -70,9 +68,8 @@ def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
 
 def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
     """``options`` (``webgpu_options``'s) completed with kvlab's WebGPU EP default: validation mode "disabled", as
-    onnxruntime-genai's builder configures a model built for graph capture (ONNX Runtime's default, "basic", slows a
-    captured step: docs/graph-capture.md). "disabled" skips Dawn's and ONNX Runtime's checks of every command, so a
-    misuse of the API is not reported: ask for "basic" or "full" to debug one."""
+    onnxruntime-genai configures a model built for graph capture. It skips the checks of every command: ask for "basic"
+    or "full" to debug a misuse."""
     return {"validationMode": DEFAULT_VALIDATION, **options}
 
 

@@ -91,9 +91,8 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
 
 def cpu_problem(graph: Any) -> str:
     """Why the CPU EP cannot run ``graph`` although a package may load it ("" when no such reason is known): a
-    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them for
-    Qwen 3, Gemma 3 and LFM2), which no CPU EP kernel takes (onnxruntime-webgpu 1.27's schema stops at 14 inputs,
-    onnxruntime 1.31.1's CPU kernel refuses them at the first run)."""
+    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them), which
+    no CPU EP kernel takes."""
     node = next(
         (n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])),
         None,

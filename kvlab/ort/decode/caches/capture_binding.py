@@ -109,10 +109,9 @@ class CapturedBindings(Bindings):
 
 
 class CaptureBinding(Binding):
-    """The pinned binding of the captured step that reads pair ``parity`` of the step buffers: every input and
-    output a fixed device tensor. ``input`` writes a host value into the pair read only where it does not hold it
-    already; ``output`` of the logits (or of ``NEXT``) to a host array copies them there after the run (the copy
-    waits for the GPU, so it is timed with the run, as an uncaptured run's copy of its logits is)."""
+    """The pinned binding of the captured step that reads pair ``parity`` of the step buffers: every input and output a
+    fixed device tensor. ``input`` writes a host value into the pair read only where it is not there already; ``output``
+    of the logits (or ``NEXT``) to a host array copies them there after the run, timed with it."""
 
     def __init__(self, session: Session, owner: CapturedBindings, slots: list[Slot], length: int, parity: int):
         super().__init__(session)
@@ -204,10 +203,9 @@ class CaptureBinding(Binding):
         raise DeviceError(f"a captured step allocates nothing: {name!r} must be a fixed device tensor")
 
     def run(self) -> RunResult:
-        """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
-        what the next step reads. The presents' buffers are read back as the cache's in-place proof asks at the
-        capture and the first replay, never after: a replay runs the recorded command buffers on the buffers bound
-        at the capture, which nothing can rebind, so its answer is known."""
+        """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is what the
+        next step reads. The presents' buffers are read back for the in-place proof at the capture and the first replay
+        only: a replay runs on the buffers bound at the capture, which nothing can rebind."""
         if self.runs >= 2:
             self.read_back, self.spot_check = False, ""
         b, p, due, self._due = self._buffers, self.parity, self._due, []

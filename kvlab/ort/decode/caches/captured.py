@@ -78,10 +78,9 @@ def capture_problem(info: Any) -> str:
 
 
 def open_capture_session(device: Any, model: Any, reduction: str = "") -> Session:
-    """The capturing session of ``model``'s captured graph (``replay_graph.captured_graph``) on ``device`` (cached
-    by the device). Where ONNX Runtime refuses to capture it, the same graph without the next mask (which the host
-    then writes every step: a package may lack a WebGPU kernel for one of the ops that shift it); where it refuses
-    that too, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis session is not kept)."""
+    """The capturing session of ``model``'s captured graph on ``device`` (cached by the device); where ONNX Runtime
+    refuses it, the same graph without the next mask (the host then writes it every step); where it refuses that too, a
+    DeviceError naming the nodes it placed on the CPU EP."""
     label = f"model {model.name}, graph capture" + (f", greedy token on the device ({reduction})" if reduction else "")
     graphs = dict.fromkeys(captured_graph(model, reduction, shift_mask=s) for s in (True, False))
     for path in graphs:
@@ -128,10 +127,9 @@ class CaptureCost:
 
 
 def capture_cost(records: Sequence[Any], uncaptured_ms: float | None = None) -> CaptureCost:
-    """``CaptureCost`` of a CapturedStaticCache's generation from its ``records`` (its first two one-token decode
-    steps capture, the later ones replay), against an uncaptured step of ``uncaptured_ms`` (e.g. a plain
-    StaticCache's median decode step on the same device). ConfigError with fewer than three decode steps (no
-    replay to compare with)."""
+    """``CaptureCost`` of a CapturedStaticCache's generation from its ``records`` (the first two one-token decode steps
+    capture, the later ones replay), against an uncaptured step of ``uncaptured_ms``. ConfigError with fewer than three
+    decode steps."""
     steps = [r.wall_ms for r in records if r.phase == "decode" and r.n_tokens == 1]
     if len(steps) < 3:
         raise ConfigError(f"capture_cost needs at least 3 decode steps (2 capture, 1 replays); got {len(steps)}")

@@ -17,10 +17,10 @@ SUFFIX = ".kvlab-captured"  # the file's name: model.kvlab-captured[-reduction][
 
 
 def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> Path:
-    """The graph a captured step of ``model`` replays, beside its model.onnx (rewritten when the model is newer):
-    the greedy token of ``reduction`` ("": none, the host chooses) and, unless ``shift_mask=False``, the next mask
-    (``next_mask``). The model's own path when there is nothing to add (no token, no mask). ConfigError for
-    another reduction, ModelError when the model's directory is not writeable."""
+    """The graph a captured step of ``model`` replays, beside its model.onnx (rewritten when the model is newer): the
+    greedy token of ``reduction`` ("": none) and, unless ``shift_mask=False``, the next mask (``next_mask``); the
+    model's own path when there is nothing to add. ConfigError for another reduction, ModelError when the model's
+    directory is not writeable."""
     if reduction:
         check_choice(reduction, REDUCTIONS, "reduction=")
     if not (reduction or shift_mask):
