@@ -20,8 +20,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .errors import ConfigError, check_int
 
-# the default margin per logits dtype (see the module docstring): over twice the largest multi-token vs one-token
-# difference recorded (data/prompt-lookup/)
+# the default margin per logits dtype: over twice the largest multi-token vs one-token difference seen
 MARGINS = {"float16": 0.25, "float32": 1e-4}
 
 

@@ -77,9 +77,8 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
         return np.stack([stepper.step(ids[i : i + 1], logits_out="all")[0][0] for i in range(len(ids))])
 
 
-# how far two devices' logits may differ and still count as the same, by the dtype they compute in: above what a
-# hardware adapter shows against the CPU EP (docs/known-limits.md); float16 is looser, since the CPU EP computes an
-# fp16 model's MatMuls in float32 while WebGPU rounds them to 11 bits
+# how far two devices' logits may differ and still count as the same, by the dtype they compute in (float16 is
+# looser: the CPU EP computes an fp16 model's MatMuls in float32)
 ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 

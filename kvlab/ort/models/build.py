@@ -26,12 +26,9 @@ from .rewrites import for_ort127
 # the version of the build code per kind of recipe, in its directory's key: bump one to rebuild those models
 BUILDER_VERSION = 2  # the builder's Llamas (2: scale folded)
 VERSIONS = {TinyArch: 1, TinyKVShared: 2}  # TinyKVShared 2: the graph-capture build rewritten
-# builder options per architecture (``--extra_options``): Gemma 3's and LFM2's q/k norms stay separate nodes
-# (fused, they would be GroupQueryAttention inputs 14 and 15, which onnxruntime 1.27 refuses: docs/known-limits.md)
+# builder options per architecture: Gemma 3's and LFM2's q/k norms stay separate nodes (docs/known-limits.md)
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
-# the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
-# number of ones in the attention mask instead of the mask's length, so the mask can be one fixed [1, max_cache_len]
-# buffer, zero padded and updated in place (kvlab.ort.decode.caches.captured)
+# the builder's option for graph capture: the total length is the mask's ones, not its length (a fixed mask buffer)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 DONE = "kvlab_recipe.json"  # written last: its presence marks a finished build
 

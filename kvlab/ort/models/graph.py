@@ -80,8 +80,7 @@ def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str
     was written, when the model's directory is not writable."""
     src = Path(model.onnx_path)
     dst = src.with_name(src.name.removesuffix(".onnx") + suffix)
-    # fresh when written after the model's graph last changed: its change time moves also for a file replaced by
-    # an older one (cp -p), whose modification time would not
+    # fresh when written after the graph last changed (its ctime moves also for a file replaced by an older one)
     if dst.is_file() and dst.stat().st_mtime_ns >= src.stat().st_ctime_ns:
         return dst
     m = load_graph(src)

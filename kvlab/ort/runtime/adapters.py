@@ -22,8 +22,7 @@ SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
 LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
 EXTRA_ICD_DIRS = ("/usr/local/nvidia/share/vulkan/icd.d",)
 _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
-# the libraries a GPU's Vulkan driver may load before it can start (glvnd's, for a driver whose library needs it:
-# without them a headless machine's loader finds no device), by the Debian/Ubuntu package that ships each
+# the libraries a GPU's Vulkan driver may load before it can start, by the Debian/Ubuntu package that ships each
 LIBRARY_PACKAGES = {
     "libGLX.so.0": "libglx0",
     "libGLdispatch.so.0": "libglvnd0",

@@ -22,8 +22,7 @@ class Backend:
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
     webgpu_states_in_place = False  # its WebGPU EP runs a fixed-size state bound as input and output of one run
     kv_quantization = False  # its WebGPU GroupQueryAttention packs KV (kvlab.ort.decode.caches.kv_precision)
-    # (make, host): ``make(array, host)`` is a C-level OrtValue over a host array, for ``bind_ortvalue_input`` (a
-    # step binds its inputs with as few calls as the package allows)
+    # (make, host): ``make(array, host)`` is a C-level OrtValue over a host array, for ``bind_ortvalue_input``
     host_input: tuple[Any, Any] = (None, None)
     # the package's Python OrtValue class: ``ortvalue(value)`` wraps a C-level value an IOBinding returned
     ortvalue: Any = None

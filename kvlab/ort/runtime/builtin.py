@@ -43,8 +43,7 @@ class BuiltinWebGpu(Backend):
         (the device's, then ``options``) for the caller to hand to its package. ``KVLAB_ORT_LOG_SEVERITY``
         overrides ONNX Runtime's log level."""
         so = self.ort.SessionOptions()
-        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only by default: ONNX Runtime logs its refusal
-        # to capture as an error line and raises it too, and kvlab raises it once, with the nodes it names
+        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only: kvlab raises its refusal, naming the nodes
         quiet = "4" if (options or {}).get("enableGraphCapture") == "1" else "3"
         so.log_severity_level = int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", quiet))
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")

@@ -46,8 +46,7 @@ class Device:
         self.settings = settings  # the CPU EP's threads and spinning, and why (kvlab.ort.runtime.options)
         self._sessions: dict[str, Session] = {}
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
-        # tensor token -> nbytes of the live kvlab-owned tensors: each DeviceTensor adds itself and its finalizer
-        # removes it (one dict operation each, atomic under the GIL; readers copy it first)
+        # tensor token -> nbytes of the live kvlab-owned tensors (one atomic dict operation each; readers copy it)
         self.live: dict[int, int] = {}
         self.lock = gate(name)  # held while using a tensor or session here (kvlab.ort.runtime.session)
         self._sessions_lock = threading.RLock()  # the session cache is checked and filled by one thread at a time

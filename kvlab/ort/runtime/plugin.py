@@ -89,8 +89,7 @@ class PluginWebGpu(BuiltinWebGpu):
 
         with _REGISTER_LOCK:
             if "onnxruntime" not in _REGISTERED:
-                # kvlab's sessions log errors only (as on the built-in package); the EP's factory logs through the
-                # default logger, e.g. a warning about the software adapter at every start
+                # errors only, as on the built-in package (the EP's factory logs through the default logger)
                 self.ort.set_default_logger_severity(int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", "3")))
                 try:
                     self.ort.register_execution_provider_library("webgpu", ep.get_library_path())

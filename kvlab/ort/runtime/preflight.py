@@ -55,9 +55,8 @@ def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> No
         )
 
 
-# Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
-# EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
-# the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
+# ops whose work grows with the model or the context: on a WebGPU session none may fall back to the CPU EP (small
+# shape, mask and index computations may: Session.cpu_nodes lists them)
 HEAVY_OPS = frozenset(
     {
         "MatMul",

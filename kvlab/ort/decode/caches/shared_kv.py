@@ -11,8 +11,7 @@ from typing import Any
 
 from ....core.cache_layout import SharedKV
 
-# the package whose WebGPU GroupQueryAttention fails under capture on a layer with no keys of its own, and the
-# newest version of it known to fail; the package that captures it
+# the package (and newest version) whose GroupQueryAttention fails under capture on a layer without keys; one that runs
 EMPTY_KV_CAPTURE_FAILS = ("onnxruntime-webgpu", (1, 27))
 EMPTY_KV_CAPTURE_RUNS = "onnxruntime-ep-webgpu 0.4.0 (on onnxruntime 1.31.1)"
 
