@@ -1,14 +1,8 @@
-"""The WebGPU EP's storage buffer pool, as ONNX Runtime's buffer manager (onnxruntime/core/providers/webgpu/
-buffer_manager.cc) defines it in its default "bucket" mode: a request is rounded up to the next bucket size, and a
-released buffer is kept for reuse unless its bucket already keeps its cap of free buffers; then it is destroyed,
-and the next request of that size is a fresh CreateBuffer. Requests above the largest bucket are never pooled.
-
-A DynamicCache asks for every KV tensor anew each step, one token longer; when more same-bucket tensors are alive
-than the bucket keeps, the extra ones are destroyed and re-created every step: the latency "staircase".
-
-Pure data and arithmetic, in the core: the lab draws the bucket lines and predicts the churn from it without
-importing a backend.
-"""
+"""The WebGPU EP's storage buffer pool in its default "bucket" mode (ONNX Runtime's buffer_manager.cc): a request is
+rounded up to the next bucket size, and a released buffer is kept for reuse unless its bucket already keeps its cap of
+free buffers; requests above the largest bucket are never pooled. A DynamicCache's tensors, one token longer every step,
+are destroyed and re-created every step once more of one bucket are alive than it keeps: the latency "staircase". Pure
+data and arithmetic, so the lab draws it without importing a backend."""
 
 from __future__ import annotations
 

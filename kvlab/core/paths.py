@@ -1,11 +1,5 @@
-"""Output paths: checked before anything is measured, written atomically.
-
-``check_output`` finds a bad output path (an existing file where a folder goes, a folder where a file goes, a parent
-that is a file such as ``/dev/null/t.json``, a folder kvlab cannot write in) before a command spends minutes
-measuring; ``write_atomic`` writes a result into a temporary file beside it and renames it over the old one
-(``os.replace``), so a reader sees the old file or the whole new one, never half of one. Only a regular file is
-replaced so: a symlink is written through (its target replaced, the link kept), and a file that is not a regular
-one (a character device such as /dev/null, a FIFO) is opened and written, never replaced by a regular file."""
+"""Output paths: checked before anything is measured (``check_output``), written atomically (``write_atomic``: a reader
+sees the old file or the whole new one; a symlink is written through, a device or FIFO written in place)."""
 
 from __future__ import annotations
 

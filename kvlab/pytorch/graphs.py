@@ -1,13 +1,9 @@
 """kvlab's CUDA-graph decode runner over one transformers StaticCache: the prompt is prefilled uncaptured, then one
 decode step is captured as a CUDA graph and replayed per token (``mode="capture"``), ``torch.compile``d first
-(``"compile"``; on CPU compiled but uncaptured), or run eagerly (``"eager"``: the same device-side step without a
-graph). Records, hooks and sampling follow kvlab's contract.
+(``"compile"``; on CPU compiled but uncaptured), or run eagerly (``"eager"``).
 
-One graph serves every position because the step computes everything from the cache's own device-side counter
-(layer 0's ``cumulative_length``): the position ids, the 4-D attention mask (``arange(max_cache_len) <=
-position``) and the write index. The step's argmax (``two_stage_argmax``) runs inside it and writes the next token
-into the step's input (``tok``) and into ``history``, so greedy decoding replays without a host sync in between.
-"""
+One graph serves every position: the step computes its position ids, mask and write index from the cache's own
+device-side counter, and its argmax writes the next token into the step's input (``tok``) and ``history``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Hugging Face transformers causal LMs on PyTorch, as kvlab's PyTorch backend loads them: a built-in preset's
-checkpoint, a local directory, a loaded model, or random weights of a named shape. Importing this module imports
-neither torch nor onnxruntime; torch and transformers load on first use.
-
-Supported: transformers >= 5.0, < 6 (the per-layer ``StaticLayer`` with a device ``cumulative_length``; the model
-argument is ``cache=`` from 5.24 on and ``past_key_values=`` before: chosen by ``cache_kwarg``), torch >= 2.4.
-"""
+"""Hugging Face transformers causal LMs on PyTorch: a built-in preset's checkpoint, a local directory, a loaded model,
+or random weights of a named shape. Needs transformers 5.x (``TRANSFORMERS_RANGE``) and torch, imported on first use."""
 
 from __future__ import annotations
 

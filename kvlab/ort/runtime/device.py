@@ -1,14 +1,9 @@
-"""Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name,
-which opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
+"""Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name, which
+opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
 
-WebGPU has one context per process: every WebGPU session shares it and its buffer manager, whose options (buffer
-cache mode, ...) come from whoever created it; a later session with other options is silently given the existing
-context, and device tensors die with the context (how long it lives depends on the package:
-``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``). So kvlab keeps one ``Device`` per name, refuses options
-that would not take effect, and refuses to close a device while kvlab tensors live on it.
-
-A device's options are checked in ``kvlab.ort.runtime.options``; what a graph needs before its session opens on a
-device, in ``kvlab.ort.runtime.preflight``."""
+WebGPU has one context per process, whose options come from whoever created it and whose tensors die with it; so kvlab
+keeps one ``Device`` per name, refuses options that would not take effect, and refuses to close a device while kvlab
+tensors live on it. Options are checked in ``options``; what a graph needs, in ``preflight``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""What one run of ONNX Runtime is made of, as kvlab holds it: a ``Session`` (an InferenceSession on one device,
-checked to really run there), a ``Binding`` (one run's inputs and outputs; it runs, handing back what the runtime
-allocated) and a ``DeviceTensor`` (a tensor kvlab owns on a device, released exactly once).
+"""What one run of ONNX Runtime is made of, as kvlab holds it: a ``Session`` (an InferenceSession on one device, checked
+to really run there), a ``Binding`` (one run's inputs and outputs; it runs, handing back what the runtime allocated) and
+a ``DeviceTensor`` (a tensor kvlab owns on a device, released exactly once).
 
-The tensor lives beside the binding because an OrtValue an IOBinding returns does not own its buffer: once that
-IOBinding's outputs are cleared and it runs again, the earlier value reads the new run's data or freed memory. So
-every value kvlab keeps is a ``DeviceTensor`` holding the IOBinding that owns it, and nothing here hands out a raw
-``OrtValue`` for keeping.
+An OrtValue an IOBinding returns does not own its buffer (the binding's next run reuses or frees it), so every value
+kvlab keeps is a ``DeviceTensor`` holding the IOBinding that owns it; nothing here hands out a raw OrtValue.
 
-ONNX Runtime's WebGPU EP keeps one context per process (one queue, one command encoder, one buffer manager), which
-is not safe to use from two threads at once: every use of it by kvlab (a run, a copy, an allocation, a read-back, a
-release) holds ``WEBGPU``, a re-entrant lock (a release inside a run's cleanup takes it again). The CPU EP runs
-sessions from several threads at once and takes none."""
+The WebGPU EP's one context per process is not thread-safe: every use of it (a run, a copy, an allocation, a read-back,
+a release) holds ``WEBGPU``, a re-entrant lock. The CPU EP takes none."""
 
 from __future__ import annotations
 
