@@ -66,9 +66,8 @@ class Churn:
 
 
 def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Churn:
-    """The pool's churn when each decode step asks for ``tensors`` new KV tensors of ``length`` tokens (all of one
-    bucket) and releases the previous ones: the pool keeps at most ``BUCKETS[bucket]`` of them, the rest are created
-    afresh; above the largest bucket every request is fresh."""
+    """The pool's churn when each decode step asks for ``tensors`` new KV tensors of ``length`` tokens and releases the
+    previous ones: ``BUCKETS[bucket]`` of them are kept, the rest made afresh (all above the largest bucket)."""
     size = bytes_per_tensor_token * length
     bucket = bucket_of(size)
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0

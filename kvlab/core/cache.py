@@ -77,9 +77,8 @@ class Cache:
         return sum(t.nbytes for t in self.tensors)
 
     def used_bytes_at(self, length: int) -> int:
-        """Bytes ``length`` held positions need: length x bytes per token, plus one copy of each fixed-size state
-        once a sequence is held (of the entries as the slots hold them: packed KV is smaller). A step's record
-        counts at its own length (a burst records its steps after all of them ran)."""
+        """Bytes ``length`` held positions need: length x bytes per token (as the slots hold them: packed KV is
+        smaller), plus one copy of each fixed-size state once a sequence is held."""
         return length * self._bytes_per_token + self._state_bytes if length else 0
 
     def held_bytes_by_layer(self) -> dict[int, int]:

@@ -49,9 +49,8 @@ class FullAttention(LayerKind):
 
 @dataclass(frozen=True)
 class SlidingWindow(LayerKind):
-    """Attention over the last ``window`` positions. In a Dynamic or StaticCache its KV buffer holds every position
-    (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored), so it grows like full
-    attention; ``attended`` is what a ring buffer keeps (``kvlab.ort.decode.caches.ring``)."""
+    """Attention over the last ``window`` positions. A Dynamic or StaticCache still stores every position (the window
+    limits what is read), so it grows like full attention; ``attended`` is what a ring buffer keeps."""
 
     window: int
     grows = True

@@ -138,9 +138,8 @@ class _Held:
 
 
 class OneBlock:
-    """The life of an object used inside one with block (``name`` says what it is, ``how`` how to open it): opened
-    once, closed once, and called inside it one call at a time (a second call from another thread while one runs
-    is refused, not queued)."""
+    """The life of an object used inside one with block (``name``: what it is, ``how``: how to open it): opened once,
+    closed once, called inside it one call at a time (another thread's call meanwhile is refused, not queued)."""
 
     def __init__(self, name: str, how: str):
         self.name, self.how, self.state = name, how, NEW

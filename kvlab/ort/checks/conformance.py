@@ -91,9 +91,8 @@ def check(
     mode: str = "prefill",
     atol: float | None = None,
 ) -> Conformance:
-    """Compare ``device`` against ``reference`` on the same tokens of ``prompt`` (text or ids), position by position
-    (``atol``: by default the one for the dtype the model's logits are in, ``ATOL``). Raises what ``load``,
-    ``open_device`` and a step raise (ConfigError, ModelError, DeviceError)."""
+    """Compare ``device`` against ``reference`` on the same tokens of ``prompt``, position by position (``atol``:
+    default by the logits' dtype, ``ATOL``). Raises what ``load``, ``open_device`` and a step raise."""
     model = load(model)
     atol = ATOL[np.dtype(model.info.logits_dtype)] if atol is None else atol
     ids = model.encode(prompt)

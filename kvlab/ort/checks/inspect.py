@@ -66,9 +66,8 @@ def verdicts(info: Any) -> list[Verdict]:
 
 
 def report(path: str | os.PathLike, dtype: str | None = None) -> str:
-    """What kvlab sees in the model directory ``path`` (``dtype``: a transformers.js directory's variant), as one
-    screen of text (``Model.describe``): what ``kvlab inspect DIR`` prints. Raises what ``kvlab.load`` raises
-    (ModelError for a directory kvlab cannot use, ConfigError for a bad dtype)."""
+    """What ``kvlab inspect DIR`` prints: ``Model.describe`` of the directory ``path`` (``dtype``: a transformers.js
+    variant). Raises what ``kvlab.load`` raises (ModelError, ConfigError)."""
     return load(path, dtype=dtype).describe()
 
 

@@ -48,9 +48,8 @@ class StaticRun:
 
 
 class MobiusStatic:
-    """mobius's static-cache graph at ``path`` on ``device`` (a kvlab device name): ``generate`` runs it greedily
-    with its buffers on the device, the updated ones fed back at every step. Raises what ``Device.session`` raises
-    (DeviceError where the device's EP does not take its heavy nodes)."""
+    """mobius's static-cache graph at ``path`` on ``device``: ``generate`` runs it greedily, its updated buffers fed
+    back at every step. Raises what ``Device.session`` raises."""
 
     def __init__(self, path: Path, device: str = "cpu"):
         self.device = open_device(device)

@@ -42,9 +42,8 @@ def genai_model(
 def genai_decode(
     og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[], Any] | None = None
 ) -> tuple[list[int], list[float]]:
-    """Greedy tokens from onnxruntime-genai (static, shared KV buffer), and the wall time (ms) of each
-    ``generate_next_token`` call: the first one samples from the prefill's logits, each later one runs one
-    decode forward pass first. ``on_token`` is called after each (untimed)."""
+    """Greedy tokens from onnxruntime-genai, and the wall time (ms) of each ``generate_next_token`` call (the first
+    samples the prefill's logits); ``on_token`` is called after each (untimed)."""
     gen = genai_generator(og_model, prompt_ids, max_new_tokens)
     tokens: list[int] = []
     times: list[float] = []

@@ -46,9 +46,8 @@ def burst_size(stepper: Stepper, wanted: int) -> int:
 
 
 def run_burst(stepper: Stepper, token: int, k: int, until: Collection[int]) -> list[StepRecord]:
-    """``k`` greedy decode steps after ``token``, their tokens read back together; the records of the steps kept
-    (up to the first token of ``until``), already handed to the hooks. Raises what a step raises, after keeping and
-    reporting the steps before it."""
+    """``k`` greedy decode steps after ``token``, read back together; returns the kept steps' records (up to the first
+    token of ``until``), handed to the hooks. Raises what a step raises, the steps before it kept."""
     dt, start, origin = stepper._device_token, time.perf_counter(), stepper.cache.seq_length
     ids = stepper._input_ids(np.array([token], np.int64), on_device=True)
     ran: list[tuple[Any, Any, int]] = []  # (run result, cache step, position) of each committed step

@@ -160,9 +160,8 @@ def _prefill_stepper(
 
 
 def _decode(stepper: Stepper, run: _Run, choose: Any, prefill_choose: Any) -> None:
-    """The prefill (on ``run.pre``'s device and handed off, or on the stepper's), then the decode until
-    ``run.stop()`` names a reason: in bursts where the token stays on the device and is read back every
-    ``tokens_per_read`` steps, else one step at a time. The tokens reach ``run.tokens`` through its hook."""
+    """The prefill (on ``run.pre``'s device and handed off, or on the stepper's), then the decode until ``run.stop()``
+    names a reason: in bursts where the token stays on the device, else one step at a time."""
     next_ids = run.ids
     if run.pre is not None:
         with run.pre.cache, run.pre:

@@ -62,9 +62,8 @@ def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
 
 
 def reduction_of(token_on_device: object) -> str:
-    """The greedy graph's reduction a ``token_on_device`` setting asks for: "" for the host path (False), "blocks"
-    for True, or the reduction named ("auto" needs the model and the device: ``reduction_for``). ConfigError for
-    anything else."""
+    """The reduction a ``token_on_device`` setting asks for: "" for False, "blocks" for True, or the one named ("auto":
+    ``reduction_for``). ConfigError for anything else."""
     if token_on_device is False:
         return ""
     if token_on_device is True:
@@ -154,9 +153,8 @@ def _finite_check(g: Any) -> None:
 
 
 def _single_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: one ArgMax over the logits and one
-    more value, -inf; where a logit is not finite, over a one-hot of that extra value instead (the token is then
-    ``vocab``)."""
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: one ArgMax over the logits and -inf, or
+    over a one-hot of that extra value where a logit is not finite (the token is then ``vocab``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     flag = np.zeros((1, vocab + 1), np.float32)

@@ -158,16 +158,14 @@ class Stepper:
             return out, record
 
     def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
-        """Up to ``n`` greedy decode steps after ``token``, the token kept on the device and read back in bursts of
-        up to ``tokens_per_read`` steps; stops after the first token of ``until``. Returns the kept steps' records
-        (``kvlab.ort.decode.burst.decode`` says what a burst reports, and keeps when a step fails)."""
+        """Up to ``n`` greedy decode steps after ``token``, read back in bursts of up to ``tokens_per_read``; stops
+        after the first token of ``until``. Returns the kept steps' records (``kvlab.ort.decode.burst.decode``)."""
         with self._block.call("decode"):
             return decode(self, token, n, until)
 
     def receive(self, src: OrtCache) -> StepRecord:
-        """Take over the sequence another cache holds (a prefill on another device): a 'handoff' step, step 0,
-        whose record the hooks get; the next step is the first decode step. Raises what ``cache.receive`` raises
-        (this cache is then empty) and what a hook raises."""
+        """Take over the sequence another cache holds: a 'handoff' step 0, whose record the hooks get. Raises what
+        ``cache.receive`` raises (this cache is then empty) and what a hook raises."""
         with self._block.call("receive"):
             start = time.perf_counter()
             memory, copied = self.cache.receive(src)
@@ -220,9 +218,8 @@ class Stepper:
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
-    """ModelError when the logits a token is chosen from hold NaN or Inf (greedy and sampled tokens alike would be
-    meaningless), naming the step, the last position and how many values; the step then fails and is undone. With
-    the token on the device the graph checks them instead (``kvlab.ort.decode.greedy.not_a_token``)."""
+    """ModelError naming the step, the last position and how many values, when the logits a token is chosen from hold
+    NaN or Inf; the step then fails and is undone."""
     finite = np.isfinite(logits)
     if not finite.all():
         nan = int(np.isnan(logits).sum())

@@ -228,9 +228,8 @@ class CaptureBinding(Binding):
 
 
 class CapturedToken:
-    """The greedy token under capture, for ``Stepper(token_on_device=...)`` (what ``greedy.DeviceToken`` is for an
-    uncaptured step): the captured graph writes it into the ids buffer the next step reads, and a host copy of it
-    comes back after each run. The buffers are the cache's: nothing here to release."""
+    """The greedy token under capture (what ``greedy.DeviceToken`` is uncaptured): the graph writes it into the ids
+    buffer the next step reads, and a host copy comes back after each run. The buffers are the cache's."""
 
     burst_limit = 1  # the host copy comes back with each run: one step per read
 

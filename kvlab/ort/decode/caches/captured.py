@@ -169,8 +169,8 @@ class CapturedStaticCache(StaticCache):
     @property
     def host_writes(self) -> int:
         """Copies from the host into the step's ids and mask buffers since they were made (exact): the first decode
-        step's two, then, with the token chosen on the host, one a step where the ids buffer does not hold that
-        token."""
+        step's two, then the ids where the buffer does not hold the host's token, and the mask where the graph cannot
+        shift it."""
         buffers = self.bindings.buffers
         return buffers.host_writes if buffers is not None else 0
 
@@ -180,8 +180,7 @@ class CapturedStaticCache(StaticCache):
 
     def session(self, device: Any, model: Any, reduction: str = "") -> Session:
         """The capturing session of the model's captured graph, with the greedy token of ``reduction`` ("": none).
-        Checked first: the reduction (ConfigError for one outside ``CAPTURED_REDUCTIONS``: "rows" makes the ids
-        int32), the device, then the model (DeviceError, ModelError)."""
+        Raises ConfigError for a reduction outside ``CAPTURED_REDUCTIONS``, then DeviceError or ModelError."""
         if reduction and reduction not in CAPTURED_REDUCTIONS:
             raise ConfigError(
                 f"a captured step keeps the greedy token on the device with reduction "

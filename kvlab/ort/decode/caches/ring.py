@@ -116,9 +116,8 @@ class RingStaticCache(StaticCache):
         return RingStaticCache(self.max_cache_len, self.check_every, self.states)
 
     def session(self, device: Device, model: Any, reduction: str = "") -> Session:
-        """The device's session of the model's ring graph (``kvlab.ort.models.rewrites.ring_graph``).
-        ConfigError for the greedy token on the device, and where the device's runtime cannot open the graph (its
-        own error quoted, with the bytes a StaticCache costs there)."""
+        """The device's session of the model's ring graph. ConfigError for the greedy token on the device, and where the
+        runtime cannot open the graph (its own error quoted)."""
         if reduction:
             raise ConfigError(
                 "token_on_device runs the model's greedy graph on the device's own session; a RingStaticCache runs a "
