@@ -80,9 +80,8 @@ ARCH_LAYER_TYPES = {
 
 @dataclass(frozen=True)
 class TinyArch:
-    """A random model of a transformers architecture whose layers are not all full attention (its own class, its
-    own ``layer_types``), deterministic given its seed. All of them share one size, so that what differs between
-    them is which layers keep what."""
+    """A random model of a transformers architecture whose layers are not all full attention (its own class and
+    ``layer_types``), deterministic given its seed; all of one size, so they differ only in what their layers keep."""
 
     arch: str  # a key of ARCH_LAYER_TYPES
     layer_types: tuple[str, ...]

@@ -230,9 +230,8 @@ def random_model(
     std: float = 0.02,
     attn_implementation: str = "sdpa",
 ) -> TorchModel:
-    """A random-weight Llama of a named shape (``SHAPES``) or of the LlamaConfig fields ``shape`` gives, built
-    directly on ``device`` (no tokenizer); named ``"<shape>-random"`` ("custom" for fields). Raises as ``load``
-    does, ConfigError for a shape not in ``SHAPES``."""
+    """A random-weight Llama of a named shape (``SHAPES``) or of the LlamaConfig fields ``shape`` gives, on ``device``
+    (no tokenizer), named "<shape>-random" ("custom-random"). Raises as ``load`` does."""
     torch = need_torch()
     fields = shape if isinstance(shape, dict) else SHAPES[check_choice(shape, sorted(SHAPES), "shape=")]
     dev, dt = _placement(device, dtype, attn_implementation)

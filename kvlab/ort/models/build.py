@@ -43,9 +43,8 @@ def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -
 
 
 def ensure_built(name: str, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> Path:
-    """The directory of a built-in model in a precision (``graph_capture``: the build for WebGPU graph capture),
-    building it first when missing (atomic: a half-built one never counts). Raises ConfigError for an unknown
-    name or precision, ModelError when the build cannot run or fails."""
+    """The directory of a built-in model in a precision (``graph_capture``: the capture build), built first when
+    missing, atomically. Raises ConfigError for an unknown name or precision, ModelError when the build fails."""
     out = model_dir(name, precision, graph_capture)
     if not (out / DONE).is_file():
         build(name, out, precision, progress=progress, graph_capture=graph_capture)

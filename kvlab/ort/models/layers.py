@@ -65,9 +65,8 @@ ATTENTION_OPS = ("MultiHeadAttention", "Attention", "GroupQueryAttention", "Spar
 
 
 def attention_reading(read_by: dict, present: str, depth: int = 12) -> Any:
-    """The attention node that reads the KV tensor ``present`` (directly or through a few reshapes, repeats and
-    transposes: at most ``depth`` nodes away): a fused attention op (``ATTENTION_OPS``), or the Softmax of an
-    unfused one; None when none is that near."""
+    """The attention node reading the KV tensor ``present`` (at most ``depth`` reshapes, repeats and transposes away): a
+    fused attention op (``ATTENTION_OPS``) or an unfused one's Softmax; None when none is that near."""
     frontier, seen = [present], set()
     for _ in range(depth):
         nxt = []

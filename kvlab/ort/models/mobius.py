@@ -100,9 +100,8 @@ def _unread(graph: Any) -> list[str]:
 
 
 def check(graph: Any, path: Path) -> None:
-    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs):
-    inputs no node reads (ONNX Runtime still asks for them at every run), KV declared with another head size than
-    its layer writes (ONNX Runtime would refuse the real tensors)."""
+    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs): inputs
+    no node reads, or KV declared with another head size than its layer writes."""
     if graph.producer_name != PRODUCER:
         return
     found = []

@@ -52,15 +52,14 @@ class Model:
             )
 
     def describe(self) -> str:
-        """What kvlab sees in this model, as one screen of text (at most 40 lines of 100 columns): each layer's cache
-        kind and attention op, each graph input and who feeds it, which caches run it on which device and why not
-        (``kvlab.ort.models.describe``). Reads the graph (not its weights); opens no session."""
+        """What kvlab sees in this model, as one screen of text (``kvlab.ort.models.describe``). Reads the graph (not
+        its weights); opens no session."""
         return describe(self.info)
 
     def check_files(self) -> None:
-        """ModelError when the model's graph or weight files changed since it was loaded (written in place or
-        replaced: ``kvlab.ort.models.graph.files_stamp``): a session of them would run the new weights with what
-        was read of the old ones. Loading the directory again takes the new files."""
+        """ModelError when the model's graph or weight files changed since it was loaded (``files_stamp``): a session
+        would mix the new weights with what was read of the old ones. Loading the directory again takes the new
+        files."""
         changed = changed_files(self.files, files_stamp(self.info.onnx_path))
         if changed:
             raise ModelError(
@@ -102,9 +101,8 @@ class Model:
         return template
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
-        ModelError (no template, a broken one, one that renders nothing), ConfigError (a malformed message, the
-        template's own error)."""
+        """Render chat messages with the model's Jinja template, as transformers does. Raises ModelError (no template, a
+        broken one, one that renders nothing), ConfigError (a malformed message, the template's own error)."""
         if self.chat_template is None:
             raise ModelError(f"model {self.name} has no chat template; pass plain text without --chat")
         for m in messages:

@@ -90,9 +90,8 @@ def plain_graph(model: Any) -> Path:
 
 
 def strip_state_window(model: Any) -> list[str]:
-    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
-    node (``drop_zero_state_windows``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
-    ModelError."""
+    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention node
+    (older runtimes have no such attribute). ModelError for a non-zero window, which cannot be dropped."""
     for node in model.graph.node:
         window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
         if window:
@@ -320,7 +319,6 @@ def ring_sliding_layers(model: Any) -> list[str]:
 
 
 def ring_graph(model: Any) -> Path:
-    """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx``
-    (written again when the model is newer); returns its path. Raises ModelError when the graph has no sliding
-    layer or the model's directory is not writable."""
+    """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx`` (again
+    when the model is newer); returns its path. ModelError: no sliding layer, or a directory not writable."""
     return derived_graph(model, RING_SUFFIX, ring_sliding_layers, "ring graph (for the ring-buffer cache)")

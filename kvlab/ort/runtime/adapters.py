@@ -248,9 +248,8 @@ class DriverProblem:
 def driver_problems(
     manifests: list[str] | None = None, needs: dict[str, str] = LIBRARY_PACKAGES
 ) -> list[DriverProblem]:
-    """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its driver
-    library cannot be loaded, or a library that GPU drivers load at start (``needs``: glvnd's) is missing.
-    Loading a library only maps it; nothing starts."""
+    """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its library, or one
+    GPU drivers load at start (``needs``), cannot be loaded (loading only maps a library; nothing starts)."""
     out = []
     for manifest in manifests if manifests is not None else hardware_icd_manifests():
         try:

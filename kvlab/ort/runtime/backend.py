@@ -58,9 +58,8 @@ class Backend:
         return self.ortvalue.ortvalue_from_numpy(np.ascontiguousarray(array))
 
     def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
-        """Whether a step that feeds several tokens gives the logits one-token steps give on this device and kind of
-        adapter ("hardware", "software"; where it does not, a caller feeds one token a step:
-        ``kvlab.ort.decode.conversation``)."""
+        """Whether a step feeding several tokens gives the logits one-token steps give on this device and adapter kind
+        (where not, a conversation feeds one token a step)."""
         return True
 
     def bind_target(self, device: Any) -> str:

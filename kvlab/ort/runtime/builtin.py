@@ -39,9 +39,8 @@ class BuiltinWebGpu(Backend):
 
     # -- sessions
     def session_options(self, device: Any, options: dict[str, str] | None = None) -> tuple[Any, dict[str, str]]:
-        """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over
-        (the device's, then ``options``) for the caller to hand to its package. ``KVLAB_ORT_LOG_SEVERITY``
-        overrides ONNX Runtime's log level."""
+        """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over (the
+        device's, then ``options``). ``KVLAB_ORT_LOG_SEVERITY`` overrides ONNX Runtime's log level."""
         so = self.ort.SessionOptions()
         # 0 verbose ... 4 fatal; a capturing session logs fatal ones only: kvlab raises its refusal, naming the nodes
         quiet = "4" if (options or {}).get("enableGraphCapture") == "1" else "3"

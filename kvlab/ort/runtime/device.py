@@ -150,9 +150,8 @@ class Device:
             raise DeviceError(f"the {self.name} device was closed; open a new one with kvlab.open_device()")
 
     def close(self) -> None:
-        """Release every session on this device (for WebGPU: the context, so new options can take effect), and
-        mark it closed; nothing on a closed device. DeviceError, leaving it open, while kvlab-owned tensors are
-        alive on it (they would dangle)."""
+        """Release every session on this device (for WebGPU: the context) and mark it closed; nothing when closed.
+        DeviceError, leaving it open, while kvlab-owned tensors are alive on it."""
         if self.closed:
             return
         if self.live:

@@ -49,9 +49,8 @@ def installed() -> bool:
 
 
 class PluginWebGpu(BuiltinWebGpu):
-    """The ``onnxruntime-ep-webgpu`` backend (see the module docstring). Raises DeviceError where onnxruntime is
-    older than ``MIN_ORT``, the EP library cannot be registered or lists no device, or a session does not run on
-    it."""
+    """The ``onnxruntime-ep-webgpu`` backend. Raises DeviceError where onnxruntime is older than ``MIN_ORT``, the EP
+    library cannot be registered or lists no device, or a session does not run on it."""
 
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"

@@ -137,9 +137,8 @@ def schema_problems(graph: Any) -> list[str]:
 
 
 def explain_refusal(onnx_file: Path, runtime: str) -> str:
-    """Why ``runtime`` (the installed package, e.g. "onnxruntime-webgpu 1.27.0") cannot load the graph of
-    ``onnx_file``, in one sentence naming the node and what it lacks, with what would work; "" when its op schemas
-    show no gap (the runtime's own error then says why)."""
+    """Why ``runtime`` (the installed package) cannot load the graph of ``onnx_file``, naming the node, what it lacks
+    and what would work; "" when its op schemas show no gap."""
     problems = schema_problems(load_graph(onnx_file))
     if not problems:
         return ""

@@ -220,9 +220,8 @@ class Binding:
         return result
 
     def release_unowned(self) -> None:
-        """Release what the last run allocated and nobody took out of its ``RunResult.new``. Reachable from the
-        binding, so a caller can call it in a ``finally`` even when an exception (Ctrl-C) landed between the run
-        returning and the caller holding its result."""
+        """Release what the last run allocated and nobody took out of its ``RunResult.new``: a caller's ``finally`` can,
+        even when a Ctrl-C landed between the run returning and the caller holding its result."""
         last, self._last = self._last, None
         if last is not None:
             last.release()
@@ -252,9 +251,8 @@ _TOKENS = itertools.count()  # one per tensor ever made: the device's accounting
 
 
 class DeviceTensor:
-    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError.
-    One dropped without ``release()`` stops counting as live on its device when Python collects it (its buffer
-    goes back to the runtime then)."""
+    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError. One
+    dropped without ``release()`` stops counting as live when Python collects it."""
 
     def __init__(self, value: Any, device: Any, owner: _Owner | None = None, keep: Any = None):
         self._value = value  # the OrtValue (never handed out for keeping)
@@ -346,9 +344,8 @@ def release_everything() -> None:
 
 
 def drop_every_session() -> None:
-    """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings), while the runtime
-    is whole: a WebGPU session left to the interpreter's finalization can abort the process there (the plugin EP
-    after onnxruntime-genai ran beside kvlab: ``kvlab.ort.runtime.plugin``)."""
+    """Let go of every InferenceSession kvlab opened (at exit, after the bindings) while the runtime is whole: a WebGPU
+    session left to the interpreter's finalization can abort the process."""
     for s in list(_SESSIONS):
         s.ort = None
 
