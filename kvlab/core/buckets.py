@@ -41,8 +41,7 @@ BUCKET_LINES_MIB: tuple[int, ...] = (4, 8, 12, 16)
 
 
 def bucket_positions(bytes_per_tensor_token: float, buckets_mib: Iterable[int] = BUCKET_LINES_MIB) -> dict[int, int]:
-    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens); ValueError unless
-    ``bytes_per_tensor_token`` > 0."""
+    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens); ValueError unless > 0."""
     if not bytes_per_tensor_token or bytes_per_tensor_token <= 0:
         raise ValueError(f"bytes_per_tensor_token={bytes_per_tensor_token!r} must be > 0")
     return {b: int(np.ceil(b * MiB / bytes_per_tensor_token)) for b in buckets_mib}

@@ -247,8 +247,7 @@ class Cache:
         self.allocations.seen.clear()
 
     def empty_like(self) -> Cache:
-        """A new, empty cache that can hand its sequence to this one (``receive``): the other side of a handoff
-        (e.g. a prefill on the CPU)."""
+        """A new, empty cache that can hand its sequence to this one (``receive``): a handoff's other side."""
         raise NotImplementedError
 
     def receive(self, src: Cache) -> tuple[CacheStep, int]:

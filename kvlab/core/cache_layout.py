@@ -153,8 +153,7 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class LayerMemory:
-    """One layer's bytes in a memory report: fixed (states, ring buffers: whatever the length) and growing (KV at
-    the report's length)."""
+    """One layer's bytes in a memory report: fixed (states, ring buffers) and growing (KV at its length)."""
 
     layer: int
     kind: str

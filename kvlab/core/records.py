@@ -174,8 +174,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # statm 
 
 
 def rss_bytes() -> int:
-    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd, cheap enough for every
-    step)."""
+    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd)."""
     global _STATM
     if _STATM is None and os.path.exists("/proc/self/statm"):
         _STATM = os.open("/proc/self/statm", os.O_RDONLY)

@@ -64,8 +64,7 @@ class Slot:
         raise NotImplementedError
 
     def check(self, result: Any, length: int) -> str:
-        """What is wrong with what the run returned for this entry at the new ``length`` ("" when nothing). No
-        side effects."""
+        """What is wrong with what the run returned for this entry at ``length`` ("": nothing). No side effects."""
         return ""
 
     def commit(self, result: Any) -> list[Any]:

@@ -142,8 +142,7 @@ class KVWatch:
         self.seen: set[int] = set()  # every data_ptr held so far
 
     def diff(self, cache: Any) -> CacheStep:
-        """The tensors created since the last call, their bytes, those on a storage never held before, and the bytes
-        held now."""
+        """Tensors created since the last call, their bytes, those on a new storage, and the bytes held now."""
         now = kv_tensors(cache)
         held = {id(t) for t in self.prev}
         created = [t for t in now if id(t) not in held]

@@ -231,8 +231,7 @@ class GraphRunner:
         self.history.index_copy_(0, (pos + 1).view(1), nxt.view(1))
 
     def _capture(self, warmup: int) -> None:
-        """``warmup`` steps (and the compile) on a side stream, then the step captured; ``setup_s`` says how long
-        each part took."""
+        """``warmup`` steps (and the compile) on a side stream, then the capture; ``setup_s`` times each."""
         dev = self.model.device
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(dev)
@@ -252,8 +251,7 @@ class GraphRunner:
 
 
 def check_runner(model: Any, max_cache_len: Any, mode: str) -> None:
-    """GraphRunner's arguments: ConfigError for a bad one or a model it cannot drive, DeviceError for
-    ``mode="capture"`` off CUDA."""
+    """ConfigError for a bad argument or a model GraphRunner cannot drive; DeviceError: capture off CUDA."""
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
     check_choice(mode, MODES, "mode=")

@@ -59,8 +59,7 @@ class MobiusStatic:
         self.max_seq_len = int(next(iter(self.caches.values()))[1])
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> StaticRun:
-        """Greedy tokens for ``prompt``, every buffer released after; ConfigError when prompt + max_new_tokens
-        exceeds max_seq_len."""
+        """Greedy tokens for ``prompt``, buffers released after; ConfigError past max_seq_len."""
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ConfigError(
                 f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed this graph's max_seq_len "

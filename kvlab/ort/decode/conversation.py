@@ -201,8 +201,7 @@ class Conversation:
         h.rewind(n, self.model.decode)
 
     def rewind_turn(self) -> Turn:
-        """Go back to the start of the last turn (as if it had never been said) and return it; ConfigError when
-        there is no turn."""
+        """Go back to the start of the last turn and return it; ConfigError when there is no turn."""
         with self._call("rewind_turn"):
             self._check_open()
             if not self.history.turns:
@@ -216,8 +215,7 @@ class Conversation:
             raise CacheStateError("this conversation was closed; start a new kvlab.Conversation")
 
     def _input(self, message: Any) -> tuple[list[int], str]:
-        """The turn's token ids, and its user message's text; ConfigError (ModelError: no chat template) for a
-        message that cannot be fed."""
+        """The turn's token ids and user text; ConfigError (ModelError: no chat template) when it cannot be fed."""
         m = self.model
         if isinstance(message, str):
             if m.chat_template is None:

@@ -228,8 +228,7 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
 
 
 def _last_logits_f32(g: Any, logits: str) -> None:
-    """Nodes from the graph's ``logits`` [1, n, vocab] to ``kvlab_last_logits_f32`` [1, vocab]: the last position's,
-    as float32."""
+    """Nodes from ``logits`` [1, n, vocab] to ``kvlab_last_logits_f32`` [1, vocab]: the last position's."""
     from onnx import TensorProto, helper
 
     g.initializer.append(helper.make_tensor("kvlab_last_position", TensorProto.INT64, [], [-1]))
@@ -288,8 +287,7 @@ def _row_argmax(g: Any, vocab: int) -> None:
 
 
 def _ids_as_int32(g: Any, model: Any) -> None:
-    """Retype the graph's input ids to int32 (a Gather reads int32 indices as it reads int64 ones); ModelError
-    when anything else reads them."""
+    """Retype the graph's input ids to int32; ModelError when anything but a Gather's indices reads them."""
     from onnx import TensorProto
 
     name = model.info.input_names.get("input_ids")

@@ -134,8 +134,7 @@ def _names(fmt_key: str, fmt_value: str, layers: int, file: Path) -> tuple[tuple
 
 
 def declared_genai(path: Path) -> Declared:
-    """What an onnxruntime-genai builder output's genai_config.json declares; ModelError for a malformed config or
-    a model with an encoder."""
+    """What a builder output's genai_config.json declares; ModelError: a malformed config, an encoder."""
     file = path / "genai_config.json"
     config = _load_json(file)
     model = _get(config, "model", file)
@@ -283,8 +282,7 @@ def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> 
 
 
 def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:
-    """Layer -> head size from a config's ``per_layer_config`` (transformers 5.24's Gemma 4: the full-attention
-    layers' heads are larger)."""
+    """Layer -> head size from a config's ``per_layer_config`` (Gemma 4's larger full-attention heads)."""
     per_layer = text.get("per_layer_config") or {}
     if not isinstance(per_layer, dict):
         raise ModelError(f"{file}: per_layer_config is {per_layer!r:.60}; it must map layer indices to configs")

@@ -18,8 +18,7 @@ ONNX_DTYPES: dict[int, Any] = {1: np.dtype(np.float32), FLOAT16: np.dtype(np.flo
 
 
 def load_graph(onnx_file: Path) -> Any:
-    """The ModelProto of ``onnx_file`` without its external weights (fast, small); ModelError when it is not a
-    readable ONNX model."""
+    """The ModelProto of ``onnx_file`` without its external weights; ModelError when it is unreadable."""
     import onnx
 
     try:

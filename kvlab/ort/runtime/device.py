@@ -99,8 +99,7 @@ class Device:
             del self._sessions[key]
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
-        """A zero-filled tensor owned by kvlab on this device. Raises ConfigError for a negative dimension,
-        DeviceError on a closed device."""
+        """A zero-filled kvlab tensor here; ConfigError for a negative dimension, DeviceError when closed."""
         self._check_open()
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
@@ -132,8 +131,7 @@ class Device:
 
     @property
     def huge_page_bytes(self) -> int:
-        """Bytes by which the process's huge-page memory grew while collapsing this device's sessions (exact
-        kernel counter, AnonHugePages)."""
+        """Bytes the process's AnonHugePages grew by while collapsing this device's sessions (exact)."""
         return sum(s.huge_pages["bytes"] for s in self._sessions.values())
 
     @staticmethod

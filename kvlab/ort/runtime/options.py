@@ -25,8 +25,7 @@ def _allowed_cpus() -> list[int]:
 
 
 def cpu_count() -> int:
-    """How many logical CPUs this process may run on: the most CPU EP threads kvlab accepts (more only contend:
-    docs/known-limits.md)."""
+    """How many logical CPUs this process may run on: the most CPU EP threads kvlab accepts."""
     return max(1, len(_allowed_cpus()))
 
 
@@ -99,8 +98,7 @@ def _flag(name: str, value: Any) -> str:
 
 
 def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:
-    """WebGPU EP options, only those asked for; ConfigError for a mode not in ``BUFFER_CACHE_MODES`` or
-    ``VALIDATION_MODES``."""
+    """WebGPU EP options, only those asked for; ConfigError for a mode not in the valid ones."""
     options = {}
     if buffer_cache_mode is not None:
         options["storageBufferCacheMode"] = check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")

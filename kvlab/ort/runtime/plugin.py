@@ -119,8 +119,7 @@ class PluginWebGpu(BuiltinWebGpu):
         return sess
 
     def _reach(self, so: Any, ep: dict[str, str], device: Any) -> list[str] | None:
-        """Through the EP's ``OrtEpDevice``, the EP options a dict of short keys (``providers`` would give a
-        CPU-only session)."""
+        """The EP options through the EP's ``OrtEpDevice`` (``providers`` would give a CPU-only session)."""
         if device.name != "webgpu":
             return ["CPUExecutionProvider"]
         self._check_context(device)

@@ -115,8 +115,7 @@ class Binding:
 
     @property
     def ran(self) -> bool:
-        """Whether this binding has run (a later run of a binding with every output pre-bound runs on the same
-        buffers)."""
+        """Whether this binding has run (a pre-bound binding runs again on the same buffers)."""
         return self._ran
 
     @property
@@ -236,8 +235,7 @@ ONNX_TYPES = {
 
 
 def numpy_dtype(onnx_type: str) -> np.dtype:
-    """The numpy dtype of an ONNX Runtime type name ("tensor(float)", ...); ConfigError for one kvlab does not
-    handle."""
+    """The numpy dtype of an ONNX Runtime type name ("tensor(float)"); ConfigError for another."""
     for dtype, name in ONNX_TYPES.items():
         if name == onnx_type:
             return dtype

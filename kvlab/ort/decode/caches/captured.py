@@ -157,8 +157,7 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def captures(self) -> int:
-        """Graphs captured by this cache: 0 before its first decode step, 1 after it, 2 from the second on (until
-        disposed)."""
+        """Graphs captured by this cache: 0 before its first decode step, 1 after it, 2 from the second on."""
         return sum(b.runs > 0 for b in self.bindings.captures or ())
 
     @property

@@ -57,6 +57,5 @@ class OrtCache(Cache):
         super()._attach(info, device)
 
     def _kv_variant(self, *parts: str) -> str:
-        """A spec's variant: the ``parts`` that are not "", then the KV precision where it is not the model's
-        ("kv-int8"), "+"-joined."""
+        """A spec's variant: the non-empty ``parts``, then "kv-<precision>" where not the model's, "+"-joined."""
         return "+".join(filter(None, [*parts, self.kv_precision and f"kv-{self.kv_precision}"]))
