@@ -1,12 +1,9 @@
 """The shape of a decoder's cache, and what a static cache of it reserves, known before anything is allocated.
 
-A decoder keeps, between steps, one tensor per past input / present output pair of its graph (a ``CacheEntry``).
-Each layer (a ``LayerSpec``) is of one kind (``LayerKind``): full attention and sliding-window attention keep
-keys and values that grow by one position per token; linear attention keeps a conv state and a recurrent state,
-a short-convolution layer a conv state, both of fixed size; a layer whose KV is shared with another keeps nothing
-of its own. ``CacheLayout`` is the whole model's, as data: the caches allocate, bind and check entry by entry, and
-memory reports are computed from it per layer.
-"""
+A decoder keeps one tensor per past input / present output pair (a ``CacheEntry``). Each layer (a ``LayerSpec``) is of
+one kind (``LayerKind``): full and sliding-window attention keep keys and values that grow by one position per token;
+linear attention and short convolutions keep fixed-size states; a KV-shared layer keeps nothing. ``CacheLayout`` is the
+whole model's, as data."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""The slot protocol: what a cache does with one entry of the model's layout (one past input / present output pair,
-``kvlab.core.cache_layout.CacheEntry``), step by step.
+"""The slot protocol: what a cache does with one entry of the model's layout (``CacheEntry``), step by step.
 
-A cache (``kvlab.core.cache.Cache``) is a list of slots, one per entry; a cache kind is the choice of a slot per
-entry. A new behaviour per layer (a rewind, a ring buffer, quantized KV) is a new kind of slot, not a branch in
-every cache. The cache calls its slots in this order: ``allocate`` at its first use; per step ``binding_key``,
-``bind``, then after the run ``check`` and ``commit``, then ``settle`` or ``rollback``; outside a step ``crop``,
-``receive``, ``reset`` and ``release``. The slots on ONNX Runtime: ``kvlab.ort.decode.caches``.
-"""
+A cache (``kvlab.core.cache.Cache``) is a list of slots, one per entry; a cache kind is the choice of a slot per entry,
+and a new behaviour per layer is a new kind of slot. The cache calls ``allocate`` at its first use; per step
+``binding_key``, ``bind``, then after the run ``check`` and ``commit``, then ``settle`` or ``rollback``; outside a step
+``crop``, ``receive``, ``reset`` and ``release``."""
 
 from __future__ import annotations
 

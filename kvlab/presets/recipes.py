@@ -1,11 +1,7 @@
-"""The built-in models, as recipes: tiny random Llamas (seeded), tiny random models of the architectures whose
-caches are more than full attention (sliding windows, linear attention, conv states, KV sharing; seeded) and
-SmolLM2-135M-Instruct with its real weights; docs/presets.md says why each is there.
-
-A recipe becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``, the source every backend starts from),
-then a backend's own format (the ONNX export: ``kvlab.ort.models.build``). Both live in the user cache dir
-(``cache_dir``), never in the repository, and are rebuilt when missing.
-"""
+"""The built-in models, as recipes: tiny random Llamas, tiny random models of the architectures whose caches are more
+than full attention, and SmolLM2-135M-Instruct with its real weights (docs/presets.md says why each is there). A recipe
+becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``), then a backend's own format, both in the user cache
+dir (``cache_dir``), rebuilt when missing."""
 
 from __future__ import annotations
 
