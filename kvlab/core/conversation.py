@@ -41,11 +41,10 @@ class Turn(Generation):
 
 
 def chat_delta(render: Render, messages: Sequence[dict[str, str]], text: str, closed: str = "") -> str:
-    """The text the chat template ``render(messages, add_generation_prompt)`` puts after the conversation so far for
-    a new user message ``text``: the last reply's closing, the user's turn and the generation prompt (the whole
-    rendering when ``messages`` holds no reply yet). ``closed``: the text of the reply's last token when it is the
-    end of a turn (an EOS), which the template's closing then starts with and the history holds already. ModelError
-    for a template that does not place a reply's content as it is (say it in token ids then)."""
+    """The text the chat template ``render(messages, add_generation_prompt)`` puts after the conversation so far for a
+    new user message ``text``: the last reply's closing, the user's turn and the generation prompt (everything when no
+    reply yet). ``closed``: the reply's last token's text when it ends a turn (the history holds it already). ModelError
+    for a template that does not place a reply's content as it is."""
     user = {"role": "user", "content": text}
     if not messages or messages[-1]["role"] != "assistant":
         return render([*messages, user], True)

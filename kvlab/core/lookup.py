@@ -55,8 +55,7 @@ class PromptLookup:
 
 def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the last ``ngram`` tokens of ``ids`` (then
-    of fewer, down to one), cut before the first of ``stop`` (an EOS ends a reply: it is never a draft); [] when
-    nothing matches or ``k`` < 1."""
+    fewer, down to one), cut before the first of ``stop`` (an EOS is never a draft); [] when nothing matches."""
     arr = np.asarray(ids, np.int64)
     if k < 1 or arr.size < 2:
         return []
@@ -73,11 +72,10 @@ def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) 
 
 
 def verify(logits: np.ndarray, drafts: Sequence[int], margin: float = 0.0) -> tuple[int, int]:
-    """Greedy verification of ``drafts`` from the logits [1 + len(drafts), vocab] of a step that fed the last
-    token and the drafts: (accepted, next token): the drafts the model's argmax confirms, in order, and its choice
-    after the last of them; each row decides only where its choice leads the runner-up by at least ``margin``. At
-    the first row that does not, verification stops: the drafts before it are accepted and the next token is -1
-    (undecided: that position goes to a one-token step)."""
+    """Greedy verification of ``drafts`` from the logits [1 + len(drafts), vocab] of a step that fed the last token and
+    the drafts: (accepted, next token): the drafts the model's argmax confirms, in order, and its choice after them. A
+    row decides only where its choice leads the runner-up by ``margin``; at the first that does not, the drafts before
+    it are accepted and the next token is -1 (that position goes to a one-token step)."""
     chosen = logits.argmax(axis=-1)
     top2 = np.partition(logits, -2, axis=-1)[:, -2:] if logits.shape[-1] > 1 else np.zeros((len(logits), 2))
     decided = top2[:, 1] - top2[:, 0] >= margin  # [1 + len(drafts)]: the lead of each row's choice

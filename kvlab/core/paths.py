@@ -95,9 +95,8 @@ _NO_ROOM_TEXT = ("No space left on device", "File too large", "Disk quota exceed
 
 
 def no_room(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from or during) says a disk or a file-size limit took no more
-    bytes: an OSError with ENOSPC, EFBIG or EDQUOT, or the text of one (a library that reports it as its own error,
-    a subprocess's stderr)."""
+    """Whether ``exc`` (or one it was raised from or during) says a disk or a file-size limit took no more bytes: an
+    OSError with ENOSPC, EFBIG or EDQUOT, or the text of one."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -84,9 +84,8 @@ def _need_package(precision: str) -> None:
 
 
 def quantized_setting(cache: Any, kv_precision: Any) -> QuantizedKV | None:
-    """The quantized setting a ``generate`` call asks for: ``cache="quantized"`` with ``kv_precision`` (default
-    int8), a ``QuantizedKV``, or None for a full-precision cache (ConfigError: kv_precision on a cache that cannot
-    hold it)."""
+    """The quantized setting a ``generate`` call asks for: ``cache="quantized"`` at ``kv_precision`` (default int8), a
+    ``QuantizedKV``, or None. ConfigError for a kv_precision on a cache that cannot hold it."""
     if isinstance(cache, QuantizedKV):
         if kv_precision not in FULL and kv_precision != cache.precision:
             raise ConfigError(f"kv_precision={kv_precision!r} contradicts cache={cache!r}; give one of the two")

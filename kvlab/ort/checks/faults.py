@@ -46,9 +46,8 @@ def _targets(point: str) -> list[tuple[type, str]]:
 
 @contextmanager
 def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> Iterator[dict[str, int]]:
-    """Inside the block, the ``at_call``-th call of ``point`` (see the module docstring) fails with ``error``.
-    Yields a counter: ``{"calls": n, "raised": 0 or 1}``. ConfigError for an unknown point or an ``at_call``
-    that is not a positive int."""
+    """Inside the block, the ``at_call``-th call of ``point`` fails with ``error``; yields ``{"calls": n, "raised": 0 or
+    1}``. ConfigError for an unknown point or an ``at_call`` that is not a positive int."""
     check_choice(point, POINTS, "fault point ")
     at_call = check_int(at_call, "at_call", 1)
     state = {"calls": 0, "raised": 0}

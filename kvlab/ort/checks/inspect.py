@@ -27,9 +27,8 @@ RING_ON_WEBGPU = (
 
 
 def verdicts(info: Any) -> list[Verdict]:
-    """A ``Verdict`` per cache ("dynamic", "static", "ring", "captured") and device ("cpu", "webgpu") for the model
-    ``info`` (a ModelInfo) with the installed ONNX Runtime package: "" where it runs, else why not. Reads the graph
-    (not its weights) and the package's op schemas."""
+    """A ``Verdict`` per cache and device for the model ``info`` with the installed ONNX Runtime package ("" where it
+    runs, else why not), from the graph (not its weights) and the package's op schemas."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     b = backend()

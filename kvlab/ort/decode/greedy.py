@@ -47,9 +47,8 @@ def reduction_for(token_on_device: object, vocab_size: int, device: Any) -> str:
 
 
 def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
-    """How many greedy steps are read back together: 0 for the token on the host (``reduction`` ""); "auto":
-    ``TOKENS_PER_READ`` where the cache (or its class) can keep tokens on the device for a later read, else 1.
-    ConfigError for a bad count, or more than one where there is nothing to read back later."""
+    """How many greedy steps are read back together: 0 with the token on the host; "auto": ``TOKENS_PER_READ`` where the
+    cache keeps tokens on the device, else 1. ConfigError for a bad count, or one above 1 with nothing to read later."""
     bursts = bool(reduction) and getattr(cache, "burst_reads", False)
     if isinstance(asked, str) and asked == AUTO:
         return (TOKENS_PER_READ if bursts else 1) if reduction else 0

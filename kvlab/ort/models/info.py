@@ -180,9 +180,8 @@ def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, 
 
 
 def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) -> None:
-    """ModelError where the config's layer count is not the graph's: the layers whose KV inputs (by the config's
-    name patterns) the graph has. Hybrids and KV-shared graphs, whose layers do not all have KV, are counted by
-    their attention ops instead (``_cross_check``)."""
+    """ModelError where the config's layer count is not the layers whose KV inputs the graph has (hybrids and KV-shared
+    graphs are counted by their attention ops instead: ``_cross_check``)."""
     if d.states or len(d.past) != d.layers or not d.past:  # (a graph whose layers borrow KV: fewer pasts)
         return
     pattern = re.compile(re.escape(d.past_formats[0]).replace("%d", r"(\d+)") + "$")
@@ -195,9 +194,8 @@ def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) ->
 
 
 def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> tuple[str, ...]:
-    """The graph inputs no node reads, which kvlab leaves unbound (an input the graph declares and never uses, as
-    some exporters declare position_ids). ModelError for an input kvlab does not feed that a node reads (naming
-    the nodes), or an input or output the config names that the graph lacks."""
+    """The graph inputs no node reads (left unbound). ModelError for an input kvlab does not feed that a node reads
+    (naming the nodes), or an input or output the config names that the graph lacks."""
     read_by = uses(graph)
     extra = [n for n in inputs if n not in d.roles and n not in declared]
     unread = tuple(n for n in extra if not read_by.get(n))

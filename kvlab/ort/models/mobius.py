@@ -37,9 +37,8 @@ def mobius_version() -> str:
 
 
 def mobius_config(hf: Any) -> Any:
-    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer (mobius's
-    own reader refuses it): the per-layer access allowed, ``global_head_dim`` from the full-attention layers'
-    config. ModelError for another model type."""
+    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer (which
+    mobius's reader refuses). ModelError for another model type."""
     import mobius
 
     if getattr(hf, "model_type", None) != "gemma4_text":

@@ -23,9 +23,8 @@ from .info import ModelInfo, read_info
 
 
 class Model:
-    """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``).
-    ``tokenizer`` is None for a directory without tokenizer.json: token-id prompts work, text is refused by name.
-    ModelError when tokenizer.json is unreadable or maps ids past the model's vocabulary."""
+    """A loaded model: its info, tokenizer and chat template (sessions belong to devices). ``tokenizer`` is None without
+    tokenizer.json. ModelError when tokenizer.json is unreadable or maps ids past the vocabulary."""
 
     def __init__(self, info: ModelInfo):
         self.info = info
@@ -143,9 +142,8 @@ class Model:
     def encode(
         self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False
     ) -> np.ndarray:
-        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked); ConfigError
-        for an empty or malformed prompt, or ids outside the vocabulary; ModelError for text when the model has no
-        tokenizer."""
+        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids; ConfigError for an empty
+        or malformed prompt or ids outside the vocabulary, ModelError for text without a tokenizer."""
         if isinstance(prompt, np.ndarray) or (
             isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
         ):

@@ -38,9 +38,8 @@ class Backend:
 
     # -- sessions
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
-        """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options, and
-        ``options``: WebGPU EP options of this session only (e.g. ``enableGraphCapture``). Raises DeviceError
-        when ONNX Runtime refuses the session or does not run it on the device's EP."""
+        """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, ``options`` being this
+        session's own WebGPU EP options. DeviceError when ONNX Runtime refuses it or does not run it on the EP."""
         raise NotImplementedError
 
     def release_graph(self, sess: Any, graph_id: int) -> bool:

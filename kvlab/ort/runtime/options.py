@@ -110,9 +110,8 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
 def cpu_options(
     threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
 ) -> dict[str, str]:
-    """CPU EP options, only those asked for (kvlab's defaults complete them: ``with_cpu_defaults``; huge pages are on
-    by default). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``). ConfigError for a
-    value out of range or a flag that is not a bool."""
+    """CPU EP options, only those asked for (``with_cpu_defaults`` completes them). ``threads``: 1 to ``cpu_count()``.
+    ConfigError for a value out of range or a flag that is not a bool."""
     options = {}
     if huge_pages is not None:
         options["huge_pages"] = _flag("huge_pages", huge_pages)

@@ -16,9 +16,8 @@ from ..models.rewrites import bool_gathers, cast_bool_gathers
 
 
 def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-    """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it (a bool
-    Gather on WebGPU: ``kvlab.ort.models.rewrites.cast_bool_gathers``), and what was rewritten. DeviceError for
-    such a model over 2 GiB (a serialized model's limit)."""
+    """The model to open on ``device``, rewritten in memory where its runtime needs it (``cast_bool_gathers`` on
+    WebGPU), and what was rewritten. DeviceError for such a model over 2 GiB (a serialized model's limit)."""
     if device != "webgpu" or not bool_gathers(load_graph(onnx_file)):
         return str(onnx_file), []
     import onnx

@@ -65,11 +65,9 @@ class RunResult:
     """What one run produced."""
 
     seconds: float  # wall time of session.run alone
-    bind_seconds: float = 0.0  # wall time inside the runtime's binding calls for this run's inputs (where it
-    #                            copies a host input to the device), since the binding's last run
+    bind_seconds: float = 0.0  # wall time in the runtime's binding calls for this run's inputs (host copies)
     new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
-    returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
-    #                                                                     read back (None: none in this run)
+    returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # pre-bound output -> its buffer (None: unread)
 
     @property
     def run_ms(self) -> float:

@@ -32,10 +32,9 @@ def run_options(ort: Any, graph_id: int) -> Any:
 
 
 class StepBuffers:
-    """The fixed device tensors of a captured step besides the KV buffers: ``ids`` [1, 1] and ``mask``
-    [1, max_cache_len] (ones, then zeros), two of each, and ``logits`` [1, 1, vocab]. ``token[i]`` and ``ones[i]``
-    say what ``ids[i]`` and ``mask[i]`` hold (None: not known), so that a value already there is not written again;
-    ``parity`` is the pair the next step reads."""
+    """The fixed device tensors of a captured step besides the KV buffers: two ``ids`` [1, 1] and two ``mask`` [1,
+    max_cache_len], and ``logits``. ``token[i]`` / ``ones[i]`` say what ``ids[i]`` / ``mask[i]`` hold (None: not known),
+    so a value already there is not written again; ``parity`` is the pair the next step reads."""
 
     def __init__(self, device: Any, max_cache_len: int, vocab: int, logits_dtype: Any):
         shapes = [((1, 1), np.int64)] * 2 + [((1, max_cache_len), np.int64)] * 2

@@ -34,9 +34,8 @@ def check_kv_precision(kv_precision: object, cache: str) -> str | None:
 
 
 def check_runs_here(kv_precision: str, cache: str, info: Any, device: Any) -> None:
-    """ConfigError unless ``device``'s runtime packs KV (the plugin EP, on a software adapter) and every KV entry
-    of the model is read by a GroupQueryAttention whose head size the packing allows (8 bits: a multiple of 4;
-    4 bits: a power of 2 of at least 8)."""
+    """ConfigError unless ``device``'s runtime packs KV and every KV entry is read by a GroupQueryAttention whose head
+    size the packing allows (8 bits: a multiple of 4; 4 bits: a power of 2 of at least 8)."""
     asked = f"{cache}(kv_precision={kv_precision!r})"
     if not (device.name == "webgpu" and device.backend.kv_quantization):
         raise ConfigError(
