@@ -26,10 +26,8 @@ MARGINS = {"float16": 0.25, "float32": 1e-4}
 
 @dataclass(frozen=True)
 class PromptLookup:
-    """Greedy prompt-lookup decoding: up to ``k`` drafts a step (1 to 64), matched on the last ``ngram`` tokens (then
-    fewer, down to one; ``ngram`` 1 to 8); a verification row decides where its choice leads the runner-up by at
-    least ``margin`` logits (None: by the logits' precision, ``MARGINS``; 0: every row decides). ConfigError for a
-    value out of range."""
+    """Greedy prompt-lookup decoding: up to ``k`` drafts a step (1 to 64), matched on the last ``ngram`` tokens (1 to
+    8); a row decides where its choice leads by ``margin`` (None: ``MARGINS``; 0: always). ConfigError out of range."""
 
     k: int = 5
     ngram: int = 3

@@ -60,11 +60,9 @@ def _special(path: Path) -> bool:
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path``, returned as a Path: a regular file (new or replaced) through a temporary file in
-    its folder (made first) and ``os.replace``; a symlink's target so (the link stays); a file that is not a
-    regular one (a device, a FIFO: its reader gets ``data``) opened and written in place. Raises ConfigError
-    naming the path, the bytes and the reason when it cannot be written (a full disk: the room there too); the old
-    file, if any, is then as it was and no temporary file is left."""
+    """Write ``data`` to ``path`` (returned as a Path): a regular file through a temporary file beside it and
+    ``os.replace``; a symlink's target so; a device or FIFO opened and written. ConfigError naming the path, the bytes
+    and the reason (a full disk: the room) when it cannot; the old file then stays and no temporary file."""
     path = Path(path)
     data = data.encode() if isinstance(data, str) else data
     target = Path(os.path.realpath(path))  # a symlink is written through

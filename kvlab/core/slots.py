@@ -29,10 +29,8 @@ class Crop:
 
 
 class Slot:
-    """One entry of a cache. ``steps`` False: binding, commit, settle and rollback never change anything (a fixed
-    buffer written in place), so the cache skips the slot every step. ``undoable`` False: a run that fails after
-    it started leaves the slot changed (a state rewritten in place). ``fresh_bindings`` True: the runtime allocates
-    the slot's output anew every run, so no binding runs twice. The defaults below do nothing."""
+    """One entry of a cache. ``steps`` False: nothing to do per step (a fixed buffer written in place). ``undoable``
+    False: a failed run leaves the slot changed. ``fresh_bindings`` True: the runtime allocates its output every run."""
 
     steps = True
     undoable = True
@@ -75,10 +73,9 @@ class Slot:
         """Undo the last commit: the entry as before that step (where ``undoable``)."""
 
     def crop(self, length: int, n: int) -> Crop:
-        """The rewind from ``length`` to the first ``n`` positions, made ready: whatever can fail (a fresh tensor,
-        a CacheStateError naming why) fails here, and nothing changes until the cache applies it. By default: a
-        state refuses unless ``n`` is 0, where it starts over (``reset``); a buffer that holds positions in place
-        keeps them (``reset`` does nothing to it: later steps write the rest again)."""
+        """The rewind from ``length`` to the first ``n`` positions, made ready (what can fail fails here; nothing
+        changes until the cache applies it). Default: a state refuses unless ``n`` is 0 (a reset); a buffer keeps its
+        positions."""
         if not self.can_crop(length, n):
             e = self.entry
             raise CacheStateError(

@@ -128,9 +128,8 @@ def _mistral(spec: TinyArch) -> Any:
 
 
 def _qwen3_5(spec: TinyArch) -> Any:
-    """Qwen3.5 as the builder takes it: the multimodal class with a one-block vision tower text never reaches (the
-    builder has no entry for the text-only class); linear-attention layers with twice as many value heads as key
-    heads and a 4-wide conv; M-RoPE over a quarter of each head, as the real configs have it."""
+    """Qwen3.5 as the builder takes it: the multimodal class (a one-block vision tower text never reaches), twice as
+    many value heads as key heads, a 4-wide conv, M-RoPE over a quarter of each head."""
     import transformers as T
 
     text = _common(spec)

@@ -46,9 +46,8 @@ assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
 
 
 class AllocCounter:
-    """Allocator requests, bytes and segments over a ``with`` block, as ``result``: exact
-    ``torch.cuda.memory_stats()`` deltas on CUDA; on CPU with ``cpu_proxy``, the new (not view, not in-place) tensors
-    and bytes the block's aten operators returned (a proxy, too slow to time with), segments -1; else (-1, -1, -1)."""
+    """Allocator requests, bytes and segments over a ``with`` block (``result``): exact CUDA memory_stats deltas; on CPU
+    with ``cpu_proxy``, the fresh tensors and bytes aten ops returned (a slow proxy), segments -1."""
 
     _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
 

@@ -171,9 +171,8 @@ class GraphRunner:
     def _token_step(
         self, prompt: Sequence[int] | None, choose: Callable[[Any], int] | None, host_tok: torch.Tensor
     ) -> tuple[int, float]:
-        """One position of ``generate``: the prefill of ``prompt`` or, when it is None, one replay; then the token
-        (sampled by ``choose`` from the logits, else greedy: the graph's own argmax after a replay) and the run's
-        seconds to its sync. A token chosen on the host is copied into the step's input."""
+        """One position of ``generate``: the prefill of ``prompt`` or (None) one replay; then the token (``choose``'s,
+        else the graph's own argmax) and the seconds to its sync. A host token is copied into the step's input."""
         t0 = time.perf_counter()
         if prompt is not None:
             self.logits.copy_(self.prefill(prompt))

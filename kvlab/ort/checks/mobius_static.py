@@ -21,9 +21,8 @@ from .references import hf_checkpoint
 
 
 def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:
-    """mobius's static-cache export of the checkpoint behind ``model`` (a loaded mobius preset), weights applied,
-    into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``; atomically); reused when built already.
-    ConfigError for a ``max_seq_len`` that is not a positive int, ModelError for a model kvlab did not build."""
+    """mobius's static-cache export of ``model``'s checkpoint into ``out`` (default beside it), atomically; reused when
+    built. ConfigError for a bad ``max_seq_len``, ModelError for a model kvlab did not build."""
     max_seq_len = check_int(max_seq_len, "max_seq_len", 1)
     out = Path(out or model.info.path.parent / f"{model.info.path.name}-mobius-static-{max_seq_len}")
     if not (out / "model.onnx").is_file():

@@ -52,9 +52,9 @@ def ensure_built(name: str, precision: str = "fp32", progress: bool = True, grap
 
 
 def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:
-    """Build the built-in model ``name`` into ``out``: its checkpoint, the exporter's graph, kvlab's rewrites and
-    fold, and ``kvlab_recipe.json`` (last) recording them. Raises ModelError when a build dependency is missing or
-    the exporter fails, ConfigError for a precision mobius does not build."""
+    """Build the built-in model ``name`` into ``out``: its checkpoint, the exporter's graph, kvlab's rewrites, and
+    ``kvlab_recipe.json`` last. ModelError: a missing dependency or a failed export; ConfigError: a precision mobius
+    lacks."""
     from tqdm.auto import tqdm
 
     spec = recipe(name)

@@ -202,9 +202,8 @@ def _other_eps(decoder: dict, file: Path) -> tuple[str, ...]:
 
 
 def declared_hf(path: Path, dtype: str | None = None) -> Declared:
-    """What a Hugging Face Optimum / transformers.js export declares: config.json and its decoder graph, the file
-    ``dtype`` names as transformers.js names it (``transformers_js_file``). Raises ConfigError for an unknown dtype,
-    ModelError for a malformed config, a missing graph or an encoder-decoder."""
+    """What a Hugging Face Optimum / transformers.js export declares (its decoder: ``transformers_js_file``).
+    ConfigError for an unknown dtype, ModelError for a malformed config, a missing graph or an encoder-decoder."""
     file = path / "config.json"
     config = _load_json(file)
     decoder = transformers_js_file(path, config, dtype)

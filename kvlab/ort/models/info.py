@@ -165,9 +165,8 @@ def _declared(path: Path, dtype: str | None = None) -> Declared:
 
 
 def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, tuple[int, str, str]]:
-    """Each cache input the graph has: past name -> (layer, role, present name). In a hybrid (a config with
-    states) each layer has KV or states, and in a graph whose layers borrow KV (``shared``) the borrowing layers
-    have none: ``d`` keeps only the KV pairs the graph has."""
+    """Each cache input the graph has: past name -> (layer, role, present name). Where layers hold states or borrow KV,
+    ``d`` keeps only the KV pairs the graph has."""
     pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
     if d.states or shared:
         pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]

@@ -73,9 +73,9 @@ class Model:
 
     @cached_property
     def chat_template(self) -> str | None:
-        """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's; a named list's
-        "default"), or None (also for a model without a tokenizer); ModelError for a config that is not JSON or a
-        template that is not a string."""
+        """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's, a named list's
+        "default"), or None (also without a tokenizer); ModelError for a config that is not JSON or a template that is
+        not a string."""
         if self.tokenizer is None:  # a template renders text, which only a tokenizer makes ids of
             return None
         jinja = self.info.path / "chat_template.jinja"

@@ -37,10 +37,9 @@ def gate(device_name: str) -> Any:
 
 
 class Session:
-    """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, checked to really run there;
-    ``label`` names it in errors, ``options`` are WebGPU EP options of this session alone. Raises DeviceError when
-    the session cannot be created or a heavy node of a WebGPU session landed on the CPU EP
-    (``kvlab.ort.runtime.preflight.refuse_cpu_fallback``)."""
+    """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, ``label`` naming it in errors,
+    ``options`` its own WebGPU EP options. DeviceError when it cannot be created or a heavy node fell back to the CPU
+    EP."""
 
     def __init__(self, device: Any, path: str | bytes, label: str, options: dict[str, str] | None = None):
         self.device, self.label = device, label
@@ -85,10 +84,8 @@ _DATA_PTR = operator.methodcaller("data_ptr")
 
 
 class Binding:
-    """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host numpy array) and outputs
-    the runtime allocates on the device. A binding with runtime-allocated outputs runs once (its outputs live
-    as long as their ``DeviceTensor`` s); one whose outputs are all pre-bound can run again and again,
-    rebinding only what changes."""
+    """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host array) and outputs the runtime
+    allocates. One with runtime-allocated outputs runs once; one with every output pre-bound runs again and again."""
 
     def __init__(self, session: Session):
         self.session = session
@@ -176,8 +173,8 @@ class Binding:
 
     def run(self) -> RunResult:
         """Run the session on this binding. The outputs the runtime allocated come back owned (``RunResult.new``),
-        also when an exception lands right after the run: then they are released before it propagates. Raises
-        DeviceError when a binding with runtime-allocated outputs is run twice."""
+        released if an exception lands right after the run. DeviceError for a second run with runtime-allocated
+        outputs."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
         with self._lock:  # one thread at a time on WebGPU's one context (the module docstring)
