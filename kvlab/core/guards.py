@@ -44,8 +44,8 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
 
 class atomic:  # noqa: N801 - used as a context manager, like contextlib's
     """``with atomic(): ...``: a block that no Ctrl-C splits: a SIGINT arriving meanwhile is handed, when the block
-    ends, to the handler that was in force (Python's raises KeyboardInterrupt). Caches hand tensors over inside one, so
-    a tensor is always owned by exactly one side. Off the main thread (no signals there) it does nothing."""
+    ends, to the handler that was in force (a SIGTERM the CLI passes on as Ctrl-C, to the CLI's). Caches hand tensors
+    over inside one: a tensor is always owned by exactly one side. Off the main thread (no signals) it does nothing."""
 
     __slots__ = ("_pending", "_previous")
 

@@ -16,7 +16,8 @@ from .shared_kv import shared_window_on, shared_window_refusal
 
 class OrtCache(Cache):
     """A cache whose steps run on ONNX Runtime, its KV at ``kv_precision`` (None: the model's dtype; "int8", "int4"). On
-    WebGPU, KV-shared sliding layers hold only their window: CapacityError beyond. ConfigError for a bad argument."""
+    WebGPU, sequences longer than a KV-shared sliding layer's window are a CapacityError. ConfigError for a bad
+    argument."""
 
     reductions: tuple[str, ...] = REDUCTIONS  # the greedy graphs its session can run (``token_on_device``)
     burst_reads = True  # greedy steps can keep their tokens on the device for a later read (``Stepper.decode``)
