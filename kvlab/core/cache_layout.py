@@ -212,9 +212,8 @@ class CacheLayout:
     def memory(
         self, length: int, state_copies: int = 1, windows: dict[int, int] | None = None
     ) -> tuple[LayerMemory, ...]:
-        """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each
-        state (a StaticCache that swaps two buffers per state holds 2); a layer of ``windows`` ({layer: window})
-        holds its KV in a ring buffer of its window: fixed bytes."""
+        """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each state;
+        a layer of ``windows`` ({layer: window}) holds its KV in a ring buffer of its window: fixed bytes."""
         windows = windows or {}
         rows = []
         for layer in self.layers:

@@ -250,12 +250,10 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
 
 
 def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> str:
-    """The decoder file of a transformers.js / onnx-community directory, relative to ``path``, chosen as
-    transformers.js chooses it: ``dtype``, else config.json's ``transformers.js_config.dtype`` (a string, or per
-    file: its "model" entry), else "fp32" ("auto" too); then ``onnx/model<suffix>.onnx``
-    (``TRANSFORMERS_JS_SUFFIX``), or ``model<suffix>.onnx`` beside config.json (an Optimum export). Raises
-    ConfigError for a dtype transformers.js does not know, ModelError naming the dtypes present when the file is
-    missing."""
+    """The decoder file of a transformers.js / onnx-community directory, relative to ``path``, as transformers.js
+    chooses it: ``dtype``, else config.json's ``transformers.js_config.dtype``, else "fp32"; then
+    ``onnx/model<suffix>.onnx`` or ``model<suffix>.onnx`` beside config.json. ConfigError for an unknown dtype,
+    ModelError naming the dtypes present when the file is missing."""
     if dtype is not None and dtype not in TRANSFORMERS_JS_SUFFIX:
         raise ConfigError(
             f"dtype {dtype!r} is not a transformers.js dtype; choose one of {tuple(TRANSFORMERS_JS_SUFFIX)}"

@@ -78,10 +78,9 @@ class ModelInfo:
 
 
 def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph. ``dtype``: the
-    variant of a transformers.js / onnx-community directory (``kvlab.ort.models.declared.transformers_js_file``).
-    Raises ModelError for a missing directory, or naming the first disagreement or what kvlab cannot feed or hold;
-    ConfigError for a dtype it does not know or one given for a builder directory (which holds one graph)."""
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph (``dtype``: a
+    transformers.js variant). ModelError for a missing directory, the first disagreement, or what kvlab cannot feed or
+    hold; ConfigError for an unknown dtype or one given for a builder directory."""
     path = Path(path)
     if not path.is_dir():
         what = "is a file, not a directory" if path.exists() else "does not exist"  # a file: its folder, perhaps
