@@ -53,10 +53,15 @@ def test_the_staircase_prediction_follows_the_bucket_caps():
 
 def test_the_fresh_buffer_cost_is_fitted_where_every_buffer_is_fresh():
     """Two sizes above 4 MiB give the line; at or below it the mean per-buffer cost; one size above is refused."""
+    import importlib.util
+
     import pytest
 
-    from kvlab.core.buckets import fit_fresh_cost
-
+    path = recorded.load("staircase-on-webgpu").folder / "figure.py"
+    spec = importlib.util.spec_from_file_location("staircase_figure", path)
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    fit_fresh_cost = figure.fit_fresh_cost
     cost = fit_fresh_cost([(24, 3 * MiB, 0.48), (24, 8 * MiB, 24 * 0.7), (24, 16 * MiB, 24 * 1.1)])
     assert cost.small_ms == pytest.approx(0.02) and cost.per_mib_ms == pytest.approx(0.05)
     assert cost.base_ms == pytest.approx(0.3) and cost(12 * MiB) == pytest.approx(0.9) and cost(MiB) == 0.02

@@ -8,12 +8,41 @@ mode at a glance (``glance``); ``cost`` is the fitted cost of one fresh buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from kvlab.bench.chart import error_bars, rows_of
-from kvlab.core.buckets import bucket_positions, fit_fresh_cost, predict_churn
+from kvlab.core.buckets import bucket_positions, predict_churn
 from kvlab.lab.style import KIND_COLORS, MODE_DASHES, MiB, finish, go, title
+
+
+class FreshCost(NamedTuple):
+    """What one buffer created afresh adds to a decode step, in ms: ``small_ms`` up to ``threshold`` bytes (Dawn
+    sub-allocates such buffers from larger blocks), ``base_ms + per_mib_ms * MiB`` above it (each one its own
+    device allocation). Fitted on runs where every buffer is fresh (the pool disabled); see ``fit_fresh_cost``."""
+
+    threshold: int
+    small_ms: float
+    base_ms: float
+    per_mib_ms: float
+
+    def __call__(self, nbytes: int) -> float:
+        return self.small_ms if nbytes <= self.threshold else self.base_ms + self.per_mib_ms * nbytes / MiB
+
+
+def fit_fresh_cost(points: Iterable[tuple[int, int, float]], threshold: int = 4 * MiB) -> FreshCost:
+    """A ``FreshCost`` from (fresh buffers per step, bytes per buffer, ms a step takes beyond a static cache's)
+    measured with every buffer fresh: the mean per-buffer cost at or below ``threshold``, a least-squares line in
+    MiB above it (ValueError without points at two sizes above the threshold)."""
+    pts = [(nbytes, extra / fresh) for fresh, nbytes, extra in points if fresh > 0]
+    small = [ms for nbytes, ms in pts if nbytes <= threshold]
+    large = [(nbytes / MiB, ms) for nbytes, ms in pts if nbytes > threshold]
+    if len({mib for mib, _ in large}) < 2:
+        raise ValueError(f"fit_fresh_cost needs points at two or more sizes above {threshold / MiB:g} MiB")
+    per_mib, base = np.polyfit([m for m, _ in large], [ms for _, ms in large], 1)
+    return FreshCost(threshold, float(np.mean(small)) if small else 0.0, float(base), float(per_mib))
 
 
 def cost(rec: Any, model: str = "kv-heavy", device: str = "webgpu") -> Any:
@@ -22,7 +51,7 @@ def cost(rec: Any, model: str = "kv-heavy", device: str = "webgpu") -> Any:
 
 
 def _fit(rows: Sequence[dict[str, Any]]) -> Any:
-    """The cost of one fresh buffer (``kvlab.core.buckets.FreshCost``) fitted on the pool-``disabled`` rows of a
+    """The cost of one fresh buffer (``FreshCost``) fitted on the pool-``disabled`` rows of a
     recorded sweep, where every KV tensor is created afresh each step: (dynamic - static) / tensors per size.
     None when the sweep has no disabled rows at two sizes above 4 MiB."""
     by = {

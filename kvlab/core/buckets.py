@@ -1,14 +1,8 @@
-"""The WebGPU EP's storage buffer pool, as ONNX Runtime's buffer manager (onnxruntime/core/providers/webgpu/
-buffer_manager.cc) defines it in its default "bucket" mode: a request is rounded up to the next bucket size, and a
-released buffer is kept for reuse unless its bucket already keeps its cap of free buffers; then it is destroyed,
-and the next request of that size is a fresh CreateBuffer. Requests above the largest bucket are never pooled.
-
-A DynamicCache asks for every KV tensor anew each step, one token longer; when more same-bucket tensors are alive
-than the bucket keeps, the extra ones are destroyed and re-created every step: the latency "staircase".
-
-Pure data and arithmetic, in the core: the lab draws the bucket lines and predicts the churn from it without
-importing a backend.
-"""
+"""The WebGPU EP's storage buffer pool in its default "bucket" mode (ONNX Runtime's buffer_manager.cc): a request is
+rounded up to the next bucket size, and a released buffer is kept for reuse unless its bucket already keeps its cap of
+free buffers; requests above the largest bucket are never pooled. A DynamicCache's tensors, one token longer every step,
+are destroyed and re-created every step once more of one bucket are alive than it keeps: the latency "staircase". Pure
+data and arithmetic, so the lab draws it without importing a backend."""
 
 from __future__ import annotations
 
@@ -47,8 +41,7 @@ BUCKET_LINES_MIB: tuple[int, ...] = (4, 8, 12, 16)
 
 
 def bucket_positions(bytes_per_tensor_token: float, buckets_mib: Iterable[int] = BUCKET_LINES_MIB) -> dict[int, int]:
-    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens); ValueError unless
-    ``bytes_per_tensor_token`` > 0."""
+    """Cache length at which one KV tensor reaches each bucket size (MiB -> tokens); ValueError unless > 0."""
     if not bytes_per_tensor_token or bytes_per_tensor_token <= 0:
         raise ValueError(f"bytes_per_tensor_token={bytes_per_tensor_token!r} must be > 0")
     return {b: int(np.ceil(b * MiB / bytes_per_tensor_token)) for b in buckets_mib}
@@ -72,41 +65,10 @@ class Churn:
 
 
 def predict_churn(tensors: int, bytes_per_tensor_token: int, length: int) -> Churn:
-    """Each decode step a DynamicCache asks for ``tensors`` new KV tensors of ``length`` tokens (one more than the
-    context) and then releases the previous ones: all of one bucket (they differ by one token). The pool keeps at
-    most ``BUCKETS[bucket]`` freed buffers of that size, so the next step finds that many to reuse and creates the
-    rest afresh; above the largest bucket every request is fresh. A prediction from the table, to hold against the
-    measured step time."""
+    """The pool's churn when each decode step asks for ``tensors`` new KV tensors of ``length`` tokens and releases the
+    previous ones: ``BUCKETS[bucket]`` of them are kept, the rest made afresh (all above the largest bucket)."""
     size = bytes_per_tensor_token * length
     bucket = bucket_of(size)
     kept = BUCKETS.get(bucket, 0) if bucket is not None else 0
     fresh = max(0, tensors - kept)
     return Churn(length, size, bucket, kept, fresh, fresh * (bucket or size))
-
-
-@dataclass(frozen=True)
-class FreshCost:
-    """What one buffer created afresh adds to a decode step, in ms: ``small_ms`` up to ``threshold`` bytes (Dawn
-    sub-allocates such buffers from larger blocks), ``base_ms + per_mib_ms * MiB`` above it (each one its own
-    device allocation). Fitted on runs where every buffer is fresh (the pool disabled); see ``fit_fresh_cost``."""
-
-    threshold: int
-    small_ms: float
-    base_ms: float
-    per_mib_ms: float
-
-    def __call__(self, nbytes: int) -> float:
-        return self.small_ms if nbytes <= self.threshold else self.base_ms + self.per_mib_ms * nbytes / MiB
-
-
-def fit_fresh_cost(points: Iterable[tuple[int, int, float]], threshold: int = 4 * MiB) -> FreshCost:
-    """A ``FreshCost`` from (fresh buffers per step, bytes per buffer, ms a step takes beyond a static cache's)
-    measured with every buffer fresh: the mean per-buffer cost at or below ``threshold``, a least-squares line in
-    MiB above it (ValueError without points at two sizes above the threshold)."""
-    pts = [(nbytes, extra / fresh) for fresh, nbytes, extra in points if fresh > 0]
-    small = [ms for nbytes, ms in pts if nbytes <= threshold]
-    large = [(nbytes / MiB, ms) for nbytes, ms in pts if nbytes > threshold]
-    if len({mib for mib, _ in large}) < 2:
-        raise ValueError(f"fit_fresh_cost needs points at two or more sizes above {threshold / MiB:g} MiB")
-    per_mib, base = np.polyfit([m for m, _ in large], [ms for _, ms in large], 1)
-    return FreshCost(threshold, float(np.mean(small)) if small else 0.0, float(base), float(per_mib))

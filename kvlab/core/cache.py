@@ -76,15 +76,9 @@ class Cache:
         """Bytes of the tensors held now (exact, as requested from the runtime)."""
         return sum(t.nbytes for t in self.tensors)
 
-    @property
-    def used_bytes(self) -> int:
-        """Bytes the held positions need now: ``used_bytes_at(seq_length)``."""
-        return self.used_bytes_at(self.seq_length)
-
     def used_bytes_at(self, length: int) -> int:
-        """Bytes ``length`` held positions need: length x bytes per token, plus one copy of each fixed-size state
-        once a sequence is held (of the entries as the slots hold them: packed KV is smaller). A step's record
-        counts at its own length (a burst records its steps after all of them ran)."""
+        """Bytes ``length`` held positions need: length x bytes per token (as the slots hold them: packed KV is
+        smaller), plus one copy of each fixed-size state once a sequence is held."""
         return length * self._bytes_per_token + self._state_bytes if length else 0
 
     def held_bytes_by_layer(self) -> dict[int, int]:
@@ -188,13 +182,11 @@ class Cache:
 
     @contextmanager
     def use(self, info: Any, device: Any, positions: int, keep: bool = False) -> Iterator[Cache]:
-        """Hold the cache for one generation of ``positions`` positions of the model ``info`` describes (its
-        ``name``, ``layout`` and ``context_length``) on ``device``: from an empty sequence, or, ``keep=True``, from
-        the one it holds (``positions`` counts those too). At the first use the cache binds to that layout and
-        device and makes its slots; every use allocates what is missing, all or nothing, and counts in ``epoch``.
-        Raises CacheStateError (disposed, in use, bound to another model or device, or ``keep`` of another model's
-        sequence) and CapacityError
-        (``positions`` do not fit); nothing changes then."""
+        """Hold the cache for one generation of ``positions`` positions of the model ``info`` describes on ``device``:
+        from an empty sequence, or, ``keep=True``, from the one it holds (counted in ``positions``). The first use binds
+        the cache to that layout and device; every use allocates what is missing, all or nothing, and counts in
+        ``epoch``. Raises CacheStateError (disposed, in use, bound to another model or device, ``keep`` of another
+        model's sequence) and CapacityError (``positions`` do not fit); nothing changes then."""
         self._check_alive()
         busy = CacheStateError(
             f"this {self.kind} cache is in use by another generation; a cache serves one "
@@ -255,8 +247,7 @@ class Cache:
         self.allocations.seen.clear()
 
     def empty_like(self) -> Cache:
-        """A new, empty cache that can hand its sequence to this one (``receive``): the other side of a handoff
-        (e.g. a prefill on the CPU)."""
+        """A new, empty cache that can hand its sequence to this one (``receive``): a handoff's other side."""
         raise NotImplementedError
 
     def receive(self, src: Cache) -> tuple[CacheStep, int]:

@@ -1,12 +1,9 @@
 """The shape of a decoder's cache, and what a static cache of it reserves, known before anything is allocated.
 
-A decoder keeps, between steps, one tensor per past input / present output pair of its graph (a ``CacheEntry``).
-Each layer (a ``LayerSpec``) is of one kind (``LayerKind``): full attention and sliding-window attention keep
-keys and values that grow by one position per token; linear attention keeps a conv state and a recurrent state,
-a short-convolution layer a conv state, both of fixed size; a layer whose KV is shared with another keeps nothing
-of its own. ``CacheLayout`` is the whole model's, as data: the caches allocate, bind and check entry by entry, and
-memory reports are computed from it per layer.
-"""
+A decoder keeps one tensor per past input / present output pair (a ``CacheEntry``). Each layer (a ``LayerSpec``) is of
+one kind (``LayerKind``): full and sliding-window attention keep keys and values that grow by one position per token;
+linear attention and short convolutions keep fixed-size states; a KV-shared layer keeps nothing. ``CacheLayout`` is the
+whole model's, as data."""
 
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ class FullAttention(LayerKind):
 
 @dataclass(frozen=True)
 class SlidingWindow(LayerKind):
-    """Attention over the last ``window`` positions. In a Dynamic or StaticCache its KV buffer holds every position
-    (GroupQueryAttention's ``local_window_size`` limits what is read, not what is stored), so it grows like full
-    attention; ``attended`` is what a ring buffer keeps (``kvlab.ort.decode.caches.ring``)."""
+    """Attention over the last ``window`` positions. A Dynamic or StaticCache still stores every position (the window
+    limits what is read), so it grows like full attention; ``attended`` is what a ring buffer keeps."""
 
     window: int
     grows = True
@@ -151,15 +147,10 @@ class LayerSpec:
         """Bytes one more position adds to the layer."""
         return sum(e.bytes_per_token for e in self.entries)
 
-    def nbytes(self, length: int) -> int:
-        """Bytes the layer keeps at a sequence of ``length``."""
-        return self.fixed_bytes + length * self.bytes_per_token
-
 
 @dataclass(frozen=True)
 class LayerMemory:
-    """One layer's bytes in a memory report: fixed (states, ring buffers: whatever the length) and growing (KV at
-    the report's length)."""
+    """One layer's bytes in a memory report: fixed (states, ring buffers) and growing (KV at its length)."""
 
     layer: int
     kind: str
@@ -221,9 +212,8 @@ class CacheLayout:
     def memory(
         self, length: int, state_copies: int = 1, windows: dict[int, int] | None = None
     ) -> tuple[LayerMemory, ...]:
-        """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each
-        state (a StaticCache that swaps two buffers per state holds 2); a layer of ``windows`` ({layer: window})
-        holds its KV in a ring buffer of its window: fixed bytes."""
+        """Bytes per layer with ``length`` positions in the growing entries and ``state_copies`` buffers of each state;
+        a layer of ``windows`` ({layer: window}) holds its KV in a ring buffer of its window: fixed bytes."""
         windows = windows or {}
         rows = []
         for layer in self.layers:

@@ -1,15 +1,10 @@
 """A conversation, backend-neutral: the token ids it has seen (every turn's input and reply, in order), the turns that
 made them, and what the next turn feeds: only the positions the cache does not hold yet.
 
-Positions: after a turn the history holds every id and the cache all of them but the reply's last token (a
-generated token is fed back with the next step only: ``positions_needed``), so the next turn feeds that token and
-then its own input. A rewind keeps the first ``n`` ids; the cache keeps what it can of them (a cache whose layers
-keep states cannot crop: the backend empties it, and the next turn feeds the whole history again, which its records
-show as ``reused`` 0).
-
-Text turns are rendered with the model's chat template against the messages so far (``chat_delta``); token ids are
-taken as they are.
-"""
+After a turn the cache holds every id but the reply's last token (``positions_needed``), so the next turn feeds
+that token and then its own input. A rewind keeps the first ``n`` ids; the cache keeps what it can of them. Text
+turns are rendered with the model's chat template against the messages so far (``chat_delta``); token ids are
+taken as they are."""
 
 from __future__ import annotations
 
@@ -46,11 +41,10 @@ class Turn(Generation):
 
 
 def chat_delta(render: Render, messages: Sequence[dict[str, str]], text: str, closed: str = "") -> str:
-    """The text the chat template ``render(messages, add_generation_prompt)`` puts after the conversation so far for
-    a new user message ``text``: the last reply's closing, the user's turn and the generation prompt (the whole
-    rendering when ``messages`` holds no reply yet). ``closed``: the text of the reply's last token when it is the
-    end of a turn (an EOS), which the template's closing then starts with and the history holds already. ModelError
-    for a template that does not place a reply's content as it is (say it in token ids then)."""
+    """The text the chat template ``render(messages, add_generation_prompt)`` puts after the conversation so far for a
+    new user message ``text``: the last reply's closing, the user's turn and the generation prompt (everything when no
+    reply yet). ``closed``: the reply's last token's text when it ends a turn (the history holds it already). ModelError
+    for a template that does not place a reply's content as it is."""
     user = {"role": "user", "content": text}
     if not messages or messages[-1]["role"] != "assistant":
         return render([*messages, user], True)

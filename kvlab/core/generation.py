@@ -80,8 +80,7 @@ def _real(value: Any) -> bool:
 
 
 def check_sampling(sampling: Any, vocab_size: int) -> Sampling:
-    """The sampling settings of a generation (greedy when None), checked against the model's vocabulary
-    (ConfigError)."""
+    """The sampling settings (greedy when None), checked against the model's vocabulary (ConfigError)."""
     if sampling is None:
         return Sampling()
     if not isinstance(sampling, Sampling):
@@ -122,8 +121,7 @@ class Generation:
     records: list[StepRecord] = field(default_factory=list)
 
     def frame(self):
-        """Per-step records as a pandas DataFrame (columns: kvlab.COLUMNS and a backend's own), with the run's
-        ``label`` in ``frame.attrs``."""
+        """Per-step records as a pandas DataFrame, the run's ``label`` in ``frame.attrs``."""
         columns = [f.name for f in fields(type(self.records[0]))] if self.records else list(COLUMNS)
         return frame(self.records, columns, label=self.label)
 

@@ -43,11 +43,9 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
 
 
 class atomic:  # noqa: N801 - used as a context manager, like contextlib's
-    """``with atomic(): ...``: a block that no Ctrl-C splits: a KeyboardInterrupt (SIGINT) arriving meanwhile is
-    raised when the block ends (through the handler that was in force: Python's raises KeyboardInterrupt; a SIGTERM
-    the CLI passes on as Ctrl-C goes back to the CLI's handler). Caches hand tensors over inside one, so a tensor is
-    always owned by exactly one side. Off the main thread (where Python delivers no signals) it does nothing. A
-    class, and the C signal module: it runs every decode step."""
+    """``with atomic(): ...``: a block that no Ctrl-C splits: a SIGINT arriving meanwhile is handed, when the block
+    ends, to the handler that was in force (a SIGTERM the CLI passes on as Ctrl-C, to the CLI's). Caches hand tensors
+    over inside one: a tensor is always owned by exactly one side. Off the main thread (no signals) it does nothing."""
 
     __slots__ = ("_pending", "_previous")
 
@@ -140,9 +138,8 @@ class _Held:
 
 
 class OneBlock:
-    """The life of an object used inside one with block (``name`` says what it is, ``how`` how to open it): opened
-    once, closed once, and called inside it one call at a time (a second call from another thread while one runs
-    is refused, not queued)."""
+    """The life of an object used inside one with block (``name``: what it is, ``how``: how to open it): opened once,
+    closed once, called inside it one call at a time (another thread's call meanwhile is refused, not queued)."""
 
     def __init__(self, name: str, how: str):
         self.name, self.how, self.state = name, how, NEW

@@ -3,18 +3,12 @@ greedy verification.
 
 Each decode step looks up the last ``ngram`` tokens (then fewer, down to one) in the conversation, takes up to ``k``
 tokens that followed their latest earlier occurrence as drafts, and feeds the last token and the drafts in one step;
-the model's greedy choice at every position says how many drafts it would have produced itself (``verify``). The
-step yields those and the model's next token, so greedy tokens are the same as one token per step, and the cache
-keeps only their positions (the backend crops the rest).
+``verify`` keeps the drafts the model's greedy choice agrees with, and the model's next token.
 
-A multi-token step's logits are not bit-equal to a one-token step's: the runtime attends with another kernel, which
-rounds differently (far more in fp16 than in fp32: data/prompt-lookup/). Where the model's choice is a near-tie, the
-two can choose differently, and lookup would leave plain greedy's tokens. So a verification row decides only where
-its choice leads the runner-up by at least ``margin``; at the first row that does not, the step stops, and that
-position is left to the next step, fed alone (the kernel plain greedy runs). The default margin follows the logits'
-precision (``MARGINS``): more than twice the largest difference recorded, so a difference of that size cannot turn
-a decided row.
-"""
+A multi-token step's logits are not bit-equal to a one-token step's (another kernel rounds differently), so a
+verification row decides only where its choice leads the runner-up by at least ``margin`` (``MARGINS``, by the
+logits' precision); at the first row that does not, the step stops and that position is fed alone by the next
+step: the tokens are plain greedy's."""
 
 from __future__ import annotations
 
@@ -26,17 +20,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .errors import ConfigError, check_int
 
-# the default margin per logits dtype (see the module docstring): over twice the largest multi-token vs one-token
-# difference recorded (data/prompt-lookup/)
+# the default margin per logits dtype: over twice the largest multi-token vs one-token difference seen
 MARGINS = {"float16": 0.25, "float32": 1e-4}
 
 
 @dataclass(frozen=True)
 class PromptLookup:
-    """Greedy prompt-lookup decoding: up to ``k`` drafts a step (1 to 64), matched on the last ``ngram`` tokens (then
-    fewer, down to one; ``ngram`` 1 to 8); a verification row decides where its choice leads the runner-up by at
-    least ``margin`` logits (None: by the logits' precision, ``MARGINS``; 0: every row decides). ConfigError for a
-    value out of range."""
+    """Greedy prompt-lookup decoding: up to ``k`` drafts a step (1 to 64), matched on the last ``ngram`` tokens (1 to
+    8); a row decides where its choice leads by ``margin`` (None: ``MARGINS``; 0: always). ConfigError out of range."""
 
     k: int = 5
     ngram: int = 3
@@ -62,8 +53,7 @@ class PromptLookup:
 
 def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the last ``ngram`` tokens of ``ids`` (then
-    of fewer, down to one), cut before the first of ``stop`` (an EOS ends a reply: it is never a draft); [] when
-    nothing matches or ``k`` < 1."""
+    fewer, down to one), cut before the first of ``stop`` (an EOS is never a draft); [] when nothing matches."""
     arr = np.asarray(ids, np.int64)
     if k < 1 or arr.size < 2:
         return []
@@ -80,11 +70,10 @@ def propose(ids: Sequence[int], k: int, ngram: int, stop: Collection[int] = ()) 
 
 
 def verify(logits: np.ndarray, drafts: Sequence[int], margin: float = 0.0) -> tuple[int, int]:
-    """Greedy verification of ``drafts`` from the logits [1 + len(drafts), vocab] of a step that fed the last
-    token and the drafts: (accepted, next token): the drafts the model's argmax confirms, in order, and its choice
-    after the last of them; each row decides only where its choice leads the runner-up by at least ``margin``. At
-    the first row that does not, verification stops: the drafts before it are accepted and the next token is -1
-    (undecided: that position goes to a one-token step)."""
+    """Greedy verification of ``drafts`` from the logits [1 + len(drafts), vocab] of a step that fed the last token and
+    the drafts: (accepted, next token): the drafts the model's argmax confirms, in order, and its choice after them. A
+    row decides only where its choice leads the runner-up by ``margin``; at the first that does not, the drafts before
+    it are accepted and the next token is -1 (that position goes to a one-token step)."""
     chosen = logits.argmax(axis=-1)
     top2 = np.partition(logits, -2, axis=-1)[:, -2:] if logits.shape[-1] > 1 else np.zeros((len(logits), 2))
     decided = top2[:, 1] - top2[:, 0] >= margin  # [1 + len(drafts)]: the lead of each row's choice

@@ -1,11 +1,5 @@
-"""Output paths: checked before anything is measured, written atomically.
-
-``check_output`` finds a bad output path (an existing file where a folder goes, a folder where a file goes, a parent
-that is a file such as ``/dev/null/t.json``, a folder kvlab cannot write in) before a command spends minutes
-measuring; ``write_atomic`` writes a result into a temporary file beside it and renames it over the old one
-(``os.replace``), so a reader sees the old file or the whole new one, never half of one. Only a regular file is
-replaced so: a symlink is written through (its target replaced, the link kept), and a file that is not a regular
-one (a character device such as /dev/null, a FIFO) is opened and written, never replaced by a regular file."""
+"""Output paths: checked before anything is measured (``check_output``), written atomically (``write_atomic``: a reader
+sees the old file or the whole new one; a symlink is written through, a device or FIFO written in place)."""
 
 from __future__ import annotations
 
@@ -66,11 +60,9 @@ def _special(path: Path) -> bool:
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path``, returned as a Path: a regular file (new or replaced) through a temporary file in
-    its folder (made first) and ``os.replace``; a symlink's target so (the link stays); a file that is not a
-    regular one (a device, a FIFO: its reader gets ``data``) opened and written in place. Raises ConfigError
-    naming the path, the bytes and the reason when it cannot be written (a full disk: the room there too); the old
-    file, if any, is then as it was and no temporary file is left."""
+    """Write ``data`` to ``path`` (returned as a Path): a regular file through a temporary file beside it and
+    ``os.replace``; a symlink's target so; a device or FIFO opened and written. ConfigError naming the path, the bytes
+    and the reason (a full disk: the room) when it cannot; the old file then stays and no temporary file."""
     path = Path(path)
     data = data.encode() if isinstance(data, str) else data
     target = Path(os.path.realpath(path))  # a symlink is written through
@@ -101,9 +93,8 @@ _NO_ROOM_TEXT = ("No space left on device", "File too large", "Disk quota exceed
 
 
 def no_room(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from or during) says a disk or a file-size limit took no more
-    bytes: an OSError with ENOSPC, EFBIG or EDQUOT, or the text of one (a library that reports it as its own error,
-    a subprocess's stderr)."""
+    """Whether ``exc`` (or one it was raised from or during) says a disk or a file-size limit took no more bytes: an
+    OSError with ENOSPC, EFBIG or EDQUOT, or the text of one."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -9,9 +9,8 @@ from typing import Any
 
 
 def column(meaning: str, kind: str, default: Any = MISSING) -> Any:
-    """A ``StepRecord`` field with its doc: what it means, and whether it is "exact", a "proxy" or a "label" (read
-    back as ``COLUMNS``). One with a ``default`` is keyword-only (the columns a conversation and prompt lookup
-    fill)."""
+    """A ``StepRecord`` field with its doc: its meaning and whether it is "exact", a "proxy" or a "label" (``COLUMNS``).
+    One with a ``default`` is keyword-only."""
     doc = {"meaning": meaning, "kind": kind}
     return field(metadata=doc) if default is MISSING else field(default=default, kw_only=True, metadata=doc)
 
@@ -175,8 +174,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # statm 
 
 
 def rss_bytes() -> int:
-    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd, cheap enough for every
-    step)."""
+    """Resident set size of this process (Linux: /proc/self/statm through a kept-open fd)."""
     global _STATM
     if _STATM is None and os.path.exists("/proc/self/statm"):
         _STATM = os.open("/proc/self/statm", os.O_RDONLY)

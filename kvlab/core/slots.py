@@ -1,12 +1,9 @@
-"""The slot protocol: what a cache does with one entry of the model's layout (one past input / present output pair,
-``kvlab.core.cache_layout.CacheEntry``), step by step.
+"""The slot protocol: what a cache does with one entry of the model's layout (``CacheEntry``), step by step.
 
-A cache (``kvlab.core.cache.Cache``) is a list of slots, one per entry; a cache kind is the choice of a slot per
-entry. A new behaviour per layer (a rewind, a ring buffer, quantized KV) is a new kind of slot, not a branch in
-every cache. The cache calls its slots in this order: ``allocate`` at its first use; per step ``binding_key``,
-``bind``, then after the run ``check`` and ``commit``, then ``settle`` or ``rollback``; outside a step ``crop``,
-``receive``, ``reset`` and ``release``. The slots on ONNX Runtime: ``kvlab.ort.decode.caches``.
-"""
+A cache (``kvlab.core.cache.Cache``) is a list of slots, one per entry; a cache kind is the choice of a slot per entry,
+and a new behaviour per layer is a new kind of slot. The cache calls ``allocate`` at its first use; per step
+``binding_key``, ``bind``, then after the run ``check`` and ``commit``, then ``settle`` or ``rollback``; outside a step
+``crop``, ``receive``, ``reset`` and ``release``."""
 
 from __future__ import annotations
 
@@ -32,10 +29,8 @@ class Crop:
 
 
 class Slot:
-    """One entry of a cache. ``steps`` False: binding, commit, settle and rollback never change anything (a fixed
-    buffer written in place), so the cache skips the slot every step. ``undoable`` False: a run that fails after
-    it started leaves the slot changed (a state rewritten in place). ``fresh_bindings`` True: the runtime allocates
-    the slot's output anew every run, so no binding runs twice. The defaults below do nothing."""
+    """One entry of a cache. ``steps`` False: nothing to do per step (a fixed buffer written in place). ``undoable``
+    False: a failed run leaves the slot changed. ``fresh_bindings`` True: the runtime allocates its output every run."""
 
     steps = True
     undoable = True
@@ -64,8 +59,7 @@ class Slot:
         raise NotImplementedError
 
     def check(self, result: Any, length: int) -> str:
-        """What is wrong with what the run returned for this entry at the new ``length`` ("" when nothing). No
-        side effects."""
+        """What is wrong with what the run returned for this entry at ``length`` ("": nothing). No side effects."""
         return ""
 
     def commit(self, result: Any) -> list[Any]:
@@ -79,10 +73,9 @@ class Slot:
         """Undo the last commit: the entry as before that step (where ``undoable``)."""
 
     def crop(self, length: int, n: int) -> Crop:
-        """The rewind from ``length`` to the first ``n`` positions, made ready: whatever can fail (a fresh tensor,
-        a CacheStateError naming why) fails here, and nothing changes until the cache applies it. By default: a
-        state refuses unless ``n`` is 0, where it starts over (``reset``); a buffer that holds positions in place
-        keeps them (``reset`` does nothing to it: later steps write the rest again)."""
+        """The rewind from ``length`` to the first ``n`` positions, made ready (what can fail fails here; nothing
+        changes until the cache applies it). Default: a state refuses unless ``n`` is 0 (a reset); a buffer keeps its
+        positions."""
         if not self.can_crop(length, n):
             e = self.entry
             raise CacheStateError(

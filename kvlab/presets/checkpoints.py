@@ -128,11 +128,8 @@ def _mistral(spec: TinyArch) -> Any:
 
 
 def _qwen3_5(spec: TinyArch) -> Any:
-    """Qwen3.5 as the builder takes it: the multimodal class (Qwen3_5ForConditionalGeneration; builder 0.18 has no
-    entry for the text-only Qwen3_5ForCausalLM) with a one-block vision tower that text prompts never reach.
-    Linear-attention layers: kv_heads key heads and twice as many value heads of head_dim each, a 4-wide conv.
-    Rotary embedding as the real Qwen3.5 configs have it: M-RoPE (sections 2/1/1 of the 8 rotary frequencies,
-    interleaved) over a quarter of each head."""
+    """Qwen3.5 as the builder takes it: the multimodal class (a one-block vision tower text never reaches), twice as
+    many value heads as key heads, a 4-wide conv, M-RoPE over a quarter of each head."""
     import transformers as T
 
     text = _common(spec)

@@ -1,11 +1,7 @@
-"""The built-in models, as recipes: tiny random Llamas (seeded), tiny random models of the architectures whose
-caches are more than full attention (sliding windows, linear attention, conv states, KV sharing; seeded) and
-SmolLM2-135M-Instruct with its real weights; docs/presets.md says why each is there.
-
-A recipe becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``, the source every backend starts from),
-then a backend's own format (the ONNX export: ``kvlab.ort.models.build``). Both live in the user cache dir
-(``cache_dir``), never in the repository, and are rebuilt when missing.
-"""
+"""The built-in models, as recipes: tiny random Llamas, tiny random models of the architectures whose caches are more
+than full attention, and SmolLM2-135M-Instruct with its real weights (docs/presets.md says why each is there). A recipe
+becomes a Hugging Face checkpoint (``kvlab.presets.checkpoints``), then a backend's own format, both in the user cache
+dir (``cache_dir``), rebuilt when missing."""
 
 from __future__ import annotations
 
@@ -80,9 +76,8 @@ ARCH_LAYER_TYPES = {
 
 @dataclass(frozen=True)
 class TinyArch:
-    """A random model of a transformers architecture whose layers are not all full attention (its own class, its
-    own ``layer_types``), deterministic given its seed. All of them share one size, so that what differs between
-    them is which layers keep what."""
+    """A random model of a transformers architecture whose layers are not all full attention (its own class and
+    ``layer_types``), deterministic given its seed; all of one size, so they differ only in what their layers keep."""
 
     arch: str  # a key of ARCH_LAYER_TYPES
     layer_types: tuple[str, ...]
@@ -122,11 +117,9 @@ class TinyArch:
 
 @dataclass(frozen=True)
 class TinyKVShared:
-    """A random Gemma 4 text model (``Gemma4ForCausalLM``) whose last ``kv_shared`` layers attend over the keys and
-    values of the last earlier layer of their type (no k/v projections, no cache of their own), deterministic given
-    its seed. Exported by mobius (``kvlab.ort.models.mobius``): the onnxruntime-genai builder has no KV sharing.
-    As in Gemma 4, full-attention layers have heads of ``global_head_dim`` and every layer a per-layer input of
-    ``per_layer_input`` (transformers 5.24 cannot run KV sharing without one)."""
+    """A random Gemma 4 text model whose last ``kv_shared`` layers attend over the KV of the last earlier layer of
+    their type (no cache of their own), deterministic given its seed; exported by mobius (``kvlab.ort.models.mobius``).
+    Full-attention layers have heads of ``global_head_dim``, every layer a per-layer input of ``per_layer_input``."""
 
     layer_types: tuple[str, ...]
     kv_shared: int
@@ -228,10 +221,8 @@ _CHECKED_DIRS: dict[str, Path] = {}  # $KVLAB_CACHE_DIR's value -> the folder it
 
 
 def cache_dir() -> Path:
-    """Where built models live: $KVLAB_CACHE_DIR, else the platform's user cache dir. $KVLAB_CACHE_DIR is checked
-    at its first use (a folder kvlab can write in, new or existing: ConfigError naming it otherwise, before any
-    build) and a relative one is taken against the current directory then, so that a later ``os.chdir`` does not
-    move the cache."""
+    """Where built models live: $KVLAB_CACHE_DIR (checked at its first use, taken absolute then: ConfigError naming it
+    where kvlab cannot write), else the platform's user cache dir."""
     value = os.environ.get("KVLAB_CACHE_DIR")
     if value:
         if value not in _CHECKED_DIRS:
@@ -266,13 +257,11 @@ def checkpoint_dir(name: str) -> Path:
 
 @contextmanager
 def building(final: Path, marker: str) -> Iterator[Path]:
-    """A scratch directory beside ``final`` that becomes ``final`` only when the block succeeds (atomic: a
-    half-built model never counts), and is removed when it fails. ``marker``: the file whose presence in ``final``
-    marks a finished build. Where another process finished ``final`` while this block ran (two builds of one key at
-    once: same recipe, same result), that build is kept, untouched for anyone already loading from it, and this one
-    is discarded; an unfinished ``final`` (no marker) is replaced. The scratch of a build whose process died is
-    removed by the next build of ``final``. A disk (or file-size limit) that takes no more raises ModelError naming
-    the folder, the bytes written and the room left; nothing half-written stays."""
+    """A scratch directory beside ``final`` that becomes ``final`` only when the block succeeds, and is removed
+    when it fails (``marker``: the file marking a finished build). A ``final`` another process finished meanwhile is
+    kept and this build discarded; an unfinished one is replaced; a dead process's scratch is removed. A disk (or
+    file-size limit) that takes no more raises ModelError naming the folder and the room left; nothing half-written
+    stays."""
     final.parent.mkdir(parents=True, exist_ok=True)
     for left in final.parent.glob(f".{final.name}-*-*"):  # the scratch of a build whose process died (killed)
         owner = left.name.removeprefix(f".{final.name}-").split("-")[0]

@@ -1,12 +1,9 @@
-"""The PyTorch backend: Hugging Face transformers causal LMs through kvlab's contract (the same records, hooks and
-``Generation`` as the ONNX Runtime backend). ``models`` loads them, ``generate`` runs transformers' DynamicCache,
-StaticCache or QuantizedCache (``quantized``) one recorded step at a time, ``counters`` says what each step
-allocated, and ``graphs.GraphRunner`` replays a decode step captured as a CUDA graph over a StaticCache, optionally
-after ``fuse.fuse_modules``.
+"""The PyTorch backend: transformers causal LMs through kvlab's contract (the same records, hooks and ``Generation``).
+``models`` loads them, ``generate`` runs transformers' caches one recorded step at a time, ``counters`` says what each
+step allocated, ``graphs.GraphRunner`` replays a decode step captured as a CUDA graph.
 
-It may import ``kvlab.core`` and ``kvlab.presets`` (for the built-in checkpoints), never ``kvlab.ort``. Importing it
-imports neither torch nor onnxruntime; ``GraphRunner`` and ``fuse_modules`` (which need torch) load on first use.
-"""
+It may import ``kvlab.core`` and ``kvlab.presets``, never ``kvlab.ort``. Importing it imports neither torch nor
+onnxruntime; ``GraphRunner`` and ``fuse_modules`` (which need torch) load on first use."""
 
 from typing import Any
 

@@ -1,12 +1,10 @@
 """What a PyTorch step allocated: the caching allocator's counters on CUDA (exact), an op-output count on CPU (a
 proxy), and which KV tensors of a transformers cache are new objects after a step (exact, by identity).
 
-The per-step columns (``kvlab.COLUMNS``) keep their meaning on this backend: ``run_ms`` is the model's forward (on
-CUDA up to a ``torch.cuda.synchronize()``); ``cache_tensors_allocated``/``cache_bytes_allocated`` count the cache's
-KV tensors that are new objects after the step, layer by layer (a DynamicCache's concatenation makes 2 per layer
-every step, a StaticCache 2 per layer once); ``new_buffers`` those of them whose storage this cache never held
-before (a lower bound); ``rss_bytes`` is the process RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``.
-"""
+The per-step columns keep their meaning here: ``run_ms`` is the model's forward (on CUDA up to a synchronize);
+``cache_tensors_allocated``/``cache_bytes_allocated`` count the cache's KV tensors that are new objects after the
+step; ``new_buffers`` those whose storage this cache never held before (a lower bound); ``rss_bytes`` the process
+RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``."""
 
 from __future__ import annotations
 
@@ -48,11 +46,8 @@ assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
 
 
 class AllocCounter:
-    """Allocator requests, bytes and segments over a ``with`` block, as ``result`` = (requests, bytes, segments):
-    exact ``torch.cuda.memory_stats()`` deltas on CUDA; on CPU, with ``cpu_proxy``, the tensors (and bytes) the
-    block's aten operators returned that are not views or in-place results of their inputs (a proxy for malloc
-    calls: it runs every op through Python, so a timing taken with it is no timing), segments -1; else (-1, -1, -1).
-    """
+    """Allocator requests, bytes and segments over a ``with`` block (``result``): exact CUDA memory_stats deltas; on CPU
+    with ``cpu_proxy``, the fresh tensors and bytes aten ops returned (a slow proxy), segments -1."""
 
     _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
 
@@ -146,8 +141,7 @@ class KVWatch:
         self.seen: set[int] = set()  # every data_ptr held so far
 
     def diff(self, cache: Any) -> CacheStep:
-        """The tensors created since the last call, their bytes, those on a storage never held before, and the bytes
-        held now."""
+        """Tensors created since the last call, their bytes, those on a new storage, and the bytes held now."""
         now = kv_tensors(cache)
         held = {id(t) for t in self.prev}
         created = [t for t in now if id(t) not in held]

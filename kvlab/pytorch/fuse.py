@@ -14,10 +14,8 @@ from .models import TorchModel
 
 
 def fuse_modules(model: TorchModel) -> dict[str, int]:
-    """Rewrite a Llama-family model in place for fewer kernels per decode step: q/k/v projections as one GEMM,
-    gate/up projections as one GEMM, RMSNorm through ``torch.nn.functional.rms_norm`` (fused on CUDA). Same
-    function, same weights; float rounding can differ in the last bits. Idempotent; returns what it replaced
-    (counts per kind: "qkv", "gate_up", "rms_norm")."""
+    """Rewrite a Llama-family model in place for fewer kernels per decode step (see the module docstring). Idempotent;
+    returns what it replaced (counts per kind: "qkv", "gate_up", "rms_norm")."""
     done = {"qkv": 0, "gate_up": 0, "rms_norm": 0}
     for name, mod in list(model.hf.named_modules()):
         parent, _, child = name.rpartition(".")

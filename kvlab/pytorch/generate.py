@@ -25,10 +25,9 @@ CACHES = ("dynamic", "static", "quantized")
 def make_cache(
     model: TorchModel, cache: Any, needed: int, max_cache_len: int | None = None, kv_precision: str | None = None
 ) -> Any:
-    """A transformers cache for ``needed`` positions from ``"dynamic"``/``"static"`` (``max_cache_len``, default
-    ``needed``), ``"quantized"`` or a ``QuantizedKV`` (``kv_precision``: kvlab.pytorch.quantized), a kvlab cache
-    (the transformers one of the same kind and size, from its ``spec``) or a transformers Cache (used as is,
-    reset)."""
+    """A transformers cache for ``needed`` positions from "dynamic"/"static" (``max_cache_len``, default ``needed``),
+    "quantized" or a ``QuantizedKV`` (``kv_precision``), a kvlab cache (the transformers one of its kind and size) or a
+    transformers Cache (used as is, reset)."""
     from transformers import Cache as HFCache
     from transformers import DynamicCache as HFDynamic
     from transformers import StaticCache as HFStatic
@@ -138,14 +137,12 @@ def generate(
     count_cpu_allocs: bool = False,
     kv_precision: str | None = None,
 ) -> Generation:
-    """Eager generation with a transformers cache, one forward per step, one record (and hook call) per step.
-
+    """Eager generation with a transformers cache, one forward and one record (and hook call) per step.
     ``cache``: "dynamic" | "static" | "quantized" | kvlab.DynamicCache() | kvlab.StaticCache(n) |
-    kvlab.pytorch.QuantizedKV(...) | a transformers Cache. ``kv_precision`` (with "quantized"): "int8", "int4",
-    "int4-hqq", "int2" or "fp8" (kvlab.pytorch.quantized; default int8).
-    A static cache defaults to exactly prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU
-    allocation proxy (``kvlab.pytorch.counters``; slow). Returns a ``Generation`` of ``TorchStepRecord`` s. Raises
-    ConfigError for a bad argument, CapacityError when the tokens do not fit the cache."""
+    kvlab.pytorch.QuantizedKV(...) | a transformers Cache; ``kv_precision`` with "quantized" (default int8). A static
+    cache defaults to prompt + max_new_tokens - 1 positions. ``count_cpu_allocs``: the CPU allocation proxy (slow).
+    Returns a ``Generation`` of ``TorchStepRecord`` s. Raises ConfigError for a bad argument, CapacityError when the
+    tokens do not fit the cache."""
     torch = need_torch()  # fails with its own message where torch is missing, before anything else
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a kvlab.pytorch.TorchModel (kvlab.pytorch.load(...)), got {model!r}")

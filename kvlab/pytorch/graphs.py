@@ -1,13 +1,9 @@
 """kvlab's CUDA-graph decode runner over one transformers StaticCache: the prompt is prefilled uncaptured, then one
 decode step is captured as a CUDA graph and replayed per token (``mode="capture"``), ``torch.compile``d first
-(``"compile"``; on CPU compiled but uncaptured), or run eagerly (``"eager"``: the same device-side step without a
-graph). Records, hooks and sampling follow kvlab's contract.
+(``"compile"``; on CPU compiled but uncaptured), or run eagerly (``"eager"``).
 
-One graph serves every position because the step computes everything from the cache's own device-side counter
-(layer 0's ``cumulative_length``): the position ids, the 4-D attention mask (``arange(max_cache_len) <=
-position``) and the write index. The step's argmax (``two_stage_argmax``) runs inside it and writes the next token
-into the step's input (``tok``) and into ``history``, so greedy decoding replays without a host sync in between.
-"""
+One graph serves every position: the step computes its position ids, mask and write index from the cache's own
+device-side counter, and its argmax writes the next token into the step's input (``tok``) and ``history``."""
 
 from __future__ import annotations
 
@@ -30,22 +26,15 @@ MODES = ("eager", "capture", "compile")
 
 
 class GraphRunner:
-    """Decode over one transformers StaticCache of ``max_cache_len`` positions with one captured step.
+    """Decode over one transformers StaticCache of ``max_cache_len`` positions with one captured step. Every step
+    writes exactly the tokens it is fed at [position, position + n) (the prefill runs uncaptured at its exact
+    length); ``decode_greedy`` replays with no host sync in between, ``generate`` keeps kvlab's contract (records,
+    hooks, sampling) with one sync per token; ``reset()`` empties the cache in place, so the graph stays valid.
 
-    - Valid-window writes: every step writes exactly the tokens it is fed at [position, position + n); the prefill
-      runs uncaptured at its exact length, so no padding ever enters the cache; the mask hides stale slots.
-    - ``decode_greedy`` replays N times with no host sync in between; ``generate`` keeps kvlab's contract (records,
-      hooks, sampling) with one replay and one sync per token.
-    - ``reset()`` zeroes the counters (and KV) in place: the cache's addresses never change (``kv_ptrs``), so the
-      graph stays valid across generations.
-
-    ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first (q/k/v and gate/up as single GEMMs, fused
-    RMSNorm). The model's attention is "eager" or one that takes sdpa's bool mask ("sdpa" or one registered with
-    transformers' mask interface as sdpa's). ``compile_mode``, ``compile_backend``:
-    ``torch.compile``'s. ``keep_logits=False``: the step keeps only its argmax (greedy only). ``warmup``: steps run
-    before the capture. Raises ConfigError for a bad argument or a model it cannot drive, DeviceError for
-    ``mode="capture"`` off CUDA.
-    """
+    ``mode``: see the module docstring. ``fuse``: ``fuse_modules`` first. The model's attention is "eager" or one that
+    takes sdpa's bool mask. ``compile_mode``, ``compile_backend``: ``torch.compile``'s. ``keep_logits=False``: the
+    step keeps only its argmax (greedy only). ``warmup``: steps run before the capture. Raises ConfigError for a bad
+    argument or a model it cannot drive, DeviceError for ``mode="capture"`` off CUDA."""
 
     def __init__(
         self,
@@ -182,9 +171,8 @@ class GraphRunner:
     def _token_step(
         self, prompt: Sequence[int] | None, choose: Callable[[Any], int] | None, host_tok: torch.Tensor
     ) -> tuple[int, float]:
-        """One position of ``generate``: the prefill of ``prompt`` or, when it is None, one replay; then the token
-        (sampled by ``choose`` from the logits, else greedy: the graph's own argmax after a replay) and the run's
-        seconds to its sync. A token chosen on the host is copied into the step's input."""
+        """One position of ``generate``: the prefill of ``prompt`` or (None) one replay; then the token (``choose``'s,
+        else the graph's own argmax) and the seconds to its sync. A host token is copied into the step's input."""
         t0 = time.perf_counter()
         if prompt is not None:
             self.logits.copy_(self.prefill(prompt))
@@ -242,8 +230,7 @@ class GraphRunner:
         self.history.index_copy_(0, (pos + 1).view(1), nxt.view(1))
 
     def _capture(self, warmup: int) -> None:
-        """``warmup`` steps (and the compile) on a side stream, then the step captured; ``setup_s`` says how long
-        each part took."""
+        """``warmup`` steps (and the compile) on a side stream, then the capture; ``setup_s`` times each."""
         dev = self.model.device
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(dev)
@@ -263,8 +250,7 @@ class GraphRunner:
 
 
 def check_runner(model: Any, max_cache_len: Any, mode: str) -> None:
-    """GraphRunner's arguments: ConfigError for a bad one or a model it cannot drive, DeviceError for
-    ``mode="capture"`` off CUDA."""
+    """ConfigError for a bad argument or a model GraphRunner cannot drive; DeviceError: capture off CUDA."""
     if not isinstance(model, TorchModel):
         raise ConfigError(f"model must be a TorchModel (kvlab.pytorch.load(...)), got {model!r}")
     check_choice(mode, MODES, "mode=")

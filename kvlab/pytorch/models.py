@@ -1,10 +1,5 @@
-"""Hugging Face transformers causal LMs on PyTorch, as kvlab's PyTorch backend loads them: a built-in preset's
-checkpoint, a local directory, a loaded model, or random weights of a named shape. Importing this module imports
-neither torch nor onnxruntime; torch and transformers load on first use.
-
-Supported: transformers >= 5.0, < 6 (the per-layer ``StaticLayer`` with a device ``cumulative_length``; the model
-argument is ``cache=`` from 5.24 on and ``past_key_values=`` before: chosen by ``cache_kwarg``), torch >= 2.4.
-"""
+"""Hugging Face transformers causal LMs on PyTorch: a built-in preset's checkpoint, a local directory, a loaded model,
+or random weights of a named shape. Needs transformers 5.x (``TRANSFORMERS_RANGE``) and torch, imported on first use."""
 
 from __future__ import annotations
 
@@ -197,10 +192,10 @@ def load(
     attn_implementation: str = "sdpa",
     name: str | None = None,
 ) -> TorchModel:
-    """A transformers causal LM: a kvlab built-in name ("toy", "kv-heavy", "smollm2": the checkpoint the ONNX
-    model was built from), a local Hugging Face directory, or an already loaded ``PreTrainedModel``, on ``device``
-    ("cpu" or "cuda") in ``dtype``. Raises ConfigError for a bad argument, DeviceError when CUDA is asked for but
-    absent, ModelError for a source that is not a causal LM with a KV cache."""
+    """A transformers causal LM: a kvlab built-in name (the checkpoint its ONNX model was built from), a local Hugging
+    Face directory, or a loaded ``PreTrainedModel``, on ``device`` ("cpu" or "cuda") in ``dtype``. Raises ConfigError
+    for a bad argument, DeviceError for CUDA asked for but absent, ModelError for a source that is not a causal LM with
+    a KV cache."""
     dev, dt = _placement(device, dtype, attn_implementation)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -235,9 +230,8 @@ def random_model(
     std: float = 0.02,
     attn_implementation: str = "sdpa",
 ) -> TorchModel:
-    """A random-weight Llama of a named shape (``SHAPES``) or of the LlamaConfig fields ``shape`` gives, built
-    directly on ``device`` (no tokenizer); named ``"<shape>-random"`` ("custom" for fields). Raises as ``load``
-    does, ConfigError for a shape not in ``SHAPES``."""
+    """A random-weight Llama of a named shape (``SHAPES``) or of the LlamaConfig fields ``shape`` gives, on ``device``
+    (no tokenizer), named "<shape>-random" ("custom-random"). Raises as ``load`` does."""
     torch = need_torch()
     fields = shape if isinstance(shape, dict) else SHAPES[check_choice(shape, sorted(SHAPES), "shape=")]
     dev, dt = _placement(device, dtype, attn_implementation)

@@ -1,17 +1,11 @@
-"""Quantized KV on PyTorch: transformers' ``QuantizedCache`` (KIVI-style: the newest ``residual_length`` positions
-kept in the model's dtype, older ones quantized group-wise) as a kvlab cache setting.
+"""Quantized KV on PyTorch: transformers' ``QuantizedCache`` (the newest ``residual_length`` positions kept in the
+model's dtype, older ones quantized group-wise) as a kvlab cache setting. ``kv_precision``:
 
-``kv_precision`` names what the quantized part holds and which transformers backend makes it (docs/kv-memory.md
-says what each costs and keeps):
-
-- ``"int8"``: HQQ, 8 bits (optimum-quanto's KV layer offers 2 and 4 bits only);
-- ``"int4"``: optimum-quanto, 4 bits (``"int4-hqq"``: HQQ, 4 bits);
-- ``"int2"``: optimum-quanto, 2 bits;
+- ``"int8"``: HQQ, 8 bits; ``"int4"``: optimum-quanto, 4 bits (``"int4-hqq"``: HQQ); ``"int2"``: optimum-quanto;
 - ``"fp8"``: transformers' own float8_e4m3 layer, one scale per tensor, no residual window.
 
-The bytes such a cache holds are counted, not assumed: ``kvlab.pytorch.counters.held_bytes`` walks every tensor a
-layer holds (packed integers, scales, zero points, the residual window). Importing this module imports neither
-torch nor the quantization packages."""
+The bytes held are counted by ``kvlab.pytorch.counters.held_bytes``. Importing this module imports neither torch
+nor the quantization packages."""
 
 from __future__ import annotations
 
@@ -90,9 +84,8 @@ def _need_package(precision: str) -> None:
 
 
 def quantized_setting(cache: Any, kv_precision: Any) -> QuantizedKV | None:
-    """The quantized setting a ``generate`` call asks for: ``cache="quantized"`` with ``kv_precision`` (default
-    int8), a ``QuantizedKV``, or None for a full-precision cache (ConfigError: kv_precision on a cache that cannot
-    hold it)."""
+    """The quantized setting a ``generate`` call asks for: ``cache="quantized"`` at ``kv_precision`` (default int8), a
+    ``QuantizedKV``, or None. ConfigError for a kv_precision on a cache that cannot hold it."""
     if isinstance(cache, QuantizedKV):
         if kv_precision not in FULL and kv_precision != cache.precision:
             raise ConfigError(f"kv_precision={kv_precision!r} contradicts cache={cache!r}; give one of the two")

@@ -77,9 +77,8 @@ def logits_per_position(model: Model, ids: np.ndarray, device: str, mode: str) -
         return np.stack([stepper.step(ids[i : i + 1], logits_out="all")[0][0] for i in range(len(ids))])
 
 
-# how far two devices' logits may differ and still count as the same, by the dtype they compute in: above what a
-# hardware adapter shows against the CPU EP (docs/known-limits.md); float16 is looser, since the CPU EP computes an
-# fp16 model's MatMuls in float32 while WebGPU rounds them to 11 bits
+# how far two devices' logits may differ and still count as the same, by the dtype they compute in (float16 is
+# looser: the CPU EP computes an fp16 model's MatMuls in float32)
 ATOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1}
 
 
@@ -92,9 +91,8 @@ def check(
     mode: str = "prefill",
     atol: float | None = None,
 ) -> Conformance:
-    """Compare ``device`` against ``reference`` on the same tokens of ``prompt`` (text or ids), position by position
-    (``atol``: by default the one for the dtype the model's logits are in, ``ATOL``). Raises what ``load``,
-    ``open_device`` and a step raise (ConfigError, ModelError, DeviceError)."""
+    """Compare ``device`` against ``reference`` on the same tokens of ``prompt``, position by position (``atol``:
+    default by the logits' dtype, ``ATOL``). Raises what ``load``, ``open_device`` and a step raise."""
     model = load(model)
     atol = ATOL[np.dtype(model.info.logits_dtype)] if atol is None else atol
     ids = model.encode(prompt)

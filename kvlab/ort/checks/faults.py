@@ -1,20 +1,16 @@
 """FAULT INJECTION, for tests and lessons: make one boundary of a step fail on purpose, at a chosen call.
 
-Real failures (a device lost mid-run, an allocation refused, Ctrl-C at an unlucky moment) cannot be produced on
-demand, so ``fault(point, at_call)`` wraps one kvlab or ONNX Runtime entry point for the duration of a ``with``
-block and raises at its ``at_call``-th call; everything else stays the real runtime. Points:
+``fault(point, at_call)`` wraps one kvlab or ONNX Runtime entry point for a ``with`` block and raises at its
+``at_call``-th call; everything else stays the real runtime. Points:
 
-- ``"run"``: a model session's run raises before running (as a device loss would);
+- ``"run"``: a session's run raises before running (as a device loss would);
 - ``"after-run"``: the run completes, then raises before the cache commits (its outputs exist, unowned);
-- ``"allocate"``: a device allocation raises (``Device.zeros``);
-- ``"wrap"``: wrapping a runtime value as a kvlab ``DeviceTensor`` raises (after the runtime allocated it);
-- ``"in-place"``: the run completes but reports one present as written elsewhere (the in-place check fails);
-- ``"copy"``: a tensor copy between devices raises (a handoff);
-- ``"commit"``: the cache's commit raises on entry.
+- ``"allocate"``: a device allocation raises; ``"wrap"``: wrapping a runtime value as a ``DeviceTensor`` raises;
+- ``"in-place"``: the run reports one present as written elsewhere (the in-place check fails);
+- ``"copy"``: a tensor copy between devices raises; ``"commit"``: the cache's commit raises on entry.
 
-``raising_hook(at_call)`` is a step hook that raises at its ``at_call``-th record. The default error is a
-``RuntimeError`` naming the point; pass ``error=KeyboardInterrupt()`` for an interrupt.
-"""
+``raising_hook(at_call)`` is a step hook that raises at its ``at_call``-th record. The default error is an
+``Injected`` RuntimeError naming the point; pass ``error=KeyboardInterrupt()`` for an interrupt."""
 
 from __future__ import annotations
 
@@ -50,9 +46,8 @@ def _targets(point: str) -> list[tuple[type, str]]:
 
 @contextmanager
 def fault(point: str, at_call: int = 1, error: BaseException | None = None) -> Iterator[dict[str, int]]:
-    """Inside the block, the ``at_call``-th call of ``point`` (see the module docstring) fails with ``error``.
-    Yields a counter: ``{"calls": n, "raised": 0 or 1}``. ConfigError for an unknown point or an ``at_call``
-    that is not a positive int."""
+    """Inside the block, the ``at_call``-th call of ``point`` fails with ``error``; yields ``{"calls": n, "raised": 0 or
+    1}``. ConfigError for an unknown point or an ``at_call`` that is not a positive int."""
     check_choice(point, POINTS, "fault point ")
     at_call = check_int(at_call, "at_call", 1)
     state = {"calls": 0, "raised": 0}

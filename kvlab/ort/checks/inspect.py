@@ -27,9 +27,8 @@ RING_ON_WEBGPU = (
 
 
 def verdicts(info: Any) -> list[Verdict]:
-    """A ``Verdict`` per cache ("dynamic", "static", "ring", "captured") and device ("cpu", "webgpu") for the model
-    ``info`` (a ModelInfo) with the installed ONNX Runtime package: "" where it runs, else why not. Reads the graph
-    (not its weights) and the package's op schemas."""
+    """A ``Verdict`` per cache and device for the model ``info`` with the installed ONNX Runtime package ("" where it
+    runs, else why not), from the graph (not its weights) and the package's op schemas."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
     b = backend()
@@ -66,9 +65,8 @@ def verdicts(info: Any) -> list[Verdict]:
 
 
 def report(path: str | os.PathLike, dtype: str | None = None) -> str:
-    """What kvlab sees in the model directory ``path`` (``dtype``: a transformers.js directory's variant), as one
-    screen of text (``Model.describe``): what ``kvlab inspect DIR`` prints. Raises what ``kvlab.load`` raises
-    (ModelError for a directory kvlab cannot use, ConfigError for a bad dtype)."""
+    """What ``kvlab inspect DIR`` prints: ``Model.describe`` of the directory ``path`` (``dtype``: a transformers.js
+    variant). Raises what ``kvlab.load`` raises (ModelError, ConfigError)."""
     return load(path, dtype=dtype).describe()
 
 

@@ -1,8 +1,7 @@
-"""mobius's own static cache (``mobius.tasks.CausalLMTask(static_cache=True, max_seq_len=N)``) for a
-``TinyKVShared`` preset, built and run beside kvlab's ``StaticCache``: a different idea of a static cache. Its graph
-takes each cache-owning layer's buffer as an input ``key_cache.i`` / ``value_cache.i`` of [batch, max_seq_len,
-kv_hidden], scatters the step's keys into it at ``write_indices`` and returns the result as a new output
-``updated_key_cache.i``, fed back at the next step (docs/kv-shared.md compares the two)."""
+"""mobius's own static cache (``CausalLMTask(static_cache=True, max_seq_len=N)``) for a ``TinyKVShared`` preset, built
+and run beside kvlab's ``StaticCache``: its graph takes each layer's buffer as an input ``key_cache.i`` and returns the
+buffer with the step's keys scattered in as a new output, fed back at the next step (docs/kv-shared.md compares the
+two)."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ from .references import hf_checkpoint
 
 
 def build_static(model: Any, max_seq_len: int, out: Path | None = None) -> Path:
-    """mobius's static-cache export of the checkpoint behind ``model`` (a loaded mobius preset), weights applied,
-    into ``out`` (default: beside it, ``mobius-static-<max_seq_len>``; atomically); reused when built already.
-    ConfigError for a ``max_seq_len`` that is not a positive int, ModelError for a model kvlab did not build."""
+    """mobius's static-cache export of ``model``'s checkpoint into ``out`` (default beside it), atomically; reused when
+    built. ConfigError for a bad ``max_seq_len``, ModelError for a model kvlab did not build."""
     max_seq_len = check_int(max_seq_len, "max_seq_len", 1)
     out = Path(out or model.info.path.parent / f"{model.info.path.name}-mobius-static-{max_seq_len}")
     if not (out / "model.onnx").is_file():
@@ -49,9 +47,8 @@ class StaticRun:
 
 
 class MobiusStatic:
-    """mobius's static-cache graph at ``path`` on ``device`` (a kvlab device name): ``generate`` runs it greedily
-    with its buffers on the device, the updated ones fed back at every step. Raises what ``Device.session`` raises
-    (DeviceError where the device's EP does not take its heavy nodes)."""
+    """mobius's static-cache graph at ``path`` on ``device``: ``generate`` runs it greedily, its updated buffers fed
+    back at every step. Raises what ``Device.session`` raises."""
 
     def __init__(self, path: Path, device: str = "cpu"):
         self.device = open_device(device)
@@ -61,8 +58,7 @@ class MobiusStatic:
         self.max_seq_len = int(next(iter(self.caches.values()))[1])
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> StaticRun:
-        """Greedy tokens for ``prompt``, every buffer released after; ConfigError when prompt + max_new_tokens
-        exceeds max_seq_len."""
+        """Greedy tokens for ``prompt``, buffers released after; ConfigError past max_seq_len."""
         if len(prompt) + max_new_tokens > self.max_seq_len:
             raise ConfigError(
                 f"{len(prompt)} prompt + {max_new_tokens} new tokens exceed this graph's max_seq_len "

@@ -17,11 +17,10 @@ from ..runtime.device import backend, open_device
 def genai_model(
     model: Model, device: str = "cpu", graph_capture: bool | None = None, options: dict[str, str] | None = None
 ) -> Any:
-    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. ``graph_capture`` (WebGPU):
-    True or False overrides the ``enableGraphCapture`` of its genai_config.json (None keeps it; the builder writes
-    "1" for a model built with enable_webgpu_graph=true, with ``validationMode`` "disabled"). ``options`` (WebGPU):
-    more WebGPU EP options that override the config's (e.g. ``{"validationMode": "basic"}``). Raises ModelError
-    when onnxruntime-genai is not installed, ConfigError for ``graph_capture`` or ``options`` off WebGPU."""
+    """An onnxruntime-genai model of the same directory, on the CPU EP or WebGPU. WebGPU only: ``graph_capture``
+    (True/False) overrides the genai_config.json's ``enableGraphCapture`` (None keeps it); ``options``: more EP options
+    that override the config's. Raises ModelError when onnxruntime-genai is not installed, ConfigError for
+    ``graph_capture`` or ``options`` off WebGPU."""
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
@@ -43,9 +42,8 @@ def genai_model(
 def genai_decode(
     og_model: Any, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[], Any] | None = None
 ) -> tuple[list[int], list[float]]:
-    """Greedy tokens from onnxruntime-genai (static, shared KV buffer), and the wall time (ms) of each
-    ``generate_next_token`` call: the first one samples from the prefill's logits, each later one runs one
-    decode forward pass first. ``on_token`` is called after each (untimed)."""
+    """Greedy tokens from onnxruntime-genai, and the wall time (ms) of each ``generate_next_token`` call (the first
+    samples the prefill's logits); ``on_token`` is called after each (untimed)."""
     gen = genai_generator(og_model, prompt_ids, max_new_tokens)
     tokens: list[int] = []
     times: list[float] = []

@@ -1,16 +1,10 @@
-"""Greedy decode steps in bursts: the token stays on the device, and the host reads a burst's tokens back together.
-
-A step whose token is read back at once waits for the GPU to finish it before the host can prepare the next. In a
-burst the host binds and runs step after step, each reading its input ids from the tensor the step before wrote
-(``DeviceToken``'s ring), and the GPU works through them while the host is already preparing the next; one read at
-the end waits for them all. ``Stepper.decode`` runs a decode in bursts of up to its ``tokens_per_read`` steps.
+"""Greedy decode steps in bursts: the token stays on the device (``DeviceToken``'s ring), the host binds and runs step
+after step while the GPU works through them, and one read at the end takes the burst's tokens back.
 
 A burst keeps the stepper's promises: every step is committed before the next runs, so a failing step leaves the
-steps before it kept (their tokens read back, their records reported) and is undone itself; steps run past a token
-the caller stops at are undone (the cache cropped) and never reported. A burst of more than one step is run only
-where the cache can be cropped back over all of it (``Cache.can_crop``): a cache holding a state (a convolution's
-or a recurrent layer's) decodes one step per read.
-"""
+steps before it kept and is undone itself; steps run past a token the caller stops at are undone (the cache
+cropped) and never reported. A burst of more than one step runs only where the cache can be cropped back over it
+(``Cache.can_crop``): a cache holding a state decodes one step per read."""
 
 from __future__ import annotations
 
@@ -30,11 +24,9 @@ Stepper = Any  # a kvlab.ort.decode.stepper.Stepper, open, inside its call (this
 
 def decode(stepper: Stepper, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
     """``Stepper.decode``: up to ``n`` greedy decode steps after ``token`` in bursts (``burst_size``), each burst's
-    records handed to the hooks once its tokens are read (``read_with``: the steps read together; ``wall_ms`` and
-    ``run_ms``: the burst's per step); stops after the first token of ``until`` (e.g. the EOS ids), the steps run
-    past it undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``,
-    more positions than opened for) and what a step raises: the steps before it are kept and reported, the failing one
-    undone."""
+    records handed to the hooks once its tokens are read; stops after the first token of ``until``, the steps run past
+    it undone and not reported. Raises ConfigError (no token on the device, a bad ``token`` or ``n``, too many
+    positions) and what a step raises: the steps before it are kept and reported, the failing one undone."""
     if stepper._device_token is None:
         raise ConfigError("decode() keeps the token on the device: open the Stepper with token_on_device")
     token = int(check_token_ids([token], stepper.model.info.vocab_size)[0])
@@ -54,9 +46,8 @@ def burst_size(stepper: Stepper, wanted: int) -> int:
 
 
 def run_burst(stepper: Stepper, token: int, k: int, until: Collection[int]) -> list[StepRecord]:
-    """``k`` greedy decode steps after ``token``, their tokens read back together; the records of the steps kept
-    (up to the first token of ``until``), already handed to the hooks. Raises what a step raises, after keeping and
-    reporting the steps before it."""
+    """``k`` greedy decode steps after ``token``, read back together; returns the kept steps' records (up to the first
+    token of ``until``), handed to the hooks. Raises what a step raises, the steps before it kept."""
     dt, start, origin = stepper._device_token, time.perf_counter(), stepper.cache.seq_length
     ids = stepper._input_ids(np.array([token], np.int64), on_device=True)
     ran: list[tuple[Any, Any, int]] = []  # (run result, cache step, position) of each committed step

@@ -42,26 +42,17 @@ NO_CROP = (
 
 class Conversation:
     """A conversation with ``model`` on ``device`` whose ``cache`` (default: a DynamicCache of its own, disposed by
-    ``close()``) is kept between turns: ``say(message)`` feeds only the positions the cache does not hold, and
-    returns the turn (a ``Generation``: ``kvlab.core.conversation.Turn``). ``rewind(n)`` keeps the first ``n``
-    positions, ``rewind_turn()`` goes back to the start of the last turn (edit the last message: rewind it, say it
-    again). ``system``: a system prompt for text turns. ``on_step``: hooks for every step's record.
+    ``close()``) is kept between turns: ``say(message)`` feeds only the positions the cache does not hold and
+    returns the turn (``kvlab.core.conversation.Turn``). ``rewind(n)`` keeps the first ``n`` positions,
+    ``rewind_turn()`` goes back to the start of the last turn. ``system``: a system prompt for text turns.
+    ``on_step``: hooks for every step's record.
 
-    Caches whose layers keep states (conv, recurrent: ``layout.states``) refuse ``crop(n)`` by name, and a
-    conversation does not keep snapshots of them: a snapshot serves only the position it was taken at, costs the
-    states' bytes per turn on every turn whether or not it is ever rewound to, and would make a rewind's cost depend on
-    where one stops. Instead, a rewind empties such a cache, and so does a failed turn whose steps may have changed
-    its states (one that fails before any step committed, with ``states="swap"``, leaves it as it was); the next turn
-    then prefills the whole history again: its records say so (``reused`` 0). KV caches crop: a rewind costs nothing
-    (fixed KV) or one copy of the kept positions (growing KV).
-
-    A failed turn (an error or Ctrl-C at any step) leaves the history and the cache as they were after the previous
-    turn (a state cache: empty, see above); a turn that does not fit is a CapacityError before any work. Raises
-    ConfigError for a bad argument, CacheStateError once closed.
-
-    One call at a time: ``say``, ``rewind``, ``rewind_turn`` and ``close`` called while another thread's call runs
-    on the same conversation are refused (CacheStateError naming that thread and its call; nothing changes): give
-    each thread its own conversation."""
+    KV caches crop on a rewind; a cache whose layers keep states (conv, recurrent) cannot, so a rewind empties it,
+    as does a failed turn whose steps may have changed its states, and the next turn prefills the whole history
+    (its records say ``reused`` 0). A failed turn (an error or Ctrl-C at any step) otherwise leaves the history and
+    the cache as after the previous turn; a turn that does not fit is a CapacityError before any work. Raises
+    ConfigError for a bad argument, CacheStateError once closed, or when another thread's call runs on the same
+    conversation (one call at a time; nothing changes then)."""
 
     def __init__(
         self,
@@ -170,10 +161,9 @@ class Conversation:
     ) -> Turn:
         """One turn: ``message`` (text, rendered with the model's chat template after the conversation so far; or
         token ids, taken as they are), then up to ``max_new_tokens`` tokens of reply. ``lookup``: greedy
-        prompt-lookup decoding (``kvlab.core.lookup``; the same tokens, several per step; one token a step where
-        multi-token steps are wrong, as ``Turn.lookup`` says). ``prefill_chunk``: feed the positions the cache lacks
-        in steps of at most this many (None: ``default_prefill_chunk(device)``: one step, or one token a step where
-        the package's multi-token steps are wrong, onnxruntime-webgpu 1.27 on a software adapter). Raises ConfigError,
+        prompt-lookup decoding (``kvlab.core.lookup``; ``Turn.lookup`` says why a turn ran one token a step).
+        ``prefill_chunk``: feed the positions the cache lacks in steps of at most this many (None:
+        ``default_prefill_chunk(device)``). Raises ConfigError,
         ModelError (no chat template for a text turn), CapacityError (before any work), and what a step raises (the
         conversation is then as before the turn; ``exc.partial``: the tokens made until then)."""
         with self._call("say"):
@@ -211,8 +201,7 @@ class Conversation:
         h.rewind(n, self.model.decode)
 
     def rewind_turn(self) -> Turn:
-        """Go back to the start of the last turn (as if it had never been said) and return it; ConfigError when
-        there is no turn."""
+        """Go back to the start of the last turn and return it; ConfigError when there is no turn."""
         with self._call("rewind_turn"):
             self._check_open()
             if not self.history.turns:
@@ -226,8 +215,7 @@ class Conversation:
             raise CacheStateError("this conversation was closed; start a new kvlab.Conversation")
 
     def _input(self, message: Any) -> tuple[list[int], str]:
-        """The turn's token ids, and its user message's text; ConfigError (ModelError: no chat template) for a
-        message that cannot be fed."""
+        """The turn's token ids and user text; ConfigError (ModelError: no chat template) when it cannot be fed."""
         m = self.model
         if isinstance(message, str):
             if m.chat_template is None:
@@ -355,11 +343,10 @@ def lookup_steps(
     lookup: PromptLookup,
     columns: dict[str, Any],
 ) -> None:
-    """Greedy decode steps after a prefill of ``prompt`` (its token: ``tokens[0]``) until ``stop()`` names a
-    reason: each proposes up to ``lookup.k`` drafts (never past ``new_tokens``), verifies them in one step
-    (phase "verify"; a step without drafts is a plain decode step), appends the accepted drafts and the model's next
-    token to ``tokens``, and crops the cache to the positions those need. A verify step whose next token is within
-    the lookup's margin (token -1: ``kvlab.core.lookup.verify``) leaves that position to the next step, fed alone."""
+    """Greedy decode steps after a prefill of ``prompt`` until ``stop()`` names a reason: each verifies up to
+    ``lookup.k`` drafts (never past ``new_tokens``) in one "verify" step (a plain decode step without drafts), appends
+    the accepted drafts and the next token to ``tokens`` and crops the cache to them. A next token within the margin
+    (-1: ``kvlab.core.lookup.verify``) leaves that position to the next step, fed alone."""
     cache, eos = stepper.cache, stepper.model.info.eos_token_ids
     margin, alone = lookup.margin_for(stepper.model.info.logits_dtype), False
     while not stop():

@@ -45,19 +45,15 @@ def generate(
     token_on_device: bool | str = AUTO,
     tokens_per_read: int | str = AUTO,
 ) -> Generation:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids). The cache
-    starts empty (``generate`` resets it; a StaticCache keeps its buffers). Default cache: dynamic.
-    ``prefill_device="cpu"`` runs the prefill on the CPU EP (``prefill_model``, default the same model), copies
-    the KV into ``cache`` on ``device`` (a 'handoff' step) and decodes there; where a package's WebGPU prefill is
-    wrong (``kvlab.ort.runtime.builtin``), this one is right.
+    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids), from an empty
+    cache (default: dynamic; a StaticCache keeps its buffers). ``prefill_device="cpu"``: the prefill runs on the CPU EP
+    (``prefill_model``, default the same model) and its KV is copied into ``cache`` on ``device`` (a 'handoff' step).
 
-    ``token_on_device=True`` (greedy only; or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``; True: "blocks"):
-    the decode device's graph picks each token and the next step reads it from the device (``kvlab.ort.decode.greedy``).
-    "auto" (default) does that where it was measured to pay (``auto_reduction``) and for greedy decoding; elsewhere
-    the host picks the token. ``tokens_per_read`` (the token on the device): steps run before their tokens are read
-    back together (``Stepper.decode``: the host does not wait for the GPU in between; steps past an EOS are undone);
-    "auto": ``TOKENS_PER_READ``, 1 for a captured cache. The label says which ran (``token_on_device``,
-    ``greedy_reduction``, ``tokens_per_read``: 0 for the token on the host).
+    ``token_on_device`` (greedy only: True, False, "auto" or one of ``kvlab.ort.decode.greedy.REDUCTIONS``): the
+    decode graph picks each token and the next step reads it from the device; "auto" (default) where that pays
+    (``auto_reduction``). ``tokens_per_read``: steps run before their tokens are read back together
+    (``Stepper.decode``; steps past an EOS are undone); "auto": ``TOKENS_PER_READ``, 1 for a captured cache. The label
+    says which ran.
 
     Returns a ``Generation`` (tokens, text, one record per step, the run's label). Raises ConfigError (a bad
     argument), CapacityError (the tokens do not fit the model or the cache), ModelError, DeviceError; an error at
@@ -164,9 +160,8 @@ def _prefill_stepper(
 
 
 def _decode(stepper: Stepper, run: _Run, choose: Any, prefill_choose: Any) -> None:
-    """The prefill (on ``run.pre``'s device and handed off, or on the stepper's), then the decode until
-    ``run.stop()`` names a reason: in bursts where the token stays on the device and is read back every
-    ``tokens_per_read`` steps, else one step at a time. The tokens reach ``run.tokens`` through its hook."""
+    """The prefill (on ``run.pre``'s device and handed off, or on the stepper's), then the decode until ``run.stop()``
+    names a reason: in bursts where the token stays on the device, else one step at a time."""
     next_ids = run.ids
     if run.pre is not None:
         with run.pre.cache, run.pre:

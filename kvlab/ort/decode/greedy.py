@@ -1,14 +1,9 @@
 """Greedy decoding with the token kept on the device (``Stepper(..., token_on_device=True)``).
 
-A decode step normally hands the host the logits, the host picks the token, and the next step's binding copies
-that token back to the device: on a real GPU that copy costs more than all of kvlab's Python time
-(data/token-on-the-device/). Here the model's graph also outputs the greedy token (an ArgMax over the last
-position's logits, ``NEXT``), written into a device tensor that the next step reads as its input ids: the token
-never travels to the device. The host reads the tokens back when it needs them, after every step or after a burst
-of steps (``Stepper.decode``): a step that is not read back does not wait for the GPU, so the host prepares the next
-step while the GPU still runs the last one. The graph with that output is written beside the model's (``greedy_graph``;
-the weights are the model's own file, not copied). ``auto_reduction`` says where it pays (``AUTO_MAX_VOCAB``):
-``generate`` uses it by default, read back every ``TOKENS_PER_READ`` steps.
+The model's graph gains an output, ``NEXT``: the greedy token (an argmax over the last position's logits), written
+into a device tensor that the next step reads as its input ids, so the token never travels host -> device. The host
+reads the tokens back when it needs them, after every step or after a burst of steps (``Stepper.decode``). The
+graph with that output is written beside the model's (``greedy_graph``; the weights stay in the model's own file).
 """
 
 from __future__ import annotations
@@ -28,23 +23,15 @@ NEXT = "kvlab_next_token"  # [1, 1] on the device (int64; int32 for "rows"): the
 
 REDUCTIONS = ("blocks", "single", "rows")  # how the greedy graph finds the largest logit (``greedy_graph``)
 SUFFIXES = {r: f".kvlab-next-{r}.onnx" for r in REDUCTIONS}  # the greedy graphs, beside model.onnx
-AUTO = "auto"  # the token on the device where that was measured to pay (``auto_reduction``), else on the host
-# "auto" on a hardware WebGPU adapter: one ArgMax ("single") up to this vocabulary, the "rows" reduction above it,
-# whichever was the faster step (data/token-on-the-device/)
-AUTO_MAX_VOCAB = 1024
-# greedy steps "auto" runs before reading their tokens back (``Stepper.decode``): reading back every few steps lets
-# the host prepare the next steps while the GPU runs (data/token-on-the-device/); a notebook streams the tokens in
-# bursts of this many
-TOKENS_PER_READ = 8
-# the most steps read back together that kvlab takes: a burst keeps its tokens in device tensors until read, sized by
-# the run (never more than its positions), and a count past this is a typo rather than a burst
-MAX_TOKENS_PER_READ = 4096
+AUTO = "auto"  # the token on the device where that pays (``auto_reduction``), else on the host
+AUTO_MAX_VOCAB = 1024  # "auto" on a hardware adapter: "single" up to this vocabulary, "rows" above it
+TOKENS_PER_READ = 8  # greedy steps "auto" runs before reading their tokens back (``Stepper.decode``)
+MAX_TOKENS_PER_READ = 4096  # the most steps read back together: a larger count is a typo rather than a burst
 
 
 def auto_reduction(vocab_size: int, adapter_kind: str, device_name: str) -> str:
-    """What ``token_on_device="auto"`` runs (``AUTO_MAX_VOCAB``; data/token-on-the-device/): "single" (one ArgMax)
-    on the CPU EP and on a hardware WebGPU adapter for a vocabulary of at most ``AUTO_MAX_VOCAB``, "rows" on a
-    hardware adapter above it, "" (the token chosen on the host) on a software WebGPU adapter."""
+    """What ``token_on_device="auto"`` runs: "single" on the CPU EP and on a hardware WebGPU adapter up to
+    ``AUTO_MAX_VOCAB``, "rows" on a hardware adapter above it, "" (the host chooses) on a software adapter."""
     if device_name == "cpu":
         return "single"
     if device_name != "webgpu" or adapter_kind != "hardware":
@@ -60,9 +47,8 @@ def reduction_for(token_on_device: object, vocab_size: int, device: Any) -> str:
 
 
 def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
-    """How many greedy steps are read back together: 0 for the token on the host (``reduction`` ""); "auto":
-    ``TOKENS_PER_READ`` where the cache (or its class) can keep tokens on the device for a later read, else 1.
-    ConfigError for a bad count, or more than one where there is nothing to read back later."""
+    """How many greedy steps are read back together: 0 with the token on the host; "auto": ``TOKENS_PER_READ`` where the
+    cache keeps tokens on the device, else 1. ConfigError for a bad count, or one above 1 with nothing to read later."""
     bursts = bool(reduction) and getattr(cache, "burst_reads", False)
     if isinstance(asked, str) and asked == AUTO:
         return (TOKENS_PER_READ if bursts else 1) if reduction else 0
@@ -75,9 +61,8 @@ def tokens_per_read_for(asked: int | str, reduction: str, cache: Any) -> int:
 
 
 def reduction_of(token_on_device: object) -> str:
-    """The greedy graph's reduction a ``token_on_device`` setting asks for: "" for the host path (False), "blocks"
-    for True, or the reduction named ("auto" needs the model and the device: ``reduction_for``). ConfigError for
-    anything else."""
+    """The reduction a ``token_on_device`` setting asks for: "" for False, "blocks" for True, or the one named ("auto":
+    ``reduction_for``). ConfigError for anything else."""
     if token_on_device is False:
         return ""
     if token_on_device is True:
@@ -104,17 +89,13 @@ def ids_dtype(reduction: str) -> np.dtype:
 
 
 def greedy_graph(model: Any, reduction: str = "blocks") -> Path:
-    """The model's graph plus the greedy token outputs, beside ``model.onnx`` (rewritten when the model is newer);
-    returns its path. Its one added output is ``NEXT``, for device memory. The logits are cast to float32 first
-    (ArgMax has no float16 kernel on every EP); ties go to the lowest index, as numpy's argmax does.
-
-    ``reduction``: "blocks" (default) finds the largest logit in two stages, each block of the vocabulary (padded
-    with -inf to whole blocks) by one ArgMax over a [blocks, size] view, then the block whose maximum is largest:
-    every stage is small enough for a GPU to spread over many threads. "single": one ArgMax over the whole
-    vocabulary. "rows": the row of a [blocks, size] view holding the largest logit, then the largest within that
-    row, in seven small ops of which one reads the whole vocabulary, every one on the GPU (the input ids become
-    int32: ``ids_dtype``). Raises ConfigError for another reduction, ModelError when the model's directory is not
-    writeable or (for "rows") its input ids feed anything but a Gather's indices."""
+    """The model's graph plus the output ``NEXT`` (the greedy token, for device memory), beside ``model.onnx``
+    (rewritten when the model is newer); returns its path. The logits are cast to float32 first; ties go to the lowest
+    index, as numpy's argmax does. ``reduction``: "blocks" (default: an ArgMax per block of the vocabulary, then
+    among the blocks), "single" (one ArgMax), "rows" (the row of a [blocks, size] view holding the largest logit,
+    then the largest within it, every op on the GPU; the input ids become int32: ``ids_dtype``). Raises ConfigError
+    for another reduction, ModelError when the model's directory is not writeable or (for "rows") its input ids feed
+    anything but a Gather's indices."""
     check_choice(reduction, REDUCTIONS, "reduction=")
 
     def edit(m: Any) -> None:
@@ -155,10 +136,9 @@ def non_finite(step: int, position: int, model: str, counts: str = "NaN or Inf")
 
 
 def _finite_check(g: Any) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` to ``kvlab_finite`` [1, 1] bool: whether every logit is finite (x - x is
-    0 for a finite x and NaN for NaN or Inf, so their sum equals itself only when all are finite). The reductions
-    write a token outside the vocabulary where it is false, so that the host, which reads only the token, sees it
-    (``not_a_token``): one more read of the logits on the device, nothing more on the host."""
+    """Nodes from ``kvlab_last_logits_f32`` to ``kvlab_finite`` [1, 1] bool: whether every logit is finite (the sum
+    of x - x equals itself only then). The reductions write a token outside the vocabulary where it is false
+    (``not_a_token``), so the host, which reads only the token, sees it."""
     from onnx import helper
 
     node = helper.make_node
@@ -172,9 +152,8 @@ def _finite_check(g: Any) -> None:
 
 
 def _single_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: one ArgMax over the logits and one
-    more value, -inf; where a logit is not finite, over a one-hot of that extra value instead (the token is then
-    ``vocab``)."""
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: one ArgMax over the logits and -inf, or
+    over a one-hot of that extra value where a logit is not finite (the token is then ``vocab``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     flag = np.zeros((1, vocab + 1), np.float32)
@@ -209,12 +188,9 @@ def _or_minus_one(g: Any, token_f32: str) -> str:
 
 
 def _two_stage_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1]: the argmax in blocks, in float32 ops
-    alone (WebGPU runs few int64 ops: ArgMax's own output is the one such on both packages, and one ArgMax over
-    the whole vocabulary is what this avoids). The largest logit is found per block, then among the blocks; the
-    index is the smallest position holding it (positions as float32: exact below 2**24), found the same way, and
-    cast to int64 at the end (a [1, 1] cast that the built-in package runs on the CPU EP)."""
-    import numpy as np
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int64: the largest logit per block, then
+    among the blocks, and the smallest position holding it (positions as float32: exact below 2**24) found the same
+    way, all in float32 ops (WebGPU runs few int64 ops), cast to int64 at the end."""
     from onnx import TensorProto, helper, numpy_helper
 
     blocks, size = argmax_blocks(vocab)
@@ -251,8 +227,7 @@ def _two_stage_argmax(g: Any, vocab: int) -> None:
 
 
 def _last_logits_f32(g: Any, logits: str) -> None:
-    """Nodes from the graph's ``logits`` [1, n, vocab] to ``kvlab_last_logits_f32`` [1, vocab]: the last position's,
-    as float32."""
+    """Nodes from ``logits`` [1, n, vocab] to ``kvlab_last_logits_f32`` [1, vocab]: the last position's."""
     from onnx import TensorProto, helper
 
     g.initializer.append(helper.make_tensor("kvlab_last_position", TensorProto.INT64, [], [-1]))
@@ -269,10 +244,9 @@ def _last_logits_f32(g: Any, logits: str) -> None:
 
 
 def _row_argmax(g: Any, vocab: int) -> None:
-    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int32: the largest value of each row of a
-    [blocks, size] view (padded with -inf when the rows do not divide the vocabulary), the first row holding the
-    largest of them, then that row's first largest; its position (a float32 table, exact below 2**24) is cast to
-    int32. ArgMax's int64 outputs are used only as Gather indices, the one int64 use WebGPU runs on the GPU."""
+    """Nodes from ``kvlab_last_logits_f32`` [1, vocab] to ``NEXT`` [1, 1] int32: the first row of a [blocks, size] view
+    (padded with -inf) holding the largest value, then that row's first largest; its position (a float32 table) is
+    cast to int32. ArgMax's int64 outputs are used only as Gather indices, which WebGPU runs on the GPU."""
     from onnx import TensorProto, helper, numpy_helper
 
     blocks, size = argmax_blocks(vocab)
@@ -312,8 +286,7 @@ def _row_argmax(g: Any, vocab: int) -> None:
 
 
 def _ids_as_int32(g: Any, model: Any) -> None:
-    """Retype the graph's input ids to int32 (a Gather reads int32 indices as it reads int64 ones); ModelError
-    when anything else reads them."""
+    """Retype the graph's input ids to int32; ModelError when anything but a Gather's indices reads them."""
     from onnx import TensorProto
 
     name = model.info.input_names.get("input_ids")
@@ -330,11 +303,10 @@ def _ids_as_int32(g: Any, model: Any) -> None:
 
 
 class DeviceToken:
-    """The greedy token kept on the device: a ring of ``size`` [1, 1] device tensors of the graph's id type
-    (``ids_dtype``). ``current`` holds ``token`` (the last token read back, the next step's input ids); step k of a
-    burst reads the tensor ``k - 1`` places after it and writes the one ``k`` places after (``target``), so a burst
-    of up to ``size - 1`` steps keeps every token until the host reads them (``read``). It advances only after the
-    steps it moves over have fully succeeded, so a failed step is retried from the token it read."""
+    """The greedy token kept on the device: a ring of ``size`` [1, 1] device tensors of the graph's id type. ``current``
+    holds ``token`` (the next step's input ids); step k of a burst reads the tensor ``k - 1`` places after it and writes
+    the one ``k`` places after (``target``), so a burst of up to ``size - 1`` steps keeps every token until read. It
+    advances only after the steps it moves over succeeded."""
 
     def __init__(self, device: Any, dtype: Any = np.int64, size: int = 2):
         dtype = np.dtype(dtype)

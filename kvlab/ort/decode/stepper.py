@@ -1,15 +1,11 @@
 """One forward pass at a time: ``Stepper.step(tokens)`` binds the cache, runs the session, commits, records.
 
-The step, in order: the cache binds its slots (``cache.binding``: capacity checked, nothing changed), the stepper
-binds the token ids, the attention mask and the logits (the runtime copies host inputs to the device there: that
-time is the runtime's, counted in the record's ``run_ms`` with the run), the runtime runs, the cache commits (it
-checks what the runtime returned, then advances), every hook gets the step's ``StepRecord``, and the cache
-settles. A step that fails anywhere (the run, the check, a hook, Ctrl-C) leaves the cache as it was, and every
-tensor the runtime made in it is released: call it again.
+The step, in order: the cache binds its slots (capacity checked, nothing changed), the stepper binds the token
+ids, the attention mask and the logits, the runtime runs, the cache commits (it checks what the runtime returned,
+then advances), every hook gets the step's ``StepRecord``, and the cache settles. A step that fails anywhere (the
+run, the check, a hook, Ctrl-C) leaves the cache as it was and releases every tensor the runtime made in it.
 
-A stepper is one ``with`` block, entered once, and steps one at a time: a step outside the block, a second entry
-or a step from a second thread while one runs is a CacheStateError that says so.
-"""
+A stepper is one ``with`` block, entered once, stepped by one thread at a time (CacheStateError otherwise)."""
 
 from __future__ import annotations
 
@@ -36,14 +32,12 @@ LOGITS_OUT = ("last", "all", "none")
 class Stepper:
     """One model + one cache + one device, stepped by hand. It holds the cache for its ``with`` block
     (``with Stepper(model, cache, device, positions) as s:``), for at most ``positions`` positions, from an empty
-    sequence (``keep=True``: from the one the cache holds, counted in ``positions``; a conversation's next turn).
+    sequence (``keep=True``: from the one the cache holds, counted in ``positions``).
 
-    ``token_on_device=True`` (or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back no
-    logits (``choose`` None, ``logits_out="none"``) take the token from the graph (``kvlab.ort.decode.greedy``) and
-    feed it to the next step from the device; ``decode`` runs such steps in bursts of up to ``tokens_per_read``,
-    their tokens read back together (``kvlab.ort.decode.burst``). ``hooks`` get every step's record. Raises
-    ConfigError for a bad argument, what opening the cache's session raises, and, on entering the block, what the
-    cache's ``use`` raises (CapacityError, CacheStateError)."""
+    ``token_on_device`` (True or a reduction of ``kvlab.ort.decode.greedy.REDUCTIONS``): greedy steps that hand back
+    no logits take the token from the graph and feed it to the next step from the device; ``decode`` runs such steps
+    in bursts of up to ``tokens_per_read``. ``hooks`` get every step's record. Raises ConfigError for a bad argument,
+    what opening the cache's session raises, and, on entering the block, what the cache's ``use`` raises."""
 
     def __init__(
         self,
@@ -164,16 +158,14 @@ class Stepper:
             return out, record
 
     def decode(self, token: int, n: int, until: Collection[int] = ()) -> list[StepRecord]:
-        """Up to ``n`` greedy decode steps after ``token``, the token kept on the device and read back in bursts of
-        up to ``tokens_per_read`` steps; stops after the first token of ``until``. Returns the kept steps' records
-        (``kvlab.ort.decode.burst.decode`` says what a burst reports, and keeps when a step fails)."""
+        """Up to ``n`` greedy decode steps after ``token``, read back in bursts of up to ``tokens_per_read``; stops
+        after the first token of ``until``. Returns the kept steps' records (``kvlab.ort.decode.burst.decode``)."""
         with self._block.call("decode"):
             return decode(self, token, n, until)
 
     def receive(self, src: OrtCache) -> StepRecord:
-        """Take over the sequence another cache holds (a prefill on another device): a 'handoff' step, step 0,
-        whose record the hooks get; the next step is the first decode step. Raises what ``cache.receive`` raises
-        (this cache is then empty) and what a hook raises."""
+        """Take over the sequence another cache holds: a 'handoff' step 0, whose record the hooks get. Raises what
+        ``cache.receive`` raises (this cache is then empty) and what a hook raises."""
         with self._block.call("receive"):
             start = time.perf_counter()
             memory, copied = self.cache.receive(src)
@@ -187,10 +179,9 @@ class Stepper:
             return record
 
     def _run(self, ids: Any, n: int, position: int, logits: np.ndarray, ahead: int = 0) -> tuple[RunResult, CacheStep]:
-        """Bind the step (the cache's slots, then ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0,
-        the tensor that many places along the device token's ring), run it, commit the cache. Raises what the
-        binding, the run and the commit raise; the cache has not advanced then, and what the run made is
-        released."""
+        """Bind the step (the cache's slots, ``ids`` [1, n], mask, positions, and ``logits`` or, ``ahead`` > 0, the
+        device token's tensor that many places along), run it, commit the cache. Raises what those raise; the cache has
+        not advanced then, and what the run made is released."""
         info = self.model.info
         b: Binding = self.cache.binding(self.session, n)
         b.input(info.input_names["input_ids"], ids)
@@ -227,9 +218,8 @@ class Stepper:
 
 
 def check_finite(logits: np.ndarray, step: int, position: int, model: str) -> None:
-    """ModelError when the logits a token is chosen from hold NaN or Inf (greedy and sampled tokens alike would be
-    meaningless), naming the step, the last position and how many values; the step then fails and is undone. With
-    the token on the device the graph checks them instead (``kvlab.ort.decode.greedy.not_a_token``)."""
+    """ModelError naming the step, the last position and how many values, when the logits a token is chosen from hold
+    NaN or Inf; the step then fails and is undone."""
     finite = np.isfinite(logits)
     if not finite.all():
         nan = int(np.isnan(logits).sum())

@@ -26,12 +26,9 @@ from .rewrites import for_ort127
 # the version of the build code per kind of recipe, in its directory's key: bump one to rebuild those models
 BUILDER_VERSION = 2  # the builder's Llamas (2: scale folded)
 VERSIONS = {TinyArch: 1, TinyKVShared: 2}  # TinyKVShared 2: the graph-capture build rewritten
-# builder options per architecture (``--extra_options``): Gemma 3's and LFM2's q/k norms stay separate nodes
-# (fused, they would be GroupQueryAttention inputs 14 and 15, which onnxruntime 1.27 refuses: docs/known-limits.md)
+# builder options per architecture: Gemma 3's and LFM2's q/k norms stay separate nodes (docs/known-limits.md)
 ARCH_OPTIONS: dict[str, tuple[str, ...]] = {"gemma3": ("fuse_qk_norm_gqa=false",), "lfm2": ("fuse_qk_norm_gqa=false",)}
-# the builder's extra option for WebGPU graph capture: its graph derives the attention's total length from the
-# number of ones in the attention mask instead of the mask's length, so the mask can be one fixed [1, max_cache_len]
-# buffer, zero padded and updated in place (kvlab.ort.decode.caches.captured)
+# the builder's option for graph capture: the total length is the mask's ones, not its length (a fixed mask buffer)
 GRAPH_CAPTURE_OPTION = "enable_webgpu_graph=true"
 DONE = "kvlab_recipe.json"  # written last: its presence marks a finished build
 
@@ -46,9 +43,8 @@ def model_dir(name: str, precision: str = "fp32", graph_capture: bool = False) -
 
 
 def ensure_built(name: str, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> Path:
-    """The directory of a built-in model in a precision (``graph_capture``: the build for WebGPU graph capture),
-    building it first when missing (atomic: a half-built one never counts). Raises ConfigError for an unknown
-    name or precision, ModelError when the build cannot run or fails."""
+    """The directory of a built-in model in a precision (``graph_capture``: the capture build), built first when
+    missing, atomically. Raises ConfigError for an unknown name or precision, ModelError when the build fails."""
     out = model_dir(name, precision, graph_capture)
     if not (out / DONE).is_file():
         build(name, out, precision, progress=progress, graph_capture=graph_capture)
@@ -56,9 +52,9 @@ def ensure_built(name: str, precision: str = "fp32", progress: bool = True, grap
 
 
 def build(name: str, out: Path, precision: str = "fp32", progress: bool = True, graph_capture: bool = False) -> None:
-    """Build the built-in model ``name`` into ``out``: its checkpoint, the exporter's graph, kvlab's rewrites and
-    fold, and ``kvlab_recipe.json`` (last) recording them. Raises ModelError when a build dependency is missing or
-    the exporter fails, ConfigError for a precision mobius does not build."""
+    """Build the built-in model ``name`` into ``out``: its checkpoint, the exporter's graph, kvlab's rewrites, and
+    ``kvlab_recipe.json`` last. ModelError: a missing dependency or a failed export; ConfigError: a precision mobius
+    lacks."""
     from tqdm.auto import tqdm
 
     spec = recipe(name)
@@ -126,10 +122,9 @@ def export(
     execution_provider: str = "webgpu",
     shims: bool | None = None,
 ) -> None:
-    """The onnxruntime-genai model builder, in a subprocess (offline), for ``execution_provider`` ("cpu", "webgpu",
-    ...: the builder's ``-e``) with ``extra_options`` ("key=value", the builder's ``--extra_options``). With
-    kvlab's config shims (``kvlab.ort.models.builder_shims``) where ``shims`` says (None: for an architecture beyond
-    the Llama family, ``arch``), and ``arch``'s ``ARCH_OPTIONS`` before ``extra_options``. ModelError (with the
+    """The onnxruntime-genai model builder, in a subprocess (offline), for ``execution_provider`` (the builder's ``-e``)
+    with ``arch``'s ``ARCH_OPTIONS`` and then ``extra_options`` ("key=value"); with kvlab's config shims
+    (``builder_shims``) where ``shims`` says (None: for an ``arch`` beyond the Llama family). ModelError (with the
     builder's stderr) when it fails."""
     shims = bool(arch) if shims is None else shims
     with tempfile.TemporaryDirectory() as scratch:
@@ -149,12 +144,10 @@ def export(
 
 
 def fold_attention_scale(onnx_file: Path) -> int:
-    """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it, and
-    set the node's ``scale`` to 1, in ``onnx_file`` (and its weights file); returns how many nodes were folded.
-    Why: the CPU EP's attention then takes its GEMM kernel that reads K^T in place (alpha 1) instead of packing K
-    every step. Folded only where it is exact: the scale is a power of two (rotary embedding is linear) and the
-    query comes straight from a MatMul whose float32 weight feeds nothing else (a q norm between them: left as
-    built)."""
+    """Fold each GroupQueryAttention node's softmax scale into the query columns of the MatMul feeding it (the node's
+    ``scale`` set to 1) in ``onnx_file`` and its weights file, so the CPU EP's attention reads K^T in place; returns how
+    many nodes were folded. Only where exact: a power-of-two scale, and a query straight from a MatMul whose float32
+    weight feeds nothing else."""
     import numpy as np
     import onnx
     from onnx import external_data_helper, numpy_helper

@@ -1,13 +1,7 @@
-"""The onnxruntime-genai model builder (0.18) with the config shims newer transformers (5.x) need, same command line:
-``python -m kvlab.ort.models.builder_shims -i HF_DIR -o OUT -p fp32 -e webgpu -c CACHE [--extra_options ...]``.
-
-The shims change the builder's view of the Hugging Face config only (the weights load unchanged):
-
-- Gemma 3: transformers 5 saves ``rope_parameters`` per layer type ({"full_attention": {...}, "sliding_attention":
-  {...}}) and no ``rope_local_base_freq``; the builder reads ``rope_parameters["rope_type"]`` and
-  ``rope_local_base_freq``. The shim gives it the full layers' parameters and the sliding layers' theta as
-  ``rope_local_base_freq``.
-"""
+"""The onnxruntime-genai model builder with the config shims newer transformers needs, same command line: ``python -m
+kvlab.ort.models.builder_shims -i HF_DIR -o OUT -p fp32 -e webgpu -c CACHE [--extra_options ...]``. The shims change
+only the builder's view of the Hugging Face config: for Gemma 3 (``rope_parameters`` per layer type), the full layers'
+parameters and the sliding layers' theta as ``rope_local_base_freq``."""
 
 from __future__ import annotations
 

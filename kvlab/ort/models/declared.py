@@ -1,8 +1,7 @@
-"""What a model directory's config declares about its decoder (``Declared``), in either layout kvlab reads: an
-onnxruntime-genai builder output's ``genai_config.json`` (``declared_genai``) or a Hugging Face Optimum /
-transformers.js export's ``config.json`` (``declared_hf``; its decoder file chosen by dtype as transformers.js
-chooses it: ``transformers_js_file``). Only the config is read here; ``kvlab.ort.models.info`` checks it against
-the graph. A malformed config or an encoder is a ModelError naming the file and key."""
+"""What a model directory's config declares about its decoder (``Declared``): an onnxruntime-genai builder output's
+``genai_config.json`` (``declared_genai``) or a Hugging Face Optimum / transformers.js export's ``config.json``
+(``declared_hf``; its decoder file: ``transformers_js_file``). ``kvlab.ort.models.info`` checks it against the graph. A
+malformed config or an encoder is a ModelError naming the file and key."""
 
 from __future__ import annotations
 
@@ -97,11 +96,9 @@ def _eos(value: Any, file: Path) -> tuple[int, ...]:
 
 
 def _checked(declared: Declared, config: dict, file: Path, search: Any = None) -> Declared:
-    """``declared``, with a note for each thing ``config`` (the decoder's section) or a genai ``search`` section
-    declares and kvlab applies only in part: no EOS id (generation stops at max_new_tokens only), sampling (kvlab
-    decodes greedily unless given a Sampling). ModelError naming the key and value where ``bos_token_id`` or
-    ``pad_token_id`` is set but is not a token id of the vocabulary (kvlab applies neither, but a malformed one is
-    a broken config), the context holds no position, or an EOS id is outside the vocabulary."""
+    """``declared``, with a note for each thing ``config`` (or a genai ``search`` section) declares that kvlab applies
+    only in part (no EOS id, sampling). ModelError naming the key and value for a ``bos_token_id`` or ``pad_token_id``
+    outside the vocabulary, a context of no position, or an EOS id outside the vocabulary."""
     vocab = declared.vocab
     for key in ("bos_token_id", "pad_token_id"):
         value = config.get(key)
@@ -137,8 +134,7 @@ def _names(fmt_key: str, fmt_value: str, layers: int, file: Path) -> tuple[tuple
 
 
 def declared_genai(path: Path) -> Declared:
-    """What an onnxruntime-genai builder output's genai_config.json declares; ModelError for a malformed config or
-    a model with an encoder."""
+    """What a builder output's genai_config.json declares; ModelError: a malformed config, an encoder."""
     file = path / "genai_config.json"
     config = _load_json(file)
     model = _get(config, "model", file)
@@ -206,9 +202,8 @@ def _other_eps(decoder: dict, file: Path) -> tuple[str, ...]:
 
 
 def declared_hf(path: Path, dtype: str | None = None) -> Declared:
-    """What a Hugging Face Optimum / transformers.js export declares: config.json and its decoder graph, the file
-    ``dtype`` names as transformers.js names it (``transformers_js_file``). Raises ConfigError for an unknown dtype,
-    ModelError for a malformed config, a missing graph or an encoder-decoder."""
+    """What a Hugging Face Optimum / transformers.js export declares (its decoder: ``transformers_js_file``).
+    ConfigError for an unknown dtype, ModelError for a malformed config, a missing graph or an encoder-decoder."""
     file = path / "config.json"
     config = _load_json(file)
     decoder = transformers_js_file(path, config, dtype)
@@ -255,12 +250,10 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
 
 
 def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> str:
-    """The decoder file of a transformers.js / onnx-community directory, relative to ``path``, chosen as
-    transformers.js chooses it: ``dtype``, else config.json's ``transformers.js_config.dtype`` (a string, or per
-    file: its "model" entry), else "fp32" ("auto" too); then ``onnx/model<suffix>.onnx``
-    (``TRANSFORMERS_JS_SUFFIX``), or ``model<suffix>.onnx`` beside config.json (an Optimum export). Raises
-    ConfigError for a dtype transformers.js does not know, ModelError naming the dtypes present when the file is
-    missing."""
+    """The decoder file of a transformers.js / onnx-community directory, relative to ``path``, as transformers.js
+    chooses it: ``dtype``, else config.json's ``transformers.js_config.dtype``, else "fp32"; then
+    ``onnx/model<suffix>.onnx`` or ``model<suffix>.onnx`` beside config.json. ConfigError for an unknown dtype,
+    ModelError naming the dtypes present when the file is missing."""
     if dtype is not None and dtype not in TRANSFORMERS_JS_SUFFIX:
         raise ConfigError(
             f"dtype {dtype!r} is not a transformers.js dtype; choose one of {tuple(TRANSFORMERS_JS_SUFFIX)}"
@@ -286,8 +279,7 @@ def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> 
 
 
 def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:
-    """Layer -> head size from a config's ``per_layer_config`` (transformers 5.24's Gemma 4: the full-attention
-    layers' heads are larger)."""
+    """Layer -> head size from a config's ``per_layer_config`` (Gemma 4's larger full-attention heads)."""
     per_layer = text.get("per_layer_config") or {}
     if not isinstance(per_layer, dict):
         raise ModelError(f"{file}: per_layer_config is {per_layer!r:.60}; it must map layer indices to configs")

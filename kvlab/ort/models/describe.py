@@ -1,11 +1,7 @@
-"""What kvlab sees in a model, on one screen (``describe``: at most ``MAX_LINES`` lines of ``WIDTH`` columns): the
-directory and its decoder, each layer's cache kind and attention op, each graph input and who feeds it, which
-caches run it on which device and why not, and what kvlab read but does not apply.
-
-Which caches run a model is the caches' own knowledge, and they live in a room above this one
-(``kvlab.ort.decode``): the room that can see them sets the ``judge`` (``kvlab.ort.checks.inspect``, imported with
-``kvlab.ort``); without one, ``describe`` says so instead of guessing.
-"""
+"""What kvlab sees in a model, on one screen (``describe``: at most ``MAX_LINES`` lines of ``WIDTH`` columns): its
+directory and decoder, each layer's cache kind and op, each graph input and who feeds it, which caches run it where and
+why not (the ``judge`` set by ``kvlab.ort.checks.inspect``, which can see the caches), and what kvlab read but does not
+apply."""
 
 from __future__ import annotations
 

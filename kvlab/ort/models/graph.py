@@ -18,8 +18,7 @@ ONNX_DTYPES: dict[int, Any] = {1: np.dtype(np.float32), FLOAT16: np.dtype(np.flo
 
 
 def load_graph(onnx_file: Path) -> Any:
-    """The ModelProto of ``onnx_file`` without its external weights (fast, small); ModelError when it is not a
-    readable ONNX model."""
+    """The ModelProto of ``onnx_file`` without its external weights; ModelError when it is unreadable."""
     import onnx
 
     try:
@@ -32,10 +31,9 @@ DERIVED = ".kvlab-"  # in the name of every graph kvlab derives and writes besid
 
 
 def files_stamp(graph: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """What identifies the files a session of ``graph`` reads: (name, size, modification time in ns, inode) of
-    ``graph`` and of every model file beside it that kvlab did not derive (the graph and weight files: names
-    holding ".onnx", e.g. model.onnx and model.onnx.data). Equal stamps: the same files, unchanged; a file
-    replaced or written in place changes its stamp. Files that cannot be read are left out."""
+    """What identifies the files a session of ``graph`` reads: (name, size, mtime in ns, inode) of ``graph`` and of
+    every ".onnx" file beside it kvlab did not derive; a file replaced or written in place changes it. Unreadable files
+    are left out."""
     stamp = []
     for f in [graph, *(p for p in graph.parent.iterdir() if ".onnx" in p.name and DERIVED not in p.name)]:
         try:
@@ -74,14 +72,12 @@ def rewrite_file(onnx_file: Path, edit: Callable[[Any], list[str]]) -> list[str]
 
 
 def derived_graph(model: Any, suffix: str, edit: Callable[[Any], Any], what: str) -> Path:
-    """A graph kvlab derives from ``model``: its ModelProto (weights left where they are, referenced by relative
-    path) changed by ``edit``, written beside its model.onnx as ``model<suffix>`` (again when the model is newer,
-    atomically: a concurrent reader sees the old file or the new one); returns its path. ModelError, naming ``what``
-    was written, when the model's directory is not writable."""
+    """A graph derived from ``model``'s by ``edit`` (weights referenced where they are), written atomically beside its
+    model.onnx as ``model<suffix>`` (again when the model is newer); returns its path. ModelError, naming ``what``, when
+    the directory is not writable."""
     src = Path(model.onnx_path)
     dst = src.with_name(src.name.removesuffix(".onnx") + suffix)
-    # fresh when written after the model's graph last changed: its change time moves also for a file replaced by
-    # an older one (cp -p), whose modification time would not
+    # fresh when written after the graph last changed (its ctime moves also for a file replaced by an older one)
     if dst.is_file() and dst.stat().st_mtime_ns >= src.stat().st_ctime_ns:
         return dst
     m = load_graph(src)

@@ -78,10 +78,9 @@ class ModelInfo:
 
 
 def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | None = None) -> ModelInfo:
-    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph. ``dtype``: the
-    variant of a transformers.js / onnx-community directory (``kvlab.ort.models.declared.transformers_js_file``).
-    Raises ModelError for a missing directory, or naming the first disagreement or what kvlab cannot feed or hold;
-    ConfigError for a dtype it does not know or one given for a builder directory (which holds one graph)."""
+    """The ``ModelInfo`` of a model directory (either layout), its config checked against its graph (``dtype``: a
+    transformers.js variant). ModelError for a missing directory, the first disagreement, or what kvlab cannot feed or
+    hold; ConfigError for an unknown dtype or one given for a builder directory."""
     path = Path(path)
     if not path.is_dir():
         what = "is a file, not a directory" if path.exists() else "does not exist"  # a file: its folder, perhaps
@@ -165,9 +164,8 @@ def _declared(path: Path, dtype: str | None = None) -> Declared:
 
 
 def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, tuple[int, str, str]]:
-    """Each cache input the graph has: past name -> (layer, role, present name). In a hybrid (a config with
-    states) each layer has KV or states, and in a graph whose layers borrow KV (``shared``) the borrowing layers
-    have none: ``d`` keeps only the KV pairs the graph has."""
+    """Each cache input the graph has: past name -> (layer, role, present name). Where layers hold states or borrow KV,
+    ``d`` keeps only the KV pairs the graph has."""
     pairs = list(enumerate(zip(d.past, d.present)))  # (layer, ((key, value) past, (key, value) present))
     if d.states or shared:
         pairs = [(i, (p, q)) for i, (p, q) in pairs if p[0] in inputs or p[1] in inputs]
@@ -180,9 +178,8 @@ def _cache_inputs(d: Declared, inputs: dict, shared: bool = False) -> dict[str, 
 
 
 def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) -> None:
-    """ModelError where the config's layer count is not the graph's: the layers whose KV inputs (by the config's
-    name patterns) the graph has. Hybrids and KV-shared graphs, whose layers do not all have KV, are counted by
-    their attention ops instead (``_cross_check``)."""
+    """ModelError where the config's layer count is not the layers whose KV inputs the graph has (hybrids and KV-shared
+    graphs are counted by their attention ops instead: ``_cross_check``)."""
     if d.states or len(d.past) != d.layers or not d.past:  # (a graph whose layers borrow KV: fewer pasts)
         return
     pattern = re.compile(re.escape(d.past_formats[0]).replace("%d", r"(\d+)") + "$")
@@ -195,9 +192,8 @@ def _check_layer_count(d: Declared, inputs: dict, declared: dict, path: Path) ->
 
 
 def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared: dict, path: Path) -> tuple[str, ...]:
-    """The graph inputs no node reads, which kvlab leaves unbound (an input the graph declares and never uses, as
-    some exporters declare position_ids). ModelError for an input kvlab does not feed that a node reads (naming
-    the nodes), or an input or output the config names that the graph lacks."""
+    """The graph inputs no node reads (left unbound). ModelError for an input kvlab does not feed that a node reads
+    (naming the nodes), or an input or output the config names that the graph lacks."""
     read_by = uses(graph)
     extra = [n for n in inputs if n not in d.roles and n not in declared]
     unread = tuple(n for n in extra if not read_by.get(n))

@@ -1,15 +1,12 @@
 """What each layer of a decoder graph keeps between steps, read from the graph: every past input is followed to the
 node that reads it, and that node's type says what the pair holds and which output is its present.
 
-One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3 and 4) and writes the presents
-(outputs 1 and 2), its ``local_window_size`` the window of a sliding layer (-1: full attention);
-CausalConvWithState reads a conv state (input 3) and writes it (output 1); LinearAttention a recurrent state
-(input 3 -> output 1). Keys and values another op makes (an Optimum export's Concat) are full-attention KV that
-cannot share a buffer. A layer with no cache input whose GroupQueryAttention reads another layer's presents as its
-past shares that layer's KV (``SharedKV``: Gemma 4, exported by mobius): it keeps nothing. A state read by an op
-kvlab does not know is refused, naming the input, the output and the op: kvlab would not know how its size changes
-from step to step.
-"""
+One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3, 4) and writes the presents
+(outputs 1, 2), its ``local_window_size`` a sliding layer's window (-1: full attention); CausalConvWithState a
+conv state and LinearAttention a recurrent state (input 3 -> output 1). Keys and values another op makes (an
+Optimum export's Concat) are full-attention KV that cannot share a buffer. A layer whose GroupQueryAttention reads
+another layer's presents as its past shares that layer's KV (``SharedKV``). A state read by an op kvlab does not
+know is refused, naming the input, the output and the op."""
 
 from __future__ import annotations
 
@@ -68,9 +65,8 @@ ATTENTION_OPS = ("MultiHeadAttention", "Attention", "GroupQueryAttention", "Spar
 
 
 def attention_reading(read_by: dict, present: str, depth: int = 12) -> Any:
-    """The attention node that reads the KV tensor ``present`` (directly or through a few reshapes, repeats and
-    transposes: at most ``depth`` nodes away): a fused attention op (``ATTENTION_OPS``), or the Softmax of an
-    unfused one; None when none is that near."""
+    """The attention node reading the KV tensor ``present`` (at most ``depth`` reshapes, repeats and transposes away): a
+    fused attention op (``ATTENTION_OPS``) or an unfused one's Softmax; None when none is that near."""
     frontier, seen = [present], set()
     for _ in range(depth):
         nxt = []
@@ -145,10 +141,9 @@ ROLE_ORDER = ("key", "value", "conv", "recurrent")
 
 
 def _shared_layers(graph: Any, per_layer: dict[int, list[tuple[CacheEntry, Any]]]) -> dict[int, SharedKV]:
-    """The layers without a cache input of their own whose GroupQueryAttention reads, as its past keys and values,
-    the presents another layer's GroupQueryAttention writes (Gemma 4's KV sharing, as mobius exports it): layer ->
-    ``SharedKV``. The attention nodes that own no entry are matched, in graph order, with the layers that have
-    none, in layer order; {} when their counts differ (those layers are then refused as having no cache input)."""
+    """Layer -> ``SharedKV`` for the layers without a cache input whose GroupQueryAttention reads another layer's
+    presents as its past: the attention nodes that own no entry matched in order with the layers that have none; {} when
+    their counts differ (those layers are then refused)."""
     owner = {id(node): layer for layer, found in per_layer.items() for _, node in found if node is not None}
     writes = {
         node.output[1]: node for node in graph.graph.node if node.op_type == "GroupQueryAttention" and id(node) in owner

@@ -37,9 +37,8 @@ def mobius_version() -> str:
 
 
 def mobius_config(hf: Any) -> Any:
-    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer (mobius's
-    own reader refuses it): the per-layer access allowed, ``global_head_dim`` from the full-attention layers'
-    config. ModelError for another model type."""
+    """mobius's ``Gemma4Config`` of a transformers ``Gemma4TextConfig`` whose head size differs per layer (which
+    mobius's reader refuses). ModelError for another model type."""
     import mobius
 
     if getattr(hf, "model_type", None) != "gemma4_text":
@@ -100,9 +99,8 @@ def _unread(graph: Any) -> list[str]:
 
 
 def check(graph: Any, path: Path) -> None:
-    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs):
-    inputs no node reads (ONNX Runtime still asks for them at every run), KV declared with another head size than
-    its layer writes (ONNX Runtime would refuse the real tensors)."""
+    """ModelError naming what a mobius graph needs repaired before kvlab can bind it (nothing for other graphs): inputs
+    no node reads, or KV declared with another head size than its layer writes."""
     if graph.producer_name != PRODUCER:
         return
     found = []
@@ -161,9 +159,8 @@ def _ints(model: Any, name: str) -> list[int] | None:
 
 
 def empty_kv_by_slice(model: Any) -> list[str]:
-    """Each ConstantOfShape making a KV-shared layer's empty keys and values (read only as GroupQueryAttention's
-    key and value; no WebGPU kernel) as ``Slice(query, [0, 0], [0, width], axes [1, 2])``: the same [batch, 0,
-    width] tensor. ModelError where its shape is not ``Concat(Shape(query)[0:1], [0, width])``."""
+    """Each ConstantOfShape making a KV-shared layer's empty keys and values (no WebGPU kernel) as ``Slice(query, [0,
+    0], [0, width], axes [1, 2])``, the same [batch, 0, width] tensor. ModelError for another shape."""
     from onnx import helper
 
     made_by, read_by = producers(model), uses(model)
@@ -213,10 +210,9 @@ def empty_kv_by_slice(model: Any) -> list[str]:
 
 
 def int32_mask_lengths(model: Any, mask: str = "attention_mask") -> list[str]:
-    """The int64 ReduceSum of ``mask`` and the Sub of one from it (run on the CPU EP by onnxruntime-webgpu 1.27) in
-    int32, after a Cast of the mask: it holds 0 and 1, so every value is the same. Nothing when the mask is not
-    summed; ModelError where the sum or the difference is read by anything but a Cast to int32, or the Sub's one is
-    not a constant 1."""
+    """The int64 ReduceSum of ``mask`` and the Sub of one from it, in int32 after a Cast of the mask (same values).
+    Nothing when the mask is not summed; ModelError where either is read by anything but a Cast to int32, or the Sub's
+    one is not a constant 1."""
     from onnx import helper
 
     read_by = uses(model)

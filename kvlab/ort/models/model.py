@@ -23,9 +23,8 @@ from .info import ModelInfo, read_info
 
 
 class Model:
-    """A loaded model: its info, tokenizer and chat template (sessions belong to devices: ``Device.session``).
-    ``tokenizer`` is None for a directory without tokenizer.json: token-id prompts work, text is refused by name.
-    ModelError when tokenizer.json is unreadable or maps ids past the model's vocabulary."""
+    """A loaded model: its info, tokenizer and chat template (sessions belong to devices). ``tokenizer`` is None without
+    tokenizer.json. ModelError when tokenizer.json is unreadable or maps ids past the vocabulary."""
 
     def __init__(self, info: ModelInfo):
         self.info = info
@@ -52,15 +51,14 @@ class Model:
             )
 
     def describe(self) -> str:
-        """What kvlab sees in this model, as one screen of text (at most 40 lines of 100 columns): each layer's cache
-        kind and attention op, each graph input and who feeds it, which caches run it on which device and why not
-        (``kvlab.ort.models.describe``). Reads the graph (not its weights); opens no session."""
+        """What kvlab sees in this model, as one screen of text (``kvlab.ort.models.describe``). Reads the graph (not
+        its weights); opens no session."""
         return describe(self.info)
 
     def check_files(self) -> None:
-        """ModelError when the model's graph or weight files changed since it was loaded (written in place or
-        replaced: ``kvlab.ort.models.graph.files_stamp``): a session of them would run the new weights with what
-        was read of the old ones. Loading the directory again takes the new files."""
+        """ModelError when the model's graph or weight files changed since it was loaded (``files_stamp``): a session
+        would mix the new weights with what was read of the old ones. Loading the directory again takes the new
+        files."""
         changed = changed_files(self.files, files_stamp(self.info.onnx_path))
         if changed:
             raise ModelError(
@@ -75,9 +73,9 @@ class Model:
 
     @cached_property
     def chat_template(self) -> str | None:
-        """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's; a named list's
-        "default"), or None (also for a model without a tokenizer); ModelError for a config that is not JSON or a
-        template that is not a string."""
+        """The model's Jinja chat template (chat_template.jinja, else tokenizer_config.json's, a named list's
+        "default"), or None (also without a tokenizer); ModelError for a config that is not JSON or a template that is
+        not a string."""
         if self.tokenizer is None:  # a template renders text, which only a tokenizer makes ids of
             return None
         jinja = self.info.path / "chat_template.jinja"
@@ -102,9 +100,8 @@ class Model:
         return template
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render chat messages with the model's template (the same Jinja semantics transformers uses). Raises
-        ModelError (no template, a broken one, one that renders nothing), ConfigError (a malformed message, the
-        template's own error)."""
+        """Render chat messages with the model's Jinja template, as transformers does. Raises ModelError (no template, a
+        broken one, one that renders nothing), ConfigError (a malformed message, the template's own error)."""
         if self.chat_template is None:
             raise ModelError(f"model {self.name} has no chat template; pass plain text without --chat")
         for m in messages:
@@ -145,9 +142,8 @@ class Model:
     def encode(
         self, prompt: str | Sequence[dict[str, str]] | Sequence[int] | np.ndarray, chat: bool = False
     ) -> np.ndarray:
-        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids (checked); ConfigError
-        for an empty or malformed prompt, or ids outside the vocabulary; ModelError for text when the model has no
-        tokenizer."""
+        """Token ids [n] (int64) of a text, chat messages (rendered with the template) or ids; ConfigError for an empty
+        or malformed prompt or ids outside the vocabulary, ModelError for text without a tokenizer."""
         if isinstance(prompt, np.ndarray) or (
             isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], dict)
         ):

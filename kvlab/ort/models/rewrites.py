@@ -1,15 +1,12 @@
-"""Graph rewrites, each exact: it changes only the nodes it names, returns one line per change and raises ModelError
-for a graph it cannot rewrite exactly.
+"""Graph rewrites, each exact: it changes only the nodes it names, returns one line per change and raises ModelError for
+a graph it cannot rewrite exactly.
 
-- At build time (``for_ort127``, recorded in the model's ``kvlab_recipe.json``): what the onnxruntime-genai builder
-  writes for the architectures beyond full attention that onnxruntime 1.27 cannot load, in ops every package has,
-  and a window the builder drops, put back (docs/known-limits.md).
-- When a model is loaded (``plain_graph``, a graph beside its model.onnx): a ring buffer the builder's ``-e cpu``
-  asks GroupQueryAttention for, and state windows of 0, dropped; kvlab's caches run that graph.
-- When a session opens on WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
-- When a ring-buffer cache opens (``ring_graph``, a graph beside the model's): sliding layers that evict inside
-  GroupQueryAttention.
-"""
+- At build time (``for_ort127``, recorded in ``kvlab_recipe.json``): builder output for the architectures beyond
+  full attention put in ops every package loads, and a window the builder drops put back.
+- At load (``plain_graph``, beside model.onnx): the ring buffer and the state windows of 0 the builder's
+  ``-e cpu`` asks for, dropped; kvlab's caches run that graph.
+- On WebGPU (``cast_bool_gathers``, in memory): a Gather of bool data in int32.
+- For a ring-buffer cache (``ring_graph``): sliding layers that evict inside GroupQueryAttention."""
 
 from __future__ import annotations
 
@@ -66,11 +63,9 @@ PLAIN_SUFFIX = ".kvlab-plain.onnx"  # the plain-attention graph, beside a model.
 
 
 def plain_attention(model: Any) -> list[str]:
-    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (which the
-    builder's ``-e cpu`` sets to 1 on sliding layers: the op then evicts from a buffer of at least its window, and
-    refuses a past shorter than that, as a DynamicCache's is; without it a sliding layer attends to the same last
-    ``local_window_size`` positions of a buffer that keeps every one; RingStaticCache sets it again on its own
-    graph), and the state ops without ``state_window=0`` (``drop_zero_state_windows``). One line per node changed."""
+    """The graph as kvlab's caches run it: every GroupQueryAttention without ``sliding_window_cache`` (a sliding layer
+    then reads the same last ``local_window_size`` positions of a buffer that keeps every one), and the state ops
+    without ``state_window=0`` (``drop_zero_state_windows``). One line per node changed."""
     done = drop_zero_state_windows(model)
     for node in model.graph.node:
         found = next((a for a in node.attribute if a.name == "sliding_window_cache"), None)
@@ -95,9 +90,8 @@ def plain_graph(model: Any) -> Path:
 
 
 def strip_state_window(model: Any) -> list[str]:
-    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention
-    node (``drop_zero_state_windows``): onnxruntime 1.27 has no such attribute. A non-zero window cannot be dropped:
-    ModelError."""
+    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention node
+    (older runtimes have no such attribute). ModelError for a non-zero window, which cannot be dropped."""
     for node in model.graph.node:
         window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
         if window:
@@ -220,10 +214,9 @@ def text_position_ids(model: Any) -> list[str]:
 
 
 def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> list[str]:
-    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1. Why: the
-    builder reads ``config.sliding_window`` but sets the window only on layers whose ``layer_types`` entry is
-    "sliding_attention"; MistralConfig has no layer_types, so every layer would silently attend to everything.
-    ModelError for a layer whose window disagrees with the config."""
+    """Set ``local_window_size = window`` on the GroupQueryAttention of each of ``layers`` that has -1 (the builder sets
+    it only on layers whose ``layer_types`` entry is "sliding_attention", which MistralConfig lacks). ModelError for a
+    layer whose window disagrees with the config."""
     import re
 
     done = []
@@ -300,10 +293,9 @@ RING_SUFFIX = ".kvlab-ring.onnx"  # the ring graph's file, beside model.onnx
 
 
 def ring_sliding_layers(model: Any) -> list[str]:
-    """``sliding_window_cache=1`` on every sliding GroupQueryAttention (``local_window_size`` > 0; full-attention
-    ones are left alone): its past and present become a buffer of at least the window that the op itself evicts
-    from (onnxruntime >= 1.31's CPU kernel; docs/kv-memory.md). ModelError when the graph has no sliding
-    GroupQueryAttention, or one that already has another value of the attribute."""
+    """``sliding_window_cache=1`` on every sliding GroupQueryAttention (``local_window_size`` > 0): its past and present
+    become a buffer of the window that the op itself evicts from. ModelError when the graph has no sliding
+    GroupQueryAttention, or one with another value of the attribute."""
     from onnx import helper
 
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and attr(n, "local_window_size", -1) > 0]
@@ -327,7 +319,6 @@ def ring_sliding_layers(model: Any) -> list[str]:
 
 
 def ring_graph(model: Any) -> Path:
-    """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx``
-    (written again when the model is newer); returns its path. Raises ModelError when the graph has no sliding
-    layer or the model's directory is not writable."""
+    """The model's graph with ring buffers on its sliding layers (``ring_sliding_layers``), beside ``model.onnx`` (again
+    when the model is newer); returns its path. ModelError: no sliding layer, or a directory not writable."""
     return derived_graph(model, RING_SUFFIX, ring_sliding_layers, "ring graph (for the ring-buffer cache)")

@@ -22,8 +22,7 @@ SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
 LOADER_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
 EXTRA_ICD_DIRS = ("/usr/local/nvidia/share/vulkan/icd.d",)
 _SOFTWARE_ICDS = ("lvp_", "swiftshader")  # Mesa lavapipe, Google SwiftShader
-# the libraries a GPU's Vulkan driver may load before it can start (glvnd's, for a driver whose library needs it:
-# without them a headless machine's loader finds no device), by the Debian/Ubuntu package that ships each
+# the libraries a GPU's Vulkan driver may load before it can start, by the Debian/Ubuntu package that ships each
 LIBRARY_PACKAGES = {
     "libGLX.so.0": "libglx0",
     "libGLdispatch.so.0": "libglvnd0",
@@ -57,13 +56,10 @@ def vulkan_loader() -> bool:
 
 
 def configure_vulkan(choice: str | None = None) -> str:
-    """Point the Vulkan loader at a driver before the first WebGPU session (Linux only).
-
-    ``choice`` (or env ``KVLAB_WEBGPU_ADAPTER``): "auto" uses a hardware driver when one is installed, else
-    SwiftShader from Debian's chromium-common; "software" forces SwiftShader; "hardware" leaves the loader alone.
-    An explicit ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` set by the user always wins. Returns what was done (the
-    first call's note: the loader reads the environment once). ConfigError for another choice.
-    """
+    """Point the Vulkan loader at a driver before the first WebGPU session (Linux only). ``choice`` (or env
+    ``KVLAB_WEBGPU_ADAPTER``): "auto" a hardware driver when one is installed, else SwiftShader; "software" forces
+    SwiftShader; "hardware" leaves the loader alone. A user's ``VK_ICD_FILENAMES``/``VK_DRIVER_FILES`` always wins.
+    Returns the first call's note (the loader reads the environment once). ConfigError for another choice."""
     global _VULKAN_NOTE
     choice = choice or os.environ.get("KVLAB_WEBGPU_ADAPTER", "auto")
     check_choice(choice, ADAPTER_CHOICES, "KVLAB_WEBGPU_ADAPTER=")
@@ -252,9 +248,8 @@ class DriverProblem:
 def driver_problems(
     manifests: list[str] | None = None, needs: dict[str, str] = LIBRARY_PACKAGES
 ) -> list[DriverProblem]:
-    """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its driver
-    library cannot be loaded, or a library that GPU drivers load at start (``needs``: glvnd's) is missing.
-    Loading a library only maps it; nothing starts."""
+    """Why a machine with a GPU Vulkan driver gets no WebGPU adapter, per hardware driver manifest: its library, or one
+    GPU drivers load at start (``needs``), cannot be loaded (loading only maps a library; nothing starts)."""
     out = []
     for manifest in manifests if manifests is not None else hardware_icd_manifests():
         try:

@@ -1,8 +1,7 @@
 """The seam between kvlab and an ONNX Runtime package: everything that differs between packages goes through a
-``Backend``. Two packages, one subclass each: ``kvlab.ort.runtime.builtin`` (the ``onnxruntime-webgpu`` wheel, its
-built-in WebGPU EP and the CPU EP) and ``kvlab.ort.runtime.plugin`` (``onnxruntime`` >= 1.31 with the WebGPU EP as
-the plugin library ``onnxruntime-ep-webgpu``). What is installed decides which runs
-(``kvlab.ort.runtime.device.backend``); what each cannot do is on docs/known-limits.md."""
+``Backend``, one subclass per package: ``kvlab.ort.runtime.builtin`` (the ``onnxruntime-webgpu`` wheel) and
+``kvlab.ort.runtime.plugin`` (``onnxruntime`` with the plugin ``onnxruntime-ep-webgpu``). What is installed decides
+which runs (``kvlab.ort.runtime.device.backend``)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ class Backend:
     copy_paths: frozenset[tuple[str, str]] = frozenset()  # (from device, to device) pairs ``copy`` supports
     webgpu_states_in_place = False  # its WebGPU EP runs a fixed-size state bound as input and output of one run
     kv_quantization = False  # its WebGPU GroupQueryAttention packs KV (kvlab.ort.decode.caches.kv_precision)
-    # (make, host): ``make(array, host)`` is a C-level OrtValue over a host array, for ``bind_ortvalue_input`` (a
-    # step binds its inputs with as few calls as the package allows)
+    # (make, host): ``make(array, host)`` is a C-level OrtValue over a host array, for ``bind_ortvalue_input``
     host_input: tuple[Any, Any] = (None, None)
     # the package's Python OrtValue class: ``ortvalue(value)`` wraps a C-level value an IOBinding returned
     ortvalue: Any = None
@@ -40,9 +38,8 @@ class Backend:
 
     # -- sessions
     def create_session(self, path: str | bytes, device: Any, options: dict[str, str] | None = None) -> Any:
-        """An InferenceSession of ``path`` (a file or a serialized model) on ``device`` with its options, and
-        ``options``: WebGPU EP options of this session only (e.g. ``enableGraphCapture``). Raises DeviceError
-        when ONNX Runtime refuses the session or does not run it on the device's EP."""
+        """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, ``options`` being this
+        session's own WebGPU EP options. DeviceError when ONNX Runtime refuses it or does not run it on the EP."""
         raise NotImplementedError
 
     def release_graph(self, sess: Any, graph_id: int) -> bool:
@@ -60,9 +57,8 @@ class Backend:
         return self.ortvalue.ortvalue_from_numpy(np.ascontiguousarray(array))
 
     def multi_token_exact(self, device_name: str, adapter_kind: str) -> bool:
-        """Whether a step that feeds several tokens gives the logits one-token steps give on this device and kind of
-        adapter ("hardware", "software"; where it does not, a caller feeds one token a step:
-        ``kvlab.ort.decode.conversation``)."""
+        """Whether a step feeding several tokens gives the logits one-token steps give on this device and adapter kind
+        (where not, a conversation feeds one token a step)."""
         return True
 
     def bind_target(self, device: Any) -> str:

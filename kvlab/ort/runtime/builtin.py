@@ -1,8 +1,6 @@
-"""The ``onnxruntime-webgpu`` wheel (1.27): the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``.
-What it cannot do, and what kvlab does about it (EP options as session config entries, device zeros made by a
-one-node model, states not in place, captured graphs not released on their own, bool Gathers rewritten, wrong
-prefill logits on a software adapter), is on docs/known-limits.md: the one list (other modules name the
-capability, not the version)."""
+"""The ``onnxruntime-webgpu`` wheel: the CPU EP and the built-in WebGPU EP, in one module ``onnxruntime``. What it
+cannot do, and what kvlab does about it, is on docs/known-limits.md (other modules name the capability, not the
+version)."""
 
 from __future__ import annotations
 
@@ -41,12 +39,10 @@ class BuiltinWebGpu(Backend):
 
     # -- sessions
     def session_options(self, device: Any, options: dict[str, str] | None = None) -> tuple[Any, dict[str, str]]:
-        """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over
-        (the device's, then ``options``) for the caller to hand to its package. ``KVLAB_ORT_LOG_SEVERITY``
-        overrides ONNX Runtime's log level."""
+        """SessionOptions with kvlab's and the CPU EP's settings applied, and the WebGPU EP options left over (the
+        device's, then ``options``). ``KVLAB_ORT_LOG_SEVERITY`` overrides ONNX Runtime's log level."""
         so = self.ort.SessionOptions()
-        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only by default: ONNX Runtime logs its refusal
-        # to capture as an error line and raises it too, and kvlab raises it once, with the nodes it names
+        # 0 verbose ... 4 fatal; a capturing session logs fatal ones only: kvlab raises its refusal, naming the nodes
         quiet = "4" if (options or {}).get("enableGraphCapture") == "1" else "3"
         so.log_severity_level = int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", quiet))
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")

@@ -1,14 +1,9 @@
-"""Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name,
-which opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
+"""Devices and their sessions: ``open_device("cpu" | "webgpu", ...)`` gives the process's one device of that name, which
+opens sessions on it (checked to really run there) and makes the ``DeviceTensor`` s kvlab owns.
 
-WebGPU has one context per process: every WebGPU session shares it and its buffer manager, whose options (buffer
-cache mode, ...) come from whoever created it; a later session with other options is silently given the existing
-context, and device tensors die with the context (how long it lives depends on the package:
-``kvlab.ort.runtime.builtin``, ``kvlab.ort.runtime.plugin``). So kvlab keeps one ``Device`` per name, refuses options
-that would not take effect, and refuses to close a device while kvlab tensors live on it.
-
-A device's options are checked in ``kvlab.ort.runtime.options``; what a graph needs before its session opens on a
-device, in ``kvlab.ort.runtime.preflight``."""
+WebGPU has one context per process, whose options come from whoever created it and whose tensors die with it; so kvlab
+keeps one ``Device`` per name, refuses options that would not take effect, and refuses to close a device while kvlab
+tensors live on it. Options are checked in ``options``; what a graph needs, in ``preflight``."""
 
 from __future__ import annotations
 
@@ -46,8 +41,7 @@ class Device:
         self.settings = settings  # the CPU EP's threads and spinning, and why (kvlab.ort.runtime.options)
         self._sessions: dict[str, Session] = {}
         self.profiles: dict[str, str] = {}  # model path -> ORT profile file, filled at close when profiling
-        # tensor token -> nbytes of the live kvlab-owned tensors: each DeviceTensor adds itself and its finalizer
-        # removes it (one dict operation each, atomic under the GIL; readers copy it first)
+        # tensor token -> nbytes of the live kvlab-owned tensors (one atomic dict operation each; readers copy it)
         self.live: dict[int, int] = {}
         self.lock = gate(name)  # held while using a tensor or session here (kvlab.ort.runtime.session)
         self._sessions_lock = threading.RLock()  # the session cache is checked and filled by one thread at a time
@@ -105,8 +99,7 @@ class Device:
             del self._sessions[key]
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> DeviceTensor:
-        """A zero-filled tensor owned by kvlab on this device. Raises ConfigError for a negative dimension,
-        DeviceError on a closed device."""
+        """A zero-filled kvlab tensor here; ConfigError for a negative dimension, DeviceError when closed."""
         self._check_open()
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
@@ -138,8 +131,7 @@ class Device:
 
     @property
     def huge_page_bytes(self) -> int:
-        """Bytes by which the process's huge-page memory grew while collapsing this device's sessions (exact
-        kernel counter, AnonHugePages)."""
+        """Bytes the process's AnonHugePages grew by while collapsing this device's sessions (exact)."""
         return sum(s.huge_pages["bytes"] for s in self._sessions.values())
 
     @staticmethod
@@ -156,9 +148,8 @@ class Device:
             raise DeviceError(f"the {self.name} device was closed; open a new one with kvlab.open_device()")
 
     def close(self) -> None:
-        """Release every session on this device (for WebGPU: the context, so new options can take effect), and
-        mark it closed; nothing on a closed device. DeviceError, leaving it open, while kvlab-owned tensors are
-        alive on it (they would dangle)."""
+        """Release every session on this device (for WebGPU: the context) and mark it closed; nothing when closed.
+        DeviceError, leaving it open, while kvlab-owned tensors are alive on it."""
         if self.closed:
             return
         if self.live:
@@ -204,16 +195,12 @@ def open_device(
     huge_pages: bool | None = None,
     profile: str | os.PathLike | None = None,
 ) -> Device:
-    """The process's device of that name ("cpu" or "webgpu"; a ``Device`` is returned as it is), opened on first
-    use. Asking for options that differ from the open device's is a DeviceError (for WebGPU the context would
-    silently keep its own); close the device first. Raises ConfigError for a bad name or option, DeviceError when
-    WebGPU has no adapter or its context cannot be created.
-
-    WebGPU: ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads`` (intra-op threads) and ``spinning``
-    (whether idle pool threads spin; off is kinder to a machine shared with other work), ``huge_pages`` (collapse
-    each session's new memory, i.e. its weights, into 2 MiB transparent huge pages; default on, see
-    kvlab.ort.runtime.memory; ``Device.huge_page_bytes`` says how much the kernel did). ``profile``: a file
-    prefix for ONNX Runtime's profiler (every session traces every node; ``Device.profiles`` after close)."""
+    """The process's device of that name ("cpu" or "webgpu"; a ``Device`` is returned as it is), opened on first use.
+    Options that differ from the open device's are a DeviceError (close the device first). WebGPU:
+    ``buffer_cache_mode``, ``validation_mode``. CPU: ``threads``, ``spinning`` (whether idle pool threads spin),
+    ``huge_pages`` (the weights in 2 MiB pages, default on: ``Device.huge_page_bytes``). ``profile``: a file prefix for
+    ONNX Runtime's profiler (``Device.profiles`` after close). Raises ConfigError for a bad name or option, DeviceError
+    when WebGPU has no adapter or its context cannot be created."""
     if isinstance(name, Device):
         return name
     check_choice(name, DEVICES, "device ")
@@ -276,10 +263,8 @@ def opened(name: str) -> Device | None:
 
 @atexit.register
 def _release_while_the_runtime_lives() -> None:
-    """At exit, before the interpreter frees what is left in whatever order: collect the garbage, release every
-    kvlab tensor and let go of every IOBinding while the sessions they belong to still exist. A binding kept past
-    this point (by an exception stored in a module, or IPython's last traceback) would otherwise be freed during
-    finalization after its session, which touches freed memory."""
+    """At exit, before the interpreter frees the rest in any order: collect the garbage, release every kvlab tensor and
+    let go of every IOBinding while their sessions exist (a binding freed after its session touches freed memory)."""
     gc.collect()
     release_everything()
     drop_every_binding()

@@ -1,8 +1,6 @@
-"""The GPU memory this process holds, as the GPU driver accounts it through NVML (``nvidia-ml-py``): what Dawn's
-buffers on a real GPU cost, pooled or not, next to kvlab's exact tensor counts. Exact for what it is (the driver's
-per-process accounting, graphics and compute processes: a Vulkan application is a graphics process), it includes
-everything the process holds on the GPU (weights, Dawn's pools, kernels) and moves in the driver's allocation
-granularity; not available (None) without NVML or its GPU."""
+"""The GPU memory this process holds, as the driver accounts it through NVML (``nvidia-ml-py``): everything the
+process holds on the GPU (weights, Dawn's pools, kernels), in the driver's allocation granularity; None without NVML
+or its GPU."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""Where the process's memory sits: transparent huge pages for the weights a decode step streams.
+"""Transparent huge pages for the weights a decode step streams.
 
-A decode step on the CPU reads every weight once. ONNX Runtime allocates its (prepacked) weight buffers with plain
-malloc, in 4 KiB pages, where numpy asks the kernel for 2 MiB transparent huge pages for its large arrays: kvlab
-gives the weights the same pages. ``collapse_new`` does it (Linux ``madvise(MADV_COLLAPSE)``, kernel >= 6.1) for
-the memory a session allocated in new mappings; memory that reuses ranges mapped before (after an earlier session
-in the same process was closed, say) is left as it is: ``Device.huge_page_bytes`` shows how much was collapsed.
-Elsewhere than Linux it does nothing and says so.
-"""
+ONNX Runtime allocates its weight buffers with plain malloc, in 4 KiB pages; ``collapse_new`` collapses the memory
+a session allocated in new mappings into 2 MiB pages (Linux ``madvise(MADV_COLLAPSE)``); memory reusing ranges
+mapped before is left as it is (``Device.huge_page_bytes`` shows how much was collapsed). Elsewhere than Linux it
+does nothing and says so."""
 
 from __future__ import annotations
 
@@ -41,12 +38,9 @@ def anonymous_ranges() -> set[Range]:
 
 
 def collapse_new(before: set[Range]) -> dict[str, Any]:
-    """Back every anonymous mapping that appeared (or changed) since ``before`` with huge pages, synchronously.
-
-    Best effort: the kernel may refuse a range (old kernel, THP disabled, no free huge page); nothing about the
-    memory's contents changes either way. Returns ``bytes``: how much the process's huge-page-backed anonymous
-    memory grew meanwhile (the kernel's AnonHugePages counter, read before and after: exact, process-wide), and
-    ``refused``: {errno name: ranges}."""
+    """Back every anonymous mapping that appeared (or changed) since ``before`` with huge pages, synchronously, best
+    effort (the kernel may refuse a range; the contents never change). Returns ``bytes``: how much the process's
+    AnonHugePages grew meanwhile (exact, process-wide), and ``refused``: {errno name: ranges}."""
     libc = _libc()
     if libc is None:
         return {"bytes": 0, "refused": {"unsupported platform": 1}}

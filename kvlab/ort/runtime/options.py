@@ -25,8 +25,7 @@ def _allowed_cpus() -> list[int]:
 
 
 def cpu_count() -> int:
-    """How many logical CPUs this process may run on: the most CPU EP threads kvlab accepts (more only contend:
-    docs/known-limits.md)."""
+    """How many logical CPUs this process may run on: the most CPU EP threads kvlab accepts."""
     return max(1, len(_allowed_cpus()))
 
 
@@ -50,12 +49,10 @@ def idle_cores(seconds: float = 0.1) -> float:
 
 
 def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
-    """kvlab's CPU EP default and why, as (options, reason), from the idle logical CPUs when the device opens
-    (``idle``; measured by ``idle_cores`` when None). A spinning pool thread waits for the next kernel on its core
-    instead of sleeping: faster where it has the core to itself, and slower where it takes turns with another busy
-    process (it spends its share of the core waiting). So, where at least ``QUIET_SHARE`` of the cores are idle,
-    the threads spin, one per physical core less the busy ones; elsewhere, one per physical core (a process's share
-    of a busy machine grows with its threads), not spinning."""
+    """kvlab's CPU EP default and why, as (options, reason), from the idle logical CPUs (``idle``; measured by
+    ``idle_cores`` when None): where at least ``QUIET_SHARE`` of the cores are idle, spinning threads, one per physical
+    core less the busy ones; elsewhere one per physical core, not spinning (a spinning thread that takes turns with
+    another process spends its share waiting)."""
     physical, logical = physical_cores(), cpu_count()
     idle = min(float(logical), idle_cores() if idle is None else idle)
     quiet = idle >= QUIET_SHARE * logical
@@ -70,9 +67,8 @@ def cpu_choice(idle: float | None = None) -> tuple[dict[str, str], str]:
 
 def with_webgpu_defaults(options: dict[str, str]) -> dict[str, str]:
     """``options`` (``webgpu_options``'s) completed with kvlab's WebGPU EP default: validation mode "disabled", as
-    onnxruntime-genai's builder configures a model built for graph capture (ONNX Runtime's default, "basic", slows a
-    captured step: docs/graph-capture.md). "disabled" skips Dawn's and ONNX Runtime's checks of every command, so a
-    misuse of the API is not reported: ask for "basic" or "full" to debug one."""
+    onnxruntime-genai configures a model built for graph capture. It skips the checks of every command: ask for "basic"
+    or "full" to debug a misuse."""
     return {"validationMode": DEFAULT_VALIDATION, **options}
 
 
@@ -102,8 +98,7 @@ def _flag(name: str, value: Any) -> str:
 
 
 def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | None = None) -> dict[str, str]:
-    """WebGPU EP options, only those asked for; ConfigError for a mode not in ``BUFFER_CACHE_MODES`` or
-    ``VALIDATION_MODES``."""
+    """WebGPU EP options, only those asked for; ConfigError for a mode not in the valid ones."""
     options = {}
     if buffer_cache_mode is not None:
         options["storageBufferCacheMode"] = check_choice(buffer_cache_mode, BUFFER_CACHE_MODES, "buffer cache mode ")
@@ -115,9 +110,8 @@ def webgpu_options(buffer_cache_mode: str | None = None, validation_mode: str | 
 def cpu_options(
     threads: int | None = None, spinning: bool | None = None, huge_pages: bool | None = None
 ) -> dict[str, str]:
-    """CPU EP options, only those asked for (kvlab's defaults complete them: ``with_cpu_defaults``; huge pages are on
-    by default). ``threads``: 1 to the logical CPUs this process may run on (``cpu_count``). ConfigError for a
-    value out of range or a flag that is not a bool."""
+    """CPU EP options, only those asked for (``with_cpu_defaults`` completes them). ``threads``: 1 to ``cpu_count()``.
+    ConfigError for a value out of range or a flag that is not a bool."""
     options = {}
     if huge_pages is not None:
         options["huge_pages"] = _flag("huge_pages", huge_pages)

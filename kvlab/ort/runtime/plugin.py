@@ -1,12 +1,7 @@
-"""The plugin route: ``onnxruntime`` (>= 1.31, which brings the CPU EP) with the WebGPU EP as a library that ONNX
-Runtime loads at run time, the package ``onnxruntime-ep-webgpu``, in an environment of its own (``bash
-scripts/setup.sh --plugin`` makes ``.venv-plugin/``: both routes install the module ``onnxruntime``). The CPU EP
-and the Python API are the built-in wheel's (``BuiltinWebGpu`` is reused for them). What this package does
-differently (the library registered once per process, with ONNX Runtime and with onnxruntime-genai; sessions
-reach the EP through its ``OrtEpDevice`` and fall back to the CPU EP without a word; a software adapter listed only
-when allowed; device tensors allocated directly; a WebGPU context that takes the options of whatever touches the
-device first and then outlives its sessions; states in place; captured graphs released one by one; sessions let go
-before exit after onnxruntime-genai ran) is on docs/known-limits.md."""
+"""The plugin route: ``onnxruntime`` (which brings the CPU EP) with the WebGPU EP as a library ONNX Runtime loads at
+run time, the package ``onnxruntime-ep-webgpu`` (``bash scripts/setup.sh --plugin`` makes ``.venv-plugin/``). The
+CPU EP and the Python API are the built-in wheel's (``BuiltinWebGpu``); what this package does differently is on
+docs/known-limits.md."""
 
 from __future__ import annotations
 
@@ -54,9 +49,8 @@ def installed() -> bool:
 
 
 class PluginWebGpu(BuiltinWebGpu):
-    """The ``onnxruntime-ep-webgpu`` backend (see the module docstring). Raises DeviceError where onnxruntime is
-    older than ``MIN_ORT``, the EP library cannot be registered or lists no device, or a session does not run on
-    it."""
+    """The ``onnxruntime-ep-webgpu`` backend. Raises DeviceError where onnxruntime is older than ``MIN_ORT``, the EP
+    library cannot be registered or lists no device, or a session does not run on it."""
 
     package = "onnxruntime-ep-webgpu"
     description = "WebGPU plugin EP on onnxruntime"
@@ -94,8 +88,7 @@ class PluginWebGpu(BuiltinWebGpu):
 
         with _REGISTER_LOCK:
             if "onnxruntime" not in _REGISTERED:
-                # kvlab's sessions log errors only (as on the built-in package); the EP's factory logs through the
-                # default logger, e.g. a warning about the software adapter at every start
+                # errors only, as on the built-in package (the EP's factory logs through the default logger)
                 self.ort.set_default_logger_severity(int(os.environ.get("KVLAB_ORT_LOG_SEVERITY", "3")))
                 try:
                     self.ort.register_execution_provider_library("webgpu", ep.get_library_path())
@@ -126,8 +119,7 @@ class PluginWebGpu(BuiltinWebGpu):
         return sess
 
     def _reach(self, so: Any, ep: dict[str, str], device: Any) -> list[str] | None:
-        """Through the EP's ``OrtEpDevice``, the EP options a dict of short keys (``providers`` would give a
-        CPU-only session)."""
+        """The EP options through the EP's ``OrtEpDevice`` (``providers`` would give a CPU-only session)."""
         if device.name != "webgpu":
             return ["CPUExecutionProvider"]
         self._check_context(device)

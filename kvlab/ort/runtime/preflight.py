@@ -1,9 +1,7 @@
-"""What a device's runtime needs of a graph: before a session of it opens, a float16 graph is refused on a WebGPU
-adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run on the CPU EP (``cpu_problem``), and a
-graph that gathers from a bool tensor is rewritten in memory for WebGPU (``workarounds``), all called by
-``Device.session``; once it opened, no heavy node may have fallen back to the CPU EP (``refuse_cpu_fallback``, called
-by ``Session``). Where a session cannot be created, the package's op schemas say which node asks for what it lacks
-(``explain_refusal``, called by ``Device.session``)."""
+"""What a device's runtime needs of a graph, checked by ``Device.session`` before a session opens: a float16 graph
+refused on a WebGPU adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run (``cpu_problem``), a bool
+Gather rewritten for WebGPU (``workarounds``), the node a refused session asks too much of (``explain_refusal``); and,
+once ``Session`` opened, no heavy node fallen back to the CPU EP (``refuse_cpu_fallback``)."""
 
 from __future__ import annotations
 
@@ -18,9 +16,8 @@ from ..models.rewrites import bool_gathers, cast_bool_gathers
 
 
 def workarounds(device: str, onnx_file: Path) -> tuple[str | bytes, list[str]]:
-    """The model to open on ``device`` ("cpu", "webgpu"), rewritten in memory where its runtime needs it (a bool
-    Gather on WebGPU: ``kvlab.ort.models.rewrites.cast_bool_gathers``), and what was rewritten. DeviceError for
-    such a model over 2 GiB (a serialized model's limit)."""
+    """The model to open on ``device``, rewritten in memory where its runtime needs it (``cast_bool_gathers`` on
+    WebGPU), and what was rewritten. DeviceError for such a model over 2 GiB (a serialized model's limit)."""
     if device != "webgpu" or not bool_gathers(load_graph(onnx_file)):
         return str(onnx_file), []
     import onnx
@@ -57,9 +54,8 @@ def refuse_f16(device: str, adapter: Adapter, onnx_file: Path, label: str) -> No
         )
 
 
-# Ops whose work grows with the model or the context: on a WebGPU session none of them may fall back to the CPU
-# EP. ORT places small shape, mask and index computations (int64 Shape/Gather/Div, a mask's LessOrEqual, ...) on
-# the CPU EP beside WebGPU; those are listed in Session.cpu_nodes and allowed.
+# ops whose work grows with the model or the context: on a WebGPU session none may fall back to the CPU EP (small
+# shape, mask and index computations may: Session.cpu_nodes lists them)
 HEAVY_OPS = frozenset(
     {
         "MatMul",
@@ -93,9 +89,8 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
 
 def cpu_problem(graph: Any) -> str:
     """Why the CPU EP cannot run ``graph`` although a package may load it ("" when no such reason is known): a
-    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them for
-    Qwen 3, Gemma 3 and LFM2), which no CPU EP kernel takes (onnxruntime-webgpu 1.27's schema stops at 14 inputs,
-    onnxruntime 1.31.1's CPU kernel refuses them at the first run)."""
+    GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them), which
+    no CPU EP kernel takes."""
     node = next(
         (n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])),
         None,
@@ -141,9 +136,8 @@ def schema_problems(graph: Any) -> list[str]:
 
 
 def explain_refusal(onnx_file: Path, runtime: str) -> str:
-    """Why ``runtime`` (the installed package, e.g. "onnxruntime-webgpu 1.27.0") cannot load the graph of
-    ``onnx_file``, in one sentence naming the node and what it lacks, with what would work; "" when its op schemas
-    show no gap (the runtime's own error then says why)."""
+    """Why ``runtime`` (the installed package) cannot load the graph of ``onnx_file``, naming the node, what it lacks
+    and what would work; "" when its op schemas show no gap."""
     problems = schema_problems(load_graph(onnx_file))
     if not problems:
         return ""

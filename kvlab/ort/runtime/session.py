@@ -1,16 +1,12 @@
-"""What one run of ONNX Runtime is made of, as kvlab holds it: a ``Session`` (an InferenceSession on one device,
-checked to really run there), a ``Binding`` (one run's inputs and outputs; it runs, handing back what the runtime
-allocated) and a ``DeviceTensor`` (a tensor kvlab owns on a device, released exactly once).
+"""What one run of ONNX Runtime is made of, as kvlab holds it: a ``Session`` (an InferenceSession on one device, checked
+to really run there), a ``Binding`` (one run's inputs and outputs; it runs, handing back what the runtime allocated) and
+a ``DeviceTensor`` (a tensor kvlab owns on a device, released exactly once).
 
-The tensor lives beside the binding because an OrtValue an IOBinding returns does not own its buffer: once that
-IOBinding's outputs are cleared and it runs again, the earlier value reads the new run's data or freed memory. So
-every value kvlab keeps is a ``DeviceTensor`` holding the IOBinding that owns it, and nothing here hands out a raw
-``OrtValue`` for keeping.
+An OrtValue an IOBinding returns does not own its buffer (the binding's next run reuses or frees it), so every value
+kvlab keeps is a ``DeviceTensor`` holding the IOBinding that owns it; nothing here hands out a raw OrtValue.
 
-ONNX Runtime's WebGPU EP keeps one context per process (one queue, one command encoder, one buffer manager), which
-is not safe to use from two threads at once: every use of it by kvlab (a run, a copy, an allocation, a read-back, a
-release) holds ``WEBGPU``, a re-entrant lock (a release inside a run's cleanup takes it again). The CPU EP runs
-sessions from several threads at once and takes none."""
+The WebGPU EP's one context per process is not thread-safe: every use of it (a run, a copy, an allocation, a read-back,
+a release) holds ``WEBGPU``, a re-entrant lock. The CPU EP takes none."""
 
 from __future__ import annotations
 
@@ -41,10 +37,9 @@ def gate(device_name: str) -> Any:
 
 
 class Session:
-    """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, checked to really run there;
-    ``label`` names it in errors, ``options`` are WebGPU EP options of this session alone. Raises DeviceError when
-    the session cannot be created or a heavy node of a WebGPU session landed on the CPU EP
-    (``kvlab.ort.runtime.preflight.refuse_cpu_fallback``)."""
+    """An InferenceSession of ``path`` (a file or a serialized model) on ``device``, ``label`` naming it in errors,
+    ``options`` its own WebGPU EP options. DeviceError when it cannot be created or a heavy node fell back to the CPU
+    EP."""
 
     def __init__(self, device: Any, path: str | bytes, label: str, options: dict[str, str] | None = None):
         self.device, self.label = device, label
@@ -69,11 +64,9 @@ class RunResult:
     """What one run produced."""
 
     seconds: float  # wall time of session.run alone
-    bind_seconds: float = 0.0  # wall time inside the runtime's binding calls for this run's inputs (where it
-    #                            copies a host input to the device), since the binding's last run
+    bind_seconds: float = 0.0  # wall time in the runtime's binding calls for this run's inputs (host copies)
     new: dict[str, DeviceTensor] = field(default_factory=dict)  # outputs the runtime allocated on the device
-    returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # buffer identity of each pre-bound output
-    #                                                                     read back (None: none in this run)
+    returned_ptrs: dict[str, int] | None = field(default_factory=dict)  # pre-bound output -> its buffer (None: unread)
 
     @property
     def run_ms(self) -> float:
@@ -91,10 +84,8 @@ _DATA_PTR = operator.methodcaller("data_ptr")
 
 
 class Binding:
-    """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host numpy array) and outputs
-    the runtime allocates on the device. A binding with runtime-allocated outputs runs once (its outputs live
-    as long as their ``DeviceTensor`` s); one whose outputs are all pre-bound can run again and again,
-    rebinding only what changes."""
+    """One IOBinding: inputs, outputs bound in place (to a ``DeviceTensor`` or a host array) and outputs the runtime
+    allocates. One with runtime-allocated outputs runs once; one with every output pre-bound runs again and again."""
 
     def __init__(self, session: Session):
         self.session = session
@@ -119,8 +110,7 @@ class Binding:
 
     @property
     def ran(self) -> bool:
-        """Whether this binding has run (a later run of a binding with every output pre-bound runs on the same
-        buffers)."""
+        """Whether this binding has run (a pre-bound binding runs again on the same buffers)."""
         return self._ran
 
     @property
@@ -183,8 +173,8 @@ class Binding:
 
     def run(self) -> RunResult:
         """Run the session on this binding. The outputs the runtime allocated come back owned (``RunResult.new``),
-        also when an exception lands right after the run: then they are released before it propagates. Raises
-        DeviceError when a binding with runtime-allocated outputs is run twice."""
+        released if an exception lands right after the run. DeviceError for a second run with runtime-allocated
+        outputs."""
         if self._new and self._ran:
             raise DeviceError("this binding has runtime-allocated outputs and already ran; make a new one")
         with self._lock:  # one thread at a time on WebGPU's one context (the module docstring)
@@ -224,9 +214,8 @@ class Binding:
         return result
 
     def release_unowned(self) -> None:
-        """Release what the last run allocated and nobody took out of its ``RunResult.new``. Reachable from the
-        binding, so a caller can call it in a ``finally`` even when an exception (Ctrl-C) landed between the run
-        returning and the caller holding its result."""
+        """Release what the last run allocated and nobody took out of its ``RunResult.new``: a caller's ``finally`` can,
+        even when a Ctrl-C landed between the run returning and the caller holding its result."""
         last, self._last = self._last, None
         if last is not None:
             last.release()
@@ -241,8 +230,7 @@ ONNX_TYPES = {
 
 
 def numpy_dtype(onnx_type: str) -> np.dtype:
-    """The numpy dtype of an ONNX Runtime type name ("tensor(float)", ...); ConfigError for one kvlab does not
-    handle."""
+    """The numpy dtype of an ONNX Runtime type name ("tensor(float)"); ConfigError for another."""
     for dtype, name in ONNX_TYPES.items():
         if name == onnx_type:
             return dtype
@@ -256,9 +244,8 @@ _TOKENS = itertools.count()  # one per tensor ever made: the device's accounting
 
 
 class DeviceTensor:
-    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError.
-    One dropped without ``release()`` stops counting as live on its device when Python collects it (its buffer
-    goes back to the runtime then)."""
+    """A tensor kvlab owns on a device. ``release()`` frees it exactly once; any use after that is a DeviceError. One
+    dropped without ``release()`` stops counting as live when Python collects it."""
 
     def __init__(self, value: Any, device: Any, owner: _Owner | None = None, keep: Any = None):
         self._value = value  # the OrtValue (never handed out for keeping)
@@ -350,9 +337,8 @@ def release_everything() -> None:
 
 
 def drop_every_session() -> None:
-    """Let go of every InferenceSession kvlab opened (at interpreter exit, after the bindings), while the runtime
-    is whole: a WebGPU session left to the interpreter's finalization can abort the process there (the plugin EP
-    after onnxruntime-genai ran beside kvlab: ``kvlab.ort.runtime.plugin``)."""
+    """Let go of every InferenceSession kvlab opened (at exit, after the bindings) while the runtime is whole: a WebGPU
+    session left to the interpreter's finalization can abort the process."""
     for s in list(_SESSIONS):
         s.ort = None
 

@@ -1,14 +1,10 @@
 """The bindings of a captured cache (``kvlab.ort.decode.caches.captured``) and the fixed buffers they pin.
 
-A captured graph replays on the buffers bound when it was captured, so a one-token step's inputs live in fixed
-device tensors, in two pairs read and written in turn (``StepBuffers``): the step that reads ``ids[p]`` and
-``mask[p]`` writes the next token (``NEXT``, where the graph chooses it) and the next mask (``NEXT_MASK``) into
-``ids[1 - p]`` and ``mask[1 - p]``, so a decode step needs no copy from the host at all. Each pair has its own
-captured graph (``CaptureBinding``, one per ``p``). Writing into the buffers a step reads would not do: a package
-may run the capturing step twice, and a step must be retryable after it failed. ``CapturedBindings`` is the
-cache's bindings collaborator: the two pinned bindings for one-token steps, a plain binding, run uncaptured, for
-the others.
-"""
+A captured graph replays on the buffers bound when it was captured, so a one-token step's inputs live in two pairs
+of fixed device tensors (``StepBuffers``): the step that reads ``ids[p]`` and ``mask[p]`` writes the next token
+(``NEXT``) and the next mask (``NEXT_MASK``) into ``ids[1 - p]`` and ``mask[1 - p]`` (never into what it reads: a
+failed step must be retryable), one captured graph per ``p`` (``CaptureBinding``). ``CapturedBindings`` is the
+cache's bindings collaborator: the two pinned bindings for one-token steps, a plain one for the others."""
 
 from __future__ import annotations
 
@@ -36,10 +32,9 @@ def run_options(ort: Any, graph_id: int) -> Any:
 
 
 class StepBuffers:
-    """The fixed device tensors of a captured step besides the KV buffers: ``ids`` [1, 1] and ``mask``
-    [1, max_cache_len] (ones, then zeros), two of each, and ``logits`` [1, 1, vocab]. ``token[i]`` and ``ones[i]``
-    say what ``ids[i]`` and ``mask[i]`` hold (None: not known), so that a value already there is not written again;
-    ``parity`` is the pair the next step reads."""
+    """The fixed device tensors of a captured step besides the KV buffers: two ``ids`` [1, 1] and two ``mask`` [1,
+    max_cache_len], and ``logits``. ``token[i]`` / ``ones[i]`` say what ``ids[i]`` / ``mask[i]`` hold (None: not known),
+    so a value already there is not written again; ``parity`` is the pair the next step reads."""
 
     def __init__(self, device: Any, max_cache_len: int, vocab: int, logits_dtype: Any):
         shapes = [((1, 1), np.int64)] * 2 + [((1, max_cache_len), np.int64)] * 2
@@ -113,10 +108,9 @@ class CapturedBindings(Bindings):
 
 
 class CaptureBinding(Binding):
-    """The pinned binding of the captured step that reads pair ``parity`` of the step buffers: every input and
-    output a fixed device tensor. ``input`` writes a host value into the pair read only where it does not hold it
-    already; ``output`` of the logits (or of ``NEXT``) to a host array copies them there after the run (the copy
-    waits for the GPU, so it is timed with the run, as an uncaptured run's copy of its logits is)."""
+    """The pinned binding of the captured step that reads pair ``parity`` of the step buffers: every input and output a
+    fixed device tensor. ``input`` writes a host value into the pair read only where it is not there already; ``output``
+    of the logits (or ``NEXT``) to a host array copies them there after the run, timed with it."""
 
     def __init__(self, session: Session, owner: CapturedBindings, slots: list[Slot], length: int, parity: int):
         super().__init__(session)
@@ -208,10 +202,9 @@ class CaptureBinding(Binding):
         raise DeviceError(f"a captured step allocates nothing: {name!r} must be a fixed device tensor")
 
     def run(self) -> RunResult:
-        """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is
-        what the next step reads. The presents' buffers are read back as the cache's in-place proof asks at the
-        capture and the first replay, never after: a replay runs the recorded command buffers on the buffers bound
-        at the capture, which nothing can rebind, so its answer is known."""
+        """The capture (first run) or a replay, then the host copies bound for this run; the pair it wrote is what the
+        next step reads. The presents' buffers are read back for the in-place proof at the capture and the first replay
+        only: a replay runs on the buffers bound at the capture, which nothing can rebind."""
         if self.runs >= 2:
             self.read_back, self.spot_check = False, ""
         b, p, due, self._due = self._buffers, self.parity, self._due, []
@@ -234,9 +227,8 @@ class CaptureBinding(Binding):
 
 
 class CapturedToken:
-    """The greedy token under capture, for ``Stepper(token_on_device=...)`` (what ``greedy.DeviceToken`` is for an
-    uncaptured step): the captured graph writes it into the ids buffer the next step reads, and a host copy of it
-    comes back after each run. The buffers are the cache's: nothing here to release."""
+    """The greedy token under capture (what ``greedy.DeviceToken`` is uncaptured): the graph writes it into the ids
+    buffer the next step reads, and a host copy comes back after each run. The buffers are the cache's."""
 
     burst_limit = 1  # the host copy comes back with each run: one step per read
 

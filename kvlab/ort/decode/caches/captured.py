@@ -1,27 +1,19 @@
 """``CapturedStaticCache(max_cache_len)``: a StaticCache whose one-token steps run as captured WebGPU graphs, recorded
-at the first two of them and replayed at every later one, so the host no longer walks the graph, chooses kernels or
-allocates per step.
+at the first two of them and replayed at every later one (the host no longer walks the graph or allocates per step).
 
 What capture needs, and how this cache gives it:
 
-- Fixed shapes and buffers: every input and output of the captured run is a device tensor allocated once and
-  written in place: ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (zero padded: the ones count the
-  valid positions), two of each (``capture_binding``: a step reads one pair and its graph writes the next mask, and
-  with the token on the device the next ids, into the other: one graph per pair), the KV buffers (bound as past and
-  present, as in ``StaticCache``) and the logits [1, 1, vocab]. No host value is ever bound under capture; the host
-  reads the logits, or the 8-byte token, back after each run.
-- A model whose total length is the number of ones in the mask: the builder's ``enable_webgpu_graph=true``
-  (``kvlab.load(name, graph_capture=True)``). A standard build takes it from the mask's length (Shape), so a fixed
-  mask would attend to max_cache_len positions: refused, naming the Shape node (``capture_problem``).
-- Every node on WebGPU: ONNX Runtime refuses to open a capturing session otherwise; kvlab then opens the model
-  without capture to name the nodes the CPU EP took (``open_capture_session``).
-- The session opened with ``enableGraphCapture=1``; multi-token steps (the prefill) run on it uncaptured (run option
-  ``gpu_graph_id=-1``), one-token steps under this cache's own two graph ids.
+- Fixed shapes and buffers: every input and output is a device tensor allocated once and written in place: two
+  pairs of ``input_ids`` [1, 1] and ``attention_mask`` [1, max_cache_len] (``capture_binding``: a step reads one
+  pair, its graph writes the next into the other), the KV buffers (past and present, as in ``StaticCache``) and
+  the logits. No host value is bound under capture.
+- A model whose total length is the number of ones in the mask (``kvlab.load(name, graph_capture=True)``); a
+  standard build takes it from the mask's length and is refused, naming the Shape node (``capture_problem``).
+- Every node on WebGPU, else the session is refused, naming the nodes the CPU EP took (``open_capture_session``).
+- Multi-token steps (the prefill) run on the capturing session uncaptured (``gpu_graph_id=-1``).
 
-Lifecycle: the graphs are captured once per cache (and session) and kept across generations (``reset`` and a new
-``generate`` replay them); ``dispose`` releases them with the buffers (``Backend.release_graph``, or, where the
-package cannot release one graph, by letting go of the capturing session, which owns them).
-"""
+The graphs are captured once per cache and session and kept across generations; ``dispose`` releases them with the
+buffers."""
 
 from __future__ import annotations
 
@@ -86,10 +78,9 @@ def capture_problem(info: Any) -> str:
 
 
 def open_capture_session(device: Any, model: Any, reduction: str = "") -> Session:
-    """The capturing session of ``model``'s captured graph (``replay_graph.captured_graph``) on ``device`` (cached
-    by the device). Where ONNX Runtime refuses to capture it, the same graph without the next mask (which the host
-    then writes every step: a package may lack a WebGPU kernel for one of the ops that shift it); where it refuses
-    that too, a DeviceError naming the nodes it placed on the CPU EP (the diagnosis session is not kept)."""
+    """The capturing session of ``model``'s captured graph on ``device`` (cached by the device); where ONNX Runtime
+    refuses it, the same graph without the next mask (the host then writes it every step); where it refuses that too, a
+    DeviceError naming the nodes it placed on the CPU EP."""
     label = f"model {model.name}, graph capture" + (f", greedy token on the device ({reduction})" if reduction else "")
     graphs = dict.fromkeys(captured_graph(model, reduction, shift_mask=s) for s in (True, False))
     for path in graphs:
@@ -117,11 +108,9 @@ def open_capture_session(device: Any, model: Any, reduction: str = "") -> Sessio
 
 @dataclass(frozen=True)
 class CaptureCost:
-    """What capture cost a generation, from its own records (wall times, so a proxy: the capturing steps' time
-    beyond a replay's): ``capture_ms`` over both capturing steps, ``replay_ms`` a replayed step's median, and,
-    against an uncaptured StaticCache step of ``uncaptured_ms``, ``pays_off_after``: the decode tokens after which
-    the replays' saving has paid the capture back (None: no uncaptured step given, or a replay no faster: it never
-    pays)."""
+    """What capture cost a generation, from its records' wall times (a proxy): ``capture_ms`` over both capturing
+    steps beyond a replay's, ``replay_ms`` a replay's median, and against an uncaptured step of ``uncaptured_ms``,
+    ``pays_off_after``: the decode tokens after which the replays paid the capture back (None: never, or not given)."""
 
     capture_ms: float
     replay_ms: float
@@ -138,10 +127,9 @@ class CaptureCost:
 
 
 def capture_cost(records: Sequence[Any], uncaptured_ms: float | None = None) -> CaptureCost:
-    """``CaptureCost`` of a CapturedStaticCache's generation from its ``records`` (its first two one-token decode
-    steps capture, the later ones replay), against an uncaptured step of ``uncaptured_ms`` (e.g. a plain
-    StaticCache's median decode step on the same device). ConfigError with fewer than three decode steps (no
-    replay to compare with)."""
+    """``CaptureCost`` of a CapturedStaticCache's generation from its ``records`` (the first two one-token decode steps
+    capture, the later ones replay), against an uncaptured step of ``uncaptured_ms``. ConfigError with fewer than three
+    decode steps."""
     steps = [r.wall_ms for r in records if r.phase == "decode" and r.n_tokens == 1]
     if len(steps) < 3:
         raise ConfigError(f"capture_cost needs at least 3 decode steps (2 capture, 1 replays); got {len(steps)}")
@@ -153,12 +141,10 @@ def capture_cost(records: Sequence[Any], uncaptured_ms: float | None = None) -> 
 
 
 class CapturedStaticCache(StaticCache):
-    """A StaticCache whose one-token steps run as captured WebGPU graphs (see the module docstring), two of them, one
-    per pair of step buffers (``capture_binding``): the first two decode steps capture, every later one replays.
-    Prefill and other multi-token steps run uncaptured on the same session. With the greedy token on the device
-    (``Stepper(token_on_device="single" | "blocks")``), a decode step copies nothing from the host. Greedy tokens
-    equal a plain StaticCache's. Raises DeviceError on a device other than WebGPU (or when ONNX Runtime refuses to
-    capture), ModelError for a model that cannot be captured, and what a StaticCache raises."""
+    """A StaticCache whose one-token steps run as captured WebGPU graphs (see the module docstring): the first two
+    decode steps capture, every later one replays; multi-token steps run uncaptured on the same session. Greedy
+    tokens equal a plain StaticCache's. Raises DeviceError off WebGPU (or when ONNX Runtime refuses to capture),
+    ModelError for a model that cannot be captured, and what a StaticCache raises."""
 
     reductions = CAPTURED_REDUCTIONS
     variant = VARIANT
@@ -171,8 +157,7 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def captures(self) -> int:
-        """Graphs captured by this cache: 0 before its first decode step, 1 after it, 2 from the second on (until
-        disposed)."""
+        """Graphs captured by this cache: 0 before its first decode step, 1 after it, 2 from the second on."""
         return sum(b.runs > 0 for b in self.bindings.captures or ())
 
     @property
@@ -182,10 +167,9 @@ class CapturedStaticCache(StaticCache):
 
     @property
     def host_writes(self) -> int:
-        """Copies from the host into the step's ids and mask buffers since the buffers were made (exact: counted at
-        each copy). Per generation: the first decode step's two, then, with the token chosen on the host, one a step
-        where the ids buffer read does not hold that token already; with the token on the device, none (and the
-        mask every step where the package cannot shift it on the device: ``open_capture_session``)."""
+        """Copies from the host into the step's ids and mask buffers since they were made (exact): the first decode
+        step's two, then the ids where the buffer does not hold the host's token, and the mask where the graph cannot
+        shift it."""
         buffers = self.bindings.buffers
         return buffers.host_writes if buffers is not None else 0
 
@@ -195,8 +179,7 @@ class CapturedStaticCache(StaticCache):
 
     def session(self, device: Any, model: Any, reduction: str = "") -> Session:
         """The capturing session of the model's captured graph, with the greedy token of ``reduction`` ("": none).
-        Checked first: the reduction (ConfigError for one outside ``CAPTURED_REDUCTIONS``: "rows" makes the ids
-        int32), the device, then the model (DeviceError, ModelError)."""
+        Raises ConfigError for a reduction outside ``CAPTURED_REDUCTIONS``, then DeviceError or ModelError."""
         if reduction and reduction not in CAPTURED_REDUCTIONS:
             raise ConfigError(
                 f"a captured step keeps the greedy token on the device with reduction "

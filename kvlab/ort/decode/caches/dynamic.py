@@ -1,17 +1,13 @@
 """``DynamicCache``: the runtime allocates every present anew each step, one position longer, and the cache takes it
-as the next step's past. The mechanism, top to bottom:
+as the next step's past:
 
-1. Nothing is allocated up front. The first step reads empty pasts (zero positions; zeros for a state).
-2. Each step binds the past the last step returned as its input, and asks the runtime for a new output
-   (``RuntimeState.bind``): GroupQueryAttention allocates a present one position longer and copies the whole past
-   into it, every step.
-3. ``commit`` checks the present's shape and takes it (the cache advances only after the run succeeded, as every
-   cache does: ``kvlab.core.cache``); ``settle`` then releases the past it replaced; ``rollback`` releases the new
-   one instead.
+1. Nothing is allocated up front; the first step reads empty pasts (zeros for a state).
+2. Each step binds the last step's present as its past and asks the runtime for a new output (``RuntimeState``).
+3. ``commit`` checks the present's shape and takes it; ``settle`` then releases the past it replaced, ``rollback``
+   the new one instead.
 
-Past tensors stay on the device between steps (no host round trip), so the churn a record counts is the runtime's
-own: 2 x layers tensors a step, growing with the context.
-"""
+Pasts stay on the device between steps, so the churn a record counts is the runtime's own: 2 x layers tensors a
+step, growing with the context."""
 
 from __future__ import annotations
 
@@ -127,10 +123,9 @@ class GrowingKV(RuntimeState):
 
 
 class DynamicCache(OrtCache):
-    """The runtime allocates new ``present.*`` tensors every step, one token longer (a full copy of the past), and
-    the previous ones are released, as transformers.js does by default (see the module docstring).
-    ``kv_precision``: None, "int8" or "int4" (``OrtCache``). ConfigError for a bad argument, and for a
-    ``max_cache_len`` (a dynamic cache has no size)."""
+    """The runtime allocates new ``present.*`` tensors every step, one token longer, and the previous ones are
+    released (see the module docstring). ``kv_precision``: None, "int8" or "int4" (``OrtCache``). ConfigError for a bad
+    argument, and for a ``max_cache_len``."""
 
     kind = "dynamic"
 

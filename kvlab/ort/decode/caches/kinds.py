@@ -16,12 +16,11 @@ VARIANT_PRECISIONS = {f"kv-{p}": p for p in KV_PRECISIONS}  # a spec's variant p
 
 
 def make_cache(spec: str | CacheSpec, max_cache_len: int | None = None, kv_precision: str | None = None) -> Cache:
-    """A new cache by kind ("dynamic" or "static"; static needs ``max_cache_len``, which a dynamic cache, having no
-    size, ignores: a lab can pass one size for either kind) or by the ``CacheSpec`` a recorded run carries, at
-    ``kv_precision``. Each part of the spec's variant ("+"-joined) is made or refused, never dropped: ``kv-int8`` /
-    ``kv-int4``, ``states-in-place`` / ``states-swap`` and ``checked/N`` (static), ``ring`` (static, with the
-    model's KV precision only). ConfigError for another kind or variant part, a combination the caches refuse, a
-    ``kv_precision`` that differs from the spec's, or a static cache without a size."""
+    """A new cache by kind ("dynamic" or "static"; static needs ``max_cache_len``, which dynamic ignores) or by a
+    recorded run's ``CacheSpec``, at ``kv_precision``. Each "+"-joined part of the spec's variant is made or refused,
+    never dropped: ``kv-int8`` / ``kv-int4``, ``states-in-place`` / ``states-swap``, ``checked/N``, ``ring``.
+    ConfigError for another kind or variant part, a combination the caches refuse, a ``kv_precision`` that differs
+    from the spec's, or a static cache without a size."""
     states, ring, check_every = "swap", False, None
     if isinstance(spec, CacheSpec):
         for part in filter(None, spec.variant.split("+")):

@@ -1,12 +1,10 @@
 """KV precision on ONNX Runtime: the packed KV kvlab's caches hold where the runtime quantizes it, and the refusal
-elsewhere (what each runtime does with it, and the error texts: docs/kv-memory.md).
+elsewhere (docs/kv-memory.md).
 
-``kv_precision=None`` (or ``"model"``): KV in the dtype the model was built with. ``"int8"`` / ``"int4"``: the WebGPU
-plugin EP (onnxruntime-ep-webgpu on onnxruntime 1.31) quantizes KV inside GroupQueryAttention when its session has
-the EP option ``kvCacheQuantizationBits``; every past/present then holds, per head and position, one scale word and
-``head_dim * bits / 32`` words of packed values, in a tensor of the model's float dtype (``packed_entry``). It runs
-on a software adapter; on a hardware adapter the EP still asks for unpacked KV, so kvlab refuses it there.
-"""
+``kv_precision=None`` (or ``"model"``): KV in the model's dtype. ``"int8"`` / ``"int4"``: the WebGPU plugin EP
+quantizes KV inside GroupQueryAttention (EP option ``kvCacheQuantizationBits``); every past/present then holds, per
+head and position, one scale word and ``head_dim * bits / 32`` words of packed values, in a tensor of the model's
+float dtype (``packed_entry``). Refused on a hardware adapter, where the EP still asks for unpacked KV."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ def check_kv_precision(kv_precision: object, cache: str) -> str | None:
 
 
 def check_runs_here(kv_precision: str, cache: str, info: Any, device: Any) -> None:
-    """ConfigError unless ``device``'s runtime packs KV (the plugin EP, on a software adapter) and every KV entry
-    of the model is read by a GroupQueryAttention whose head size the packing allows (8 bits: a multiple of 4;
-    4 bits: a power of 2 of at least 8)."""
+    """ConfigError unless ``device``'s runtime packs KV and every KV entry is read by a GroupQueryAttention whose head
+    size the packing allows (8 bits: a multiple of 4; 4 bits: a power of 2 of at least 8)."""
     asked = f"{cache}(kv_precision={kv_precision!r})"
     if not (device.name == "webgpu" and device.backend.kv_quantization):
         raise ConfigError(

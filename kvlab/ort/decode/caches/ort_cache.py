@@ -15,9 +15,9 @@ from .shared_kv import shared_window_on, shared_window_refusal
 
 
 class OrtCache(Cache):
-    """A cache whose steps run on ONNX Runtime. ``kv_precision``: None (KV in the model's dtype), "int8" or "int4"
-    (packed KV, ``kv_precision``). On WebGPU, a model whose KV-shared layers slide runs only sequences within
-    their window (``shared_kv``): CapacityError beyond it. ConfigError for a bad argument."""
+    """A cache whose steps run on ONNX Runtime, its KV at ``kv_precision`` (None: the model's dtype; "int8", "int4"). On
+    WebGPU, sequences longer than a KV-shared sliding layer's window are a CapacityError. ConfigError for a bad
+    argument."""
 
     reductions: tuple[str, ...] = REDUCTIONS  # the greedy graphs its session can run (``token_on_device``)
     burst_reads = True  # greedy steps can keep their tokens on the device for a later read (``Stepper.decode``)
@@ -28,9 +28,8 @@ class OrtCache(Cache):
         self._shared_window = 0  # the smallest window of a KV-shared sliding layer, on WebGPU (0: no limit)
 
     def session(self, device: Device, model: Any, reduction: str = "") -> Session:
-        """The session this cache's steps run on: the device's session of the model's graph, or, with the greedy
-        token on the device, of its greedy graph of ``reduction`` (``kvlab.ort.decode.greedy``); at the cache's KV
-        precision. Raises what opening the session raises (DeviceError, ModelError, ConfigError)."""
+        """The device's session of the model's graph (with the greedy token on the device: its greedy graph of
+        ``reduction``), at the cache's KV precision. Raises what opening the session raises."""
         path, label = model.onnx_path, f"model {model.name}"
         if reduction:
             path, label = greedy_graph(model, reduction), f"{label} (greedy token on the device, {reduction})"
@@ -59,6 +58,5 @@ class OrtCache(Cache):
         super()._attach(info, device)
 
     def _kv_variant(self, *parts: str) -> str:
-        """A spec's variant: the ``parts`` that are not "", then the KV precision where it is not the model's
-        ("kv-int8"), "+"-joined."""
+        """A spec's variant: the non-empty ``parts``, then "kv-<precision>" where not the model's, "+"-joined."""
         return "+".join(filter(None, [*parts, self.kv_precision and f"kv-{self.kv_precision}"]))

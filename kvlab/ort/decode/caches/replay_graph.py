@@ -17,10 +17,10 @@ SUFFIX = ".kvlab-captured"  # the file's name: model.kvlab-captured[-reduction][
 
 
 def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> Path:
-    """The graph a captured step of ``model`` replays, beside its model.onnx (rewritten when the model is newer):
-    the greedy token of ``reduction`` ("": none, the host chooses) and, unless ``shift_mask=False``, the next mask
-    (``next_mask``). The model's own path when there is nothing to add (no token, no mask). ConfigError for
-    another reduction, ModelError when the model's directory is not writeable."""
+    """The graph a captured step of ``model`` replays, beside its model.onnx (rewritten when the model is newer): the
+    greedy token of ``reduction`` ("": none) and, unless ``shift_mask=False``, the next mask (``next_mask``); the
+    model's own path when there is nothing to add. ConfigError for another reduction, ModelError when the model's
+    directory is not writeable."""
     if reduction:
         check_choice(reduction, REDUCTIONS, "reduction=")
     if not (reduction or shift_mask):
@@ -37,11 +37,9 @@ def captured_graph(model: Any, reduction: str = "", shift_mask: bool = True) -> 
 
 
 def next_mask(g: Any, mask: str) -> None:
-    """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) with its last position dropped and a one
-    put in front, i.e. one more one: what the next one-token step reads. In float32, cast back to the mask's type:
-    WebGPU slices float32 on both packages, where an int32 or int64 shift lands on the CPU EP in one of them (an
-    int32 Slice, or a Pad at opset 24). The output goes to the other pair of step buffers, never to the mask this
-    step reads, so no node order matters."""
+    """Add ``NEXT_MASK``: the attention ``mask`` [1, L] (ones, then zeros) with one more one, what the next
+    one-token step reads; computed in float32 (which WebGPU slices on both packages) and cast back. It goes to the
+    other pair of step buffers, never to the mask this step reads."""
     from onnx import TensorProto, helper
 
     g.initializer.extend(

@@ -1,20 +1,15 @@
-"""``RingStaticCache(max_cache_len)``: a StaticCache whose sliding-window layers hold their window and no more, where
-the runtime evicts inside GroupQueryAttention (``sliding_window_cache=1``, onnxruntime 1.31's CPU EP; the graph:
-``kvlab.ort.models.rewrites``). Opt-in: a plain ``StaticCache`` never changes its graph, and a run's label says
-which ran ("static@128 ring").
+"""``RingStaticCache(max_cache_len)``: a StaticCache whose sliding-window layers hold their window and no more, the
+runtime evicting inside GroupQueryAttention (``sliding_window_cache=1``; the graph: ``kvlab.ort.models.rewrites``).
+Opt-in: a plain ``StaticCache`` never changes its graph, and a run's label says which ran ("static@128 ring").
 
-- ``RingKV``: one buffer of ``window`` positions (the layer's ``local_window_size``, the smallest capacity the op
-  accepts, and exactly what the layer reads), bound as both the past input and the present output of the ring
-  graph. Rows ``[0, min(length, window))`` hold the newest positions, in order; once the buffer is full the op
-  shifts the newest ``window - 1`` rows to the front every step.
-- Full-attention layers keep ``max_cache_len`` positions (``FixedKV``), fixed-size states what a StaticCache keeps.
+- ``RingKV``: one buffer of ``window`` positions, bound as both past and present of the ring graph. Rows
+  ``[0, min(length, window))`` hold the newest positions, in order; once full, the op shifts the newest
+  ``window - 1`` rows to the front every step.
+- Full-attention layers keep ``max_cache_len`` positions (``FixedKV``), states what a StaticCache keeps.
 
-What a ring cannot do: go back past what it holds. ``crop(n)`` works while nothing was evicted (a sequence of at
-most ``window`` positions) and for ``n == 0``; a step writes in place with no copy to fall back on, so a step that
-fails after its run cannot be undone (the cache refuses to go on until it is reset); a handoff (``receive``) is
-refused. Where the runtime cannot evict (docs/kv-memory.md), the session is refused with the runtime's own error and
-what would work, before anything is allocated.
-"""
+A ring cannot go back past what it holds: ``crop(n)`` works while nothing was evicted and for ``n == 0``; a step
+that fails after its run cannot be undone (the cache refuses to go on until reset); ``receive`` is refused. Where
+the runtime cannot evict, the session is refused with the runtime's own error, before anything is allocated."""
 
 from __future__ import annotations
 
@@ -73,12 +68,10 @@ class RingKV(FixedKV):
 
 
 class RingStaticCache(StaticCache):
-    """A StaticCache whose sliding-window layers are ring buffers of their window (see the module docstring): their
-    bytes stop growing at the window, full-attention layers keep ``max_cache_len`` positions. Greedy tokens equal a
-    plain StaticCache's. ``used_bytes`` counts what the buffers hold; ``memory_report`` the ring buffers as fixed
-    bytes. Raises ConfigError where the runtime or device cannot evict inside GroupQueryAttention (naming the
-    package, its version, its error and what would work), for a model without a sliding layer, and for the greedy
-    token on the device; what a StaticCache raises otherwise."""
+    """A StaticCache whose sliding-window layers are ring buffers of their window (see the module docstring).
+    Greedy tokens equal a plain StaticCache's. Raises ConfigError where the runtime or device cannot evict inside
+    GroupQueryAttention (naming the package, its error and what would work), for a model without a sliding layer,
+    and for the greedy token on the device; what a StaticCache raises otherwise."""
 
     reductions = ()  # its ring graph has no greedy-token variant
     variant = VARIANT
@@ -123,9 +116,8 @@ class RingStaticCache(StaticCache):
         return RingStaticCache(self.max_cache_len, self.check_every, self.states)
 
     def session(self, device: Device, model: Any, reduction: str = "") -> Session:
-        """The device's session of the model's ring graph (``kvlab.ort.models.rewrites.ring_graph``).
-        ConfigError for the greedy token on the device, and where the device's runtime cannot open the graph (its
-        own error quoted, with the bytes a StaticCache costs there)."""
+        """The device's session of the model's ring graph. ConfigError for the greedy token on the device, and where the
+        runtime cannot open the graph (its own error quoted)."""
         if reduction:
             raise ConfigError(
                 "token_on_device runs the model's greedy graph on the device's own session; a RingStaticCache runs a "

@@ -1,12 +1,9 @@
-"""KV-shared layers on WebGPU (Gemma 4's, ``kvlab.core.cache_layout.SharedKV``): what kvlab's caches refuse there.
+"""KV-shared layers on WebGPU (``kvlab.core.cache_layout.SharedKV``): what kvlab's caches refuse there.
 
-Such a layer's GroupQueryAttention gets no keys or values of its own and the source layer's presents as its past.
 With a ``local_window_size``, the WebGPU kernel attends to every past position instead of the last ``window`` ones
-once the past is longer than the window (the CPU EP applies the window): a sliding KV-shared layer is right on
-WebGPU only while the sequence fits its window, so kvlab's caches refuse longer ones there (CapacityError, before
-anything runs). Under graph capture one package's kernel dispatches an empty workgroup grid for such a node
-(``shared_capture_problem``). The packages and versions measured: docs/kv-shared.md.
-"""
+once the past is longer than the window, so kvlab's caches refuse longer sequences there (CapacityError, before
+anything runs). Under graph capture one package's kernel dispatches an empty grid for such a node
+(``shared_capture_problem``). The packages measured: docs/kv-shared.md."""
 
 from __future__ import annotations
 
@@ -14,8 +11,7 @@ from typing import Any
 
 from ....core.cache_layout import SharedKV
 
-# the package whose WebGPU GroupQueryAttention fails under capture on a layer with no keys of its own, and the
-# newest version of it known to fail; the package that captures it
+# the package (and newest version) whose GroupQueryAttention fails under capture on a layer without keys; one that runs
 EMPTY_KV_CAPTURE_FAILS = ("onnxruntime-webgpu", (1, 27))
 EMPTY_KV_CAPTURE_RUNS = "onnxruntime-ep-webgpu 0.4.0 (on onnxruntime 1.31.1)"
 

@@ -206,10 +206,6 @@ class SwappedState(Slot):
         """The buffer holding the state now."""
         return self.buffers[self.current]
 
-    def bytes(self, length: int) -> tuple[int, int]:
-        """Fixed: every copy of the state."""
-        return self.copies * self.entry.nbytes(0), 0
-
     def allocate(self) -> list[DeviceTensor]:
         """``copies`` zeroed buffers of the state's shape."""
         self.buffers = zeros_all(self.device, [(self.entry.dims, self.entry.dtype)] * self.copies)
