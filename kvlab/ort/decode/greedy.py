@@ -2,8 +2,10 @@
 
 The model's graph gains an output, ``NEXT``: the greedy token (an argmax over the last position's logits), written
 into a device tensor that the next step reads as its input ids, so the token never travels host -> device. The host
-reads the tokens back when it needs them, after every step or after a burst of steps (``Stepper.decode``). The
-graph with that output is written beside the model's (``greedy_graph``; the weights stay in the model's own file).
+reads the tokens back when it needs them, after every step or after a burst of steps (``Stepper.decode``): a step
+not read back does not wait for the GPU, so the host prepares the next one while the GPU runs (what that buys:
+data/token-on-the-device/). The graph with that output is written beside the model's (``greedy_graph``; the weights
+stay in the model's own file).
 """
 
 from __future__ import annotations
