@@ -15,11 +15,12 @@ import numpy as np
 from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import check_choice
 from ..ort import Model, close_device, load, open_device
+from ..ort.runtime.device import private_device
 from ..ort.runtime.options import webgpu_options
 from .machine import memory_bandwidth, roofline_ms
 from .plan import Plan, Rounds, interleaved, load_checked, memory_traces, prompt_ids, summarize
 from .results import environment
-from .variants import GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Setting, Variant, small_pages_device, variants
+from .variants import GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Setting, Variant, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -112,7 +113,7 @@ def _on_cpu(sweep: _Sweep, t: _Target, tmp: Path) -> None:
     small = None
     if plan.small_pages_twin and dev.huge_pages:
         dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
-        small = small_pages_device()
+        small = private_device("cpu", huge_pages=False)  # the same model and cache from weights in 4 KiB pages
     with_floor = plan.matmuls_only and model.info.weights == "float32"  # fp32 MatMuls
     floor, floor_bytes = matmuls_only_model(model, tmp / model.name) if with_floor else (None, 0)
     base = Setting(model, t.device, np.empty(0, np.int64), plan.new_tokens[t.device], genai, small, floor)

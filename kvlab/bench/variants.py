@@ -20,7 +20,6 @@ from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache,
 from ..ort.checks.references import genai_decode, genai_model
 from ..ort.decode.greedy import AUTO, reduction_for
 from ..ort.runtime import memory
-from ..ort.runtime.device import private_device
 from .weights import run_matmuls_only
 
 Checks = tuple[int | None, ...]  # the static caches' check_every values (None: the cache's default)
@@ -114,12 +113,6 @@ def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None 
         cpu,
         thread,
     )
-
-
-def small_pages_device() -> Device:
-    """A private CPU device whose sessions' weights stay in 4 KiB pages, beside the open (huge-page) one: the
-    same model and cache decoded from both, interleaved in one process, measure what huge pages change."""
-    return private_device("cpu", huge_pages=False)
 
 
 def run_kvlab(

@@ -63,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_max_cache_len(needed: int, context_length: int) -> int:
-    """The static cache's size when none is given: what the run needs, rounded up to a multiple of 256, at most the
-    model's context length."""
-    return min(context_length, -(-needed // 256) * 256)
-
-
 def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -> dict[str, Any]:
     """One generation per cache of ``names`` (kind, size or None) on the same prompt and device: ``{"model",
     "device", "dtype", "prompt_tokens", "max_cache_len" (the first static cache's), "static_memory", "runs"}``,
@@ -89,7 +83,7 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
     model = load(name, precision=precision, progress=not args.json)
     ids = model.encode(flags.prompt_of(args), chat=args.chat)
     needed = positions_needed(len(ids), args.max_new_tokens)
-    fitted = default_max_cache_len(needed, model.info.context_length)
+    fitted = min(model.info.context_length, -(-needed // 256) * 256)  # no size given: what the run needs, rounded up
     sizes = [size or fitted for _, size in names]
     for kind, size in names:  # a size the user gave, judged in the user's terms (the flag, not the class)
         if size is not None and size < needed <= model.info.context_length:
