@@ -15,7 +15,7 @@ from .plan import prompt_ids
 
 
 def op_profile(
-    model: Model | str, device: str = "cpu", context: int = 256, new_tokens: int = 16
+    model: Model | str, device: str = "cpu", context: int = 256, new_tokens: int = 16, **device_options: Any
 ) -> list[dict[str, Any]]:
     """Where a static-cache decode step's time goes, by ONNX operator type, from ONNX Runtime's own profiler.
 
@@ -29,7 +29,7 @@ def op_profile(
     model = load(model)
     close_device(device)
     with tempfile.TemporaryDirectory() as tmp:
-        dev = open_device(device, profile=os.path.join(tmp, "ort"))
+        dev = open_device(device, profile=os.path.join(tmp, "ort"), **device_options)
         try:
             with StaticCache(context + new_tokens) as cache:
                 generate(

@@ -19,11 +19,17 @@ from ..ort.runtime.gpu_memory import GpuMemory
 from .plan import prompt_ids
 
 
-def trace(model: Model, device: str, context: int, steps: int) -> dict[str, Any]:
+def trace(
+    model: Model,
+    device: str,
+    context: int,
+    steps: int,
+    prefill_device: str | None = None,
+) -> dict[str, Any]:
     """``steps`` decode steps after ``context`` tokens of real text, once with a dynamic and once with a static cache
     (each disposed of after its run): per kind its step medians, tensor and buffer counts, the GPU memory the process
     held after every step (NVML; empty elsewhere), every record and the tokens; whether the kinds' tokens are equal,
-    and what ran. ConfigError for a bad count."""
+    and what ran. ``prefill_device``: prefill there and hand off (``generate``'s). ConfigError for a bad count."""
     ids = prompt_ids(model, context)
     runs = {}
     for kind in ("dynamic", "static"):
@@ -37,6 +43,7 @@ def trace(model: Model, device: str, context: int, steps: int) -> dict[str, Any]
                 device=device,
                 max_new_tokens=steps + 1,
                 stop_on_eos=False,
+                prefill_device=prefill_device,
                 on_step=[memory],
             )
         f = g.frame()
