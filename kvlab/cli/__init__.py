@@ -18,12 +18,12 @@ Every failure is one line on stderr, never a traceback. The exit statuses (``kvl
   as a Unix tool killed by SIGPIPE does for ``set -o pipefail`` (``--help`` may exit 0: argparse ignores a failed
   write of its text).
 
-The room: the parser and its flag groups (``commands``, ``flags``), one module per command (``generate``, ``chat``,
-``bench``, ``profile``, ``browser``, ``doctor``, ``prepare``) and doctor's platform logic (``platform_facts``). The
-commands import every package below them; nothing in kvlab imports this room but ``kvlab.__main__``. This module
-and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s lazy ``__init__``), so that ``main``
-handles Ctrl-C before the subcommands load; under ``python -m kvlab`` the package's own handler exits 130 with the
-same line until ``main`` takes over."""
+The room: the parser and its flag groups (``commands``, ``flags``), the commands' modules (``generate``, ``chat``,
+``bench``: bench, trace, conformance, profile; ``browser``, ``doctor``, ``prepare``) and doctor's platform logic
+(``platform_facts``). The commands import every package below them; nothing in kvlab imports this room but
+``kvlab.__main__``. This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s lazy
+``__init__``), so that ``main`` handles Ctrl-C before the subcommands load; under ``python -m kvlab`` the package's
+own handler exits 130 with the same line until ``main`` takes over."""
 
 from __future__ import annotations
 
