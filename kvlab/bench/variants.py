@@ -152,13 +152,6 @@ class Prefilled:
     first_token: int
 
 
-def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
-    """Prefill ``ids`` into ``cache`` on ``device`` and keep it (the caller disposes the cache)."""
-    with Stepper(model, cache, open_device(device), len(ids)) as st:
-        _, record = st.step(ids, logits_out="none")
-    return Prefilled(cache, record.token)
-
-
 def run_handoff(
     model: Model,
     pre: Prefilled,
@@ -272,7 +265,9 @@ def variants(
         # the prefill side is the cache's twin (a captured cache's: a plain static one); packed KV exists on its
         # own device only, so those caches prefill there
         if s.prefill is not None and not v.packed_kv:
-            kept.append(prefill_on(s.prefill, model, s.ids, make().empty_like()))
+            cache = make().empty_like()  # the prefill, made once on its device (sweep disposes of it)
+            with Stepper(model, cache, open_device(s.prefill), len(s.ids)) as st:
+                kept.append(Prefilled(cache, st.step(s.ids, logits_out="none")[1].token))
             out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
                 m, pre, make, s.device, s.new, hooks, tok
             )
