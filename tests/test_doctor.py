@@ -20,7 +20,7 @@ import pytest
 
 from kvlab.cli import platform_facts as pf
 from kvlab.cli.doctor import advice
-from kvlab.cli.platform_facts import PlatformFacts, assess, from_vulkan, parse_macos, parse_windows, settings
+from kvlab.cli.platform_facts import PlatformFacts, assess, from_vulkan, parse_macos, parse_windows
 from kvlab.ort.runtime.adapters import VulkanDevice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,9 +267,9 @@ QUOTED = {("webgpu", "phi4-kv"): "68.4 vs 10.3 ms", ("cpu", "smollm2"): "80.9 vs
 def test_the_recorded_rows_the_advice_quotes_are_in_the_data(device, model, precision, context):
     """Each row the advice can quote is read from the recorded experiment (``data/what-a-static-cache-buys/``), on
     the machine that recorded it, and the figures the installation page quotes for it are that row's."""
-    e = settings.recorded_evidence(device, model, precision, context)
+    e = pf.recorded_evidence(device, model, precision, context)
     assert e is not None and (e.model, e.precision, e.device, e.context) == (model, precision, device, context)
-    assert e.dynamic_ms > 1.5 * e.static_ms and e.question == settings.EVIDENCE
+    assert e.dynamic_ms > 1.5 * e.static_ms and e.question == pf.EVIDENCE
     assert e.machine.endswith("WebGPU" if device == "webgpu" else "CPU EP")
     rows = json.loads((REPO / "data" / e.question / e.file).read_text())["rows"]
     assert {round(r["decode_ms"], 1) for r in rows if r["context"] == context} >= {e.dynamic_ms, e.static_ms}
@@ -279,8 +279,8 @@ def test_the_recorded_rows_the_advice_quotes_are_in_the_data(device, model, prec
 
 
 def test_no_recorded_row_for_what_was_never_recorded():
-    assert settings.recorded_evidence("webgpu", "phi4-kv", "fp32", 12345) is None
-    assert settings.recorded_evidence("cpu", "no-such-model", "fp32", 3072) is None
+    assert pf.recorded_evidence("webgpu", "phi4-kv", "fp32", 12345) is None
+    assert pf.recorded_evidence("cpu", "no-such-model", "fp32", 3072) is None
 
 
 def test_this_machine_for_real():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvlab.bench.chart import error_bars, rows_of, series_key, series_lines, series_name, where_measured
+from kvlab.bench.chart import error_bars, rows_of, series_key, series_lines, series_name
 from kvlab.core.errors import check_choice
 from kvlab.lab.plots import bucket_note
 from kvlab.lab.recorded import recorded_environment
@@ -210,7 +210,9 @@ def sweep(
     notes = [n for n in {r.recorded for r in runs if r.recorded}] + ([live_note] if live_note else [])
     if rows:
         r0 = rows[0]
-        notes.append(f"dotted: RECORDED, not live: {where_measured(r0)}<br>measured {recorded_environment(recorded)}")
+        mode = f", buffer cache {r0['buffer_cache_mode']}" if r0.get("buffer_cache_mode") else ""
+        where = f"{r0['model']} ({r0['dtype']}) on {r0['device']} [{r0['adapter']}]{mode}"
+        notes.append(f"dotted: RECORDED, not live: {where}<br>measured {recorded_environment(recorded)}")
         if not runs:
             common = (
                 f"kvlab bench results, {r0.get('new_tokens', '?')} new tokens per run, median over paired "

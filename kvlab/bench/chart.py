@@ -38,12 +38,6 @@ def rows_of(result: dict[str, Any], model: str | None, device: str | None) -> li
     ]
 
 
-def where_measured(row: dict[str, Any]) -> str:
-    """A row's model, dtype, device, adapter and buffer cache mode, as a legend or title names them."""
-    mode = f", buffer cache {row['buffer_cache_mode']}" if row.get("buffer_cache_mode") else ""
-    return f"{row['model']} ({row['dtype']}) on {row['device']} [{row['adapter']}]{mode}"
-
-
 def error_bars(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Plotly error bars from each row's median decode step to its min and max."""
     return {

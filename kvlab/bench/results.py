@@ -178,17 +178,14 @@ def _webgpu_line(model: str, mode: str, ctx: int, row: list[dict[str, Any]]) -> 
     )
     genai = next((r for r in row if _is(r, GENAI)), None)
     if genai:
-        ratios = [a / b for a, b in zip(worst["decode_ms_runs"], genai["decode_ms_runs"])]
-        line += (
-            f"; genai {genai['decode_ms']:.1f} ms -> static/genai {np.median(ratios):.3f} (paired, "
-            f"{min(ratios):.3f}-{max(ratios):.3f}; tokens equal: {genai['tokens_equal']})"
-        )
+
+        def to_genai(r: dict[str, Any], equal: bool) -> str:  # r's steps over genai's, paired by round
+            x = [a / b for a, b in zip(r["decode_ms_runs"], genai["decode_ms_runs"])]
+            return f"{np.median(x):.3f} (paired, {min(x):.3f}-{max(x):.3f}; tokens equal: {equal})"
+
+        line += f"; genai {genai['decode_ms']:.1f} ms -> static/genai {to_genai(worst, genai['tokens_equal'])}"
         for tok in (r for r in statics if r.get("token_on_device")):
-            ratios = [a / b for a, b in zip(tok["decode_ms_runs"], genai["decode_ms_runs"])]
-            line += (
-                f"; {tok['variant']}/genai {np.median(ratios):.3f} (paired, {min(ratios):.3f}-"
-                f"{max(ratios):.3f}; tokens equal: {tok['tokens_equal']})"
-            )
+            line += f"; {tok['variant']}/genai {to_genai(tok, tok['tokens_equal'])}"
     for packed in (r for r in row if r["runner"] == KVLAB and "kv-" in r["cache_variant"]):
         twin = next(
             r for r in row if _is(r, KVLAB, packed["cache_kind"]) and r["max_cache_len"] == packed["max_cache_len"]
@@ -209,35 +206,21 @@ def capture_lines(row: list[dict[str, Any]]) -> list[str]:
     """Graph capture against the same loop uncaptured, from paired runs: kvlab's captured static cache against
     its uncaptured twin (same size), genai captured against genai plain; wall time, the process's CPU time and
     the loop thread's CPU time per decode step."""
-    out = []
-    pairs = [
-        (
-            r,
-            next(
-                (
-                    u
-                    for u in row
-                    if _is(u, KVLAB, "static", r["cache_variant"].replace("graph", "", 1).lstrip("+"))
-                    and u["max_cache_len"] == r["max_cache_len"]
-                ),
-                None,
-            ),
-        )
-        for r in row
-        if r["runner"] == KVLAB and r["cache_variant"].startswith("graph")
+
+    def twin(cap: dict[str, Any]) -> dict[str, Any] | None:  # the same static cache, uncaptured
+        variant = cap["cache_variant"].replace("graph", "", 1).lstrip("+")
+        same = (u for u in row if _is(u, KVLAB, "static", variant) and u["max_cache_len"] == cap["max_cache_len"])
+        return next(same, None)
+
+    pairs = [(r, twin(r)) for r in row if r["runner"] == KVLAB and r["cache_variant"].startswith("graph")]
+    pairs.append((next((r for r in row if _is(r, GENAI_GRAPH)), None), next((r for r in row if _is(r, GENAI)), None)))
+    return [
+        f"    graph capture {cap['variant']} vs {plain['variant']}: step {cap['decode_ms']:.2f} vs "
+        f"{plain['decode_ms']:.2f} ms, paired {_paired(cap, plain)}; process CPU/step "
+        f"{cap['cpu_ms']:.2f} vs {plain['cpu_ms']:.2f} ms ({_paired(cap, plain, 'cpu_ms_runs')}); loop "
+        f"thread CPU/step {cap['thread_cpu_ms']:.2f} vs {plain['thread_cpu_ms']:.2f} ms "
+        f"({_paired(cap, plain, 'thread_cpu_ms_runs')}); tokens equal: "
+        f"{bool(cap['tokens_equal'] and plain['tokens_equal'])}"
+        for cap, plain in pairs
+        if cap is not None and plain is not None
     ]
-    g, gg = next((r for r in row if _is(r, GENAI)), None), next((r for r in row if _is(r, GENAI_GRAPH)), None)
-    if g and gg:
-        pairs.append((gg, g))
-    for cap, plain in pairs:
-        if plain is None:
-            continue
-        out.append(
-            f"    graph capture {cap['variant']} vs {plain['variant']}: step {cap['decode_ms']:.2f} vs "
-            f"{plain['decode_ms']:.2f} ms, paired {_paired(cap, plain)}; process CPU/step "
-            f"{cap['cpu_ms']:.2f} vs {plain['cpu_ms']:.2f} ms ({_paired(cap, plain, 'cpu_ms_runs')}); loop "
-            f"thread CPU/step {cap['thread_cpu_ms']:.2f} vs {plain['thread_cpu_ms']:.2f} ms "
-            f"({_paired(cap, plain, 'thread_cpu_ms_runs')}); tokens equal: "
-            f"{bool(cap['tokens_equal'] and plain['tokens_equal'])}"
-        )
-    return out

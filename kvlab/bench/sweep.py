@@ -15,11 +15,12 @@ import numpy as np
 from ..core.devices import BUFFER_CACHE_MODES
 from ..core.errors import check_choice
 from ..ort import Model, close_device, load, open_device
+from ..ort.runtime.device import private_device
 from ..ort.runtime.options import webgpu_options
 from .machine import memory_bandwidth, roofline_ms
 from .plan import Plan, Rounds, interleaved, load_checked, memory_traces, prompt_ids, summarize
 from .results import environment
-from .variants import GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Setting, Variant, small_pages_device, variants
+from .variants import GENAI_GRAPH, MATMULS_ONLY, GenaiPeer, Setting, Variant, variants
 from .weights import matmuls_only_model, weight_bytes_per_token
 
 
@@ -52,31 +53,31 @@ def run_plan(plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
                 else:
                     _on_cpu(sweep, target, Path(tmp))
     except KeyboardInterrupt as stop:
-        raise Interrupted(_result(plan, bandwidth, sweep.rows, sum(sweep.genai_huge), complete=False)) from stop
-    return _result(plan, bandwidth, sweep.rows, sum(sweep.genai_huge), complete=True)
+        raise Interrupted(_result(sweep, complete=False)) from stop
+    return _result(sweep, complete=True)
 
 
-def _result(
-    plan: Plan, bandwidth: dict[str, Any], rows: list[dict[str, Any]], genai_huge: int, complete: bool
-) -> dict[str, Any]:
+def _result(sweep: _Sweep, complete: bool) -> dict[str, Any]:
+    bandwidth, rows = sweep.bandwidth, sweep.rows
     bandwidth["best"] = max([bandwidth["best"], *bandwidth["paired"]])
     for row in rows:  # the strictest reading: every row against the highest bandwidth seen anywhere in the run
         row["roofline_fraction_at_run_best"] = (
             roofline_ms(row["weight_bytes"] + row["kv_read_bytes"], bandwidth["best"]) / row["decode_ms"]
         )
-    return {"environment": environment(bandwidth, genai_huge), "plan": asdict(plan), "rows": rows, "complete": complete}
+    env = environment(bandwidth, sweep.genai_huge)
+    return {"environment": env, "plan": asdict(sweep.plan), "rows": rows, "complete": complete}
 
 
 @dataclass
 class _Sweep:
     """What one run_plan gathers as it goes: the memory bandwidth paired with each round, the finished rows, and
-    the bytes of the genai peers' memory collapsed into huge pages (one entry per target)."""
+    the bytes of the genai peers' memory collapsed into huge pages."""
 
     plan: Plan
     log: Callable[[str], None]
     bandwidth: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
-    genai_huge: list[int] = field(default_factory=list)
+    genai_huge: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,12 @@ def _on_cpu(sweep: _Sweep, t: _Target, tmp: Path) -> None:
     plan asks for them (the graph in ``tmp``), then every context."""
     plan, model = sweep.plan, t.model
     genai = GenaiPeer(model) if plan.genai.get(t.device) else None
-    sweep.genai_huge.append(genai.huge_pages["bytes"] if genai else 0)
+    sweep.genai_huge += genai.huge_pages["bytes"] if genai else 0
     dev = open_device("cpu")
     small = None
     if plan.small_pages_twin and dev.huge_pages:
         dev.session(model.onnx_path)  # first: its collapse must not reach the twin's memory
-        small = small_pages_device()
+        small = private_device("cpu", huge_pages=False)  # the same model and cache from weights in 4 KiB pages
     with_floor = plan.matmuls_only and model.info.weights == "float32"  # fp32 MatMuls
     floor, floor_bytes = matmuls_only_model(model, tmp / model.name) if with_floor else (None, 0)
     base = Setting(model, t.device, np.empty(0, np.int64), plan.new_tokens[t.device], genai, small, floor)
@@ -128,7 +129,6 @@ def _on_webgpu(sweep: _Sweep, t: _Target) -> None:
     peers given the mode too (on the plugin EP they join that context; with onnxruntime-webgpu genai's context is
     its own: ``GenaiPeer``). The previous mode's peers are gone by then: their sessions hold the context."""
     plan = sweep.plan
-    sweep.genai_huge.append(0)
     graph_model = load(t.name, precision=t.precision, graph_capture=True) if plan.graph_capture else None
     peers = plan.genai.get(t.device)
     for mode in plan.buffer_cache_modes:

@@ -62,8 +62,8 @@ def ttft_ms(turn: Any) -> float:
 
 
 class _Genai:
-    """onnxruntime-genai following the same conversation: ``say(ids, new)`` -> (tokens, time to first token in ms);
-    ``back(n)`` keeps the first ``n`` positions."""
+    """onnxruntime-genai following the same conversation (its generator ``gen``): ``say(ids, new)`` -> (tokens, time
+    to first token in ms)."""
 
     def __init__(self, model: Model, device: str, size: int):
         import onnxruntime_genai as og
@@ -74,9 +74,6 @@ class _Genai:
         params = og.GeneratorParams(self.model)
         params.set_search_options(do_sample=False, max_length=size)
         self.gen = og.Generator(self.model, params)
-
-    def length(self) -> int:
-        return len(self.gen.get_sequence(0))
 
     def say(self, ids: list[int], new: int) -> tuple[list[int], float]:
         seq = [int(t) for t in self.gen.get_sequence(0)]
@@ -92,9 +89,6 @@ class _Genai:
             self.gen.generate_next_token()
             tokens.append(int(self.gen.get_next_tokens()[0]))
         return tokens, first_ms
-
-    def back(self, n: int) -> None:
-        self.gen.rewind_to(n)
 
 
 def run(plan: ConversationPlan, progress: Any = print) -> dict[str, Any]:
@@ -176,11 +170,11 @@ def _turn_row(
         "tokens_equal": equal,
     }
     if peer is not None:
-        before = peer.length()
+        before = len(peer.gen.get_sequence(0))
         tokens, first_ms = peer.say(list(ids), plan.new_tokens)
         row.update({"genai_ttft_ms": first_ms, "genai_tokens_equal": tokens == turn.token_ids})
         if plan.probe:
-            peer.back(before)
+            peer.gen.rewind_to(before)  # the measured message taken back
     if plan.probe:
         conv.rewind_turn()
     return row

@@ -20,7 +20,6 @@ from ..ort import CapturedStaticCache, Device, DynamicCache, Model, StaticCache,
 from ..ort.checks.references import genai_decode, genai_model
 from ..ort.decode.greedy import AUTO, reduction_for
 from ..ort.runtime import memory
-from ..ort.runtime.device import private_device
 from .weights import run_matmuls_only
 
 Checks = tuple[int | None, ...]  # the static caches' check_every values (None: the cache's default)
@@ -116,12 +115,6 @@ def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None 
     )
 
 
-def small_pages_device() -> Device:
-    """A private CPU device whose sessions' weights stay in 4 KiB pages, beside the open (huge-page) one: the
-    same model and cache decoded from both, interleaved in one process, measure what huge pages change."""
-    return private_device("cpu", huge_pages=False)
-
-
 def run_kvlab(
     model: Model,
     ids: np.ndarray,
@@ -157,13 +150,6 @@ class Prefilled:
 
     cache: Cache
     first_token: int
-
-
-def prefill_on(device: str, model: Model, ids: np.ndarray, cache: Cache) -> Prefilled:
-    """Prefill ``ids`` into ``cache`` on ``device`` and keep it (the caller disposes the cache)."""
-    with Stepper(model, cache, open_device(device), len(ids)) as st:
-        _, record = st.step(ids, logits_out="none")
-    return Prefilled(cache, record.token)
 
 
 def run_handoff(
@@ -279,7 +265,9 @@ def variants(
         # the prefill side is the cache's twin (a captured cache's: a plain static one); packed KV exists on its
         # own device only, so those caches prefill there
         if s.prefill is not None and not v.packed_kv:
-            kept.append(prefill_on(s.prefill, model, s.ids, make().empty_like()))
+            cache = make().empty_like()  # the prefill, made once on its device (sweep disposes of it)
+            with Stepper(model, cache, open_device(s.prefill), len(s.ids)) as st:
+                kept.append(Prefilled(cache, st.step(s.ids, logits_out="none")[1].token))
             out[v] = lambda hooks=(), make=make, pre=kept[-1], m=model, tok=tok: run_handoff(
                 m, pre, make, s.device, s.new, hooks, tok
             )

@@ -4,36 +4,26 @@ trace, conformance, browser-bench, prepare.
 Every failure is one line on stderr, never a traceback. The exit statuses (``kvlab.cli.exits``):
 
 - 0: done.
-- 1: the command ran and what it checks failed (``kvlab doctor`` found problems, ``kvlab chat-bench``'s tokens
-  differ; stdout says which), or a defect: ``kvlab: internal error: ...``, with where it was raised and a request
-  to report it (``KVLAB_TRACEBACK=1`` shows its traceback). 1 is also Python's own status for an uncaught error.
-- 2: a user error: a bad flag (argparse's, ``kvlab: error: ...`` with the subcommand and ``--help``), and every
-  kvlab error (``kvlab.KvlabError``: ConfigError, ModelError, CapacityError, CacheStateError, DeviceError, ...),
-  ``kvlab: error: ...``. DeviceError too, though it may come from the machine rather than the flags (no WebGPU
-  adapter, an execution provider that refuses the graph): its fix is the user's all the same (another
-  ``--device``, a driver, ``kvlab doctor``'s advice), and one status for "kvlab refused" keeps scripts simple; the
-  line says which. An output path kvlab cannot write is found before anything is measured (``commands.command``).
-  Also stdout closed (``>&-``) or on a device that takes no more (a full disk, ``/dev/full``): the output is lost,
-  and one line says where it went.
-- 130 (128 + SIGINT): Ctrl-C, at any point from the moment the ``kvlab`` package is imported (the subcommands' imports
-  load inside ``main``): ``kvlab: interrupted ...``. SIGTERM (``timeout``, a job scheduler) stops a command as
-  Ctrl-C does, through the same releases, and ``kvlab bench`` keeps the contexts it finished. Once the first has
-  landed, a second Ctrl-C or SIGTERM is ignored (the releases run whole; the status stays 130, also when one lands
-  in Python's teardown).
-- 141 (128 + SIGPIPE): stdout's reader went away (``kvlab generate --json | head -1``): the command stops
-  quietly, nothing on stderr. The status a Unix tool killed by SIGPIPE has in a shell, so ``set -o pipefail``
-  sees ``kvlab ... | head -1`` as it sees ``yes | head -1``; without pipefail the pipeline's status is
-  ``head``'s. (``--help`` may exit 0 instead: argparse ignores a failed write of its text.)
+- 1: what the command checks failed (``kvlab doctor`` found problems, ``kvlab chat-bench``'s tokens differ; stdout
+  says which), or a defect: ``kvlab: internal error: ...``, with where it was raised and a request to report it
+  (``KVLAB_TRACEBACK=1`` shows its traceback).
+- 2: a user error: a bad flag (``kvlab: error: ...`` with the subcommand and ``--help``); every kvlab error
+  (``kvlab.KvlabError``), DeviceError included (its fix is the user's: another ``--device``, a driver, ``kvlab
+  doctor``'s advice); an output path kvlab cannot write, found before anything is measured; stdout closed (``>&-``)
+  or on a device that takes no more (a full disk, ``/dev/full``), said in one line.
+- 130 (128 + SIGINT): Ctrl-C, from the moment the ``kvlab`` package is imported: ``kvlab: interrupted ...``.
+  SIGTERM stops a command as Ctrl-C does, through the same releases (``kvlab bench`` keeps the contexts it
+  finished). Once the first has landed, a second Ctrl-C or SIGTERM is ignored: the releases run whole.
+- 141 (128 + SIGPIPE): stdout's reader went away (``kvlab generate --json | head -1``): the command stops quietly,
+  as a Unix tool killed by SIGPIPE does for ``set -o pipefail`` (``--help`` may exit 0: argparse ignores a failed
+  write of its text).
 
-The room: the parser and its flag groups (``commands``, ``flags``), one module per command (``generate``, ``chat``,
-``bench``, ``profile``, ``browser``, ``doctor``, ``prepare``) and doctor's platform logic (``platform_facts``). The
-commands import every package below them (``kvlab.core``, ``kvlab.ort``, ``kvlab.presets``, ``kvlab.bench``,
-``kvlab.web``, ``kvlab.lab``); nothing in kvlab imports this room but ``kvlab.__main__``.
-
-This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s own ``__init__``, whose
-names load lazily), so that ``main`` handles Ctrl-C before the subcommands load. Under ``python -m kvlab`` the
-package installs a handler as it is imported that exits 130 with the same line, until ``main`` takes over: a
-Ctrl-C is ours from the package's import on (before it, in Python's own startup, it is Python's)."""
+The room: the parser and its flag groups (``commands``, ``flags``), the commands' modules (``generate``, ``chat``,
+``bench``: bench, trace, conformance, profile; ``browser``, ``doctor``, ``prepare``) and doctor's platform logic
+(``platform_facts``). The commands import every package below them; nothing in kvlab imports this room but
+``kvlab.__main__``. This module and ``kvlab.cli.exits`` import only the standard library (and ``kvlab``'s lazy
+``__init__``), so that ``main`` handles Ctrl-C before the subcommands load; under ``python -m kvlab`` the package's
+own handler exits 130 with the same line until ``main`` takes over."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..core.errors import KvlabError, clip_message
 from ..core.paths import check_output
-from . import bench, browser, chat, doctor, generate, prepare, profile
+from . import bench, browser, chat, doctor, generate, prepare
 from .exits import FAILED, INTERRUPTED, USER_ERROR, one_line, say, stdout_gone, stdout_refused
 
 
@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
         generate.add,
         chat.add,
         bench.add,
-        profile.add,
+        bench.add_profile,
         browser.add,
         chat.add_bench,
         prepare.add,

@@ -63,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_max_cache_len(needed: int, context_length: int) -> int:
-    """The static cache's size when none is given: what the run needs, rounded up to a multiple of 256, at most the
-    model's context length."""
-    return min(context_length, -(-needed // 256) * 256)
-
-
 def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -> dict[str, Any]:
     """One generation per cache of ``names`` (kind, size or None) on the same prompt and device: ``{"model",
     "device", "dtype", "prompt_tokens", "max_cache_len" (the first static cache's), "static_memory", "runs"}``,
@@ -89,7 +83,7 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
     model = load(name, precision=precision, progress=not args.json)
     ids = model.encode(flags.prompt_of(args), chat=args.chat)
     needed = positions_needed(len(ids), args.max_new_tokens)
-    fitted = default_max_cache_len(needed, model.info.context_length)
+    fitted = min(model.info.context_length, -(-needed // 256) * 256)  # no size given: what the run needs, rounded up
     sizes = [size or fitted for _, size in names]
     for kind, size in names:  # a size the user gave, judged in the user's terms (the flag, not the class)
         if size is not None and size < needed <= model.info.context_length:
@@ -158,23 +152,17 @@ def table(rows: list[list[str]]) -> str:
     )
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    """The runs' step figures (``_summary``), a row per cache."""
-    head = ["cache", "tok/s", "first ms", "last ms", "tensors/step", "MiB/step", "new bufs/step", "py ms/step"]
-    cells = [
-        [
-            r["cache"],
-            f"{r['tokens_per_s']:.1f}",
-            f"{r['first_steps_ms']:.1f}",
-            f"{r['last_steps_ms']:.1f}",
-            f"{r['tensors_per_step']:g}",
-            f"{r['bytes_per_step'] / 2**20:.3f}",
-            f"{r['new_buffers_per_step']:g}",
-            f"{r['overhead_ms']:.2f}",
-        ]
-        for r in rows
-    ]
-    return table([head, *cells])
+# the table of step figures: a column per (header, ``_summary``'s key, how its value is written)
+COLUMNS = (
+    ("cache", "cache", str),
+    ("tok/s", "tokens_per_s", "{:.1f}".format),
+    ("first ms", "first_steps_ms", "{:.1f}".format),
+    ("last ms", "last_steps_ms", "{:.1f}".format),
+    ("tensors/step", "tensors_per_step", "{:g}".format),
+    ("MiB/step", "bytes_per_step", lambda n: f"{n / 2**20:.3f}"),
+    ("new bufs/step", "new_buffers_per_step", "{:g}".format),
+    ("py ms/step", "overhead_ms", "{:.2f}".format),
+)
 
 
 def emit(result: dict[str, Any], as_json: bool) -> None:
@@ -203,7 +191,8 @@ def emit(result: dict[str, Any], as_json: bool) -> None:
         where = "; the greedy token chosen on the device" if g.label.token_on_device else ""
         where += read_back_text(g.label.tokens_per_read)
         print(f"\n[{g.label.cache}] {g.text!r}  ({len(g.token_ids)} tokens, stopped by {g.stop_reason}{where})")
-    print("\n" + _table([_summary(g) for g in runs.values()]))
+    cells = [[write(_summary(g)[key]) for _, key, write in COLUMNS] for g in runs.values()]
+    print("\n" + table([[head for head, _, _ in COLUMNS], *cells]))
     print(
         "(decode steps only; medians; tensors/MiB per step are cache tensors the runtime allocated, exact; new "
         "bufs counts never-seen buffer identities, a proxy)"

@@ -61,37 +61,29 @@ def wanted(names: list[str]) -> tuple[tuple[str, str, bool], ...]:
     return tuple(m for m in models if m[0] in names)
 
 
-def size_of(folder: Path) -> int:
-    """The bytes of every file under ``folder`` (0 when it does not exist)."""
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
-
-
-def prepare(models: tuple[tuple[str, str, bool], ...], build: bool = True) -> list[dict[str, Any]]:
-    """Each model of ``models`` built when missing (``build`` False: only looked at), one after another. Returns
-    one dict per model: name, precision, graph_capture, path, status ("built now", "already built" or
-    "missing"), bytes on disk and seconds spent. Raises what ``ensure_built`` raises (ModelError for a build that
-    fails: the models before it stay built)."""
-    out = []
-    for name, precision, graph in models:
-        folder = model_dir(name, precision, graph)
-        there = (folder / DONE).is_file()
-        start = time.perf_counter()
-        if build and not there:
-            ensure_built(name, precision, progress=False, graph_capture=graph)
-        status = "already built" if there else "built now" if build else "missing"
-        out.append({
-            "name": name, "precision": precision, "graph_capture": graph, "path": str(folder), "status": status,
-            "bytes": size_of(folder), "seconds": round(time.perf_counter() - start, 1),
-        })  # fmt: skip
-    return out
+def prepare(name: str, precision: str, graph: bool, build: bool = True) -> dict[str, Any]:
+    """The model built when missing (``build`` False: only looked at): its name, precision, graph_capture, path,
+    status ("built now", "already built" or "missing"), bytes on disk and seconds spent. Raises what
+    ``ensure_built`` raises (ModelError for a build that fails)."""
+    folder = model_dir(name, precision, graph)
+    there = (folder / DONE).is_file()
+    start = time.perf_counter()
+    if build and not there:
+        ensure_built(name, precision, progress=False, graph_capture=graph)
+    return {
+        "name": name, "precision": precision, "graph_capture": graph, "path": str(folder),
+        "status": "already built" if there else "built now" if build else "missing",
+        "bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),  # none: 0
+        "seconds": round(time.perf_counter() - start, 1),
+    }  # fmt: skip
 
 
 def prepare_command(args: argparse.Namespace) -> int:
     """``kvlab prepare``: one line per model as it is done, and a total (or the JSON list); 0 when every model is
     there at the end (with ``--list``: 1 when one is missing)."""
-    models, rows = wanted(args.names), []
-    for triple in models:
-        row = prepare((triple,), build=not args.list)[0]
+    rows = []
+    for triple in wanted(args.names):  # one at a time: the models before a build that fails stay built
+        row = prepare(*triple, build=not args.list)
         rows.append(row)
         if not args.json:
             build = f"{row['name']} {row['precision']}{' (graph capture build)' if row['graph_capture'] else ''}"
