@@ -18,7 +18,7 @@ import statistics
 
 import kvlab
 from kvlab import Conversation, StaticCache, generate
-from kvlab.bench.ttft import text_ids, ttft_ms
+from kvlab.bench.ttft import text_ids
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
                     conv.rewind_turn()
                     prompt, firsts[str(c)] = turn.prompt_ids, turn.token_ids[0]
                     if rep:
-                        times[str(c)].append(ttft_ms(turn))
+                        times[str(c)].append(turn.ttft_ms())
                         for r in turn.records:
                             if r.phase == "prefill":
                                 steps.setdefault(r.n_tokens, []).append(r.wall_ms)
@@ -65,7 +65,7 @@ def main() -> None:
                 "ttft_runs_by_chunk": times,
                 "step_ms_by_positions_fed": {n: statistics.median(v) for n, v in sorted(steps.items())},
                 "first_token_by_chunk": firsts,
-                "reprefill_ttft_ms": [ttft_ms(g) for g in fresh],
+                "reprefill_ttft_ms": [g.ttft_ms() for g in fresh],
                 "reprefill_first_token": fresh[0].token_ids[0],
             }
             rows.append(row)

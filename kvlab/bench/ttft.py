@@ -56,11 +56,6 @@ def text_ids(model: Model, i: int, n: int, text: str = TEXT) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def ttft_ms(turn: Any) -> float:
-    """A turn's time to first token: its prefill steps (one, or several with ``prefill_chunk``)."""
-    return sum(r.wall_ms for r in turn.records if r.phase == "prefill")
-
-
 class _Genai:
     """onnxruntime-genai following the same conversation (its generator ``gen``): ``say(ids, new)`` -> (tokens, time
     to first token in ms)."""
@@ -136,19 +131,19 @@ def _turn_row(
     say = {"max_new_tokens": plan.new_tokens, "stop_on_eos": False, "prefill_chunk": chunk}
     turn = conv.say(ids, **say) if ids else built
     ids = ids or built.prompt_ids[built.start :]
-    reused, fresh, equal = [ttft_ms(turn)], [], True
+    reused, fresh, equal = [turn.ttft_ms()], [], True
     for rep in range(plan.reps):
         for what in ("fresh", "reuse") if rep % 2 == 0 else ("reuse", "fresh"):
             if what == "fresh":
                 with Conversation(model, cache=scratch, device=conv.device) as again:  # the same history, all fed
                     g = again.say(turn.prompt_ids, **say)
-                fresh.append(ttft_ms(g))
+                fresh.append(g.ttft_ms())
                 equal = equal and g.token_ids == turn.token_ids
             else:
                 conv.rewind_turn()
                 again = conv.say(ids, **say)
                 equal = equal and again.token_ids == turn.token_ids
-                reused.append(ttft_ms(again))
+                reused.append(again.ttft_ms())
     row = {
         "model": model.name,
         "device": conv.device.label.name,

@@ -140,7 +140,7 @@ def _back(conv: Conversation, as_json: bool) -> bool:
 
 
 def _print_turn(conv: Conversation, turn: Any, as_json: bool) -> None:
-    ttft = sum(r.wall_ms for r in turn.records if r.phase == "prefill")
+    ttft = turn.ttft_ms()
     cap, _ = conv.capacity
     fields = {
         "turn": turn.index,

@@ -133,6 +133,10 @@ class Generation:
         """Median wall time of the decode steps (ms); NaN with no decode step."""
         return decode_median(self.records)
 
+    def ttft_ms(self) -> float:
+        """Time to first token (ms): the wall time of the prefill steps (one, or several when chunked)."""
+        return sum(r.wall_ms for r in self.records if r.phase == "prefill")
+
 
 def positions_needed(prompt_tokens: int, new_tokens: int) -> int:
     """Cache positions a generation needs: the prompt and every new token but the last, which is never fed back."""

@@ -24,11 +24,6 @@ from .style import KIND_COLORS, OTHER_COLORS, finish, go, runtime_text, title
 REUSE, REPREFILL = KIND_COLORS["static"], OTHER_COLORS[0]
 
 
-def ttft_ms(turn: Any) -> float:
-    """A turn's time to first token: the wall time of its prefill steps."""
-    return sum(r.wall_ms for r in turn.records if r.phase == "prefill")
-
-
 def reprefill_positions(sizes: Sequence[int]) -> list[int]:
     """The positions a chat that re-prefills feeds at each turn, when turn i adds ``sizes[i]`` positions (its
     message and reply): the whole conversation so far, every time."""
@@ -127,14 +122,14 @@ class ChatLab:
         fresh = None
         if self._scratch is not None:  # the same history, all of it fed, as a chat without reuse would
             with Conversation(self.model, cache=self._scratch, device=self.conv.device) as again:
-                fresh = ttft_ms(again.say(turn.prompt_ids, 1))
+                fresh = again.say(turn.prompt_ids, 1).ttft_ms()
         return {
             "turn": turn.index,
             "message": turn.message,
             "history": len(turn.prompt_ids),
             "reused": turn.reused,
             "prefilled": turn.prefilled,
-            "reuse_ms": ttft_ms(turn),
+            "reuse_ms": turn.ttft_ms(),
             "reprefill_ms": fresh,
             "new_tokens": len(turn.token_ids),
             "drafted": turn.drafted,
