@@ -22,11 +22,16 @@ CSS = """
 """
 
 
+def _described(info: dict[str, Any]) -> list[str]:
+    """The adapter's description and its vendor and architecture, "not reported" where it gives none."""
+    maker = " ".join(v for v in (info.get("vendor"), info.get("architecture")) if v)
+    return [info.get("description") or "not reported", maker or "not reported"]
+
+
 def _kernel_column(gpu: dict[str, Any] | None) -> list[str]:
     if not gpu:
         return ["no WebGPU adapter (see `kvlab doctor`)", "-", "-", "-"]
-    maker = " ".join(v for v in (gpu.get("vendor"), gpu.get("architecture")) if v) or "not reported"
-    return [gpu.get("description") or "not reported", maker, gpu.get("kind") or "not known", gpu.get("backend", "")]
+    return [*_described(gpu), gpu.get("kind") or "not known", gpu.get("backend", "")]
 
 
 def _browser_column(browser: dict[str, Any]) -> list[str]:
@@ -37,9 +42,8 @@ def _browser_column(browser: dict[str, Any]) -> list[str]:
         return ["this browser has no WebGPU (no navigator.gpu)", "-", "-", browser["name"]]
     if not info:
         return [f"no adapter: {browser.get('error', 'requestAdapter() gave none')}", "-", "-", browser["name"]]
-    maker = " ".join(v for v in (info.get("vendor"), info.get("architecture")) if v) or "not reported"
     kind = adapter_kind(info) + (" (fallback adapter)" if info.get("is_fallback") else "")
-    return [info.get("description") or "not reported", maker, kind, browser["name"]]
+    return [*_described(info), kind, browser["name"]]
 
 
 class BrowserAdapter(anywidget.AnyWidget):

@@ -24,6 +24,9 @@ from .results import BrowserGeneration, BrowserResult, decode_stats
 from .run import run_job
 
 REFERENCES = ("cpu", "caches")
+# a row keeps these columns of its first round's step records, as lists ("step_<column>")
+STEP_COLUMNS = ("wall_ms", "run_ms", "gpu_buffers_created", "gpu_buffers_destroyed", "storage_buffers_created")
+STEP_COLUMNS += ("cache_tensors_allocated",)
 MiB = 2**20
 
 
@@ -74,12 +77,7 @@ def row_of(
         **decode_stats(runs, dynamic),
         "released_buffers": g.release["buffers_destroyed"] if g.release else None,
         "tokens": list(g.token_ids),
-        "step_wall_ms": [r.wall_ms for r in g.records],
-        "step_run_ms": [r.run_ms for r in g.records],
-        "step_gpu_buffers_created": [r.gpu_buffers_created for r in g.records],
-        "step_gpu_buffers_destroyed": [r.gpu_buffers_destroyed for r in g.records],
-        "step_storage_buffers_created": [r.storage_buffers_created for r in g.records],
-        "step_cache_tensors_allocated": [r.cache_tensors_allocated for r in g.records],
+        **{f"step_{column}": [getattr(r, column) for r in g.records] for column in STEP_COLUMNS},
     }
 
 

@@ -105,13 +105,7 @@ class Chromium:
             return
         self._closed = True
         try:
-            if self.process.poll() is None:
-                signal_group(self.process, signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    signal_group(self.process, signal.SIGKILL)
-                    self.process.wait(timeout=10)
+            end_group(self.process, grace=10)
         finally:
             self._cleanup()
 
@@ -126,7 +120,13 @@ class Chromium:
         self.close()
 
 
-def signal_group(process: subprocess.Popen, sig: int) -> None:
-    """``sig`` sent to ``process``'s process group (nothing when the group already ended)."""
-    with contextlib.suppress(ProcessLookupError):  # the group already ended
-        os.killpg(process.pid, sig)
+def end_group(process: subprocess.Popen, grace: float = 0) -> None:
+    """``process``'s process group ended, unless it already has: SIGTERM and ``grace`` seconds to exit first when
+    ``grace`` is given, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        if process.poll() is not None or not wait:
+            continue
+        with contextlib.suppress(ProcessLookupError):  # the group already ended
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=wait)

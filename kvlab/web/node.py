@@ -19,7 +19,7 @@ from ..core.errors import DeviceError, check_choice
 from ..ort.runtime.adapters import SWIFTSHADER_ICD, configure_vulkan
 from ..presets.recipes import alive
 from .assets import JS_DIR, dawn_node, npm_dir, npm_file
-from .chromium import ADAPTERS, executable_override, signal_group
+from .chromium import ADAPTERS, end_group, executable_override
 from .job import Job
 
 
@@ -107,9 +107,7 @@ def run_node(job: Job, timeout: float = 600, adapter: str = "auto", dawn: Sequen
             except subprocess.TimeoutExpired as exc:
                 raise DeviceError(f"node ran past {timeout:g} s without a result; stopped it") from exc
             finally:
-                if process.poll() is None:
-                    signal_group(process, signal.SIGKILL)
-                    process.wait()
+                end_group(process)
         if not out_file.is_file():
             tail = log_file.read_text(errors="replace")[-800:]
             raise DeviceError(f"node exited ({process.returncode}) without a result; its output ends: {tail}")

@@ -126,7 +126,8 @@ class BrowserResult:
         return [g for g in self.measured if g.job_cache == name]
 
 
-def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str, among: Sequence[Any] = ()) -> Any:
+    """``obj[key]``, checked to be a ``kind`` (a bool only where ``kind`` says so) and one of ``among`` when given."""
     if not isinstance(obj, dict) or key not in obj:
         raise DeviceError(f"the page's result has no {where}{key!r}")
     value = obj[key]
@@ -134,6 +135,8 @@ def _need(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
         raise DeviceError(f"the page's result: {where}{key!r} is {value!r}; expected {kind}")
     if not isinstance(value, kind):
         raise DeviceError(f"the page's result: {where}{key!r} is {type(value).__name__} {value!r:.60}; expected {kind}")
+    if among and value not in among:
+        raise DeviceError(f"the page's result: {where}{key!r} is {value!r}; expected one of {tuple(among)}")
     return value
 
 
@@ -154,8 +157,7 @@ def check_step(step: Any, where: str) -> dict[str, Any]:
         _number(step, key, where)
     if "read_with" in step:
         _need(step, "read_with", int, where)
-    if _need(step, "phase", str, where) not in ("prefill", "decode"):
-        raise DeviceError(f"the page's result: {where}'phase' is {step['phase']!r}; expected 'prefill' or 'decode'")
+    _need(step, "phase", str, where, among=("prefill", "decode"))
     gpu = _need(step, "gpu", dict, where)
     for key in _GPU_KEYS.values():
         _need(gpu, key, int, f"{where}gpu.")
@@ -167,11 +169,8 @@ def check_run(run: Any, job: Job, index: int) -> dict[str, Any]:
     token (``max_new_tokens`` of them, or fewer ending with a stop token of the job), the steps' tokens equal to
     the token list."""
     where = f"runs[{index}]."
-    names = [c.name for c in job.caches]
-    if _need(run, "cache", str, where) not in names:
-        raise DeviceError(f"the page's result: {where}'cache' is {run['cache']!r}; the job asked for {names}")
-    if _need(run, "impl", str, where) not in IMPLS:
-        raise DeviceError(f"the page's result: {where}'impl' is {run['impl']!r}; expected one of {IMPLS}")
+    _need(run, "cache", str, where, among=[c.name for c in job.caches])
+    _need(run, "impl", str, where, among=IMPLS)
     tokens = _need(run, "tokens", list, where)
     steps = _need(run, "steps", list, where)
     stopped = bool(tokens) and tokens[-1] in job.stop_tokens and len(tokens) <= job.max_new_tokens

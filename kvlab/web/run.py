@@ -3,12 +3,9 @@ Node with Dawn; the notebook widget (``kvlab.web.widget``) runs the same page co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ..core.devices import DEFAULT_VALIDATION
 from ..core.errors import check_choice, check_flag
-from ..core.labels import CacheSpec
 from ..ort.models.model import Model, load
 from .chromium import Chromium
 from .job import Job, dawn_toggles, make_job
@@ -44,35 +41,19 @@ def browser_generate(
     model: Model | str,
     prompt: Any,
     *,
-    caches: Sequence[str | CacheSpec] = ("dynamic", "static"),
-    max_new_tokens: int = 16,
     chat: bool = False,
-    reps: int = 1,
-    warmup: bool = True,
-    dynamic_impl: str = "auto",
-    buffer_cache_mode: str = "",
-    validation_mode: str = DEFAULT_VALIDATION,
     host: str = "chromium",
     adapter: str = "auto",
     timeout: float = 600,
+    **job_options: Any,
 ) -> BrowserResult:
-    """Greedy generations of ``max_new_tokens`` tokens after ``prompt`` (text, chat messages or token ids) with
-    each cache, in a browser host. ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it
-    runs the model, else onnxruntime-web directly, fresh outputs every step as transformers.js does),
-    "transformers.js" (or an error), "onnxruntime-web"; ``validation_mode`` as ``make_job`` takes it. Raises
-    kvlab errors for bad inputs before anything starts
+    """Greedy generations after ``prompt`` (text, chat messages or token ids) with each cache, in a browser host.
+    ``job_options``: ``make_job``'s keyword arguments (``max_new_tokens``, ``caches``, ``reps``, ``warmup``,
+    ``dynamic_impl``: "auto" (transformers.js where the host is a browser and it runs the model, else
+    onnxruntime-web directly, fresh outputs every step as transformers.js does), "transformers.js" (or an error),
+    "onnxruntime-web"; ``validation_mode``, ...). Raises kvlab errors for bad inputs before anything starts
     (``make_job``), then runs as ``run_job``: a ``BrowserResult``, one ``BrowserGeneration`` per cache and round."""
     model = load(model)
     check_flag("chat", chat)
-    job = make_job(
-        model,
-        model.encode(prompt, chat=chat),
-        max_new_tokens=max_new_tokens,
-        caches=caches,
-        reps=reps,
-        warmup=warmup,
-        dynamic_impl=dynamic_impl,
-        buffer_cache_mode=buffer_cache_mode,
-        validation_mode=validation_mode,
-    )
+    job = make_job(model, model.encode(prompt, chat=chat), **job_options)
     return run_job(job, host=host, adapter=adapter, timeout=timeout)

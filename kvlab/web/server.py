@@ -74,12 +74,10 @@ class PageServer:
         """A POST of ``body`` to ``path`` taken (True) or not (False: a 404)."""
         if path == "/progress":
             self.last_progress = body
-            return True
-        if path == "/result":
+        elif path == "/result":
             self.result = body
             self._done.set()
-            return True
-        return False
+        return path in ("/progress", "/result")
 
     def wait_result(self, timeout: float, alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
         """The page's result, once it came; DeviceError (naming the last finished step) when ``timeout`` seconds pass

@@ -82,19 +82,11 @@ export class StaticKV {
       throw new Error(`${position + n} positions are needed but max_cache_len is ${this.maxCacheLen}`);
     }
     this.allocate();
-    const feeds = {};
-    this.model.entries.forEach((e, i) => {
-      feeds[e.past] = this.tensors[i];
-    });
-    return feeds;
+    return Object.fromEntries(this.model.entries.map((e, i) => [e.past, this.tensors[i]]));
   }
 
   fetches() {
-    const fetches = {};
-    this.model.entries.forEach((e, i) => {
-      fetches[e.present] = this.tensors[i];
-    });
-    return fetches;
+    return Object.fromEntries(this.model.entries.map((e, i) => [e.present, this.tensors[i]]));
   }
 
   commit(outputs) {
@@ -131,11 +123,9 @@ export class DynamicKV {
 
   feeds() {
     if (this.released) throw new Error('this dynamic cache was released; make a new one');
-    const feeds = {};
-    this.model.entries.forEach((e, i) => {
-      feeds[e.past] = this.presents ? this.presents[i] : emptyPast(this.ort, this.model, e);
-    });
-    return feeds;
+    return Object.fromEntries(
+      this.model.entries.map((e, i) => [e.past, this.presents ? this.presents[i] : emptyPast(this.ort, this.model, e)]),
+    );
   }
 
   fetches() {

@@ -1,21 +1,17 @@
 // A static cache whose decode steps replay a graph onnxruntime-web captured (its session option enableGraphCapture).
 //
-// Capture needs every input and output of a step to be the same GPU buffer at every step, of the same shape: the
-// KV buffers are the static cache's (StaticKV: past and present bound to one buffer); FixedStep adds the rest,
-// made once per generation: the input ids [1, 1], the attention mask [1, max_cache_len] (ones, then zeros: the
-// model counts the ones; kvlab/web/job.py refuses a model that reads the mask's length), the greedy token [1, 1]
-// the graph writes, and a staging buffer a burst's tokens are copied into and mapped from, once. Between steps the
-// host writes one mask element (queue.writeBuffer, 8 bytes) and the GPU copies the token into the ids buffer and
-// into the burst's slot: nothing is created per step.
+// Capture needs every input and output of a step to be the same GPU buffer, of the same shape, at every step: the
+// KV buffers are the static cache's; FixedStep adds the rest, made once per generation: the input ids, the
+// attention mask [1, max_cache_len] (ones, then zeros: job.py refuses a model that reads the mask's length), the
+// greedy token, and a staging buffer for a burst's tokens. Between steps the host writes one mask element and the
+// GPU copies the token into the ids buffer and the burst's slot: nothing is created per step.
 //
 // Contract: decodeCaptured(args) takes decode.mjs's arguments plus capture (the capturing session; the cache a
-// StaticKV), and returns what decode returns: the prefill runs uncaptured on args.session (its length differs
-// from a decode step's) with its token written into the fixed token buffer; every decode step runs on the
-// capturing session (its first run records the graph, every later one replays it); tokens are read back in bursts
-// of job.tokens_per_read, stop tokens and records as decode.mjs's device path. Its buffers are destroyed exactly
-// once, also on error.
+// StaticKV) and returns what decode returns: the prefill runs uncaptured on args.session; every decode step runs
+// on capture (its first run records the graph, every later one replays it); tokens are read in bursts as
+// decode.mjs's device path. Its buffers are destroyed exactly once, also on error.
 
-import { READ_USAGE, TOKEN_USAGE, decodeWith, halfToFloat, ids, mapRead, mapTokens, stepFeeds } from './decode.mjs';
+import { READ_USAGE, TOKEN_USAGE, copyBuffers, decodeWith, halfToFloat, ids, mapRead, mapTokens, stepFeeds, timedRun } from './decode.mjs';
 import { createBuffers } from './caches.mjs';
 
 // onnxruntime-web registers a GPU buffer of the caller's with the wasm runtime for the length of one run and drops
@@ -48,7 +44,6 @@ export class FixedStep {
   constructor(ort, device, idsDtype, maxCacheLen, perRead, vocab, logitsType) {
     this.device = device;
     this.bytes = idsDtype === 'int32' ? 4 : 8;
-    this.idsDtype = idsDtype;
     this.logitsType = logitsType;
     this.logitsBytes = padded(vocab * (logitsType === 'float16' ? 2 : 4));
     this.buffers = createBuffers(device, [
@@ -79,17 +74,15 @@ export class FixedStep {
   // after a step: its token (in next, the token buffer by default) becomes the next step's ids and the burst's
   // slot-th token
   keep(slot, next = this.nextBuffer) {
-    const encoder = this.device.createCommandEncoder();
-    encoder.copyBufferToBuffer(next, 0, this.idsBuffer, 0, this.bytes);
-    encoder.copyBufferToBuffer(next, 0, this.staging, slot * this.bytes, this.bytes);
-    this.device.queue.submit([encoder.finish()]);
+    copyBuffers(this.device, [
+      [next, this.idsBuffer, 0, this.bytes],
+      [next, this.staging, slot * this.bytes, this.bytes],
+    ]);
   }
 
   // the logits copied into half `half` of the check buffer (0: the uncaptured step's, 1: the replay's)
   keepCheck(half) {
-    const encoder = this.device.createCommandEncoder();
-    encoder.copyBufferToBuffer(this.logitsBuffer, 0, this.check, half * this.logitsBytes, this.logitsBytes);
-    this.device.queue.submit([encoder.finish()]);
+    copyBuffers(this.device, [[this.logitsBuffer, this.check, half * this.logitsBytes, this.logitsBytes]]);
   }
 
   // both halves of the check buffer, as numbers
@@ -98,10 +91,6 @@ export class FixedStep {
     const values = this.logitsType === 'float16' ? Array.from(new Uint16Array(range), halfToFloat) : new Float32Array(range);
     const n = values.length / 2;
     return [values.slice(0, n), values.slice(n)];
-  }
-
-  read(k) {
-    return mapTokens(this.staging, k, this.idsDtype);
   }
 
   release() {
@@ -156,9 +145,7 @@ export function decodeCaptured(args) {
         const n = job.prompt_ids.length;
         const feeds = stepFeeds(ort, model, cache, ids(ort, greedy.ids_dtype, job.prompt_ids), 0, n);
         const fetches = { ...cache.fetches(), [greedy.next]: null }; // the runtime's own token tensor: see pinBuffers
-        const t1 = performance.now();
-        const out = await session.run(feeds, fetches);
-        const run = performance.now() - t1;
+        const [out, run] = await timedRun(session, feeds, fetches);
         const memory = cache.commit(out, n);
         pinBuffers(out[greedy.next].gpuBuffer, [...fixed.bound(), ...cache.buffers]);
         fixed.ones(0, n);
@@ -176,9 +163,7 @@ export function decodeCaptured(args) {
           await session.run(feeds, fetches);
           fixed.keepCheck(0);
         }
-        const t = performance.now();
-        const outputs = await capture.run(feeds, fetches);
-        const run = performance.now() - t;
+        const [outputs, run] = await timedRun(capture, feeds, fetches);
         if (decoded === 2) await compareReplay(args, fixed, position);
         const memory = cache.commit(outputs, 1);
         fixed.keep(slot);
@@ -187,7 +172,7 @@ export function decodeCaptured(args) {
       },
       read(k) {
         slot = 0;
-        return fixed.read(k);
+        return mapTokens(fixed.staging, k, greedy.ids_dtype);
       },
       release: () => fixed.release(),
     };

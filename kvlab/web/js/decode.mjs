@@ -1,25 +1,17 @@
 // One greedy generation through one cache: the prefill, then one token per step; one record per step.
 //
 // Contract: decode({ort, device, session, job, cache, counters, onStep, cancelled}) runs up to job.max_new_tokens
-// steps after job.prompt_ids and returns {tokens, steps}; it ends early after the first token of job.stop_tokens
-// (none: never). Two ways to choose the token:
-// - job.model.greedy null (the host path): every step downloads the logits and takes their argmax here
-//   (argmaxLast: the last position's, first index on ties, as numpy's argmax); each token is read on its own
-//   (read_with 0).
-// - greedy (job.model.greedy: the session runs kvlab's greedy graph, whose output greedy.next is the argmax made
-//   inside the model): the token stays on the GPU. TokenRing holds it: the prefill's token is read at once, then
-//   the decode runs in bursts of up to job.tokens_per_read steps, step k of a burst reading its input ids from the
-//   ring tensor step k - 1 wrote; one mapAsync at the burst's end reads the burst's tokens. Steps a burst ran past
-//   a stop token are undone (not reported; the generation ends there), as the native burst does. A token outside
-//   the vocabulary (the graph's non-finite check) ends the run with an error naming the step and position.
+// steps after job.prompt_ids and returns {tokens, steps}; it ends early after the first token of job.stop_tokens.
+// The token is chosen on the host (job.model.greedy null: every step's logits downloaded, argmaxLast) or stays on
+// the GPU (greedy: kvlab's greedy graph writes it into a TokenRing; the decode runs in bursts of up to
+// job.tokens_per_read steps read back with one mapAsync; steps a burst ran past a stop token are undone, as
+// natively). A token outside the vocabulary ends the run with an error naming the step and position.
 // Each step record holds: step (0 = prefill), phase, position (cache length before the step), n_tokens, token,
-// wall_ms (performance.now around the whole step: feeds, run, choosing or reading the token, the cache's commit;
-// in a burst, the burst's time, its read included, shared out equally), run_ms (session.run alone; in a burst, the
-// burst's mean), read_with (the steps whose tokens were read together, this one among them; 0 for a token read on
-// its own), the cache's own accounting (tensors, bytes, new_buffers, live_bytes) and gpu: the exact GPU buffer
-// counters of the device over the step (counters.delta; a burst's read counted in its last step). cancelled()
-// is asked before every step; when it answers true decode throws an Error named 'Cancelled'. The caller owns the
-// cache (and releases it); the ring is released here, exactly once, also on error.
+// wall_ms (the whole step; in a burst, the burst's time, its read included, shared out equally), run_ms
+// (session.run alone; in a burst, the burst's mean), read_with (the steps whose tokens were read together; 0 for a
+// token read on its own), the cache's accounting (tensors, bytes, new_buffers, live_bytes) and gpu (counters.delta
+// over the step; a burst's read counted in its last step). cancelled() is asked before every step; true: an Error
+// named 'Cancelled'. The caller owns the cache; the ring is released here, exactly once, also on error.
 
 import { createBuffers } from './caches.mjs';
 
@@ -61,6 +53,13 @@ export function ids(ort, dtype, values) {
 export const TOKEN_USAGE = 0x80 | 0x4 | 0x8; // STORAGE | COPY_SRC | COPY_DST
 export const READ_USAGE = 0x1 | 0x8; // MAP_READ | COPY_DST
 
+// each [from, to, offset, bytes] of moves: `bytes` bytes of buffer from copied to buffer to at offset, one submit
+export function copyBuffers(device, moves) {
+  const encoder = device.createCommandEncoder();
+  for (const [from, to, offset, bytes] of moves) encoder.copyBufferToBuffer(from, 0, to, offset, bytes);
+  device.queue.submit([encoder.finish()]);
+}
+
 // the first `bytes` bytes of a MAP_READ buffer: one mapAsync
 export async function mapRead(staging, bytes) {
   await staging.mapAsync(1, 0, bytes); // GPUMapMode.READ
@@ -75,10 +74,8 @@ export async function mapTokens(staging, k, dtype) {
   return Array.from(dtype === 'int32' ? new Int32Array(range) : new BigInt64Array(range), Number);
 }
 
-// The greedy token kept on the GPU: a ring of `size` [1, 1] tensors of the graph's id type, one buffer each, and
-// one staging buffer a burst's tokens are copied into and mapped from. tensor(k): k places after the current one
-// (the last token read); read(k) copies tensors 1..k into the staging buffer, maps it once and moves current over
-// them. All buffers are made at once (none, if one fails) and destroyed by release(), once.
+// The greedy token kept on the GPU: a ring of `size` [1, 1] id tensors and one staging buffer. tensor(k): k places
+// after the last token read; read(k) reads tensors 1..k with one map and moves over them. release(): once.
 export class TokenRing {
   constructor(ort, device, dtype, size) {
     this.device = device;
@@ -96,11 +93,10 @@ export class TokenRing {
   }
 
   async read(k) {
-    const encoder = this.device.createCommandEncoder();
-    for (let j = 1; j <= k; j += 1) {
-      encoder.copyBufferToBuffer(this.tensor(j).gpuBuffer, 0, this.staging, (j - 1) * this.bytes, this.bytes);
-    }
-    this.device.queue.submit([encoder.finish()]);
+    copyBuffers(
+      this.device,
+      Array.from({ length: k }, (_, j) => [this.tensor(j + 1).gpuBuffer, this.staging, j * this.bytes, this.bytes]),
+    );
     const values = await mapTokens(this.staging, k, this.dtype);
     this.current = (this.current + k) % this.tensors.length;
     return values;
@@ -123,21 +119,22 @@ export function checkCancelled(cancelled) {
   }
 }
 
-// the feeds of one step: ids (a tensor), the attention mask over every position, position ids where the graph has
-// them, the cache's pasts
+// session.run(feeds, fetches) (fetches may be undefined: every output) and its time in ms: [outputs, ms]
+export async function timedRun(session, feeds, fetches) {
+  const t = performance.now();
+  const outputs = await session.run(feeds, fetches);
+  return [outputs, performance.now() - t];
+}
+
+// the feeds of one step: ids (a tensor), the mask, position ids where the graph has them, the cache's pasts
 export function stepFeeds(ort, model, cache, idsTensor, position, n) {
   const feeds = {
     [model.input_ids]: idsTensor,
     [model.attention_mask]: int64(ort, new Array(position + n).fill(1), [1, position + n]),
     ...cache.feeds(position, n),
   };
-  if (model.position_ids) {
-    feeds[model.position_ids] = int64(
-      ort,
-      Array.from({ length: n }, (_, i) => position + i),
-      [1, n],
-    );
-  }
+  const positions = Array.from({ length: n }, (_, i) => position + i);
+  if (model.position_ids) feeds[model.position_ids] = int64(ort, positions, [1, n]);
   return feeds;
 }
 
@@ -173,9 +170,7 @@ function decodeOnHost(args) {
       const feeds = stepFeeds(ort, model, cache, ids(ort, 'int64', feed), position, feed.length);
       const fetches = cache.fetches();
       if (fetches) fetches[model.logits] = null;
-      const t1 = performance.now();
-      const outputs = fetches ? await session.run(feeds, fetches) : await session.run(feeds);
-      const ms = performance.now() - t1;
+      const [outputs, ms] = await timedRun(session, feeds, fetches);
       token = argmaxLast(outputs[model.logits]);
       outputs[model.logits].dispose();
       return { run: ms, memory: cache.commit(outputs, feed.length) };
@@ -275,9 +270,7 @@ function decodeOnDevice(args) {
       const fetches = cache.fetches() ?? {};
       for (const e of model.entries) if (!(e.present in fetches)) fetches[e.present] = null;
       fetches[greedy.next] = ring.tensor(ahead + 1);
-      const t1 = performance.now();
-      const outputs = await session.run(feeds, fetches);
-      const ms = performance.now() - t1;
+      const [outputs, ms] = await timedRun(session, feeds, fetches);
       ahead += 1;
       return { run: ms, memory: cache.commit(outputs, n) };
     };

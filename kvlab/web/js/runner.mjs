@@ -1,22 +1,18 @@
 // Runs one job (kvlab/web/job.py's JSON) on onnxruntime-web's WebGPU EP, in whatever host gives it a
 // navigator.gpu: a browser page, the notebook widget, or Node with Dawn's bindings.
 //
-// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep, cancelled}) gives onnxruntime-web gpu's
-// high-performance adapter, opens one session from bytes ({file name: Uint8Array}) on the WebGPU EP in the job's
-// validation mode (webgpuEp): the greedy graph where the job sends one (the token stays on the GPU: decode.mjs),
-// else the decoder; wraps the GPUDevice the WebGPU EP made for it (counters.mjs: before any run; the session's
-// weights are not counted; before that, whether Dawn validates its calls: dawnValidates), then runs every cache of
-// the job for job.reps rounds (after one warm-up round when job.warmup), interleaved. The dynamic cache runs through
-// transformers.js when transformers (a loader: () => module) is given and the job allows it; when transformers.js
-// cannot load the model and the job says "auto", the error is kept in the result and the dynamic cache runs on
-// onnxruntime-web directly, as transformers.js runs it (fresh outputs every step). A captured cache (variant
-// 'graph') replays its decode steps on a second session of the same graph opened with graph capture, one per
-// generation (openCapture; captured.mjs); where onnxruntime-web cannot capture the model (it refuses the session,
-// or its replay differs from the uncaptured step) the result's refused[cache name] says why and the other caches
-// go on. cancelled (() => bool) is asked before every step: the job stops there and the result says
-// {cancelled: true}. Every cache and the session are released exactly once, also when a run fails or is
-// cancelled; the result says how many buffers each release destroyed. Returns the result object
-// kvlab/web/results.py reads; throws on an error that leaves nothing to report.
+// Contract: runJob({ort, gpu, job, bytes, host, transformers, onStep, cancelled}) opens one session from bytes
+// ({file name: Uint8Array}) on gpu's high-performance adapter, the WebGPU EP in the job's modes (webgpuEp): the
+// greedy graph where the job sends one, else the decoder; counts the EP's GPUDevice's buffers from then on
+// (counters.mjs), then runs every cache of the job for job.reps rounds (after one warm-up round when job.warmup),
+// interleaved. The dynamic cache runs through transformers.js when transformers (a loader: () => module) is given
+// and the job allows it; where transformers.js cannot run the model and the job says "auto", its error is kept in
+// the result and the dynamic cache runs on onnxruntime-web directly. A captured cache (variant 'graph') replays
+// its decode steps on a second, capturing session per generation (openCapture; captured.mjs); where
+// onnxruntime-web cannot capture the model the result's refused[cache name] says why and the other caches go on.
+// cancelled (() => bool) is asked before every step: the job stops there and the result says {cancelled: true}.
+// Every cache and the session are released exactly once, also on error; the result says what each release
+// destroyed. Returns the result kvlab/web/results.py reads; throws on an error that leaves nothing to report.
 
 import { countBuffers } from './counters.mjs';
 import { DynamicKV, StaticKV, outputLocations } from './caches.mjs';
@@ -54,13 +50,6 @@ export async function dawnValidates(device) {
   const error = await device.popErrorScope();
   probe.destroy();
   return error !== null;
-}
-
-function rounds(job) {
-  const plan = [];
-  if (job.warmup) plan.push({ rep: -1, warmup: true });
-  for (let rep = 0; rep < job.reps; rep += 1) plan.push({ rep, warmup: false });
-  return plan;
 }
 
 // the session a captured cache replays its decode steps on: the same graph, opened with enableGraphCapture, every
@@ -115,14 +104,7 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
   }
   ort.env.wasm.numThreads = 1;
   ort.env.webgpu.adapter = adapter; // the EP makes its device on this adapter (it ignores a device set here)
-  const out = {
-    version: 1,
-    host,
-    adapter: adapterInfo,
-    ort_version: ort.env.versions.web,
-    transformers: null,
-    runs: [],
-  };
+  const out = { version: 1, host, adapter: adapterInfo, ort_version: ort.env.versions.web, transformers: null, runs: [] };
   const decoder = (job.model.greedy ?? job.model.files[0]).name; // kvlab's own runs: the greedy graph, when sent
   const externalData = job.model.files.slice(1).map((f) => ({ path: f.name, data: bytes[f.name] }));
   const t0 = performance.now();
@@ -155,7 +137,9 @@ export async function runJob({ ort, gpu, job, bytes, host, transformers, onStep,
       out.transformers = { version: '', error: `transformers.js needs a browser; this host is ${host.kind}` };
     }
     if (job.dynamic_impl === 'transformers.js' && !tjs) throw new Error(out.transformers.error);
-    for (const round of rounds(job)) {
+    const rounds = Array.from({ length: job.reps }, (_, rep) => ({ rep, warmup: false }));
+    if (job.warmup) rounds.unshift({ rep: -1, warmup: true });
+    for (const round of rounds) {
       for (const spec of job.caches) {
         const base = { cache: spec.name, kind: spec.kind, max_cache_len: spec.max_cache_len, ...round };
         if (spec.kind === 'dynamic' && tjs) {

@@ -99,7 +99,7 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep, 
       do_sample: false,
       eos_token_id: [],
     });
-    const finished = { time: performance.now(), counts: counters.snapshot() };
+    const finished = { start: performance.now(), before: counters.snapshot() }; // where the last step ends
     const sequence = Array.from(out.data, Number);
     const tokens = sequence.slice(n);
     return { tokens, steps: stepsOf(spans, finished, tokens, n, model, counters), session };
@@ -110,13 +110,12 @@ export async function generateWithTransformers({ tjs, job, bytes, counters, ep, 
 
 function stepsOf(spans, finished, tokens, n, model, counters) {
   return spans.map((span, i) => {
-    const next = spans[i + 1];
-    const end = next ? next.start : finished.time;
-    const gpu = counters.delta(span.before, next ? next.before : finished.counts);
+    const next = spans[i + 1] ?? finished;
+    const gpu = counters.delta(span.before, next.before);
     const position = i === 0 ? 0 : n + i - 1;
     const length = i === 0 ? n : 1;
     const bytes = cacheBytes(model, position + length);
     const memory = { tensors: span.tensors, bytes, new_buffers: span.fresh, live_bytes: bytes };
-    return record(i, position, length, tokens[i], { wall: end - span.start, run: span.end - span.start }, memory, gpu, 0);
+    return record(i, position, length, tokens[i], { wall: next.start - span.start, run: span.end - span.start }, memory, gpu, 0);
   });
 }
