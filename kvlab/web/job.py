@@ -24,8 +24,7 @@ KV_DTYPES = ("float32", "float16")
 TRANSFORMERS_GRAPH = "model.transformers-js.onnx"
 DYNAMIC_IMPLS = ("auto", "transformers.js", "onnxruntime-web")
 CAPTURED = "graph"  # CacheSpec.variant of a static cache whose decode steps replay a captured graph
-# the Dawn device toggles native ONNX Runtime's WebGPU EP turns on when its validation mode is "disabled" and that
-# apply to every backend; a host kvlab starts (Node with Dawn, its own Chromium) makes its device with them
+# native ONNX Runtime's WebGPU EP's Dawn toggles for validation mode "disabled" that apply to every backend
 SKIP_VALIDATION_TOGGLES = ("skip_validation", "disable_robustness")
 
 

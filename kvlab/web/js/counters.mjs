@@ -21,15 +21,10 @@ function usageClass(usage) {
   return 'other';
 }
 
-function zero() {
-  const c = { created: 0, destroyed: 0, bytes_created: 0, bytes_destroyed: 0, live: 0, live_bytes: 0 };
-  for (const k of CLASSES) c[`${k}_created`] = 0;
-  return c;
-}
-
 export function countBuffers(device) {
   if (device.__kvlabCounters) return device.__kvlabCounters;
-  const counts = zero();
+  const counts = { created: 0, destroyed: 0, bytes_created: 0, bytes_destroyed: 0, live: 0, live_bytes: 0 };
+  for (const k of CLASSES) counts[`${k}_created`] = 0;
   const create = device.createBuffer;
   device.createBuffer = function createBufferCounted(descriptor) {
     const buffer = create.call(this, descriptor);
