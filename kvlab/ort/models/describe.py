@@ -58,14 +58,10 @@ def cache_kind(layer: LayerSpec) -> str:
         return f"shared: layer {kind.source}'s KV" + (f" (window {kind.window})" if kind.window else "")
     if isinstance(kind, SlidingWindow):
         return f"KV, sliding window {kind.window}"
-    if isinstance(kind, FullAttention):
-        return "KV, full attention"
-    roles = [e.role for e in layer.entries]
-    if isinstance(kind, LinearAttention):
-        return "conv + recurrent state" if "conv" in roles else "recurrent state"
-    if isinstance(kind, ConvState):
-        return "conv state"
-    return kind.name
+    if isinstance(kind, LinearAttention) and any(e.role == "conv" for e in layer.entries):
+        return "conv + recurrent state"
+    names = {FullAttention: "KV, full attention", LinearAttention: "recurrent state", ConvState: "conv state"}
+    return names.get(type(kind), kind.name)
 
 
 def _op(layer: LayerSpec) -> str:
