@@ -244,7 +244,7 @@ def declared_hf(path: Path, dtype: str | None = None) -> Declared:
         past,
         _names("present.%d.key", "present.%d.value", layers, file),
         "logits",
-        head_dims={n: size for layer, size in _per_layer_head_dims(text, file).items() for n in past[layer]},
+        head_dims=_per_layer_head_dims(text, past, file),
     )
     return _checked(declared, text, file)
 
@@ -278,16 +278,15 @@ def transformers_js_file(path: Path, config: dict, dtype: str | None = None) -> 
     )
 
 
-def _per_layer_head_dims(text: dict, file: Path) -> dict[int, int]:
-    """Layer -> head size from a config's ``per_layer_config`` (Gemma 4's larger full-attention heads)."""
+def _per_layer_head_dims(text: dict, past: tuple[tuple[str, str], ...], file: Path) -> dict[str, int]:
+    """Past input -> head size from a config's ``per_layer_config`` (Gemma 4's larger full-attention heads)."""
     per_layer = text.get("per_layer_config") or {}
     if not isinstance(per_layer, dict):
         raise ModelError(f"{file}: per_layer_config is {per_layer!r:.60}; it must map layer indices to configs")
-    layers = _int(text, "num_hidden_layers", file)
     out = {}
     for key, cfg in per_layer.items():
-        if not (str(key).isdigit() and int(key) < layers and isinstance(cfg, dict)):
-            raise ModelError(f"{file}: per_layer_config key {key!r} must be a layer index below {layers}")
+        if not (str(key).isdigit() and int(key) < len(past) and isinstance(cfg, dict)):
+            raise ModelError(f"{file}: per_layer_config key {key!r} must be a layer index below {len(past)}")
         if "head_dim" in cfg:
-            out[int(key)] = _int(cfg, "head_dim", file)
+            out |= dict.fromkeys(past[int(key)], _int(cfg, "head_dim", file))
     return out

@@ -58,14 +58,10 @@ def cache_kind(layer: LayerSpec) -> str:
         return f"shared: layer {kind.source}'s KV" + (f" (window {kind.window})" if kind.window else "")
     if isinstance(kind, SlidingWindow):
         return f"KV, sliding window {kind.window}"
-    if isinstance(kind, FullAttention):
-        return "KV, full attention"
-    roles = [e.role for e in layer.entries]
-    if isinstance(kind, LinearAttention):
-        return "conv + recurrent state" if "conv" in roles else "recurrent state"
-    if isinstance(kind, ConvState):
-        return "conv state"
-    return kind.name
+    if isinstance(kind, LinearAttention) and any(e.role == "conv" for e in layer.entries):
+        return "conv + recurrent state"
+    names = {FullAttention: "KV, full attention", LinearAttention: "recurrent state", ConvState: "conv state"}
+    return names.get(type(kind), kind.name)
 
 
 def _op(layer: LayerSpec) -> str:
@@ -111,7 +107,7 @@ def _inputs(info: object) -> list[str]:
     by_role: dict[str, list[str]] = {}
     for e in info.entries:
         by_role.setdefault(e.role, []).append(e.past)
-    what = {"key": "the cache: past keys", "value": "the cache: past values", "conv": "the cache: conv states"}
+    what = {"key": "the cache: past keys", "value": "the cache: past values"}
     for role, names in by_role.items():
         rows.append(f"  {_pattern(names):<36} {what.get(role, f'the cache: {role} states')}")
     return rows
@@ -121,22 +117,18 @@ def _caches(info: object, note_lines: int) -> list[str]:
     if judge is None:
         return ["caches: not judged here (import kvlab.ort: its caches say which run this model)"]
     verdicts = {(v.cache, v.device): v.why_not for v in judge(info)}
-    reasons: list[str] = []
+    reasons: dict[str, int] = {}  # why not -> its note's number
     rows = [f"caches       {DEVICES[0]:<30} {DEVICES[1]}"]
     for cache in CACHES:
         cells = []
         for device in DEVICES:
             why = verdicts.get((cache, device))
-            if why is None:
-                cells.append("?")
-            elif not why:
-                cells.append("runs")
+            if why:
+                cells.append(f"no [{reasons.setdefault(why, len(reasons) + 1)}]")
             else:
-                if why not in reasons:
-                    reasons.append(why)
-                cells.append(f"no [{reasons.index(why) + 1}]")
+                cells.append("runs" if why == "" else "?")
         rows.append(f"  {cache:<10} {cells[0]:<30} {cells[1]}")
-    for i, why in enumerate(reasons, 1):
+    for why, i in reasons.items():
         wrapped = textwrap.wrap(f"[{i}] {why}", WIDTH - 2, max_lines=note_lines, placeholder=" ...")
         rows += [f"  {line}" for line in wrapped]
     return rows

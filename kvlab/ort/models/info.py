@@ -20,7 +20,7 @@ from ...presets import BUILTIN_NAMES
 from . import mobius
 from .declared import BUILDER_HINT, Declared, declared_genai, declared_hf
 from .graph import ONNX_DTYPES, attr, elem_type, load_graph, producers, projection_width, uses, weight_format
-from .layers import attention_reading, borrows_kv, known_ops, read_layers
+from .layers import KNOWN_OPS, attention_reading, borrows_kv, read_layers
 from .rewrites import needs_plain, plain_graph
 
 
@@ -97,15 +97,10 @@ def read_info(path: str | os.PathLike, name: str | None = None, dtype: str | Non
     _check_layer_count(d, inputs, declared, path)
     unread = _check_names(d, graph, inputs, outputs, declared, path)
     _cross_check(d, graph, inputs, outputs, path)
-    first = next(iter(declared), None)
-    dtypes = [
-        ONNX_DTYPES.get(t, f"onnx type {t}")
-        for t in (
-            elem_type(inputs[d.past[0][0]] if d.past else inputs[first]) if first else 1,
-            elem_type(outputs[d.logits]),
-        )
-    ]
-    for what, dt in zip(("KV cache", "logits"), dtypes):
+    first = d.past[0][0] if d.past else next(iter(declared), None)
+    types = {"KV cache": elem_type(inputs[first]) if first else 1, "logits": elem_type(outputs[d.logits])}
+    dtypes = [ONNX_DTYPES.get(t, f"onnx type {t}") for t in types.values()]
+    for what, dt in zip(types, dtypes):
         if isinstance(dt, str):
             raise ModelError(f"{path}: {what} dtype {dt} is not supported by numpy/ONNX Runtime's Python API")
     problem = _sharing_problem(d, graph)
@@ -206,13 +201,13 @@ def _check_names(d: Declared, graph: Any, inputs: dict, outputs: dict, declared:
         raise ModelError(
             f"{path}: graph inputs {extra} are not handled by kvlab ({found}); it feeds input_ids, "
             "attention_mask, position_ids and the cache inputs its config names, read by "
-            f"{known_ops()}"
+            f"{KNOWN_OPS}"
         )
     unread += tuple(n for n, role in d.roles.items() if n in inputs and role != "past" and not read_by.get(n))
     missing = [n for n, role in d.roles.items() if n not in inputs and role != "position_ids"]
     if missing:
         raise ModelError(f"{path}: inputs {missing} named in {d.config_file} are not in {d.decoder_file}")
-    for out_name in [*(n for pair in d.present for n in pair), d.logits]:
+    for out_name in [*(present for _, _, present in declared.values()), d.logits]:
         if out_name not in outputs:
             raise ModelError(f"{path}: output {out_name!r} named in {d.config_file} is not in {d.decoder_file}")
     return unread

@@ -1,12 +1,8 @@
 """What each layer of a decoder graph keeps between steps, read from the graph: every past input is followed to the
-node that reads it, and that node's type says what the pair holds and which output is its present.
-
-One rule per op (``OPS``): GroupQueryAttention reads past keys and values (inputs 3, 4) and writes the presents
-(outputs 1, 2), its ``local_window_size`` a sliding layer's window (-1: full attention); CausalConvWithState a
-conv state and LinearAttention a recurrent state (input 3 -> output 1). Keys and values another op makes (an
-Optimum export's Concat) are full-attention KV that cannot share a buffer. A layer whose GroupQueryAttention reads
-another layer's presents as its past shares that layer's KV (``SharedKV``). A state read by an op kvlab does not
-know is refused, naming the input, the output and the op."""
+node that reads it, whose rule (``OPS``) says what the pair holds and which output is its present. Keys and values
+another op makes (an Optimum export's Concat) are full-attention KV that cannot share a buffer; a layer whose
+GroupQueryAttention reads another layer's presents as its past shares that layer's KV (``SharedKV``); a state read
+by an op kvlab does not know is refused, naming the input, the output and the op."""
 
 from __future__ import annotations
 
@@ -56,9 +52,8 @@ OPS: dict[str, StateOp] = {
 KIND_PRECEDENCE = ("GroupQueryAttention", "LinearAttention", "CausalConvWithState")
 
 
-def known_ops() -> str:
-    """The ops kvlab reads a cache entry from, with what each keeps, for error messages."""
-    return ", ".join(f"{op} ({rule.what})" for op, rule in OPS.items())
+# the ops kvlab reads a cache entry from, with what each keeps, for error messages
+KNOWN_OPS = ", ".join(f"{op} ({rule.what})" for op, rule in OPS.items())
 
 
 ATTENTION_OPS = ("MultiHeadAttention", "Attention", "GroupQueryAttention", "SparseAttention", "Softmax")
@@ -89,12 +84,9 @@ def read_layers(
     ModelError where the graph contradicts the config, a layer has no cache input, or a state is read by an op
     kvlab does not know."""
     inputs = {i.name: i for i in graph.graph.input}
-    outputs = {o.name: o for o in graph.graph.output}
     read_by, made_by = uses(graph), producers(graph)
     per_layer: dict[int, list[tuple[CacheEntry, Any]]] = {i: [] for i in range(layers)}
     for past, (layer, role, present) in declared.items():
-        if present not in outputs:
-            raise ModelError(f"{path}: output {present!r} (the present of {past!r}) is not in the graph")
         readers = read_by.get(past, [])
         node, index = readers[0] if len(readers) == 1 else (None, -1)
         rule = OPS.get(node.op_type) if node is not None else None
@@ -114,7 +106,7 @@ def read_layers(
                 + (", ".join(f"{n.op_type} node {n.name!r}" for n, _ in readers) or "no node")
                 + " and written by "
                 + (f"{w.op_type} node {w.name!r}" if (w := made_by.get(present)) is not None else "no node")
-                + f": a layer kind kvlab does not know (it knows {known_ops()}), so it cannot say how "
+                + f": a layer kind kvlab does not know (it knows {KNOWN_OPS}), so it cannot say how "
                 "that state changes from step to step"
             )
         per_layer[layer].append((_entry(inputs[past], layer, role, present, node, head_dim, kv_heads, path), node))

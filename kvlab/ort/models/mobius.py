@@ -167,8 +167,6 @@ def empty_kv_by_slice(model: Any) -> list[str]:
     feeding: list[Any] = []  # the nodes that made each rewritten node's shape
 
     def rewrite(node: Any) -> Any:
-        if node.op_type != "ConstantOfShape":
-            return None
         readers = read_by.get(node.output[0], [])
         if not readers or any(r.op_type != "GroupQueryAttention" or i not in (1, 2) for r, i in readers):
             return None  # not a layer's empty keys and values: left alone
@@ -200,7 +198,7 @@ def empty_kv_by_slice(model: Any) -> list[str]:
             "(the same empty tensor; no WebGPU ConstantOfShape in either package)",
         )
 
-    done = replace_nodes(model, rewrite)
+    done = replace_nodes(model, "ConstantOfShape", rewrite)
     outputs = {o.name for o in model.graph.output}
     for node in (n for n in feeding if n is not None):  # those whose outputs nothing reads any more go
         read = uses(model)

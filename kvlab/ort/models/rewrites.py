@@ -29,12 +29,12 @@ def constant(model: Any, name: str, value: np.ndarray) -> str:
     return name
 
 
-def replace_nodes(model: Any, rewrite: Any) -> list[str]:
-    """Rebuild the node list, each node replaced where ``rewrite(node)`` gives (nodes, a line saying what changed)
-    and kept where it gives None; returns the lines."""
+def replace_nodes(model: Any, op_type: str, rewrite: Any) -> list[str]:
+    """Rebuild the node list, each ``op_type`` node replaced where ``rewrite(node)`` gives (nodes, a line saying what
+    changed) and kept where it gives None; returns the lines."""
     nodes, done = [], []
     for node in model.graph.node:
-        out = rewrite(node)
+        out = rewrite(node) if node.op_type == op_type else None
         if out is None:
             nodes.append(node)
         else:
@@ -48,11 +48,18 @@ def replace_nodes(model: Any, rewrite: Any) -> list[str]:
 STATE_OPS = ("CausalConvWithState", "LinearAttention")  # the ops whose state_window 0 is what 1.27 computes
 
 
-def drop_zero_state_windows(model: Any) -> list[str]:
-    """Drop ``state_window=0`` from every ``STATE_OPS`` node (0 being what a runtime without the attribute
-    computes); one set to another value is left as it is. Returns one line per node changed."""
+def drop_zero_state_windows(model: Any, strict: bool = False) -> list[str]:
+    """Drop ``state_window=0`` from every ``STATE_OPS`` node (0 being what a runtime without the attribute computes);
+    one set to another value is left as it is, or with ``strict`` a ModelError (onnxruntime 1.27 has no such
+    attribute). Returns one line per node changed."""
     done = []
     for node in (n for n in model.graph.node if n.op_type in STATE_OPS):
+        window = attr(node, "state_window", 0)
+        if strict and window:
+            raise ModelError(
+                f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
+                "has no such attribute and computes the whole state (state_window 0) only"
+            )
         for a in [a for a in node.attribute if a.name == "state_window" and a.type == a.INT and a.i == 0]:
             node.attribute.remove(a)
             done.append(f"{node.name}: state_window=0 dropped (0 is what a runtime without the attribute computes)")
@@ -89,27 +96,12 @@ def plain_graph(model: Any) -> Path:
     return derived_graph(model, PLAIN_SUFFIX, plain_attention, "plain-attention graph")
 
 
-def strip_state_window(model: Any) -> list[str]:
-    """Drop the ``state_window=0`` attribute the builder writes on every CausalConvWithState and LinearAttention node
-    (older runtimes have no such attribute). ModelError for a non-zero window, which cannot be dropped."""
-    for node in model.graph.node:
-        window = attr(node, "state_window", 0) if node.op_type in STATE_OPS else 0
-        if window:
-            raise ModelError(
-                f"{node.op_type} node {node.name!r} has state_window={window}; onnxruntime 1.27 "
-                "has no such attribute and computes the whole state (state_window 0) only"
-            )
-    return drop_zero_state_windows(model)
-
-
 def decompose_linear_attention_gate(model: Any) -> list[str]:
     """``LinearAttentionGate(a, dt_bias, neg_exp_A, b)`` (Qwen3.5) in plain ops: decay = neg_exp_A * Softplus(a +
     dt_bias), beta = Sigmoid(b), as transformers' Qwen3.5 computes g and beta."""
     from onnx import helper
 
     def rewrite(node: Any) -> Any:
-        if node.op_type != "LinearAttentionGate":
-            return None
         a, dt_bias, neg_exp_a, b = node.input
         p = node.name
         return (
@@ -123,7 +115,7 @@ def decompose_linear_attention_gate(model: Any) -> list[str]:
             "onnxruntime 1.27)",
         )
 
-    return replace_nodes(model, rewrite)
+    return replace_nodes(model, "LinearAttentionGate", rewrite)
 
 
 def decompose_gated_rmsnorm(model: Any) -> list[str]:
@@ -134,8 +126,6 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
     inits = {t.name: t for t in model.graph.initializer}
 
     def rewrite(node: Any) -> Any:
-        if node.op_type != "GatedRMSNorm":
-            return None
         x, weight, gate = node.input
         if weight not in inits or len(inits[weight].dims) != 1:
             raise ModelError(
@@ -166,7 +156,7 @@ def decompose_gated_rmsnorm(model: Any) -> list[str]:
             "in onnxruntime 1.27)",
         )
 
-    return replace_nodes(model, rewrite)
+    return replace_nodes(model, "GatedRMSNorm", rewrite)
 
 
 def mrope_to_rope(model: Any) -> list[str]:
@@ -177,8 +167,6 @@ def mrope_to_rope(model: Any) -> list[str]:
     keep = ("interleaved", "num_heads", "rotary_embedding_dim")
 
     def rewrite(node: Any) -> Any:
-        if node.op_type != "MRotaryEmbedding":
-            return None
         attrs = {k: attr(node, k) for k in keep if attr(node, k) is not None}
         new = helper.make_node(
             "RotaryEmbedding", list(node.input), list(node.output), name=node.name, domain=node.domain, **attrs
@@ -190,7 +178,7 @@ def mrope_to_rope(model: Any) -> list[str]:
             "onnxruntime 1.27)",
         )
 
-    return replace_nodes(model, rewrite)
+    return replace_nodes(model, "MRotaryEmbedding", rewrite)
 
 
 def text_position_ids(model: Any) -> list[str]:
@@ -240,7 +228,11 @@ def restore_sliding_window(model: Any, window: int, layers: Sequence[int]) -> li
 
 def for_ort127(model: Any, window: int = 0, sliding_layers: Sequence[int] = ()) -> list[str]:
     """Every rewrite above, in order; returns what changed (nothing, for a plain Llama)."""
-    done = strip_state_window(model) + decompose_linear_attention_gate(model) + decompose_gated_rmsnorm(model)
+    done = (
+        drop_zero_state_windows(model, strict=True)
+        + decompose_linear_attention_gate(model)
+        + decompose_gated_rmsnorm(model)
+    )
     done += mrope_to_rope(model) + text_position_ids(model)
     if window:
         done += restore_sliding_window(model, window, sliding_layers)
@@ -286,7 +278,7 @@ def cast_bool_gathers(model: Any) -> list[str]:
             f"bool Gather {p!r} computed in int32 (onnxruntime-webgpu 1.27 crashes on bool Gather)",
         )
 
-    return replace_nodes(model, rewrite)
+    return replace_nodes(model, "Gather", rewrite)
 
 
 RING_SUFFIX = ".kvlab-ring.onnx"  # the ring graph's file, beside model.onnx
