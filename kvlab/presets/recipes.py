@@ -278,8 +278,7 @@ def building(final: Path, marker: str) -> Iterator[Path]:
             ) from exc
         raise
     if not (final / marker).is_file():
-        if final.exists():
-            shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # an unfinished build, if any
         try:
             os.replace(tmp, final)
             return
