@@ -159,20 +159,21 @@ def recomputed(layer: Layer, xs: np.ndarray) -> Any:
     )
 
 
-def check_cache(cls: Any, kind: str, *, steps: int = 12, max_len: int = 16) -> Verdict:
-    """An attendee's cache class, built as ``cls()`` (``kind`` "dynamic") or ``cls(heads, max_len, head_dim)``
-    ("static"), against the no-cache decode of one ``Layer``: the same outputs at every step, and for a static one
-    views of one buffer (no fresh buffer after the first step). A Verdict (ok None while ``cls`` is None or ... or
-    its ``update`` returns None); never raises for the attendee's code, ValueError for an unknown ``kind``."""
+def check_cache(cls: Any, kind: str) -> Verdict:
+    """An attendee's cache class, built as ``cls()`` (``kind`` "dynamic") or ``cls(heads, 16, head_dim)`` ("static":
+    16 positions), against the no-cache decode of one ``Layer`` over 12 steps: the same outputs at every step, and for
+    a static one views of one buffer (no fresh buffer after the first step). A Verdict (ok None while ``cls`` is None
+    or ... or its ``update`` returns None); never raises for the attendee's code, ValueError for an unknown ``kind``."""
     if kind not in ("dynamic", "static"):
         raise ValueError(f"kind is 'dynamic' or 'static', not {kind!r}")
     what = f"your {kind} cache"
     if cls in NO_ANSWER:
         return Verdict(None, f"define the class for {what} and pass it in")
-    layer, xs = Layer(), inputs(steps)
+    steps, layer = 12, Layer()
+    xs = inputs(steps)
 
     def make() -> Any:
-        return cls() if kind == "dynamic" else cls(layer.heads, max_len, layer.head_dim)
+        return cls() if kind == "dynamic" else cls(layer.heads, 16, layer.head_dim)
 
     try:
         if make().update(*layer.project(xs[:1])[1:]) is None:

@@ -202,15 +202,15 @@ def ttft_figure(lab: ChatLab) -> Any:
     return fig
 
 
-def rewind_rows(names: Sequence[str], turns: Sequence[Sequence[int]], edited: Sequence[int], new: int = 6) -> list:
-    """Per model and cache kind (CPU EP): two turns of ``turns``, the second taken back and ``edited`` said instead;
-    what the cache held after the rewind, what the edited turn reused and fed, and whether its tokens equal a
-    from-scratch ``generate`` of the same history."""
+def rewind_rows(names: Sequence[str], turns: Sequence[Sequence[int]], edited: Sequence[int]) -> list:
+    """Per model and cache kind (CPU EP): two turns of ``turns`` (6 new tokens each), the second taken back and
+    ``edited`` said instead; what the cache held after the rewind, what the edited turn reused and fed, and whether
+    its tokens equal a from-scratch ``generate`` of the same history."""
     from collections import Counter
 
     from ..ort import generate
 
-    rows = []
+    rows, new = [], 6
     for name in names:
         model = load(name)
         kinds = ", ".join(f"{n} x {k}" for k, n in Counter(lay.kind.name for lay in model.info.layout.layers).items())

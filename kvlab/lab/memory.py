@@ -142,6 +142,14 @@ class Line:
     exact: bool = True
 
 
+def exact_lines(layouts: dict[str, CacheLayout], lengths: Sequence[int]) -> list[Line]:
+    """A ``Line`` per layout (legend name -> layout): the bytes its cache holds at each of ``lengths``, exactly."""
+    return [
+        Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
+        for name, layout in layouts.items()
+    ]
+
+
 def format_of(kv_precision: str) -> str:
     """The format a KV precision of ``KV_FORMATS`` stands for, without its runtime: 'HQQ 8 bits' for int8.
     ConfigError for an unknown one."""
@@ -155,19 +163,19 @@ def precision_lines(
     """One model's curves across KV precisions: an exact ``Line`` per layout of ``exact`` (legend name -> layout),
     then a predicted one per precision of ``predicted`` (``kv_bytes`` of ``base``, named by its format), each at
     ``lengths``. ConfigError for an unknown precision."""
-    lines = [
-        Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
-        for name, layout in exact.items()
-    ]
+    lines = exact_lines(exact, lengths)
     for p in predicted:
         per_token = kv_bytes(base, 1, p) - kv_bytes(base, 0, p)
         lines.append(Line(f"{p} ({format_of(p)})", [kv_bytes(base, n, p) for n in lengths], per_token, exact=False))
     return lines
 
 
-# the markers of point series, recorded (open) or not (filled), in the order the series come
-POINT_SYMBOLS = {True: ("square-open", "circle-open", "triangle-up-open", "diamond-open"),
-                 False: ("diamond", "circle", "triangle-up", "square")}  # fmt: skip
+# the markers of point series, recorded (open, grey) or not (filled, red): (symbols in the order the series come,
+# size, colour, outline width)
+POINT_STYLES = {
+    True: (("square-open", "circle-open", "triangle-up-open", "diamond-open"), 11, "#333", 2),
+    False: (("diamond", "circle", "triangle-up", "square"), 9, "#d62728", 1),
+}
 
 
 def bytes_figure(
@@ -201,11 +209,10 @@ def bytes_figure(
     drawn = {True: 0, False: 0}  # point series drawn so far, recorded or not: each gets its own symbol
     for name, pts in points:
         recorded = name.endswith("(recorded)")
-        symbol = POINT_SYMBOLS[recorded][drawn[recorded] % len(POINT_SYMBOLS[recorded])]
+        symbols, size, color, width = POINT_STYLES[recorded]
+        symbol = symbols[drawn[recorded] % len(symbols)]
         drawn[recorded] += 1
-        marker = {"symbol": symbol, "size": 11, "color": "#333", "line": {"width": 2, "color": "#333"}}
-        if not recorded:
-            marker = {"symbol": symbol, "size": 9, "color": "#d62728", "line": {"width": 1, "color": "#333"}}
+        marker = {"symbol": symbol, "size": size, "color": color, "line": {"width": width, "color": "#333"}}
         x, y = [p[0] for p in pts], [p[1] / scale for p in pts]
         fig.add_scatter(x=x, y=y, mode="markers", name=name, marker=marker, hovertemplate=hover)
     if log:
@@ -229,10 +236,7 @@ def memory_by_layout(
     """``bytes_figure`` (linear axes) of the exact bytes (``layout.report(n)``) each layout's cache holds from 0 to
     ``max_length`` tokens, one line per ``{legend name: layout}``; ``points`` as ``bytes_figure`` takes them."""
     lengths = [round(max_length * i / 64) for i in range(65)]
-    lines = [
-        Line(name, [layout.report(n).total_bytes for n in lengths], layout.bytes_per_token)
-        for name, layout in layouts.items()
-    ]
+    lines = exact_lines(layouts, lengths)
     what = "KV cache memory against the context, per architecture"
     return bytes_figure(lengths, lines, what=what, common=common, note=note, points=points, log=False)
 

@@ -8,6 +8,7 @@ viewer): the widget shows as usual, but its plain-text fallback is a sentence sa
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -28,11 +29,12 @@ def error_html(exc: Exception) -> str:
     )
 
 
+@dataclass(repr=False)
 class LiveWidget:
     """``widget`` as a notebook shows it, with ``text`` as its plain-text form."""
 
-    def __init__(self, widget: Any, text: str) -> None:
-        self.widget, self.text = widget, text
+    widget: Any
+    text: str
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return with_plain_text(self.widget._repr_mimebundle_(**kwargs), self.text)

@@ -36,10 +36,8 @@ def kind_colors(kinds: Iterable[tuple[str, Any]]) -> list[str]:
     one, then other colours."""
     out, seen = [], {}
     for kind, size in kinds:
-        sizes = seen.setdefault(kind, [])
-        if size not in sizes:
-            sizes.append(size)
-        i = sizes.index(size)
+        sizes = seen.setdefault(kind, {})  # size -> its index among the kind's sizes
+        i = sizes.setdefault(size, len(sizes))
         palette = SHADES.get(kind, ())[:2]
         out.append(palette[i] if i < len(palette) else OTHER_COLORS[(len(out) + i) % len(OTHER_COLORS)])
     return out
@@ -130,8 +128,8 @@ def go() -> Any:
     return graph_objects
 
 
-def static_images(width: int = 900) -> str:
-    """From now on every plotly figure a notebook shows also carries a PNG of itself (``width`` px wide, rendered by
+def static_images() -> str:
+    """From now on every plotly figure a notebook shows also carries a PNG of itself (900 px wide, rendered by
     ``retrying_png``), for static viewers; without kaleido and a Chromium figures stay interactive only. Returns a
     sentence saying which, for the notebook to print."""
     import logging
@@ -145,7 +143,7 @@ def static_images(width: int = 900) -> str:
         pio.to_image(go().Figure(), format="png", width=16, height=16)
     except Exception as exc:  # kaleido missing or no browser: keep the interactive charts only
         return f"static PNG copies off ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
-    pio.renderers[PNG_RENDERER] = retrying_png(pio.renderers["png"], width)
+    pio.renderers[PNG_RENDERER] = retrying_png(pio.renderers["png"], 900)
     pio.renderers.default = f"plotly_mimetype+{PNG_RENDERER}"
     return "each chart also saved as a PNG (for static viewers)"
 

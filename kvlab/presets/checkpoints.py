@@ -80,7 +80,7 @@ def write_smollm2_checkpoint(spec: SmolLM2, out: Path) -> None:
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 
-# -- the random models: one function per architecture, its transformers config and class
+# -- the random models: each architecture's transformers config and class
 def _common(spec: TinyLlama | TinyArch | TinyKVShared) -> dict[str, Any]:
     return dict(
         vocab_size=spec.vocab,
@@ -98,33 +98,42 @@ def _common(spec: TinyLlama | TinyArch | TinyKVShared) -> dict[str, Any]:
     )
 
 
-def _llama(spec: TinyLlama) -> Any:
-    import transformers as T
-
-    return T.LlamaConfig(**_common(spec)), T.LlamaForCausalLM
-
-
-def _gemma(version: str) -> Any:
-    """The config maker of Gemma ``version`` ("2" or "3"): sliding and full layers, query scaling by head_dim."""
-
-    def make(spec: TinyArch) -> Any:
-        import transformers as T
-
-        config = getattr(T, "Gemma2Config" if version == "2" else "Gemma3TextConfig")(
-            **_common(spec),
+def _own_fields(spec: TinyLlama | TinyArch | TinyKVShared) -> dict[str, Any]:
+    """The config fields an architecture adds to ``_common``'s (None: a field of ``_common`` it does not have)."""
+    if isinstance(spec, TinyLlama):
+        return {}
+    layers = {"layer_types": list(spec.layer_types)}
+    if isinstance(spec, TinyKVShared):  # Gemma 4: the last layers read earlier layers' KV; per-layer inputs
+        return dict(
+            **layers,
+            global_head_dim=spec.global_head_dim,
             sliding_window=spec.window,
-            query_pre_attn_scalar=spec.head_dim,
-            layer_types=list(spec.layer_types),
+            num_kv_shared_layers=spec.kv_shared,
+            hidden_size_per_layer_input=spec.per_layer_input,
+            vocab_size_per_layer_input=spec.vocab,
         )
-        return config, getattr(T, f"Gemma{version}ForCausalLM")
+    if spec.arch == "mistral":
+        return {"sliding_window": spec.window}
+    if spec.arch == "lfm2":  # head_dim is hidden / heads; conv layers keep the last conv_L_cache - 1 inputs
+        if spec.hidden // spec.heads != spec.head_dim:
+            raise ConfigError(
+                f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
+                f"{spec.head_dim}): LFM2 has no head_dim of its own"
+            )
+        return dict(**layers, head_dim=None, conv_L_cache=3, block_auto_adjust_ff_dim=False)
+    # gemma2, gemma3: sliding and full layers, query scaling by head_dim
+    return dict(**layers, sliding_window=spec.window, query_pre_attn_scalar=spec.head_dim)
 
-    return make
 
-
-def _mistral(spec: TinyArch) -> Any:
-    import transformers as T
-
-    return T.MistralConfig(**_common(spec), sliding_window=spec.window), T.MistralForCausalLM
+# the (config, model) classes of each architecture, by TinyArch.arch ("llama", "gemma4": TinyLlama, TinyKVShared)
+CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
+}
 
 
 def _qwen3_5(spec: TinyArch) -> Any:
@@ -170,38 +179,17 @@ def _qwen3_5(spec: TinyArch) -> Any:
     return config, T.Qwen3_5ForConditionalGeneration
 
 
-def _lfm2(spec: TinyArch) -> Any:
-    """LFM2: head_dim is hidden / heads (no head_dim field); conv layers keep the last conv_L_cache - 1 inputs."""
+def _config(spec: TinyLlama | TinyArch | TinyKVShared) -> tuple[Any, Any]:
+    """The transformers config of ``spec`` and the model class it builds."""
     import transformers as T
 
-    common = _common(spec)
-    common.pop("head_dim")
-    if spec.hidden // spec.heads != spec.head_dim:
-        raise ConfigError(
-            f"an lfm2 TinyArch needs hidden / heads == head_dim ({spec.hidden} / {spec.heads} != "
-            f"{spec.head_dim}): LFM2 has no head_dim of its own"
-        )
-    config = T.Lfm2Config(**common, layer_types=list(spec.layer_types), conv_L_cache=3, block_auto_adjust_ff_dim=False)
-    return config, T.Lfm2ForCausalLM
-
-
-def _gemma4(spec: TinyKVShared) -> Any:
-    """Gemma 4 text with its last ``kv_shared`` layers reading earlier layers' KV, and per-layer inputs."""
-    import transformers as T
-
-    config = T.Gemma4TextConfig(
-        **_common(spec),
-        global_head_dim=spec.global_head_dim,
-        layer_types=list(spec.layer_types),
-        sliding_window=spec.window,
-        num_kv_shared_layers=spec.kv_shared,
-        hidden_size_per_layer_input=spec.per_layer_input,
-        vocab_size_per_layer_input=spec.vocab,
-    )
-    return config, T.Gemma4ForCausalLM
-
-
-ARCHITECTURES = {"gemma2": _gemma("2"), "gemma3": _gemma("3"), "mistral": _mistral, "qwen3_5": _qwen3_5, "lfm2": _lfm2}
+    arch = "llama" if isinstance(spec, TinyLlama) else "gemma4" if isinstance(spec, TinyKVShared) else spec.arch
+    if arch == "qwen3_5":
+        return _qwen3_5(spec)
+    fields = {**_common(spec), **_own_fields(spec)}
+    config_class, model_class = CLASSES[arch]
+    config = getattr(T, config_class)(**{k: v for k, v in fields.items() if v is not None})
+    return config, getattr(T, model_class)
 
 
 def write_random_checkpoint(spec: TinyLlama | TinyArch | TinyKVShared, out: Path) -> None:
@@ -210,10 +198,7 @@ def write_random_checkpoint(spec: TinyLlama | TinyArch | TinyKVShared, out: Path
     import torch
 
     save_byte_tokenizer(spec.vocab, out)
-    if isinstance(spec, TinyArch):
-        config, cls = ARCHITECTURES[spec.arch](spec)
-    else:
-        config, cls = (_gemma4 if isinstance(spec, TinyKVShared) else _llama)(spec)
+    config, cls = _config(spec)
     torch.manual_seed(spec.seed)
     model = cls(config).eval()
     if not isinstance(spec, TinyLlama):  # these draw their matrices from the seed again (as they were first built)

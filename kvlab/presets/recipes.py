@@ -5,6 +5,7 @@ dir (``cache_dir``), rebuilt when missing."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ def _check_sizes(spec: Any, skip: tuple[str, ...] = ()) -> None:
     for f, v in asdict(spec).items():
         if f in ("arch", "layer_types", *skip):
             continue
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if f == "seed" else 1):
+        if type(v) is not int or v < (0 if f == "seed" else 1):
             raise ConfigError(f"{kind}.{f}={v!r} must be a positive int")
     if spec.vocab < 256 + len(SPECIAL_TOKENS):
         raise ConfigError(f"{kind}.vocab={spec.vocab} must be >= {256 + len(SPECIAL_TOKENS)} (byte tokens)")
@@ -74,8 +75,19 @@ ARCH_LAYER_TYPES = {
 }
 
 
+class _LayerTyped:
+    """A recipe with one layer per entry of its ``layer_types``."""
+
+    layer_types: tuple[str, ...]
+
+    @property
+    def layers(self) -> int:
+        """How many layers: one per layer type."""
+        return len(self.layer_types)
+
+
 @dataclass(frozen=True)
-class TinyArch:
+class TinyArch(_LayerTyped):
     """A random model of a transformers architecture whose layers are not all full attention (its own class and
     ``layer_types``), deterministic given its seed; all of one size, so they differ only in what their layers keep."""
 
@@ -99,24 +111,15 @@ class TinyArch:
         if not self.layer_types or bad:
             raise ConfigError(f"TinyArch.layer_types={self.layer_types!r}: {self.arch} layers are {allowed}")
         slides = "sliding_attention" in self.layer_types
-        if (
-            isinstance(self.window, bool)
-            or not isinstance(self.window, int)
-            or (self.window < 1 if slides else self.window != 0)
-        ):
+        if type(self.window) is not int or (self.window < 1 if slides else self.window != 0):
             raise ConfigError(
                 f"TinyArch.window={self.window!r} must be a positive int with sliding_attention layers and 0 without"
             )
         _check_sizes(self, skip=("window",))
 
-    @property
-    def layers(self) -> int:
-        """How many layers: one per layer type."""
-        return len(self.layer_types)
-
 
 @dataclass(frozen=True)
-class TinyKVShared:
+class TinyKVShared(_LayerTyped):
     """A random Gemma 4 text model whose last ``kv_shared`` layers attend over the KV of the last earlier layer of
     their type (no cache of their own), deterministic given its seed; exported by mobius (``kvlab.ort.models.mobius``).
     Full-attention layers have heads of ``global_head_dim``, every layer a per-layer input of ``per_layer_input``."""
@@ -147,11 +150,6 @@ class TinyKVShared:
                 f"TinyKVShared.kv_shared={self.kv_shared} must leave, before the shared layers, a layer of each "
                 f"type they share ({self.layers} layers {self.layer_types}; no earlier {orphans or 'layer'})"
             )
-
-    @property
-    def layers(self) -> int:
-        """How many layers: one per layer type."""
-        return len(self.layer_types)
 
 
 Recipe = TinyLlama | SmolLM2 | TinyArch | TinyKVShared
@@ -217,7 +215,9 @@ def recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-_CHECKED_DIRS: dict[str, Path] = {}  # $KVLAB_CACHE_DIR's value -> the folder it names, checked once
+@functools.cache
+def _checked_cache_dir(value: str) -> Path:
+    return check_output(Path(value).absolute(), "KVLAB_CACHE_DIR", folder=True)
 
 
 def cache_dir() -> Path:
@@ -225,9 +225,7 @@ def cache_dir() -> Path:
     where kvlab cannot write), else the platform's user cache dir."""
     value = os.environ.get("KVLAB_CACHE_DIR")
     if value:
-        if value not in _CHECKED_DIRS:
-            _CHECKED_DIRS[value] = check_output(Path(value).absolute(), "KVLAB_CACHE_DIR", folder=True)
-        return _CHECKED_DIRS[value]
+        return _checked_cache_dir(value)
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("kvlab"))
@@ -280,8 +278,7 @@ def building(final: Path, marker: str) -> Iterator[Path]:
             ) from exc
         raise
     if not (final / marker).is_file():
-        if final.exists():
-            shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # an unfinished build, if any
         try:
             os.replace(tmp, final)
             return
