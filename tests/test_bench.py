@@ -135,7 +135,7 @@ def test_small_pages_twin_is_paired_with_the_fitted_static_cache(toy):
         new_tokens={"cpu": 4},
         static_lens=[],
         reps=2,
-        genai=False,
+        genai={"cpu": False},
         matmuls_only=False,
     )
     result = run_plan(plan, log=lambda line: None)
@@ -173,7 +173,7 @@ def test_matmuls_only_floor_runs_the_models_own_weights_and_is_dropped_after(toy
             new_tokens={"cpu": 3},
             static_lens=[],
             reps=1,
-            genai=False,
+            genai={"cpu": False},
             small_pages_twin=False,
         ),
         log=lambda line: None,

@@ -135,10 +135,10 @@ def test_bench_pairs_the_token_on_device_twin_with_its_static_cache(toy):
         contexts={"cpu": [32]},
         new_tokens={"cpu": 6},
         reps=2,
-        genai=False,
+        genai={"cpu": False},
         small_pages_twin=False,
         matmuls_only=False,
-        token_on_device=True,
+        token_on_device={"cpu": True},
     )
     rows = run_plan(plan, log=lambda _: None)["rows"]
     names = [r["variant"] for r in rows]

@@ -50,18 +50,10 @@ def error_bars(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def series_lines(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """(line name, buffer cache mode, rows by context) per line of a bench result."""
-    keys = sorted({(series_name(r), r.get("buffer_cache_mode", "")) for r in rows})
-    return [
-        (
-            name,
-            mode,
-            sorted(
-                (r for r in rows if (series_name(r), r.get("buffer_cache_mode", "")) == (name, mode)),
-                key=lambda r: r["context"],
-            ),
-        )
-        for name, mode in keys
-    ]
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["context"]):
+        lines.setdefault((series_name(r), r.get("buffer_cache_mode", "")), []).append(r)
+    return [(name, mode, pts) for (name, mode), pts in sorted(lines.items())]
 
 
 def paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core.devices import DEVICES
 from ..core.errors import ConfigError
 from ..ort import Model, close_device, load, open_device
 from ..ort.decode.caches.kv_precision import check_kv_precision, check_runs_here
@@ -60,12 +59,6 @@ class Plan:
     # packed KV precisions ("int8", "int4"): each cache also with its KV packed so, beside its twin; where the
     # runtime cannot pack (all but the WebGPU plugin EP on a software adapter) a ConfigError before anything runs
     kv_precisions: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.genai, bool):  # genai=True/False: the CPU peer row on or off
-            self.genai = {"cpu": self.genai, "webgpu": False}
-        if isinstance(self.token_on_device, bool):  # token_on_device=True/False: on every device or none
-            self.token_on_device = dict.fromkeys(DEVICES, self.token_on_device)
 
     def runs(self) -> list[tuple[str, str, str]]:
         """Every (model, precision, device) the plan runs, in order: a tagged target in its precision, an untagged

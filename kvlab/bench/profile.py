@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -124,17 +125,14 @@ class _Phases:
         now = time.perf_counter()
         if rec.phase == "decode" and self._last_record is not None:
             wall = rec.wall_ms / 1e3
-            step = dict(
-                self.open,
-                **{
-                    "rest of the step": wall - sum(self.open.values()),
-                    "between steps": (now - self._last_record) - wall,
-                    "wall": wall,
-                    "token to token": now - self._last_record,
-                    "python": rec.overhead_ms / 1e3,
-                },
-            )
-            self.steps.append(step)
+            self.steps.append({
+                **self.open,
+                "rest of the step": wall - sum(self.open.values()),
+                "between steps": (now - self._last_record) - wall,
+                "wall": wall,
+                "token to token": now - self._last_record,
+                "python": rec.overhead_ms / 1e3,
+            })  # fmt: skip
         self._last_record = now
         self.open = dict.fromkeys(IN_STEP, 0.0)
 
@@ -150,12 +148,8 @@ def _wrapped(p: _Phases) -> Iterator[None]:
         (generation, "greedy", p.timed("choose", generation.greedy)),
     ]
     with ExitStack() as stack:
-        for owner, name, wrapper in targets:
-            if name in owner.__dict__:
-                stack.callback(setattr, owner, name, owner.__dict__[name])
-            else:  # inherited (the cache's contract): the wrapper goes, and the inherited one is found again
-                stack.callback(delattr, owner, name)
-            setattr(owner, name, wrapper)
+        for owner, name, wrapper in targets:  # undone at the end: an inherited one (the cache's contract) is deleted
+            stack.enter_context(mock.patch.object(owner, name, wrapper))
         yield
 
 

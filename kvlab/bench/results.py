@@ -66,19 +66,22 @@ def write_recording(path: str | os.PathLike, result: dict[str, Any], note: str =
     return write_atomic(path, json.dumps(recorded, indent=1, default=str) + "\n")
 
 
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """``rows`` as CSV, a list value as its items space-separated, written whole or not at all (``write_atomic``)."""
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows({k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()} for r in rows)
+    return write_atomic(path, text.getvalue())
+
+
 def write(result: dict[str, Any], out: Path, charts: bool = True) -> list[Path]:
     """results.json, results.csv (each written whole or not at all: ``write_atomic``) and (unless disabled) one
     chart per (model, device) as HTML and PNG."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "results.json", out / "results.csv"]
     write_atomic(files[0], json.dumps(result, indent=1, default=float))
-    table = io.StringIO(newline="")
-    w = csv.DictWriter(table, fieldnames=list(result["rows"][0]))
-    w.writeheader()
-    w.writerows(
-        {k: " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v for k, v in r.items()} for r in result["rows"]
-    )
-    write_atomic(files[1], table.getvalue())
+    write_csv(files[1], result["rows"])
     if charts and importlib.util.find_spec("plotly") is None:
         print(
             "kvlab bench: plotly is not installed: no charts (results.json has everything; `kvlab.bench.chart."
@@ -109,19 +112,15 @@ def _is(row: dict[str, Any], runner: str, kind: str = "", variant: str = "") -> 
 def report(result: dict[str, Any]) -> str:
     """The targets of the benchmark issue, computed from the rows (ratios come from paired runs): one line per CPU
     context, and per WebGPU buffer cache mode and context one line and its graph capture lines."""
-    rows = result["rows"]
+    contexts: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
+    for r in result["rows"]:
+        contexts.setdefault((r["device"], r["model"], r["buffer_cache_mode"], r["context"]), []).append(r)
     lines = []
-    for model in sorted({r["model"] for r in rows if r["device"] == "cpu"}):
-        cpu = [r for r in rows if r["model"] == model and r["device"] == "cpu"]
-        for ctx in sorted({r["context"] for r in cpu}):
-            lines.append(_cpu_line(model, ctx, [r for r in cpu if r["context"] == ctx]))
-    for model in sorted({r["model"] for r in rows if r["device"] == "webgpu"}):
-        gpu = [r for r in rows if r["model"] == model and r["device"] == "webgpu"]
-        for mode in sorted({r["buffer_cache_mode"] for r in gpu}):
-            for ctx in sorted({r["context"] for r in gpu}):
-                row = [r for r in gpu if r["context"] == ctx and r["buffer_cache_mode"] == mode]
-                lines.append(_webgpu_line(model, mode, ctx, row))
-                lines += capture_lines(row)
+    for (device, model, mode, ctx), row in sorted(contexts.items()):  # the CPU's first
+        if device == "cpu":
+            lines.append(_cpu_line(model, ctx, row))
+        else:
+            lines += [_webgpu_line(model, mode, ctx, row), *capture_lines(row)]
     return "\n".join(lines)
 
 

@@ -101,18 +101,9 @@ class CpuClock:
 
 def run_of(tokens: list[int], records: list[StepRecord], clock: CpuClock | None = None) -> Run:
     """A ``Run`` from a kvlab generation's tokens and records: medians over its decode steps."""
-    med = lambda column: decode_median(records, column)  # noqa: E731
     cpu, thread = clock.medians() if clock is not None else (float("nan"), float("nan"))
-    return Run(
-        tokens,
-        med("wall_ms"),
-        med("overhead_ms"),
-        med("cache_tensors_allocated"),
-        med("new_buffers"),
-        med("cache_bytes_allocated"),
-        cpu,
-        thread,
-    )
+    columns = ("wall_ms", "overhead_ms", "cache_tensors_allocated", "new_buffers", "cache_bytes_allocated")
+    return Run(tokens, *(decode_median(records, c) for c in columns), cpu, thread)
 
 
 def run_kvlab(

@@ -6,13 +6,12 @@ status."""
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
-import io
 import json
 from typing import Any
 
 from .. import bench
+from ..bench.results import write_csv
 from ..core.cache import check_every_text
 from ..core.devices import DEVICES
 from ..core.errors import ConfigError
@@ -216,11 +215,7 @@ def ops_command(args: argparse.Namespace) -> int:
         f"a little to every node; mean of {args.new_tokens - 2} decode runs)"
     )
     if args.out:
-        text = io.StringIO(newline="")
-        w = csv.DictWriter(text, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-        write_atomic(args.out, text.getvalue())
+        write_csv(args.out, rows)
     return 0
 
 

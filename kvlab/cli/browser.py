@@ -10,21 +10,9 @@ from ..web.chromium import ADAPTERS
 from ..web.run import HOSTS
 from . import flags
 
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
-
-
 # --set KEY=VALUE: browser_bench's keywords beyond the flags, and how each value is read
 SETTINGS = {
-    "timeout": positive_float,  # seconds per page (default 600)
+    "timeout": flags.positive(float, "a number"),  # seconds per page (default 600)
     "warmup": flags.ON_OFF.__getitem__,  # a round before the measured ones (default on)
     "reference": flags.nonempty,  # tokens compared with kvlab's CPU EP run (cpu) or between the page's caches (caches)
     "dynamic_impl": flags.nonempty,  # who runs the dynamic cache: transformers.js where it can (auto), or ort-web

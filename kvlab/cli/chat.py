@@ -175,17 +175,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.probe < 0:
         raise ConfigError(f"--probe {args.probe} must be 0 or a positive int")
     name, precision = flags.one_model(args.model, "a conversation")
-    plan = ttft.ConversationPlan(
-        model=name,
-        device=args.device,
-        turns=args.turns,
-        turn_tokens=args.turn_tokens,
-        probe=args.probe,
-        new_tokens=args.new_tokens,
-        reps=args.reps,
-        genai=args.genai,
-        precision=precision,
-    )
+    fields = ("device", "turns", "turn_tokens", "probe", "new_tokens", "reps", "genai")
+    plan = ttft.ConversationPlan(name, precision=precision, **{f: getattr(args, f) for f in fields})
     result = ttft.run(plan, progress=lambda line: print(line, flush=True))
     path = write_recording(args.out / "results.json", result, note="not measured by kvlab chat-bench")
     print(f"wrote {path}")

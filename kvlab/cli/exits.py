@@ -9,7 +9,6 @@ import os
 import select
 import sys
 
-OK = 0
 FAILED = 1  # the command ran and what it checks failed, or a defect ("internal error")
 USER_ERROR = 2  # a bad flag, and every kvlab error
 INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, or SIGTERM handled as Ctrl-C

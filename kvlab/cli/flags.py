@@ -5,6 +5,7 @@ value only the model or the device can judge is a ConfigError when the command r
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +37,23 @@ SAMPLING = {"temperature": float, "top_k": int, "top_p": float, "seed": int}  # 
 WHERE = {"auto": AUTO, "on": True, "off": False, **{r: r for r in REDUCTIONS}}  # --token-on-device WHERE
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+def positive(cast: Callable[[str], Any], noun: str) -> Callable[[str], Any]:
+    """An argparse type: ``cast(text)`` when it is above 0 (an int: >= 1); else an ArgumentTypeError naming ``noun``."""
+    least = ">= 1" if cast is int else "> 0"
+
+    def read(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{value} must be {least}")
+        return value
+
+    return read
+
+
+positive_int = positive(int, "an int")
 
 
 def positive_ints(text: str) -> list[int]:
@@ -124,13 +133,16 @@ def devices_of(text: str, flag: str) -> list[str]:
 
 def device_options(p: argparse.ArgumentParser) -> None:
     """``--device-option KEY=VALUE`` (repeatable): how the device opens; read with ``device_options_of``."""
-    p.add_argument(
+    key_value_flag(
+        p,
         "--device-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="CPU: threads=N, spinning=on|off, huge_pages=on|off; WebGPU: buffer_cache_mode=M, validation_mode=M",
+        "CPU: threads=N, spinning=on|off, huge_pages=on|off; WebGPU: buffer_cache_mode=M, validation_mode=M",
     )
+
+
+def key_value_flag(p: argparse.ArgumentParser, flag: str, what: str) -> None:
+    """A repeatable ``flag KEY=VALUE``; read with ``key_values``."""
+    p.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=what)
 
 
 def key_values(items: list[str], flag: str, keys: dict[str, Any]) -> dict[str, Any]:
@@ -238,13 +250,7 @@ def caches(p: argparse.ArgumentParser, default: str | None, what: str) -> None:
 def settings(p: argparse.ArgumentParser, call: str, keys: dict[str, Any]) -> None:
     """``--set KEY=VALUE`` (repeatable): a keyword of ``call``, the Python call the command makes, beyond its flags;
     read with ``key_values(args.set, "--set", keys)``."""
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"a keyword of {call}: {', '.join(keys)} (lists comma-separated, switches on|off)",
-    )
+    key_value_flag(p, "--set", f"a keyword of {call}: {', '.join(keys)} (lists comma-separated, switches on|off)")
 
 
 def counts(p: argparse.ArgumentParser, **defaults: tuple[int | None, str]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ConfigError
+from ..core.frames import decode_median
 from ..core.generation import Generation, positions_needed
 from ..core.labels import read_back_text
 from ..ort import CapturedStaticCache, generate, load, make_cache, open_device
@@ -98,11 +99,9 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
     runs: dict[str, Generation] = {}
     for key, (kind, _), size in zip(keys, names, sizes):
         if kind == "graph":  # a built-in model's build for capture, or the directory given (the cache judges it)
-            built = name in BUILTIN_NAMES
-            graph_model = (
-                load(name, precision=precision, progress=not args.json, graph_capture=True) if built else model
-            )
-            cache, run_model, tok = CapturedStaticCache(size), graph_model, False
+            cache, run_model, tok = CapturedStaticCache(size), model, False
+            if name in BUILTIN_NAMES:
+                run_model = load(name, precision=precision, progress=not args.json, graph_capture=True)
         else:
             cache, run_model, tok = make_cache(kind, size if kind == "static" else None, kv), model, token
         with cache:
@@ -130,17 +129,16 @@ def generations(args: argparse.Namespace, names: list[tuple[str, int | None]]) -
 def _summary(g: Generation) -> dict[str, Any]:
     dec = [r for r in g.records if r.phase == "decode"]
     edge = max(1, min(3, len(dec) // 2))
-    median = lambda rs, key: float(np.median([getattr(r, key) for r in rs])) if rs else float("nan")  # noqa: E731
     return {
         "cache": str(g.label.cache),
         "new_tokens": len(g.token_ids),
-        "tokens_per_s": 1e3 / median(dec, "wall_ms") if dec else float("nan"),
-        "first_steps_ms": median(dec[:edge], "wall_ms"),
-        "last_steps_ms": median(dec[-edge:], "wall_ms"),
-        "tensors_per_step": median(dec, "cache_tensors_allocated"),
-        "bytes_per_step": median(dec, "cache_bytes_allocated"),
-        "new_buffers_per_step": median(dec, "new_buffers"),
-        "overhead_ms": median(dec, "overhead_ms"),
+        "tokens_per_s": 1e3 / decode_median(dec) if dec else float("nan"),
+        "first_steps_ms": decode_median(dec[:edge]),
+        "last_steps_ms": decode_median(dec[-edge:]),
+        "tensors_per_step": decode_median(dec, "cache_tensors_allocated"),
+        "bytes_per_step": decode_median(dec, "cache_bytes_allocated"),
+        "new_buffers_per_step": decode_median(dec, "new_buffers"),
+        "overhead_ms": decode_median(dec, "overhead_ms"),
     }
 
 

@@ -87,6 +87,14 @@ class PlatformFacts:
 _NOT_A_GPU = re.compile(r"Microsoft (Basic|Remote|Hyper-V)|Citrix|Parsec|Virtual Display|Indirect Display", re.I)
 WARP = "Microsoft Basic Render Driver (WARP)"
 _MAKERS = {"nvidia": "nvidia", "advanced micro": "amd", "amd": "amd", "intel": "intel", "qualcomm": "qualcomm"}
+# A Windows adapter's type, guessed by vendor: (a name pattern, the type a match means, the type otherwise)
+_WINDOWS_TYPES = {
+    "nvidia": ("", "", "discrete"),
+    "amd": (r"Radeon\(TM\) Graphics|Radeon Graphics|Vega \d+ Graphics|\d+M", "integrated", "discrete"),
+    "intel": (r"Arc(\(TM\))? [AB]\d", "discrete", "integrated"),
+    "qualcomm": ("", "", "integrated"),
+    "arm": ("", "", "integrated"),
+}
 
 
 def from_vulkan(d: Any) -> AdapterFacts:
@@ -120,11 +128,12 @@ def parse_windows(text: str) -> list[AdapterFacts]:
     """The adapters Dawn's D3D12 backend can get, from WINDOWS_QUERY's JSON: each present GPU, or WARP (Windows'
     CPU implementation of D3D12) when no display adapter is a GPU."""
     data = json.loads(text)
-    memory = {}
-    for r in _as_list(data.get("registry")):
-        size = r.get("HardwareInformation.qwMemorySize")
-        if r.get("DriverDesc") and isinstance(size, int):
-            memory[r["DriverDesc"]] = size
+    size = "HardwareInformation.qwMemorySize"
+    memory = {
+        r["DriverDesc"]: r[size]
+        for r in _as_list(data.get("registry"))
+        if r.get("DriverDesc") and isinstance(r.get(size), int)
+    }
     out = []
     for c in _as_list(data.get("controllers")):
         name, pnp = str(c.get("Name") or ""), str(c.get("PNPDeviceID") or "")
@@ -141,11 +150,12 @@ def parse_windows(text: str) -> list[AdapterFacts]:
             maker = str(c.get("AdapterCompatibility") or "").lower()
             vendor = next((v for k, v in _MAKERS.items() if k in maker), "")
         ram = c.get("AdapterRAM") if isinstance(c.get("AdapterRAM"), int) else None
+        pattern, matched, usual = _WINDOWS_TYPES.get(vendor, ("", "", "other"))
         out.append(
             AdapterFacts(
                 name,
                 "d3d12",
-                _windows_type(vendor, name),
+                matched if pattern and re.search(pattern, name) else usual,
                 vendor=vendor,
                 memory_bytes=memory.get(name, ram),
                 source="Win32_VideoController (the type guessed from vendor and name)",
@@ -164,22 +174,6 @@ def _as_list(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     return [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, dict)]
-
-
-def _windows_type(vendor: str, name: str) -> str:
-    if vendor == "nvidia":
-        return "discrete"
-    if vendor == "amd":
-        return (
-            "integrated"
-            if re.search(r"Radeon\(TM\) Graphics|Radeon Graphics|Vega \d+ Graphics|\d+M", name)
-            else "discrete"
-        )
-    if vendor == "intel":
-        return "discrete" if re.search(r"Arc(\(TM\))? [AB]\d", name) else "integrated"
-    if vendor in ("qualcomm", "arm"):
-        return "integrated"
-    return "other"
 
 
 def parse_macos(text: str, ram_bytes: int | None) -> list[AdapterFacts]:
@@ -259,34 +253,28 @@ def collect() -> PlatformFacts:
             swiftshader=os.path.exists(SWIFTSHADER_ICD),
             drivers=drivers,
         )
-    if system == "Windows":
-        text, error = _run(["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", WINDOWS_QUERY])
-        adapters, error = _parsed(parse_windows, text, error)
-        return PlatformFacts(**common, adapters=adapters, query_error=error)
-    if system == "Darwin":
-        text, error = _run(["system_profiler", "-json", "SPDisplaysDataType"])
-        adapters, error = _parsed(lambda t: parse_macos(t, common["ram_bytes"]), text, error)
-        return PlatformFacts(**common, adapters=adapters, query_error=error)
-    return PlatformFacts(**common, query_error=f"no adapter query for {system}")
+    queries = {
+        "Windows": (["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", WINDOWS_QUERY], parse_windows),
+        "Darwin": (["system_profiler", "-json", "SPDisplaysDataType"], lambda t: parse_macos(t, common["ram_bytes"])),
+    }
+    if system not in queries:
+        return PlatformFacts(**common, query_error=f"no adapter query for {system}")
+    adapters, error = _query(*queries[system])
+    return PlatformFacts(**common, adapters=adapters, query_error=error)
 
 
-def _parsed(parse: Any, text: str, error: str) -> tuple[tuple[AdapterFacts, ...], str]:
-    if not text:
-        return (), error
-    try:
-        return tuple(parse(text)), ""
-    except (ValueError, TypeError, AttributeError) as exc:  # not the JSON the query prints
-        return (), f"unreadable adapter query output ({exc}): {text[:200]!r}"
-
-
-def _run(cmd: list[str]) -> tuple[str, str]:
+def _query(cmd: list[str], parse: Any) -> tuple[tuple[AdapterFacts, ...], str]:
+    """The adapters ``parse`` reads from ``cmd``'s output; none, and why, where the query failed."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return "", f"{cmd[0]}: {exc}"
-    return (
-        (proc.stdout, "") if proc.returncode == 0 else ("", f"{cmd[0]} exited {proc.returncode}: {proc.stderr[-300:]}")
-    )
+        return (), f"{cmd[0]}: {exc}"
+    if proc.returncode != 0:
+        return (), f"{cmd[0]} exited {proc.returncode}: {proc.stderr[-300:]}"
+    try:
+        return tuple(parse(proc.stdout)) if proc.stdout else (), ""
+    except (ValueError, TypeError, AttributeError) as exc:  # not the JSON the query prints
+        return (), f"unreadable adapter query output ({exc}): {proc.stdout[:200]!r}"
 
 
 _RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "other": 3, "cpu": 4}  # Dawn's preference, high-performance
