@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,7 +52,8 @@ def collapse_new(before: set[Range]) -> dict[str, Any]:
             continue
         libc.madvise(start, end - start, MADV_HUGEPAGE)  # keep them huge if the kernel ever splits and re-faults
         if libc.madvise(start, end - start, MADV_COLLAPSE) != 0:
-            name = _errno_name(ctypes.get_errno())
+            code = ctypes.get_errno()
+            name = errno.errorcode.get(code, str(code))
             refused[name] = refused.get(name, 0) + 1
     huge_after = state()["anon_huge_mib"]
     grown = round((huge_after - huge_before) * 2**20) if huge_before is not None and huge_after is not None else 0
@@ -91,9 +93,3 @@ def _libc() -> Any:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
-
-
-def _errno_name(code: int) -> str:
-    import errno
-
-    return errno.errorcode.get(code, str(code))
