@@ -25,12 +25,8 @@ Range = tuple[int, int]  # [start, end) virtual addresses
 
 def anonymous_ranges() -> set[Range]:
     """The process's private anonymous writable mappings (malloc's heap and mmap'd chunks); empty off Linux."""
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return set()
     out = set()
-    for line in lines:
+    for line in _read("/proc/self/maps").splitlines():
         fields = line.split()
         if "rw" in fields[1] and "p" in fields[1] and (len(fields) < 6 or fields[5] == "[heap]"):
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
@@ -73,18 +69,19 @@ def collapsing(enabled: bool = True) -> Iterator[dict[str, Any]]:
 
 def state() -> dict[str, Any]:
     """The kernel's THP mode and the anonymous huge-page MiB this process has mapped now (None where unknown)."""
-
-    def read(path: str) -> str:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return ""
-
-    mode = read("/sys/kernel/mm/transparent_hugepage/enabled").strip()
+    mode = _read("/sys/kernel/mm/transparent_hugepage/enabled").strip()
     rollup = [
-        line.split()[1] for line in read("/proc/self/smaps_rollup").splitlines() if line.startswith("AnonHugePages:")
+        line.split()[1] for line in _read("/proc/self/smaps_rollup").splitlines() if line.startswith("AnonHugePages:")
     ]
     return {"thp_mode": mode or None, "anon_huge_mib": int(rollup[0]) / 1024 if rollup else None}
+
+
+def _read(path: str) -> str:
+    """The text of a kernel file; "" where there is none (not Linux)."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
 
 
 def _libc() -> Any:
