@@ -81,11 +81,6 @@ class GraphRunner:
                 self._step()
         self.reset()
 
-    @property
-    def position(self) -> int:
-        """The cache's length now (a host sync)."""
-        return int(self._pos.item())
-
     def kv_tensors(self) -> list[torch.Tensor]:
         """The static cache's key and value tensors (their addresses never change: the graph reads them)."""
         return kv_tensors(self.cache)
