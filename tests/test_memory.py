@@ -22,16 +22,17 @@ needs_thp = pytest.mark.skipif(
 @needs_thp
 def test_fresh_memory_is_collapsed_and_keeps_its_contents():
     pattern = bytes(range(256)) * (64 * 1024)  # 16 MiB
-    before = memory.anonymous_ranges()
-    # a mapping of its own (malloc could reuse memory mapped before the snapshot, which collapse_new leaves alone)
-    buf = mmap.mmap(-1, len(pattern), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf[:] = pattern
-    huge_before = memory.state()["anon_huge_mib"]
-    report = memory.collapse_new(before)
+    with memory.collapsing() as report:
+        # a mapping of its own (malloc could reuse memory mapped before the block, which collapsing leaves alone)
+        buf = mmap.mmap(-1, len(pattern), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf[:] = pattern
+        huge_before = memory.state()["anon_huge_mib"]
     assert report["bytes"] >= 12 << 20, report  # whole 2 MiB pages inside the new mapping
     assert memory.state()["anon_huge_mib"] - huge_before >= 12
     assert buf[:] == pattern
-    assert memory.collapse_new(memory.anonymous_ranges())["bytes"] == 0  # nothing new since: nothing to do
+    with memory.collapsing() as again:
+        pass
+    assert again["bytes"] == 0  # nothing new since: nothing to do
     buf.close()
 
 

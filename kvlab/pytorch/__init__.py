@@ -29,12 +29,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GraphRunner":
-        from .graphs import GraphRunner
+    if name in ("GraphRunner", "fuse_modules"):  # they import torch
+        from . import fuse, graphs
 
-        return GraphRunner
-    if name == "fuse_modules":
-        from .fuse import fuse_modules
-
-        return fuse_modules
+        return getattr(graphs if name == "GraphRunner" else fuse, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,8 @@ RSS (a proxy). ``TorchStepRecord`` adds ``ALLOC_COLUMNS``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -45,36 +47,25 @@ class TorchStepRecord(StepRecord):
 assert [f.name for f in fields(TorchStepRecord)] == [*COLUMNS, *ALLOC_COLUMNS]
 
 
-class AllocCounter:
-    """Allocator requests, bytes and segments over a ``with`` block (``result``): exact CUDA memory_stats deltas; on CPU
-    with ``cpu_proxy``, the fresh tensors and bytes aten ops returned (a slow proxy), segments -1."""
-
-    _KEYS = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
-
-    def __init__(self, device: torch.device, cpu_proxy: bool = True):
-        self.device, self.cuda, self.cpu_proxy = device, device.type == "cuda", cpu_proxy
-        self.result = (-1, -1, -1)
-        self._mode: Any = None
-
-    def _stats(self) -> tuple[int, int, int]:
-        s = need_torch().cuda.memory_stats(self.device)
-        return tuple(int(s.get(k, 0)) for k in self._KEYS)  # type: ignore[return-value]
-
-    def __enter__(self) -> AllocCounter:
-        if self.cuda:
-            self._before = self._stats()
-        elif self.cpu_proxy:
-            self._mode = _op_output_counter()
-            self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.cuda:
-            self.result = tuple(a - b for a, b in zip(self._stats(), self._before))  # type: ignore[assignment]
-        elif self._mode is not None:
-            self._mode.__exit__(*exc)
-            self.result = (self._mode.count, self._mode.nbytes, -1)
-            self._mode = None
+@contextmanager
+def counting_allocs(device: torch.device, cpu_proxy: bool = True) -> Iterator[list[int]]:
+    """Allocator requests, bytes and segments over a ``with`` block, in the list it yields (filled on the way out):
+    exact CUDA memory_stats deltas; on CPU with ``cpu_proxy``, the fresh tensors and bytes aten ops returned (a slow
+    proxy), segments -1; else -1 each."""
+    result = [-1, -1, -1]
+    if device.type == "cuda":
+        stats = need_torch().cuda.memory_stats
+        keys = ("allocation.all.allocated", "allocated_bytes.all.allocated", "segment.all.allocated")
+        before = stats(device)
+        yield result
+        after = stats(device)
+        result[:] = [int(after.get(k, 0)) - int(before.get(k, 0)) for k in keys]
+    elif cpu_proxy:
+        with _op_output_counter() as mode:
+            yield result
+        result[:] = [mode.count, mode.nbytes, -1]
+    else:
+        yield result
 
 
 def _op_output_counter() -> Any:

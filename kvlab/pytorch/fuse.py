@@ -22,7 +22,7 @@ def fuse_modules(model: TorchModel) -> dict[str, int]:
         owner = model.hf.get_submodule(parent) if parent else model.hf
         if all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj")):
             qkv = FusedLinear([mod.q_proj, mod.k_proj, mod.v_proj])
-            mod.q_proj, mod.k_proj, mod.v_proj = qkv.part(0), qkv.part(1), qkv.part(2)
+            mod.q_proj, mod.k_proj, mod.v_proj = Part(qkv, 0), Part(qkv, 1), Part(qkv, 2)
             done["qkv"] += 1
         if (
             all(isinstance(getattr(mod, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
@@ -55,10 +55,6 @@ class FusedLinear(nn.Module):
         self.bias = nn.Parameter(torch.cat(biases), requires_grad=False) if has_bias else None
         self._input: Any = None
         self._parts: Any = None
-
-    def part(self, i: int) -> nn.Module:
-        """The module standing in for the ``i``-th Linear."""
-        return Part(self, i)
 
     def compute(self, x: Any, i: int) -> Any:
         """The ``i``-th Linear's output for ``x``: all of them computed in one GEMM when the first is asked for."""

@@ -12,7 +12,7 @@ from ..core.errors import CapacityError, ConfigError
 from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed, stop_reason
 from ..core.labels import CacheSpec, RunLabel
 from ..core.records import CacheStep, StepHook, hook_list, step_record
-from .counters import AllocCounter, KVWatch, TorchStepRecord
+from .counters import KVWatch, TorchStepRecord, counting_allocs
 from .models import TorchModel, cache_kwarg, need_torch
 from .quantized import make_quantized, quantized_setting
 
@@ -87,12 +87,10 @@ class StepLog:
         self.tokens: list[int] = []
         self.position = 0  # the cache's length before the next step
 
-    def add(
-        self, n: int, token: int, wall_s: float, run_s: float, memory: CacheStep, counter: AllocCounter
-    ) -> str | None:
-        """One step that fed ``n`` tokens and chose ``token``, recorded and handed to every hook; returns why
-        generation stops now (None: go on)."""
-        requests, nbytes, segments = counter.result
+    def add(self, n: int, token: int, wall_s: float, run_s: float, memory: CacheStep, allocs: list[int]) -> str | None:
+        """One step that fed ``n`` tokens and chose ``token`` (``allocs``: ``counting_allocs``'s), recorded and
+        handed to every hook; returns why generation stops now (None: go on)."""
+        requests, nbytes, segments = allocs
         rec = step_record(
             step=len(self.records),
             phase="prefill" if self.position == 0 else "decode",
@@ -158,20 +156,14 @@ def generate(
     with torch.inference_mode():
         while stop is None:
             start = time.perf_counter()
-            with AllocCounter(dev, count_cpu_allocs) as counter:
-                logits, run = _forward(model, feed, kw, hf_cache)
+            with counting_allocs(dev, count_cpu_allocs) as allocs:
+                t0 = time.perf_counter()
+                out = model.hf(input_ids=feed, use_cache=True, logits_to_keep=1, **{kw: hf_cache})
+                sync(dev)
+                run = time.perf_counter() - t0
+                logits = out.logits[0, -1].float().cpu().numpy()  # the last position's, on the host
             token = choose(logits)
             wall = time.perf_counter() - start
-            stop = log.add(int(feed.shape[1]), token, wall, run, watch.diff(hf_cache), counter)
+            stop = log.add(int(feed.shape[1]), token, wall, run, watch.diff(hf_cache), allocs)
             feed = torch.tensor([[token]], dtype=torch.long, device=dev)
     return log.generation(cache_spec(hf_cache), ids, stop)
-
-
-def _forward(model: TorchModel, feed: torch.Tensor, kw: str, hf_cache: Any) -> tuple[Any, float]:
-    """One forward of ``feed`` [1, n] through ``hf_cache`` (passed as ``kw``): the last position's logits (float32,
-    on the host) and the seconds to the device's sync."""
-    t0 = time.perf_counter()
-    out = model.hf(input_ids=feed, use_cache=True, logits_to_keep=1, **{kw: hf_cache})
-    sync(model.device)
-    run = time.perf_counter() - t0
-    return out.logits[0, -1].float().cpu().numpy(), run

@@ -17,7 +17,7 @@ from ..core.errors import CapacityError, ConfigError, DeviceError, check_choice,
 from ..core.generation import Generation, Sampling, check_new_tokens, positions_needed
 from ..core.labels import CacheSpec
 from ..core.records import CacheStep, StepHook, hook_list
-from .counters import AllocCounter, kv_tensors
+from .counters import counting_allocs, kv_tensors
 from .fuse import fuse_modules
 from .generate import StepLog, check_capacity, sync
 from .models import TorchModel, cache_kwarg
@@ -80,11 +80,6 @@ class GraphRunner:
             with torch.inference_mode():
                 self._step()
         self.reset()
-
-    @property
-    def position(self) -> int:
-        """The cache's length now (a host sync)."""
-        return int(self._pos.item())
 
     def kv_tensors(self) -> list[torch.Tensor]:
         """The static cache's key and value tensors (their addresses never change: the graph reads them)."""
@@ -162,9 +157,9 @@ class GraphRunner:
         stop = None
         while stop is None:
             start, prefill = time.perf_counter(), ids if not log.records else None
-            with AllocCounter(dev, cpu_proxy=False) as counter:
+            with counting_allocs(dev, cpu_proxy=False) as allocs:
                 token, run = self._token_step(prefill, choose, host_tok)
-            stop = log.add(len(ids) if prefill else 1, token, time.perf_counter() - start, run, memory, counter)
+            stop = log.add(len(ids) if prefill else 1, token, time.perf_counter() - start, run, memory, allocs)
         sync(dev)
         return log.generation(CacheSpec("static", self.max_cache_len, f"graph-{self.mode}"), ids, stop)
 

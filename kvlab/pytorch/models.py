@@ -48,8 +48,8 @@ def need_torch() -> Any:
     return torch
 
 
-def check_transformers() -> str:
-    """The installed transformers version; ModelError when it is missing or outside the supported range."""
+def check_transformers() -> None:
+    """ModelError when transformers is missing or outside the supported range."""
     try:
         import transformers
     except ImportError as exc:
@@ -60,7 +60,6 @@ def check_transformers() -> str:
             f"transformers {transformers.__version__} is not supported: kvlab's PyTorch backend needs "
             f">={TRANSFORMERS_RANGE[0]}.0,<{TRANSFORMERS_RANGE[1]} (per-layer StaticCache API)"
         )
-    return transformers.__version__
 
 
 def cache_kwarg(hf_model: Any) -> str:
@@ -157,15 +156,11 @@ class TorchModel:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def _dtype(dtype: str | Any) -> torch.dtype:
+def _placement(device: str | Any, dtype: str | Any, attn_implementation: str) -> tuple[torch.device, torch.dtype]:
+    """Checked device and dtype for a model about to be made (and the versions and attention it needs)."""
     torch = need_torch()
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return getattr(torch, check_choice(dtype, DTYPES, "dtype="))
-
-
-def _device(device: str | Any) -> torch.device:
-    torch = need_torch()
+    check_transformers()
+    check_choice(attn_implementation, ATTENTION, "attn_implementation=")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -174,14 +169,7 @@ def _device(device: str | Any) -> torch.device:
         raise ConfigError(f"device={device!r}: kvlab's PyTorch backend runs on 'cpu' or 'cuda'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"device={device!r} asked for, but torch {torch.__version__} sees no CUDA device")
-    return dev
-
-
-def _placement(device: str | Any, dtype: str | Any, attn_implementation: str) -> tuple[torch.device, torch.dtype]:
-    """Checked device and dtype for a model about to be made (and the versions and attention it needs)."""
-    check_transformers()
-    check_choice(attn_implementation, ATTENTION, "attn_implementation=")
-    return _device(device), _dtype(dtype)
+    return dev, dtype if isinstance(dtype, torch.dtype) else getattr(torch, check_choice(dtype, DTYPES, "dtype="))
 
 
 def load(

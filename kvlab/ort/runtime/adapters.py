@@ -92,55 +92,37 @@ def _configure_vulkan(choice: str) -> str:
     return f"no hardware Vulkan driver: using SwiftShader ({SWIFTSHADER_ICD})"
 
 
-class _VkApplicationInfo(ctypes.Structure):
-    _fields_ = [
-        ("sType", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("pApplicationName", ctypes.c_char_p),
-        ("applicationVersion", ctypes.c_uint32),
-        ("pEngineName", ctypes.c_char_p),
-        ("engineVersion", ctypes.c_uint32),
-        ("apiVersion", ctypes.c_uint32),
-    ]
+_U32 = ctypes.c_uint32  # also VkBool32
 
 
-class _VkInstanceCreateInfo(ctypes.Structure):
-    _fields_ = [
-        ("sType", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("flags", ctypes.c_uint32),
-        ("pApplicationInfo", ctypes.POINTER(_VkApplicationInfo)),
-        ("enabledLayerCount", ctypes.c_uint32),
-        ("ppEnabledLayerNames", ctypes.c_void_p),
-        ("enabledExtensionCount", ctypes.c_uint32),
-        ("ppEnabledExtensionNames", ctypes.c_void_p),
-    ]
+def _vk_struct(*fields: tuple[str, Any]) -> type[ctypes.Structure]:
+    """A Vulkan structure: its ``sType`` and ``pNext`` chain link, then ``fields`` (name, ctypes type)."""
+    return type("VkStruct", (ctypes.Structure,), {"_fields_": [("sType", _U32), ("pNext", ctypes.c_void_p), *fields]})
 
 
-class _VkFeatureChain(ctypes.Structure):  # VkPhysicalDeviceFeatures2 (its 55 VkBool32 core features)
-    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("features", ctypes.c_uint32 * 55)]
-
-
-class _VkFloat16Int8(ctypes.Structure):  # VkPhysicalDeviceShaderFloat16Int8Features
-    _fields_ = [
-        ("sType", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("shaderFloat16", ctypes.c_uint32),
-        ("shaderInt8", ctypes.c_uint32),
-    ]
-
-
-class _Vk16BitStorage(ctypes.Structure):  # VkPhysicalDevice16BitStorageFeatures
-    _fields_ = [
-        ("sType", ctypes.c_uint32),
-        ("pNext", ctypes.c_void_p),
-        ("storageBuffer16BitAccess", ctypes.c_uint32),
-        ("uniformAndStorageBuffer16BitAccess", ctypes.c_uint32),
-        ("storagePushConstant16", ctypes.c_uint32),
-        ("storageInputOutput16", ctypes.c_uint32),
-    ]
-
-
+_VkApplicationInfo = _vk_struct(
+    ("pApplicationName", ctypes.c_char_p),
+    ("applicationVersion", _U32),
+    ("pEngineName", ctypes.c_char_p),
+    ("engineVersion", _U32),
+    ("apiVersion", _U32),
+)
+_VkInstanceCreateInfo = _vk_struct(
+    ("flags", _U32),
+    ("pApplicationInfo", ctypes.POINTER(_VkApplicationInfo)),
+    ("enabledLayerCount", _U32),
+    ("ppEnabledLayerNames", ctypes.c_void_p),
+    ("enabledExtensionCount", _U32),
+    ("ppEnabledExtensionNames", ctypes.c_void_p),
+)
+_VkFeatureChain = _vk_struct(("features", _U32 * 55))  # VkPhysicalDeviceFeatures2 (its 55 VkBool32 core features)
+_VkFloat16Int8 = _vk_struct(("shaderFloat16", _U32), ("shaderInt8", _U32))  # VkPhysicalDeviceShaderFloat16Int8Features
+_Vk16BitStorage = _vk_struct(  # VkPhysicalDevice16BitStorageFeatures
+    ("storageBuffer16BitAccess", _U32),
+    ("uniformAndStorageBuffer16BitAccess", _U32),
+    ("storagePushConstant16", _U32),
+    ("storageInputOutput16", _U32),
+)
 _VK_DEVICE_TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 _VK_API_1_1 = (1 << 22) | (1 << 12)
 

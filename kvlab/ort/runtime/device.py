@@ -7,8 +7,6 @@ tensors live on it. Options are checked in ``options``; what a graph needs, in `
 
 from __future__ import annotations
 
-import atexit
-import gc
 import json
 import os
 import platform
@@ -23,14 +21,14 @@ from ...core.devices import DEVICES
 from ...core.errors import ConfigError, DeviceError, check_choice
 from ...core.guards import atomic
 from ...core.labels import Adapter, DeviceLabel, cpu_adapter
-from ..models.graph import files_stamp, load_graph
+from ..models.graph import files_stamp
 from . import plugin
 from .adapters import find_webgpu_adapter, vulkan_adapters
 from .backend import Backend, versions
 from .builtin import BuiltinWebGpu
 from .options import cpu_options, webgpu_options, with_cpu_defaults, with_webgpu_defaults
-from .preflight import cpu_problem, explain_refusal, refuse_f16, workarounds
-from .session import DeviceTensor, Session, drop_every_binding, drop_every_session, gate, release_everything
+from .preflight import explain_refusal, refuse_f16, refuse_on_cpu, workarounds
+from .session import DeviceTensor, Session, gate
 
 
 class Device:
@@ -70,9 +68,7 @@ class Device:
                 del self._sessions[key]
             if key not in self._sessions:
                 refuse_f16(self.name, self.adapter, Path(path), label or path)
-                why = cpu_problem(load_graph(Path(path))) if self.name == "cpu" else ""
-                if why:
-                    raise DeviceError(f"{label or path} cannot run on the CPU EP: {why}")
+                refuse_on_cpu(self.name, Path(path), label or path)
                 model, rewrites = workarounds(self.name, Path(path))
                 try:
                     self._sessions[key] = Session(self, model, label or path, options)
@@ -259,16 +255,6 @@ def private_device(name: str, **options: Any) -> Device:
 def opened(name: str) -> Device | None:
     """The open device of that name, or None (never opens one: a WebGPU context fixes its options)."""
     return _OPEN.get(name)
-
-
-@atexit.register
-def _release_while_the_runtime_lives() -> None:
-    """At exit, before the interpreter frees the rest in any order: collect the garbage, release every kvlab tensor and
-    let go of every IOBinding while their sessions exist (a binding freed after its session touches freed memory)."""
-    gc.collect()
-    release_everything()
-    drop_every_binding()
-    drop_every_session()
 
 
 def close_device(name: str) -> None:

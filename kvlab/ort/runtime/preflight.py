@@ -1,5 +1,5 @@
 """What a device's runtime needs of a graph, checked by ``Device.session`` before a session opens: a float16 graph
-refused on a WebGPU adapter without shader-f16 (``refuse_f16``), a graph the CPU EP cannot run (``cpu_problem``), a bool
+refused on a WebGPU adapter without shader-f16 (``refuse_f16``), one the CPU EP cannot run (``refuse_on_cpu``), a bool
 Gather rewritten for WebGPU (``workarounds``), the node a refused session asks too much of (``explain_refusal``); and,
 once ``Session`` opened, no heavy node fallen back to the CPU EP (``refuse_cpu_fallback``)."""
 
@@ -87,22 +87,21 @@ def refuse_cpu_fallback(device: str, cpu_nodes: list[str], label: str) -> None:
         )
 
 
-def cpu_problem(graph: Any) -> str:
-    """Why the CPU EP cannot run ``graph`` although a package may load it ("" when no such reason is known): a
+def refuse_on_cpu(device: str, onnx_file: Path, label: str) -> None:
+    """Refuse (DeviceError) a graph on ``device`` "cpu" that the CPU EP cannot run although a package may load it: a
     GroupQueryAttention given its q/k norm weights as inputs 14 and 15 (the builder's ``-e webgpu`` fuses them), which
     no CPU EP kernel takes."""
-    node = next(
-        (n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])),
-        None,
-    )
-    if node is None:
-        return ""
-    return (
-        f"its GroupQueryAttention {node.name!r} has fused q/k norms (inputs 14 and 15, as the builder's -e webgpu "
-        "writes them), which no CPU EP kernel takes; run it on device 'webgpu' with a package whose WebGPU EP does "
-        "(the plugin EP: `bash scripts/setup.sh --plugin`), or rebuild it with -e cpu or --extra_options "
-        "fuse_qk_norm_gqa=false"
-    )
+    if device != "cpu":
+        return
+    graph = load_graph(onnx_file)
+    node = next((n for n in graph.graph.node if n.op_type == "GroupQueryAttention" and any(n.input[14:16])), None)
+    if node is not None:
+        raise DeviceError(
+            f"{label} cannot run on the CPU EP: its GroupQueryAttention {node.name!r} has fused q/k norms (inputs 14 "
+            "and 15, as the builder's -e webgpu writes them), which no CPU EP kernel takes; run it on device 'webgpu' "
+            "with a package whose WebGPU EP does (the plugin EP: `bash scripts/setup.sh --plugin`), or rebuild it "
+            "with -e cpu or --extra_options fuse_qk_norm_gqa=false"
+        )
 
 
 def schema_problems(graph: Any) -> list[str]:

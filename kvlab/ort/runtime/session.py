@@ -10,7 +10,9 @@ a release) holds ``WEBGPU``, a re-entrant lock. The CPU EP takes none."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import itertools
 import operator
 import threading
@@ -28,7 +30,7 @@ from .preflight import refuse_cpu_fallback
 
 WEBGPU = threading.RLock()
 _NO_LOCK = contextlib.nullcontext()
-_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # for drop_every_session(), at exit
+_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()  # let go of at exit
 
 
 def gate(device_name: str) -> Any:
@@ -79,7 +81,7 @@ class RunResult:
             t.release()
 
 
-_BINDINGS: weakref.WeakSet[Binding] = weakref.WeakSet()  # for drop_every_binding(), at exit
+_BINDINGS: weakref.WeakSet[Binding] = weakref.WeakSet()  # let go of at exit
 _DATA_PTR = operator.methodcaller("data_ptr")
 
 
@@ -237,7 +239,7 @@ def numpy_dtype(onnx_type: str) -> np.dtype:
     raise ConfigError(f"unsupported tensor type {onnx_type!r}; kvlab handles {sorted(ONNX_TYPES.values())}")
 
 
-_UNRELEASED: weakref.WeakSet[DeviceTensor] = weakref.WeakSet()  # for release_everything(), at exit
+_UNRELEASED: weakref.WeakSet[DeviceTensor] = weakref.WeakSet()  # released at exit
 
 
 _TOKENS = itertools.count()  # one per tensor ever made: the device's accounting key (an id() can be reused)
@@ -330,22 +332,16 @@ def release_all(tensors: list[DeviceTensor]) -> None:
         t.release()
 
 
-def release_everything() -> None:
-    """Release every kvlab tensor not released yet (at interpreter exit: see ``kvlab.ort.runtime.device``)."""
+@atexit.register
+def _release_while_the_runtime_lives() -> None:
+    """At exit, before the interpreter frees the rest in any order: collect the garbage, release every kvlab tensor,
+    let go of every IOBinding while its session exists (one freed after its session touches freed memory), then of
+    every InferenceSession while the runtime is whole (a WebGPU session left to the interpreter can abort it)."""
+    gc.collect()
     for tensor in list(_UNRELEASED):
         tensor.release()
-
-
-def drop_every_session() -> None:
-    """Let go of every InferenceSession kvlab opened (at exit, after the bindings) while the runtime is whole: a WebGPU
-    session left to the interpreter's finalization can abort the process."""
-    for s in list(_SESSIONS):
-        s.ort = None
-
-
-def drop_every_binding() -> None:
-    """Let go of every binding's runtime objects while their sessions are alive (at interpreter exit: an
-    IOBinding freed after its InferenceSession touches freed memory)."""
     for b in list(_BINDINGS):
         b._last, b._io = None, None
         b._keep.clear()
+    for s in list(_SESSIONS):
+        s.ort = None
