@@ -18,8 +18,9 @@ start=$SECONDS
 bash scripts/setup.sh --full
 echo "[kvlab full run] setup --full: $((SECONDS - start)) s"
 mkdir -p artifacts
-# the models both parts load, built two at a time before they start (not twice, by two parts at once)
-.venv/bin/python - <<'PY'
+# the models both parts load, built two at a time before they start (not twice, by two parts at once); with -c, as
+# the builds' spawned processes need: a script read from stdin has no file they could start from
+.venv/bin/python -c '
 import sys, time
 sys.path.insert(0, "tests")
 from conftest import MODELS, SLOW_MODELS, prebuild
@@ -29,7 +30,7 @@ class Say:  # a failed build is said here; the tests that load that model then f
         print(f"[kvlab full run] {line}", file=sys.stderr)
 prebuild(MODELS + SLOW_MODELS, Say())
 print(f"[kvlab full run] models built in {time.perf_counter() - t:.0f} s")
-PY
+'
 
 # the timed guards, alone on the cores (tests/test_guards.py: kvlab's default CPU step against onnxruntime-genai's)
 t=$SECONDS
