@@ -2,10 +2,10 @@
 nothing else of the run competes for the cores): kvlab's default decode step on the CPU EP against
 onnxruntime-genai's, timed from outside both (data/cpu-default/per_token.py), paired and interleaved in one process.
 
-The bound is a ratio of two loops, not a time, set on the 2-core machine CI runs on: kvlab's default cleared it with
-margin there, and a default that halves kvlab's CPU speed (one thread on two cores) reads above 1 and fails it. The
-ratio depends on the core count (on a quiet 16-core machine the 256-token one read x0.91): data/cpu-default/README.md
-has the recordings.
+The bound is a ratio of two loops, not a time: x0.95, kvlab's default ahead of genai's with room for the spread of a
+shared 2-core VM (medians x0.68-0.88 at the same code on two such VMs), and a default that halves kvlab's CPU speed
+(one thread on two cores) reads above 1 and fails it. The ratio depends on the machine: data/cpu-default/README.md
+("The guard") has the recordings.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "cpu-default"))
 from per_token import per_token_vs_genai, summary  # noqa: E402  (the loop of data/cpu-default/, imported by path)
 
-# kvlab's default step at most this share of genai's, per context: the attention's share of a step grows with the
-# context, and both sides run the same attention kernel, so the ratio rises toward 1 with it
-BOUNDS = {256: 0.8, 2048: 0.95}
+# kvlab's default step at most this share of genai's, per context (one bound: on the second 2-core VM the two
+# contexts read alike)
+BOUNDS = {256: 0.95, 2048: 0.95}
 
 
 @pytest.mark.parametrize("context", sorted(BOUNDS))
