@@ -41,12 +41,21 @@ class QuantizedKV:
             check_int(getattr(self, name), f"QuantizedKV.{name}", 1)
 
     @property
+    def backend(self) -> str:
+        """The transformers quantization backend: "hqq", "quanto" or "fp8"."""
+        return KV_PRECISIONS[self.precision][0]
+
+    @property
+    def bits(self) -> int | None:
+        """Bits per quantized value (None for fp8)."""
+        return KV_PRECISIONS[self.precision][1]
+
+    @property
     def variant(self) -> str:
         """How the cache label names it: "int8 hqq g64 r128", "fp8"."""
-        backend = KV_PRECISIONS[self.precision][0]
-        if backend == "fp8":
+        if self.backend == "fp8":
             return "fp8"
-        return f"{self.precision.split('-')[0]} {backend} g{self.group_size} r{self.residual_length}"
+        return f"{self.precision.split('-')[0]} {self.backend} g{self.group_size} r{self.residual_length}"
 
 
 def check_kv_precision(kv_precision: object) -> str:
@@ -57,6 +66,21 @@ def check_kv_precision(kv_precision: object) -> str:
         f"kv_precision={kv_precision!r} is not valid on PyTorch; choose one of {tuple(KV_PRECISIONS)} "
         "(or leave it None: the model's own dtype)"
     )
+
+
+def _need_package(precision: str) -> None:
+    package = KV_PRECISIONS[precision][2]
+    if not package:
+        return
+    import importlib.util
+
+    module = "optimum.quanto" if package == "optimum-quanto" else package
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ModelError(f"kv_precision={precision!r} needs the {package} package: {INSTALL}")
 
 
 def quantized_setting(cache: Any, kv_precision: Any) -> QuantizedKV | None:
@@ -81,31 +105,22 @@ def quantized_setting(cache: Any, kv_precision: Any) -> QuantizedKV | None:
 def make_quantized(model: Any, setting: QuantizedKV) -> Any:
     """transformers' QuantizedCache for ``model`` with ``setting``; ModelError when its package is missing or the
     model has layers other than full attention (QuantizedCache refuses them)."""
-    import importlib.util
-
     from transformers import QuantizedCache
 
-    backend, bits, package = KV_PRECISIONS[setting.precision]
-    if package:
-        try:
-            found = importlib.util.find_spec("optimum.quanto" if package == "optimum-quanto" else package) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            raise ModelError(f"kv_precision={setting.precision!r} needs the {package} package: {INSTALL}")
+    _need_package(setting.precision)
     kinds = set(getattr(model.config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise ModelError(
             f"kv_precision={setting.precision!r} cannot run model {model.name}: transformers' QuantizedCache holds "
             f"full-attention layers only, this model has {sorted(kinds)}; use a full-attention model"
         )
-    if backend == "fp8":
+    if setting.backend == "fp8":
         cache = QuantizedCache("fp8", model.hf.config)
     else:
         cache = QuantizedCache(
-            backend,
+            setting.backend,
             model.hf.config,
-            nbits=bits,
+            nbits=setting.bits,
             q_group_size=setting.group_size,
             residual_length=setting.residual_length,
         )
