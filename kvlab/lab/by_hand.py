@@ -159,21 +159,25 @@ def recomputed(layer: Layer, xs: np.ndarray) -> Any:
     )
 
 
+CHECK_STEPS, CHECK_LEN = 12, 16  # the steps ``check_cache`` decodes, and the positions of a static cache it builds
+
+
 def check_cache(cls: Any, kind: str) -> Verdict:
-    """An attendee's cache class, built as ``cls()`` (``kind`` "dynamic") or ``cls(heads, 16, head_dim)`` ("static":
-    16 positions), against the no-cache decode of one ``Layer`` over 12 steps: the same outputs at every step, and for
-    a static one views of one buffer (no fresh buffer after the first step). A Verdict (ok None while ``cls`` is None
-    or ... or its ``update`` returns None); never raises for the attendee's code, ValueError for an unknown ``kind``."""
+    """An attendee's cache class, built as ``cls()`` (``kind`` "dynamic") or ``cls(heads, CHECK_LEN, head_dim)``
+    ("static"), against the no-cache decode of one ``Layer`` over ``CHECK_STEPS`` steps: the same outputs at every
+    step, and for a static one views of one buffer (no fresh buffer after the first step). A Verdict (ok None while
+    ``cls`` is None or ... or its ``update`` returns None); never raises for the attendee's code, ValueError for an
+    unknown ``kind``."""
     if kind not in ("dynamic", "static"):
         raise ValueError(f"kind is 'dynamic' or 'static', not {kind!r}")
     what = f"your {kind} cache"
     if cls in NO_ANSWER:
         return Verdict(None, f"define the class for {what} and pass it in")
-    steps, layer = 12, Layer()
+    steps, layer = CHECK_STEPS, Layer()
     xs = inputs(steps)
 
     def make() -> Any:
-        return cls() if kind == "dynamic" else cls(layer.heads, 16, layer.head_dim)
+        return cls() if kind == "dynamic" else cls(layer.heads, CHECK_LEN, layer.head_dim)
 
     try:
         if make().update(*layer.project(xs[:1])[1:]) is None:
