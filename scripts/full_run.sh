@@ -18,11 +18,14 @@ start=$SECONDS
 bash scripts/setup.sh --full
 echo "[kvlab full run] setup --full: $((SECONDS - start)) s"
 mkdir -p artifacts
-# the models both parts load, built two at a time before they start (not twice, by two parts at once); with -c, as
-# the builds' spawned processes need: a script read from stdin has no file they could start from
+# the models both parts load, and tests/test_any_decoder.py's exports of decoders built elsewhere, built before the
+# parts start (not twice, by two parts at once; on a machine without them the exports alone outrun the fixture's
+# share of pytest's timeout); with -c, as the builds' spawned processes need: a script read from stdin has no file
+# they could start from
 .venv/bin/python -c '
 import sys, time
 sys.path.insert(0, "tests")
+from any_decoder import CASES, build_all
 from conftest import MODELS, SLOW_MODELS, prebuild
 t = time.perf_counter()
 class Say:  # a failed build is said here; the tests that load that model then fail on their own
@@ -30,6 +33,12 @@ class Say:  # a failed build is said here; the tests that load that model then f
         print(f"[kvlab full run] {line}", file=sys.stderr)
 prebuild(MODELS + SLOW_MODELS, Say())
 print(f"[kvlab full run] models built in {time.perf_counter() - t:.0f} s")
+t = time.perf_counter()
+try:
+    build_all(CASES)
+except Exception as exc:  # said here; the matrix tests then fail on their own
+    print(f"[kvlab full run] an export of the any-decoder matrix failed: {exc}", file=sys.stderr)
+print(f"[kvlab full run] any-decoder exports ready in {time.perf_counter() - t:.0f} s")
 '
 
 # the timed guards, alone on the cores (tests/test_guards.py: kvlab's default CPU step against onnxruntime-genai's)
