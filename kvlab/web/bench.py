@@ -25,8 +25,14 @@ from .run import run_job
 
 REFERENCES = ("cpu", "caches")
 # a row keeps these columns of its first round's step records, as lists ("step_<column>")
-STEP_COLUMNS = ("wall_ms", "run_ms", "gpu_buffers_created", "gpu_buffers_destroyed", "storage_buffers_created")
-STEP_COLUMNS += ("cache_tensors_allocated",)
+STEP_COLUMNS = (
+    "wall_ms",
+    "run_ms",
+    "gpu_buffers_created",
+    "gpu_buffers_destroyed",
+    "storage_buffers_created",
+    "cache_tensors_allocated",
+)
 MiB = 2**20
 
 

@@ -77,7 +77,9 @@ class PageServer:
         elif path == "/result":
             self.result = body
             self._done.set()
-        return path in ("/progress", "/result")
+        else:
+            return False
+        return True
 
     def wait_result(self, timeout: float, alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
         """The page's result, once it came; DeviceError (naming the last finished step) when ``timeout`` seconds pass

@@ -133,8 +133,9 @@ export function stepFeeds(ort, model, cache, idsTensor, position, n) {
     [model.attention_mask]: int64(ort, new Array(position + n).fill(1), [1, position + n]),
     ...cache.feeds(position, n),
   };
-  const positions = Array.from({ length: n }, (_, i) => position + i);
-  if (model.position_ids) feeds[model.position_ids] = int64(ort, positions, [1, n]);
+  if (model.position_ids) {
+    feeds[model.position_ids] = int64(ort, Array.from({ length: n }, (_, i) => position + i), [1, n]);
+  }
   return feeds;
 }
 
